@@ -1,0 +1,67 @@
+# reel — build, test, benchmark.
+#   make          library (build/libreel.a) and the `reel` tool (build/reel)
+#   make test     builds and runs every GoogleTest suite (build/reel_tests)
+#   make bench    builds and runs the Google Benchmark suites (build/reel_bench)
+#   make run      trains the default example (see README)
+# Missing Debian packages are installed on first build (scripts/install_deps.sh).
+
+BUILD    ?= build
+CXX      ?= g++
+OPT      ?= -O2
+CXXFLAGS ?= $(OPT) -march=x86-64-v3 -g0
+CXXFLAGS += -std=c++20 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -isystem /usr/include/eigen3 -MMD -MP
+LDLIBS   := -fopenmp -lpthread
+
+LIB_DIRS := tensor kernels kernels/schema kernels/cpu autograd autograd/functions autograd/cases
+LIB_SRCS := $(filter-out kernels/cuda_stub.cpp,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cpp))) kernels/cuda_stub.cpp
+LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
+TOOL_SRCS := $(wildcard tools/*.cpp)
+TEST_SRCS := $(wildcard tests/*.cpp)
+BENCH_SRCS := $(wildcard bench/*.cpp)
+
+LIB   := $(BUILD)/libreel.a
+TOOL  := $(BUILD)/reel
+TESTS := $(BUILD)/reel_tests
+BENCH := $(BUILD)/reel_bench
+DEPS_STAMP := $(BUILD)/.deps
+
+.PHONY: all test bench run clean deps
+all: $(TOOL)
+
+deps: $(DEPS_STAMP)
+$(DEPS_STAMP): scripts/install_deps.sh
+	@mkdir -p $(BUILD)
+	bash scripts/install_deps.sh
+	@touch $@
+
+$(BUILD)/%.o: %.cpp | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(TOOL): $(TOOL_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
+	$(CXX) $^ -o $@ $(LDLIBS)
+
+$(TESTS): $(TEST_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
+	$(CXX) $^ -o $@ -lgtest -lgtest_main $(LDLIBS)
+
+# Google Benchmark is a shared library on Debian; the rpath lets a copy beside the binary be used.
+$(BENCH): $(BENCH_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
+	$(CXX) $^ -o $@ -lbenchmark -lbenchmark_main -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
+
+test: $(TESTS) $(TOOL)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(TESTS) --gtest_brief=1
+
+bench: $(BENCH)
+	$(BENCH) --benchmark_counters_tabular=true
+
+run: $(TOOL)
+	$(TOOL) gradcheck
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

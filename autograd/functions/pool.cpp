@@ -1,0 +1,6 @@
+// (being written) differentiable ops of the pool family.
+#include "autograd/node.h"
+#include "autograd/ops.h"
+#include "kernels/dispatch.h"
+namespace reel {
+}  // namespace reel

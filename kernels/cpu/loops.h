@@ -1,0 +1,156 @@
+// Strided loops for CPU kernels: the machinery behind every elementwise op and strided copy.
+//
+// An N-operand loop walks `shape` (the output's) with one stride vector per operand (0 on broadcast
+// dims). Before walking, size-1 dims are dropped and neighbouring dims are merged wherever every
+// operand's strides allow it, so a contiguous tensor of any rank becomes one flat row and the inner
+// loop is a plain unit-stride loop the compiler vectorises. Rows are split across OpenMP threads
+// (both cores of the CI machine) once there is enough work to pay for the fork.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "tensor/dtype.h"
+#include "tensor/tensor.h"
+
+namespace reel::cpu {
+
+// Elements below which a loop stays on one thread.
+constexpr int64_t kParallelGrain = 1 << 15;
+
+template <size_t N>
+struct LoopGeometry {
+  std::vector<int64_t> sizes;                   // outermost first, after merging
+  std::array<std::vector<int64_t>, N> strides;  // per operand, in elements
+  int64_t numel = 1;
+};
+
+template <size_t N>
+LoopGeometry<N> make_geometry(const Shape& shape, const std::array<std::vector<int64_t>, N>& strides) {
+  LoopGeometry<N> g;
+  g.numel = numel_of(shape);
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = !g.sizes.empty();
+    for (size_t k = 0; k < N && merge; ++k) merge = g.strides[k].back() == strides[k][d] * shape[d];
+    if (merge) {
+      g.sizes.back() *= shape[d];
+      for (size_t k = 0; k < N; ++k) g.strides[k].back() = strides[k][d];
+    } else {
+      g.sizes.push_back(shape[d]);
+      for (size_t k = 0; k < N; ++k) g.strides[k].push_back(strides[k][d]);
+    }
+  }
+  if (g.sizes.empty()) {  // a single element
+    g.sizes.push_back(1);
+    for (size_t k = 0; k < N; ++k) g.strides[k].push_back(1);
+  }
+  return g;
+}
+
+// Calls body(offsets, n, inner_strides) once per row of the innermost dim, where offsets[k] is the
+// element offset of operand k at the row's start. Rows run in parallel when the loop is large.
+template <size_t N, typename Body>
+void for_each_row(const LoopGeometry<N>& g, Body&& body) {
+  if (g.numel == 0) return;
+  const int64_t nd = int64_t(g.sizes.size());
+  const int64_t inner = g.sizes.back();
+  const int64_t rows = g.numel / inner;
+  std::array<int64_t, N> inner_strides;
+  for (size_t k = 0; k < N; ++k) inner_strides[k] = g.strides[k].back();
+
+#pragma omp parallel if (g.numel >= kParallelGrain && rows > 1)
+  {
+    int nthreads = 1, tid = 0;
+#ifdef _OPENMP
+    nthreads = omp_get_num_threads();
+    tid = omp_get_thread_num();
+#endif
+    int64_t r0 = rows * tid / nthreads, r1 = rows * (tid + 1) / nthreads;
+    if (r0 < r1) {
+      // Multi-index of row r0 over the outer dims, then step it like an odometer.
+      std::vector<int64_t> idx(nd > 1 ? nd - 1 : 0, 0);
+      std::array<int64_t, N> off{};
+      int64_t rem = r0;
+      for (int64_t d = nd - 2; d >= 0; --d) {
+        idx[d] = rem % g.sizes[d];
+        rem /= g.sizes[d];
+        for (size_t k = 0; k < N; ++k) off[k] += idx[d] * g.strides[k][d];
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        body(off, inner, inner_strides);
+        for (int64_t d = nd - 2; d >= 0; --d) {
+          ++idx[d];
+          for (size_t k = 0; k < N; ++k) off[k] += g.strides[k][d];
+          if (idx[d] < g.sizes[d]) break;
+          for (size_t k = 0; k < N; ++k) off[k] -= idx[d] * g.strides[k][d];
+          idx[d] = 0;
+        }
+      }
+    }
+  }
+}
+
+// out = f(a), with a broadcast to out's shape. Functors take and return the accumulation type.
+template <typename T, typename F>
+void map1(const Tensor& out, const Tensor& a, F f) {
+  auto g = make_geometry<2>(out.shape(), {out.strides(), broadcast_strides(a.shape(), a.strides(), out.shape())});
+  T* po = out.data<T>();
+  const T* pa = a.data<T>();
+  for_each_row(g, [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& s) {
+    T* o = po + off[0];
+    const T* x = pa + off[1];
+    if (s[0] == 1 && s[1] == 1) {
+      for (int64_t i = 0; i < n; ++i) o[i] = store<T>(f(load(x[i])));
+    } else {
+      for (int64_t i = 0; i < n; ++i) o[i * s[0]] = store<T>(f(load(x[i * s[1]])));
+    }
+  });
+}
+
+// out = f(a, b), both broadcast to out's shape.
+template <typename T, typename F>
+void map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
+  auto g = make_geometry<3>(out.shape(), {out.strides(), broadcast_strides(a.shape(), a.strides(), out.shape()),
+                                          broadcast_strides(b.shape(), b.strides(), out.shape())});
+  T* po = out.data<T>();
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  for_each_row(g, [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& s) {
+    T* o = po + off[0];
+    const T* x = pa + off[1];
+    const T* y = pb + off[2];
+    if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+      for (int64_t i = 0; i < n; ++i) o[i] = store<T>(f(load(x[i]), load(y[i])));
+    } else {
+      for (int64_t i = 0; i < n; ++i) o[i * s[0]] = store<T>(f(load(x[i * s[1]]), load(y[i * s[2]])));
+    }
+  });
+}
+
+// out = f(a, b, c), all broadcast to out's shape.
+template <typename T, typename F>
+void map3(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& c, F f) {
+  auto g = make_geometry<4>(out.shape(), {out.strides(), broadcast_strides(a.shape(), a.strides(), out.shape()),
+                                          broadcast_strides(b.shape(), b.strides(), out.shape()),
+                                          broadcast_strides(c.shape(), c.strides(), out.shape())});
+  T* po = out.data<T>();
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  const T* pc = c.data<T>();
+  for_each_row(g, [&](const std::array<int64_t, 4>& off, int64_t n, const std::array<int64_t, 4>& s) {
+    for (int64_t i = 0; i < n; ++i)
+      po[off[0] + i * s[0]] = store<T>(f(load(pa[off[1] + i * s[1]]), load(pb[off[2] + i * s[2]]),
+                                         load(pc[off[3] + i * s[3]])));
+  });
+}
+
+// dst = src with dtype conversion, any strides on either side (src broadcast to dst's shape).
+void copy_strided(const Tensor& dst, const Tensor& src);
+
+}  // namespace reel::cpu
+

@@ -1,0 +1,105 @@
+// CPU kernels of the creation and memory ops: fill, arange, the Philox random fills (the same numbers
+// the CUDA kernels draw), strided/casting copy, concat.
+#include <cstring>
+
+#include "kernels/cpu/loops.h"
+#include "kernels/dispatch.h"
+#include "tensor/rng.h"
+
+namespace reel {
+namespace cpu {
+
+void copy_strided(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape()) {
+    std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+    return;
+  }
+  visit_dtype(dst.dtype(), [&]<typename D>() {
+    visit_dtype(src.dtype(), [&]<typename S>() {
+      auto g = make_geometry<2>(dst.shape(), {dst.strides(), broadcast_strides(src.shape(), src.strides(), dst.shape())});
+      D* pd = static_cast<D*>(dst.data_ptr());
+      const S* ps = static_cast<const S*>(src.data_ptr());
+      for_each_row(g, [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& s) {
+        for (int64_t i = 0; i < n; ++i) {
+          // Through double keeps i64 exact up to 2^53 and every float value exact.
+          pd[off[0] + i * s[0]] = static_cast<D>(static_cast<AccType<D>>(static_cast<double>(load(ps[off[1] + i * s[1]]))));
+        }
+      });
+    });
+  });
+}
+
+}  // namespace cpu
+
+namespace {
+
+// Writes f(i) to element i (row-major) of `out`, which may be a strided view.
+template <typename T, typename F>
+void fill_indexed(const Tensor& out, F f) {
+  Tensor dense = out.is_contiguous() ? out : Tensor::empty(out.shape(), out.dtype(), out.device());
+  T* p = dense.data<T>();
+  int64_t n = dense.numel();
+#pragma omp parallel for if (n >= cpu::kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) p[i] = store<T>(static_cast<AccType<T>>(f(i)));
+  if (!dense.is_same(out)) cpu::copy_strided(out, dense);
+}
+
+void fill_kernel(const KernelCall& c) {
+  double v = c.attrs.f("value");
+  visit_dtype(c.out[0].dtype(), [&]<typename T>() { fill_indexed<T>(c.out[0], [v](int64_t) { return v; }); });
+}
+
+void arange_kernel(const KernelCall& c) {
+  double start = c.attrs.f("start", 0.0), step = c.attrs.f("step", 1.0);
+  visit_dtype(c.out[0].dtype(),
+              [&]<typename T>() { fill_indexed<T>(c.out[0], [=](int64_t i) { return start + double(i) * step; }); });
+}
+
+void rand_uniform_kernel(const KernelCall& c) {
+  uint64_t seed = uint64_t(c.attrs.i("seed")), offset = uint64_t(c.attrs.i("offset"));
+  double lo = c.attrs.f("low", 0.0), hi = c.attrs.f("high", 1.0);
+  visit_dtype(c.out[0].dtype(), [&]<typename T>() {
+    fill_indexed<T>(c.out[0], [=](int64_t i) { return lo + (hi - lo) * double(philox_uniform(seed, offset, i)); });
+  });
+}
+
+void rand_normal_kernel(const KernelCall& c) {
+  uint64_t seed = uint64_t(c.attrs.i("seed")), offset = uint64_t(c.attrs.i("offset"));
+  double mean = c.attrs.f("mean", 0.0), stddev = c.attrs.f("std", 1.0);
+  visit_dtype(c.out[0].dtype(), [&]<typename T>() {
+    fill_indexed<T>(c.out[0], [=](int64_t i) { return mean + stddev * double(philox_normal(seed, offset, i)); });
+  });
+}
+
+void copy_kernel(const KernelCall& c) {
+  REEL_CHECK(c.in[0].device().is_cpu() && c.out[0].device().is_cpu(), "copy: ", c.in[0].device().str(), " -> ",
+             c.out[0].device().str(), " needs the CUDA backend");
+  cpu::copy_strided(c.out[0], c.in[0]);
+}
+
+void concat_kernel(const KernelCall& c) {
+  const Tensor& out = c.out[0];
+  int64_t dim = wrap_dim(c.attrs.i("dim"), out.dim(), "concat");
+  int64_t at = 0;
+  for (const Tensor& t : c.in) {
+    int64_t len = t.shape()[dim];
+    Shape strides = out.strides();
+    Tensor part = Tensor::make_view(out, t.shape(), strides, out.offset() + at * out.strides()[dim]);
+    cpu::copy_strided(part, t);
+    at += len;
+  }
+}
+
+}  // namespace
+
+void register_memory_cpu_kernels() {
+  constexpr DeviceType cpu = DeviceType::CPU;
+  register_kernel(cpu, OpKind::Fill, fill_kernel);
+  register_kernel(cpu, OpKind::Arange, arange_kernel);
+  register_kernel(cpu, OpKind::RandUniform, rand_uniform_kernel);
+  register_kernel(cpu, OpKind::RandNormal, rand_normal_kernel);
+  register_kernel(cpu, OpKind::Copy, copy_kernel);
+  register_kernel(cpu, OpKind::Concat, concat_kernel);
+}
+
+}  // namespace reel

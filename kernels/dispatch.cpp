@@ -1,0 +1,155 @@
+#include "kernels/dispatch.h"
+
+#include <atomic>
+#include <mutex>
+
+#include "kernels/registry.h"
+#include "tensor/error.h"
+
+namespace reel {
+namespace {
+
+struct OpEntry {
+  InferFn infer = nullptr;
+  ViewFn view = nullptr;
+  KernelFn kernels[2] = {nullptr, nullptr};  // indexed by DeviceType
+};
+
+OpEntry& entry(OpKind op) {
+  static OpEntry table[kNumOps];
+  return table[static_cast<int>(op)];
+}
+
+// Registration happens once, on first use, so that static libraries need no static initialisers.
+void ensure_registered() {
+  static std::once_flag once;
+  std::call_once(once, [] { register_builtin_ops(); });
+}
+
+DispatchObserver* observer = nullptr;
+std::atomic<uint64_t> n_dispatch{0};
+
+Device common_device(OpKind op, const std::vector<Tensor>& inputs) {
+  const Tensor* first = nullptr;
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) continue;
+    if (!first) {
+      first = &t;
+      continue;
+    }
+    REEL_CHECK(op == OpKind::Copy || t.device() == first->device(), op_name(op), ": inputs are on different devices (",
+               first->device().str(), " and ", t.device().str(), "); move them with .to(device) first");
+  }
+  return first ? first->device() : Device::cpu();
+}
+
+const OpEntry& checked_entry(OpKind op) {
+  ensure_registered();
+  const OpEntry& e = entry(op);
+  REEL_ASSERT(e.infer != nullptr, "op ", op_name(op), " has no schema");
+  return e;
+}
+
+KernelFn kernel_for(OpKind op, const OpEntry& e, Device device) {
+  KernelFn k = e.kernels[static_cast<int>(device.type)];
+  REEL_CHECK(k != nullptr, op_name(op), ": not implemented on ", device.str());
+  return k;
+}
+
+void notify(OpKind op, const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs& attrs) {
+  n_dispatch.fetch_add(1, std::memory_order_relaxed);
+  if (observer) observer->on_dispatch(op, in, out, attrs);
+}
+
+}  // namespace
+
+const char* op_name(OpKind op) {
+  static const char* names[] = {
+#define REEL_OP(name, str, family) str,
+#include "kernels/ops.def"
+#undef REEL_OP
+  };
+  int i = static_cast<int>(op);
+  return i >= 0 && i < kNumOps ? names[i] : "?";
+}
+
+void register_schema(OpKind op, InferFn infer, ViewFn view) {
+  entry(op).infer = infer;
+  entry(op).view = view;
+}
+
+void register_kernel(DeviceType device, OpKind op, KernelFn kernel) {
+  entry(op).kernels[static_cast<int>(device)] = kernel;
+}
+
+bool supports(OpKind op, DeviceType device) {
+  ensure_registered();
+  const OpEntry& e = entry(op);
+  return e.view != nullptr || e.kernels[static_cast<int>(device)] != nullptr;
+}
+
+bool is_view_op(OpKind op) { return checked_entry(op).view != nullptr; }
+
+std::vector<TensorMeta> infer_outputs(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs) {
+  const OpEntry& e = checked_entry(op);
+  common_device(op, inputs);
+  return e.infer(inputs, attrs);
+}
+
+std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs) {
+  const OpEntry& e = checked_entry(op);
+  Device device = common_device(op, inputs);
+  std::vector<TensorMeta> metas = e.infer(inputs, attrs);
+  std::vector<Tensor> outputs;
+  outputs.reserve(metas.size());
+  if (e.view) {
+    REEL_ASSERT(metas.size() == 1, "view op ", op_name(op), " must have one output");
+    outputs.push_back(e.view(inputs[0], attrs));
+  } else {
+    KernelFn k = kernel_for(op, e, metas.empty() ? device : metas[0].device);
+    for (const TensorMeta& m : metas) outputs.push_back(Tensor::empty(m.shape, m.dtype, m.device));
+    k(KernelCall{op, inputs, outputs, attrs});
+  }
+  notify(op, inputs, outputs, attrs);
+  return outputs;
+}
+
+Tensor dispatch1(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs) {
+  std::vector<Tensor> out = dispatch(op, inputs, attrs);
+  REEL_ASSERT(out.size() >= 1, op_name(op), " returned no output");
+  return out[0];
+}
+
+void dispatch_out(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                  const Attrs& attrs) {
+  const OpEntry& e = checked_entry(op);
+  REEL_ASSERT(e.view == nullptr, "dispatch_out on view op ", op_name(op));
+  common_device(op, inputs);
+  std::vector<TensorMeta> metas = e.infer(inputs, attrs);
+  REEL_CHECK(metas.size() == outputs.size(), op_name(op), ": expected ", metas.size(), " outputs, got ",
+             outputs.size());
+  for (size_t i = 0; i < metas.size(); ++i) {
+    const Tensor& o = outputs[i];
+    REEL_CHECK(o.defined(), op_name(op), ": output ", i, " is undefined");
+    REEL_CHECK(o.shape() == metas[i].shape, op_name(op), ": output ", i, " has shape ", shape_str(o.shape()),
+               " but the result has shape ", shape_str(metas[i].shape));
+    REEL_CHECK(o.dtype() == metas[i].dtype || op == OpKind::Copy, op_name(op), ": output ", i, " has dtype ",
+               o.dtype(), " but the result has dtype ", metas[i].dtype);
+    REEL_CHECK(o.device() == metas[i].device || op == OpKind::Copy, op_name(op), ": output ", i, " is on ",
+               o.device().str(), " but the inputs are on ", metas[i].device.str());
+  }
+  Device device = outputs.empty() ? Device::cpu() : outputs[0].device();
+  if (op == OpKind::Copy && !inputs.empty() && inputs[0].device().is_cuda()) device = inputs[0].device();
+  kernel_for(op, e, device)(KernelCall{op, inputs, outputs, attrs});
+  notify(op, inputs, outputs, attrs);
+}
+
+DispatchObserver* set_dispatch_observer(DispatchObserver* o) {
+  DispatchObserver* prev = observer;
+  observer = o;
+  return prev;
+}
+
+uint64_t dispatch_count() { return n_dispatch.load(std::memory_order_relaxed); }
+
+}  // namespace reel

@@ -1,0 +1,69 @@
+// dispatch — the one door every op passes through, forward or backward, eager or traced.
+//
+//   outputs = dispatch(op, inputs, attrs)
+//     1. the op's schema (kernels/schema/) validates inputs and attrs and infers output metas,
+//        throwing reel::Error that names the op and shows shapes/dtypes/devices;
+//     2. all inputs must share one device (Copy may cross devices);
+//     3. outputs are allocated on that device (or, for view ops, built as aliases: no kernel);
+//     4. the device's kernel runs (on the current stream, never synchronising with the host);
+//     5. an installed observer (the compiler's tracer) sees (op, inputs, outputs, attrs).
+//   dispatch_out(op, inputs, outputs, attrs) does the same into caller-given outputs (in-place
+//   updates such as grad += g, or a copy into a view); their shapes and dtypes must match.
+//
+// Kernels are registered per device type; supports(op, device) tells whether one exists, so that the
+// compiler can report a graph break instead of failing.
+#pragma once
+#include <vector>
+
+#include "kernels/attrs.h"
+#include "kernels/op.h"
+#include "tensor/tensor.h"
+
+namespace reel {
+
+struct TensorMeta {
+  Shape shape;
+  DType dtype;
+  Device device;
+};
+
+// What a kernel receives. Optional inputs that are absent are undefined Tensors.
+struct KernelCall {
+  OpKind op;
+  const std::vector<Tensor>& in;
+  const std::vector<Tensor>& out;
+  const Attrs& attrs;
+};
+
+using InferFn = std::vector<TensorMeta> (*)(const std::vector<Tensor>& in, const Attrs& attrs);
+using ViewFn = Tensor (*)(const Tensor& in, const Attrs& attrs);
+using KernelFn = void (*)(const KernelCall& call);
+
+// Schema registration (kernels/schema/*.cpp) and kernel registration (kernels/<device>/*.cpp).
+void register_schema(OpKind op, InferFn infer, ViewFn view = nullptr);
+void register_kernel(DeviceType device, OpKind op, KernelFn kernel);
+bool supports(OpKind op, DeviceType device);
+bool is_view_op(OpKind op);
+
+std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs = {});
+// Single-output convenience.
+Tensor dispatch1(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs = {});
+void dispatch_out(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                  const Attrs& attrs = {});
+// The output metas dispatch would produce, without running anything (used by planners and tests).
+std::vector<TensorMeta> infer_outputs(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs = {});
+
+// The compiler's tracer installs one of these; kernels/ never sees compile/.
+class DispatchObserver {
+ public:
+  virtual ~DispatchObserver() = default;
+  virtual void on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                           const Attrs& attrs) = 0;
+};
+// Installs `observer` (nullptr removes it) and returns the previous one.
+DispatchObserver* set_dispatch_observer(DispatchObserver* observer);
+
+// Counts every dispatch since start-up (cheap; used by tests and the launch counter of `reel bench`).
+uint64_t dispatch_count();
+
+}  // namespace reel

@@ -1,0 +1,73 @@
+// Schemas of the creation and memory ops.
+//
+//   fill ()           attrs shape, dtype, device_type, device_index, value    every element = value
+//   arange ()         attrs n, start, step, dtype, device_*                  (n,): start + i*step
+//   rand_uniform ()   attrs shape, dtype, device_*, low, high, seed, offset  see tensor/rng.h
+//   rand_normal ()    attrs shape, dtype, device_*, mean, std, seed, offset
+//   copy (x)          attr dtype (optional: cast)   a contiguous copy; with dispatch_out, a copy into
+//                                                   any view, across dtypes and (CUDA) devices
+//   concat (x0..xk)   attr dim                      shapes agree except along dim
+#include "kernels/schema/schema_util.h"
+
+namespace reel {
+namespace {
+
+std::vector<TensorMeta> infer_creation(const std::vector<Tensor>& in, const Attrs& a) {
+  REEL_ASSERT(in.empty(), "creation ops take no inputs");
+  Shape shape = a.ints("shape");
+  for (int64_t s : shape) REEL_CHECK(s >= 0, "fill: negative size in shape ", shape_str(shape));
+  return {{shape, a.dtype("dtype"), schema::attr_device(a)}};
+}
+
+std::vector<TensorMeta> infer_random(const std::vector<Tensor>& in, const Attrs& a) {
+  auto metas = infer_creation(in, a);
+  REEL_CHECK(is_floating(metas[0].dtype), "random: dtype must be a float type, got ", dtype_name(metas[0].dtype));
+  return metas;
+}
+
+std::vector<TensorMeta> infer_arange(const std::vector<Tensor>& in, const Attrs& a) {
+  REEL_ASSERT(in.empty(), "arange takes no inputs");
+  REEL_CHECK(a.i("n") >= 0, "arange: negative length ", a.i("n"));
+  return {{{a.i("n")}, a.dtype("dtype"), schema::attr_device(a)}};
+}
+
+std::vector<TensorMeta> infer_copy(const std::vector<Tensor>& in, const Attrs& a) {
+  schema::expect_inputs(OpKind::Copy, in, 1);
+  schema::expect_defined(OpKind::Copy, in[0], "input");
+  DType dt = a.has("dtype") ? a.dtype("dtype") : in[0].dtype();
+  Device dev = a.has("device_type") ? schema::attr_device(a) : in[0].device();
+  return {{in[0].shape(), dt, dev}};
+}
+
+std::vector<TensorMeta> infer_concat(const std::vector<Tensor>& in, const Attrs& a) {
+  REEL_CHECK(!in.empty(), "concat: needs at least one tensor");
+  const Tensor& first = in[0];
+  schema::expect_defined(OpKind::Concat, first, "input 0");
+  int64_t dim = wrap_dim(a.i("dim"), first.dim(), "concat");
+  Shape shape = first.shape();
+  shape[dim] = 0;
+  for (size_t k = 0; k < in.size(); ++k) {
+    const Tensor& t = in[k];
+    schema::expect_defined(OpKind::Concat, t, "input");
+    schema::expect_same_dtype(OpKind::Concat, first, t);
+    bool ok = t.dim() == first.dim();
+    for (int64_t d = 0; ok && d < t.dim(); ++d) ok = d == dim || t.shape()[d] == first.shape()[d];
+    REEL_CHECK(ok, "concat: tensor ", k, " has shape ", shape_str(t.shape()), " but tensor 0 has shape ",
+               shape_str(first.shape()), "; they must agree except along dim ", dim);
+    shape[dim] += t.shape()[dim];
+  }
+  return {{shape, first.dtype(), first.device()}};
+}
+
+}  // namespace
+
+void register_memory_schemas() {
+  register_schema(OpKind::Fill, infer_creation);
+  register_schema(OpKind::Arange, infer_arange);
+  register_schema(OpKind::RandUniform, infer_random);
+  register_schema(OpKind::RandNormal, infer_random);
+  register_schema(OpKind::Copy, infer_copy);
+  register_schema(OpKind::Concat, infer_concat);
+}
+
+}  // namespace reel

@@ -1,0 +1,77 @@
+#include "tensor/shape.h"
+
+#include <algorithm>
+
+#include "tensor/error.h"
+
+namespace reel {
+
+int64_t numel_of(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= std::max<int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  if (shape.size() == 1) s += ",";
+  return s + ")";
+}
+
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
+  int64_t lo = -std::max<int64_t>(ndim, 1), hi = std::max<int64_t>(ndim, 1) - 1;
+  REEL_CHECK(dim >= lo && dim <= hi, op, ": dim ", dim, " is out of range for a tensor of ", ndim,
+             " dims (expected ", lo, " to ", hi, ")");
+  return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
+}
+
+std::vector<int64_t> wrap_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op) {
+  std::vector<int64_t> out;
+  if (dims.empty()) {
+    for (int64_t d = 0; d < ndim; ++d) out.push_back(d);
+    return out;
+  }
+  for (int64_t d : dims) out.push_back(wrap_dim(d, ndim, op));
+  std::sort(out.begin(), out.end());
+  REEL_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(), op, ": dim list ",
+             shape_str(dims), " repeats a dim");
+  return out;
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t sa = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t sb = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    REEL_CHECK(sa == sb || sa == 1 || sb == 1, op, ": shapes ", shape_str(a), " and ", shape_str(b),
+               " cannot be broadcast together (dim ", i, ": ", sa, " vs ", sb, ")");
+    out[i] = sa == 1 ? sb : sa;
+  }
+  return out;
+}
+
+std::vector<int64_t> broadcast_strides(const Shape& shape, const std::vector<int64_t>& strides,
+                                       const Shape& target) {
+  std::vector<int64_t> out(target.size(), 0);
+  size_t lead = target.size() - shape.size();
+  for (size_t i = 0; i < shape.size(); ++i)
+    out[lead + i] = (shape[i] == 1 && target[lead + i] != 1) ? 0 : strides[i];
+  return out;
+}
+
+}  // namespace reel

@@ -1,0 +1,61 @@
+#include "tensor/storage.h"
+
+#include <cstdlib>
+#include <new>
+
+#include "tensor/error.h"
+
+namespace reel {
+namespace {
+
+// 64-byte aligned host memory: whole cache lines, and aligned loads for Eigen's AVX paths.
+class CpuAllocator : public Allocator {
+ public:
+  void* allocate(size_t nbytes, Device) override {
+    size_t rounded = (nbytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    REEL_CHECK(p != nullptr, "cpu allocator: out of host memory asking for ", nbytes, " bytes");
+    return p;
+  }
+  void deallocate(void* ptr, size_t, Device) override { std::free(ptr); }
+};
+
+CpuAllocator cpu_allocator;
+Allocator* allocators[2] = {&cpu_allocator, nullptr};
+
+}  // namespace
+
+Allocator& allocator_for(Device device) {
+  Allocator* a = allocators[static_cast<int>(device.type)];
+  REEL_CHECK(a != nullptr, "device ", device.str(),
+             ": no allocator (this build of reel has no CUDA backend, or no GPU is visible)");
+  return *a;
+}
+
+void set_allocator(DeviceType type, Allocator* allocator) { allocators[static_cast<int>(type)] = allocator; }
+
+Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+  allocator_ = &allocator_for(device);
+  data_ = allocator_->allocate(nbytes, device);
+}
+
+Storage::~Storage() {
+  if (data_) allocator_->deallocate(data_, nbytes_, device_);
+}
+
+Device Device::parse(const std::string& s) {
+  if (s == "cpu") return cpu();
+  if (s == "cuda") return cuda(0);
+  if (s.rfind("cuda:", 0) == 0) {
+    try {
+      size_t used = 0;
+      int idx = std::stoi(s.substr(5), &used);
+      if (used == s.size() - 5 && idx >= 0) return cuda(idx);
+    } catch (const std::exception&) {
+    }
+  }
+  throw Error("device: cannot parse \"" + s + "\" (expected cpu, cuda or cuda:N)");
+}
+
+}  // namespace reel
+

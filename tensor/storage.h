@@ -1,0 +1,44 @@
+// Storage — a refcounted block of device or host memory that tensors view.
+//
+// Many tensors (views: reshape, transpose, slice, expand) share one Storage through shared_ptr;
+// the block goes back to its Allocator when the last view dies. Allocators are per device type:
+// the CPU one here, the CUDA caching allocator registered by the CUDA backend.
+#pragma once
+#include <cstddef>
+#include <memory>
+
+#include "tensor/device.h"
+
+namespace reel {
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(size_t nbytes, Device device) = 0;
+  virtual void deallocate(void* ptr, size_t nbytes, Device device) = 0;
+};
+
+// The allocator for a device type; throws reel::Error when that backend is not built or has no device.
+Allocator& allocator_for(Device device);
+// Backends install their allocator here at start-up (the CUDA backend does so for DeviceType::CUDA).
+void set_allocator(DeviceType type, Allocator* allocator);
+
+class Storage {
+ public:
+  Storage(size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  Allocator* allocator_ = nullptr;
+};
+
+}  // namespace reel

@@ -1,0 +1,8 @@
+// Subcommands of the `reel` tool; each takes the arguments after its name and returns an exit code.
+#pragma once
+
+namespace reel::tools {
+
+int gradcheck_command(int argc, char** argv);
+
+}  // namespace reel::tools

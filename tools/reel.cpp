@@ -1,0 +1,35 @@
+// The `reel` command line. Subcommands:
+//   reel gradcheck [--filter TEXT]   gradcheck every differentiable op (f64, CPU) and print a table
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "tensor/error.h"
+#include "tools/commands.h"
+
+namespace {
+
+void usage() {
+  std::cout << "usage: reel <command> [options]\n"
+               "commands:\n"
+               "  gradcheck [--filter TEXT]   check every op's gradient against finite differences\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage();
+    return argc < 2 ? 1 : 0;
+  }
+  std::string cmd = argv[1];
+  try {
+    if (cmd == "gradcheck") return reel::tools::gradcheck_command(argc - 2, argv + 2);
+    std::cerr << "reel: unknown command '" << cmd << "'\n";
+    usage();
+    return 1;
+  } catch (const reel::Error& e) {
+    std::cerr << "reel " << cmd << ": " << e.what() << "\n";
+    return 1;
+  }
+}
