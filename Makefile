@@ -3,7 +3,7 @@
 #   make test     builds and runs every GoogleTest suite (build/reel_tests)
 #   make bench    builds and runs the Google Benchmark suites (build/reel_bench)
 #   make run      trains the default example (see README)
-# Missing Debian packages are installed on first build (scripts/install_deps.sh).
+# Missing Debian packages are installed on first build (tools/install_deps.sh).
 
 BUILD    ?= build
 CXX      ?= g++
@@ -29,9 +29,9 @@ DEPS_STAMP := $(BUILD)/.deps
 all: $(TOOL)
 
 deps: $(DEPS_STAMP)
-$(DEPS_STAMP): scripts/install_deps.sh
+$(DEPS_STAMP): tools/install_deps.sh
 	@mkdir -p $(BUILD)
-	bash scripts/install_deps.sh
+	bash tools/install_deps.sh
 	@touch $@
 
 $(BUILD)/%.o: %.cpp | $(DEPS_STAMP)

@@ -91,7 +91,7 @@ void add_view_cases(std::vector<OpCase>& c) {
   c.push_back({"permute (2,3,4)->(4,2,3)", [](Device d, DType t) -> Inputs { return {leaf({2, 3, 4}, d, t, 41)}; },
                [](const Inputs& x) { return permute(x[0], {2, 0, 1}) * 1.0; }});
   c.push_back({"slice step 2 and select", [](Device d, DType t) -> Inputs { return {leaf({5, 4}, d, t, 42)}; },
-               [](const Inputs& x) { return slice(x[0], 0, 1, 5, 2) + select(x[0], 1, -1); }});
+               [](const Inputs& x) { return slice(x[0], 0, 1, 5, 2) + select(x[0], 0, -1); }});
   c.push_back({"expand (3,1)->(2,3,4)", [](Device d, DType t) -> Inputs { return {leaf({3, 1}, d, t, 43)}; },
                [](const Inputs& x) { return expand(x[0], {2, 3, 4}) * 1.0; }});
   c.push_back({"unsqueeze, squeeze, flatten", [](Device d, DType t) -> Inputs { return {leaf({2, 3}, d, t, 44)}; },

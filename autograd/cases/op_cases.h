@@ -7,6 +7,7 @@
 // Inputs include broadcasting shapes and non-contiguous leaves (transposed or sliced storage).
 #pragma once
 #include <functional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,8 @@ struct OpCase {
 };
 
 std::vector<OpCase> all_op_cases();
+// GoogleTest prints a case by its name.
+inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
 
 // Per-family lists (autograd/cases/<family>_cases.cpp).
 void add_elementwise_cases(std::vector<OpCase>& cases);

@@ -6,6 +6,7 @@
 // loop is a plain unit-stride loop the compiler vectorises. Rows are split across OpenMP threads
 // (both cores of the CI machine) once there is enough work to pay for the fork.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -52,8 +53,30 @@ LoopGeometry<N> make_geometry(const Shape& shape, const std::array<std::vector<i
   return g;
 }
 
-// Calls body(offsets, n, inner_strides) once per row of the innermost dim, where offsets[k] is the
-// element offset of operand k at the row's start. Rows run in parallel when the loop is large.
+// Element offsets of each operand at the start of row r (r counts rows of the innermost dim).
+template <size_t N>
+std::array<int64_t, N> row_offsets(const LoopGeometry<N>& g, int64_t r) {
+  std::array<int64_t, N> off{};
+  for (int64_t d = int64_t(g.sizes.size()) - 2; d >= 0; --d) {
+    int64_t i = r % g.sizes[d];
+    r /= g.sizes[d];
+    for (size_t k = 0; k < N; ++k) off[k] += i * g.strides[k][d];
+  }
+  return off;
+}
+
+inline int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// Calls body(offsets, n, inner_strides) for runs of the innermost dim, where offsets[k] is the
+// element offset of operand k at the run's start. Large loops run in parallel: over rows when there
+// are many (each thread steps an odometer through its block of rows), else over chunks of the rows
+// (a contiguous tensor merges into one long row, which still needs splitting across cores).
 template <size_t N, typename Body>
 void for_each_row(const LoopGeometry<N>& g, Body&& body) {
   if (g.numel == 0) return;
@@ -62,8 +85,23 @@ void for_each_row(const LoopGeometry<N>& g, Body&& body) {
   const int64_t rows = g.numel / inner;
   std::array<int64_t, N> inner_strides;
   for (size_t k = 0; k < N; ++k) inner_strides[k] = g.strides[k].back();
+  const bool parallel = g.numel >= kParallelGrain;
+  const int threads = parallel ? max_threads() : 1;
 
-#pragma omp parallel if (g.numel >= kParallelGrain && rows > 1)
+  if (rows < 4 * threads) {
+    const int64_t chunk = std::max<int64_t>(4096, (inner + 4 * threads - 1) / (4 * threads));
+    const int64_t per_row = (inner + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t unit = 0; unit < rows * per_row; ++unit) {
+      int64_t r = unit / per_row, c0 = (unit % per_row) * chunk;
+      std::array<int64_t, N> off = row_offsets(g, r);
+      for (size_t k = 0; k < N; ++k) off[k] += c0 * inner_strides[k];
+      body(off, std::min(chunk, inner - c0), inner_strides);
+    }
+    return;
+  }
+
+#pragma omp parallel if (parallel)
   {
     int nthreads = 1, tid = 0;
 #ifdef _OPENMP
@@ -72,18 +110,16 @@ void for_each_row(const LoopGeometry<N>& g, Body&& body) {
 #endif
     int64_t r0 = rows * tid / nthreads, r1 = rows * (tid + 1) / nthreads;
     if (r0 < r1) {
-      // Multi-index of row r0 over the outer dims, then step it like an odometer.
       std::vector<int64_t> idx(nd > 1 ? nd - 1 : 0, 0);
-      std::array<int64_t, N> off{};
       int64_t rem = r0;
       for (int64_t d = nd - 2; d >= 0; --d) {
         idx[d] = rem % g.sizes[d];
         rem /= g.sizes[d];
-        for (size_t k = 0; k < N; ++k) off[k] += idx[d] * g.strides[k][d];
       }
+      std::array<int64_t, N> off = row_offsets(g, r0);
       for (int64_t r = r0; r < r1; ++r) {
         body(off, inner, inner_strides);
-        for (int64_t d = nd - 2; d >= 0; --d) {
+        for (int64_t d = nd - 2; d >= 0; --d) {  // odometer step to row r + 1
           ++idx[d];
           for (size_t k = 0; k < N; ++k) off[k] += g.strides[k][d];
           if (idx[d] < g.sizes[d]) break;

@@ -1,5 +1,448 @@
-// (being written) CPU kernels of the norm family.
+// CPU kernels of layer norm, group norm, batch norm and dropout.
+//
+// All three norms normalise a set of values by its own statistics and then apply a per-feature
+// affine map:
+//   mean = sum(x) / n      var = sum((x - mean)^2) / n  (biased, two passes: stable for large means)
+//   rstd = 1 / sqrt(var + eps)     xhat = (x - mean) rstd     y = xhat w + b   (w = 1, b = 0 if absent)
+// and share one backward, with gw = g w and means taken over the same set:
+//   dx = rstd (gw - mean(gw) - xhat mean(gw xhat))     dw = sum(g xhat)     db = sum(g)
+// (dw and db sum over everything except the feature axis). The sets are
+//   layer norm: each row of x viewed as (rows, cols);         w, b indexed by column
+//   group norm: each (n, group) of x viewed as (N, G, C/G, S); w, b indexed by channel
+//   batch norm: each channel of x viewed as (N, C, S), over (N, S); eval mode uses running stats, and
+//               then dx = g w rstd (the statistics are constants).
+// Statistics accumulate in A = AccType<T> (f32 for f16/bf16, f64 for f64); mean/rstd outputs are A.
+// Inputs of any strides are first made contiguous; parallel over rows, (n, group)s or channels.
+//
+// dropout: element i (row-major) is kept iff philox_uniform(seed, offset, i) >= float(p) (the Philox
+// convention of tensor/rng.h, shared with the CUDA kernel); mask = kept ? 1/(1-p) : 0 rounded to x's
+// dtype, y = x * mask. p == 1 drops everything (mask 0, never inf).
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
+#include "tensor/rng.h"
+
 namespace reel {
-void register_norm_cpu_kernels() {}
+namespace {
+
+// t itself when contiguous (or undefined), else a contiguous copy.
+Tensor dense(const Tensor& t) {
+  if (!t.defined() || t.is_contiguous()) return t;
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device());
+  cpu::copy_strided(c, t);
+  return c;
+}
+
+// Outputs from dispatch are contiguous; dispatch_out may hand in a strided view, written through a
+// contiguous buffer and copied back by write_back.
+Tensor dense_out(const Tensor& out) {
+  return out.is_contiguous() ? out : Tensor::empty(out.shape(), out.dtype(), out.device());
+}
+void write_back(const Tensor& out, const Tensor& buf) {
+  if (!buf.is_same(out)) cpu::copy_strided(out, buf);
+}
+
+template <typename T>
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+// A 1-D tensor of any float dtype and stride (running statistics) as doubles, and back.
+std::vector<double> read_1d(const Tensor& t) {
+  std::vector<double> v(size_t(t.numel()));
+  visit_dtype(t.dtype(), [&]<typename R>() {
+    const R* p = static_cast<const R*>(t.data_ptr());
+    for (size_t i = 0; i < v.size(); ++i) v[i] = double(load(p[int64_t(i) * t.strides()[0]]));
+  });
+  return v;
+}
+void write_1d(const Tensor& t, const std::vector<double>& v) {
+  visit_dtype(t.dtype(), [&]<typename R>() {
+    R* p = static_cast<R*>(t.data_ptr());
+    for (size_t i = 0; i < v.size(); ++i) p[int64_t(i) * t.strides()[0]] = store<R>(AccType<R>(v[i]));
+  });
+}
+
+template <typename A>
+struct Moments {
+  A mean, var;
+};
+
+// Mean and biased variance of `chunks` runs of `len` contiguous values, `stride` apart.
+template <typename T, typename A = AccType<T>>
+Moments<A> moments(const T* p, int64_t chunks, int64_t len, int64_t stride) {
+  A sum = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const T* q = p + c * stride;
+    A part = 0;
+#pragma omp simd reduction(+ : part)
+    for (int64_t i = 0; i < len; ++i) part += load(q[i]);
+    sum += part;
+  }
+  A n = A(chunks * len), mean = sum / n;
+  A sq = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const T* q = p + c * stride;
+    A part = 0;
+#pragma omp simd reduction(+ : part)
+    for (int64_t i = 0; i < len; ++i) part += (load(q[i]) - mean) * (load(q[i]) - mean);
+    sq += part;
+  }
+  return {mean, sq / n};  // n == 0 gives NaN, as PyTorch does
+}
+
+// y = x scale + shift over n contiguous values.
+template <typename T, typename A>
+void affine_run(const T* x, T* y, int64_t n, A scale, A shift) {
+  for (int64_t i = 0; i < n; ++i) y[i] = store<T>(load(x[i]) * scale + shift);
+}
+
+// Shapes of x (N, C, *) as N, C and S = prod(*).
+struct NCS {
+  int64_t N, C, S;
+};
+NCS ncs_of(const Tensor& x) {
+  int64_t S = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) S *= x.shape()[d];
+  return {x.shape()[0], x.shape()[1], S};
+}
+
+// ---------------------------------------------------------------- layer norm
+
+void layer_norm_fwd_kernel(const KernelCall& c) {
+  Tensor x = dense(c.in[0]), w = dense(c.in[1]), b = dense(c.in[2]);
+  Tensor y = dense_out(c.out[0]), mean = dense_out(c.out[1]), rstd = dense_out(c.out[2]);
+  int64_t rows = mean.numel(), cols = rows ? x.numel() / rows : 0;
+  visit_float_dtype(x.dtype(), "layer_norm", [&]<typename T>() {
+    using A = AccType<T>;
+    const T *px = x.data<T>(), *pw = data_or_null<T>(w), *pb = data_or_null<T>(b);
+    T* py = y.data<T>();
+    A *pm = mean.data<A>(), *pr = rstd.data<A>();
+    const A eps = A(c.attrs.f("eps"));
+#pragma omp parallel for if (rows * cols >= cpu::kParallelGrain && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+      // x: (rows, cols); one row is one set.
+      const T* xr = px + r * cols;
+      T* yr = py + r * cols;
+      Moments<A> m = moments(xr, 1, cols, cols);
+      A rs = A(1) / std::sqrt(m.var + eps);
+      pm[r] = m.mean;
+      pr[r] = rs;
+      for (int64_t j = 0; j < cols; ++j) {
+        A v = (load(xr[j]) - m.mean) * rs;
+        if (pw) v *= load(pw[j]);
+        if (pb) v += load(pb[j]);
+        yr[j] = store<T>(v);
+      }
+    }
+  });
+  write_back(c.out[0], y);
+  write_back(c.out[1], mean);
+  write_back(c.out[2], rstd);
+}
+
+// dx of one row (see the file comment); adds g xhat and g into this thread's dw, db partial sums.
+template <typename T, typename A>
+void layer_norm_bwd_row(const T* g, const T* x, const T* w, A mean, A rstd, int64_t cols, T* dx, A* dw_part,
+                        A* db_part) {
+  A sum_gw = 0, sum_gwx = 0;
+  for (int64_t j = 0; j < cols; ++j) {
+    A gj = load(g[j]), xh = (load(x[j]) - mean) * rstd, gw = w ? gj * load(w[j]) : gj;
+    sum_gw += gw;
+    sum_gwx += gw * xh;
+    dw_part[j] += gj * xh;
+    db_part[j] += gj;
+  }
+  A mean_gw = sum_gw / A(cols), mean_gwx = sum_gwx / A(cols);
+  for (int64_t j = 0; j < cols; ++j) {
+    A xh = (load(x[j]) - mean) * rstd, gw = w ? load(g[j]) * load(w[j]) : load(g[j]);
+    dx[j] = store<T>(rstd * (gw - mean_gw - xh * mean_gwx));
+  }
+}
+
+void layer_norm_bwd_kernel(const KernelCall& c) {
+  Tensor g = dense(c.in[0]), x = dense(c.in[1]), w = dense(c.in[2]), mean = dense(c.in[3]), rstd = dense(c.in[4]);
+  Tensor dx = dense_out(c.out[0]), dw = dense_out(c.out[1]), db = dense_out(c.out[2]);
+  int64_t rows = mean.numel(), cols = dw.numel();
+  visit_float_dtype(x.dtype(), "layer_norm_backward", [&]<typename T>() {
+    using A = AccType<T>;
+    const T *pg = g.data<T>(), *px = x.data<T>(), *pw = data_or_null<T>(w);
+    const A *pm = mean.data<A>(), *pr = rstd.data<A>();
+    T* pdx = dx.data<T>();
+    std::vector<A> dw_sum(size_t(cols), A(0)), db_sum(size_t(cols), A(0));
+#pragma omp parallel if (rows * cols >= cpu::kParallelGrain && rows > 1)
+    {
+      // Each thread sums dw, db over its own rows; the partial sums are added at the end.
+      std::vector<A> dw_part(size_t(cols), A(0)), db_part(size_t(cols), A(0));
+#pragma omp for
+      for (int64_t r = 0; r < rows; ++r)
+        layer_norm_bwd_row(pg + r * cols, px + r * cols, pw, pm[r], pr[r], cols, pdx + r * cols, dw_part.data(),
+                           db_part.data());
+#pragma omp critical
+      for (int64_t j = 0; j < cols; ++j) {
+        dw_sum[j] += dw_part[j];
+        db_sum[j] += db_part[j];
+      }
+    }
+    T *pdw = dw.data<T>(), *pdb = db.data<T>();
+    for (int64_t j = 0; j < cols; ++j) {
+      pdw[j] = store<T>(dw_sum[j]);
+      pdb[j] = store<T>(db_sum[j]);
+    }
+  });
+  write_back(c.out[0], dx);
+  write_back(c.out[1], dw);
+  write_back(c.out[2], db);
+}
+
+// ---------------------------------------------------------------- group norm
+
+void group_norm_fwd_kernel(const KernelCall& c) {
+  Tensor x = dense(c.in[0]), w = dense(c.in[1]), b = dense(c.in[2]);
+  Tensor y = dense_out(c.out[0]), mean = dense_out(c.out[1]), rstd = dense_out(c.out[2]);
+  auto [N, C, S] = ncs_of(x);
+  int64_t G = c.attrs.i("groups"), Cg = C / G, set = Cg * S;  // one set: (C/G, S) contiguous values
+  visit_float_dtype(x.dtype(), "group_norm", [&]<typename T>() {
+    using A = AccType<T>;
+    const T *px = x.data<T>(), *pw = data_or_null<T>(w), *pb = data_or_null<T>(b);
+    T* py = y.data<T>();
+    A *pm = mean.data<A>(), *pr = rstd.data<A>();
+    const A eps = A(c.attrs.f("eps"));
+#pragma omp parallel for if (N * C * S >= cpu::kParallelGrain && N * G > 1)
+    for (int64_t ng = 0; ng < N * G; ++ng) {
+      // x: (N, G, C/G, S); ng indexes (n, group).
+      Moments<A> m = moments(px + ng * set, 1, set, set);
+      A rs = A(1) / std::sqrt(m.var + eps);
+      pm[ng] = m.mean;
+      pr[ng] = rs;
+      for (int64_t k = 0; k < Cg; ++k) {
+        int64_t ch = (ng % G) * Cg + k;
+        A scale = rs * (pw ? load(pw[ch]) : A(1)), shift = (pb ? load(pb[ch]) : A(0)) - m.mean * scale;
+        affine_run(px + ng * set + k * S, py + ng * set + k * S, S, scale, shift);
+      }
+    }
+  });
+  write_back(c.out[0], y);
+  write_back(c.out[1], mean);
+  write_back(c.out[2], rstd);
+}
+
+// dx of one (n, group) set; writes sum_s g xhat and sum_s g of each of its channels to ds, dbias
+// (both (C/G) long), from which dw and db are summed over n afterwards.
+template <typename T, typename A>
+void group_norm_bwd_set(const T* g, const T* x, const T* w, int64_t ch0, int64_t Cg, int64_t S, A mean, A rstd, T* dx,
+                        A* ds, A* dbias) {
+  A sum_gw = 0, sum_gwx = 0;
+  for (int64_t k = 0; k < Cg; ++k) {
+    A s_gx = 0, s_g = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      A gv = load(g[k * S + s]);
+      s_gx += gv * (load(x[k * S + s]) - mean) * rstd;
+      s_g += gv;
+    }
+    ds[k] = s_gx;
+    dbias[k] = s_g;
+    A wk = w ? load(w[ch0 + k]) : A(1);
+    sum_gw += wk * s_g;
+    sum_gwx += wk * s_gx;
+  }
+  A n = A(Cg * S), mean_gw = sum_gw / n, mean_gwx = sum_gwx / n;
+  for (int64_t k = 0; k < Cg; ++k) {
+    A wk = w ? load(w[ch0 + k]) : A(1);
+    for (int64_t s = 0; s < S; ++s) {
+      int64_t i = k * S + s;
+      A xh = (load(x[i]) - mean) * rstd;
+      dx[i] = store<T>(rstd * (load(g[i]) * wk - mean_gw - xh * mean_gwx));
+    }
+  }
+}
+
+void group_norm_bwd_kernel(const KernelCall& c) {
+  Tensor g = dense(c.in[0]), x = dense(c.in[1]), w = dense(c.in[2]), mean = dense(c.in[3]), rstd = dense(c.in[4]);
+  Tensor dx = dense_out(c.out[0]), dw = dense_out(c.out[1]), db = dense_out(c.out[2]);
+  auto [N, C, S] = ncs_of(x);
+  int64_t G = c.attrs.i("groups"), Cg = C / G, set = Cg * S;
+  visit_float_dtype(x.dtype(), "group_norm_backward", [&]<typename T>() {
+    using A = AccType<T>;
+    const T *pg = g.data<T>(), *px = x.data<T>(), *pw = data_or_null<T>(w);
+    const A *pm = mean.data<A>(), *pr = rstd.data<A>();
+    T* pdx = dx.data<T>();
+    std::vector<A> ds(size_t(N * C)), dbias(size_t(N * C));  // (N, C): per-sample channel sums
+#pragma omp parallel for if (N * C * S >= cpu::kParallelGrain && N * G > 1)
+    for (int64_t ng = 0; ng < N * G; ++ng) {
+      int64_t ch0 = (ng % G) * Cg, at = ng * set;
+      group_norm_bwd_set(pg + at, px + at, pw, ch0, Cg, S, pm[ng], pr[ng], pdx + at, ds.data() + ng * Cg,
+                         dbias.data() + ng * Cg);
+    }
+    T *pdw = dw.data<T>(), *pdb = db.data<T>();
+    for (int64_t ch = 0; ch < C; ++ch) {
+      A sw = 0, sb = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        sw += ds[n * C + ch];
+        sb += dbias[n * C + ch];
+      }
+      pdw[ch] = store<T>(sw);
+      pdb[ch] = store<T>(sb);
+    }
+  });
+  write_back(c.out[0], dx);
+  write_back(c.out[1], dw);
+  write_back(c.out[2], db);
+}
+
+// ---------------------------------------------------------------- batch norm
+
+// Batch statistics per channel into mean/rstd, and the unbiased variance for the running update.
+template <typename T, typename A>
+void batch_stats(const T* x, int64_t N, int64_t C, int64_t S, A eps, A* mean, A* rstd,
+                 std::vector<double>& var_unbiased) {
+#pragma omp parallel for if (N * C * S >= cpu::kParallelGrain && C > 1)
+  for (int64_t ch = 0; ch < C; ++ch) {
+    // x: (N, C, S); channel ch is N runs of S values, C*S apart.
+    Moments<A> m = moments(x + ch * S, N, S, C * S);
+    mean[ch] = m.mean;
+    rstd[ch] = A(1) / std::sqrt(m.var + eps);
+    double n = double(N * S);
+    var_unbiased[size_t(ch)] = double(m.var) * n / (n - 1);
+  }
+}
+
+// running = (1 - momentum) running + momentum stat, in place, in the running tensor's own dtype.
+void update_running(const Tensor& running, const std::vector<double>& stat, double momentum) {
+  std::vector<double> r = read_1d(running);
+  for (size_t i = 0; i < r.size(); ++i) r[i] = (1 - momentum) * r[i] + momentum * stat[i];
+  write_1d(running, r);
+}
+
+void batch_norm_fwd_kernel(const KernelCall& c) {
+  Tensor x = dense(c.in[0]), w = dense(c.in[1]), b = dense(c.in[2]);
+  const Tensor &running_mean = c.in[3], &running_var = c.in[4];
+  Tensor y = dense_out(c.out[0]), mean = dense_out(c.out[1]), rstd = dense_out(c.out[2]);
+  auto [N, C, S] = ncs_of(x);
+  bool training = c.attrs.b("training");
+  double eps = c.attrs.f("eps");
+  visit_float_dtype(x.dtype(), "batch_norm", [&]<typename T>() {
+    using A = AccType<T>;
+    const T *px = x.data<T>(), *pw = data_or_null<T>(w), *pb = data_or_null<T>(b);
+    T* py = y.data<T>();
+    A *pm = mean.data<A>(), *pr = rstd.data<A>();
+    if (training) {
+      std::vector<double> var_unbiased(static_cast<size_t>(C));
+      batch_stats(px, N, C, S, A(eps), pm, pr, var_unbiased);
+      if (running_mean.defined()) {
+        double momentum = c.attrs.f("momentum");
+        update_running(running_mean, std::vector<double>(pm, pm + C), momentum);
+        update_running(running_var, var_unbiased, momentum);
+      }
+    } else {
+      std::vector<double> rm = read_1d(running_mean), rv = read_1d(running_var);
+      for (int64_t ch = 0; ch < C; ++ch) {
+        pm[ch] = A(rm[ch]);
+        pr[ch] = A(1.0 / std::sqrt(rv[ch] + eps));
+      }
+    }
+#pragma omp parallel for collapse(2) if (N * C * S >= cpu::kParallelGrain)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t ch = 0; ch < C; ++ch) {
+        A scale = pr[ch] * (pw ? load(pw[ch]) : A(1)), shift = (pb ? load(pb[ch]) : A(0)) - pm[ch] * scale;
+        affine_run(px + (n * C + ch) * S, py + (n * C + ch) * S, S, scale, shift);
+      }
+  });
+  write_back(c.out[0], y);
+  write_back(c.out[1], mean);
+  write_back(c.out[2], rstd);
+}
+
+// dx, dw, db of one channel: x, g, dx point at its first value; N runs of S values, C*S apart.
+template <typename T, typename A>
+void batch_norm_bwd_channel(const T* g, const T* x, A w, A mean, A rstd, int64_t N, int64_t S, int64_t stride,
+                            bool training, T* dx, A& dw, A& db) {
+  A sum_g = 0, sum_gx = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t s = 0; s < S; ++s) {
+      A gv = load(g[n * stride + s]);
+      sum_g += gv;
+      sum_gx += gv * (load(x[n * stride + s]) - mean) * rstd;
+    }
+  dw = sum_gx;
+  db = sum_g;
+  // Training: the statistics depend on x (the full formula, with gw = g w, so the means carry w).
+  // Eval: they are constants and dx = g w rstd.
+  A count = A(N * S), mean_g = training ? sum_g / count : A(0), mean_gx = training ? sum_gx / count : A(0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t s = 0; s < S; ++s) {
+      int64_t i = n * stride + s;
+      A xh = (load(x[i]) - mean) * rstd;
+      dx[i] = store<T>(w * rstd * (load(g[i]) - mean_g - xh * mean_gx));
+    }
+}
+
+void batch_norm_bwd_kernel(const KernelCall& c) {
+  Tensor g = dense(c.in[0]), x = dense(c.in[1]), w = dense(c.in[2]), mean = dense(c.in[3]), rstd = dense(c.in[4]);
+  Tensor dx = dense_out(c.out[0]), dw = dense_out(c.out[1]), db = dense_out(c.out[2]);
+  auto [N, C, S] = ncs_of(x);
+  bool training = c.attrs.b("training");
+  visit_float_dtype(x.dtype(), "batch_norm_backward", [&]<typename T>() {
+    using A = AccType<T>;
+    const T *pg = g.data<T>(), *px = x.data<T>(), *pw = data_or_null<T>(w);
+    const A *pm = mean.data<A>(), *pr = rstd.data<A>();
+    T *pdx = dx.data<T>(), *pdw = dw.data<T>(), *pdb = db.data<T>();
+#pragma omp parallel for if (N * C * S >= cpu::kParallelGrain && C > 1)
+    for (int64_t ch = 0; ch < C; ++ch) {
+      A dwc = 0, dbc = 0, wc = pw ? load(pw[ch]) : A(1);
+      batch_norm_bwd_channel(pg + ch * S, px + ch * S, wc, pm[ch], pr[ch], N, S, C * S, training, pdx + ch * S, dwc,
+                             dbc);
+      pdw[ch] = store<T>(dwc);
+      pdb[ch] = store<T>(dbc);
+    }
+  });
+  write_back(c.out[0], dx);
+  write_back(c.out[1], dw);
+  write_back(c.out[2], db);
+}
+
+// ---------------------------------------------------------------- dropout
+
+void dropout_fwd_kernel(const KernelCall& c) {
+  Tensor x = dense(c.in[0]);
+  Tensor y = dense_out(c.out[0]), mask = dense_out(c.out[1]);
+  double p = c.attrs.f("p");
+  uint64_t seed = uint64_t(c.attrs.i("seed")), offset = uint64_t(c.attrs.i("offset"));
+  int64_t n = x.numel();
+  visit_float_dtype(x.dtype(), "dropout", [&]<typename T>() {
+    using A = AccType<T>;
+    // The kept value as stored in the mask, so that y = x * mask exactly, as backward assumes.
+    const T keep = store<T>(p < 1 ? A(1.0 / (1.0 - p)) : A(0));
+    const float threshold = float(p);
+    const T* px = x.data<T>();
+    T *py = y.data<T>(), *pmask = mask.data<T>();
+    // A Philox draw costs tens of operations per element, so smaller tensors already pay for the fork.
+#pragma omp parallel for if (n >= cpu::kParallelGrain / 8)
+    for (int64_t i = 0; i < n; ++i) {
+      bool kept = philox_uniform(seed, offset, uint64_t(i)) >= threshold;
+      T m = kept ? keep : store<T>(A(0));
+      pmask[i] = m;
+      py[i] = store<T>(load(px[i]) * load(m));
+    }
+  });
+  write_back(c.out[0], y);
+  write_back(c.out[1], mask);
+}
+
+}  // namespace
+
+void register_norm_cpu_kernels() {
+  constexpr DeviceType cpu = DeviceType::CPU;
+  register_kernel(cpu, OpKind::LayerNorm, layer_norm_fwd_kernel);
+  register_kernel(cpu, OpKind::LayerNormBackward, layer_norm_bwd_kernel);
+  register_kernel(cpu, OpKind::GroupNorm, group_norm_fwd_kernel);
+  register_kernel(cpu, OpKind::GroupNormBackward, group_norm_bwd_kernel);
+  register_kernel(cpu, OpKind::BatchNorm, batch_norm_fwd_kernel);
+  register_kernel(cpu, OpKind::BatchNormBackward, batch_norm_bwd_kernel);
+  register_kernel(cpu, OpKind::Dropout, dropout_fwd_kernel);
+}
+
 }  // namespace reel

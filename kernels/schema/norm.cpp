@@ -1,5 +1,208 @@
-// (being written) schemas of the norm family.
+// Schemas of the normalisation ops and dropout. Optional inputs are undefined Tensors; weight, bias and
+// gradients share x's dtype (reel does not promote). Statistics (mean, rstd) are kept in the
+// accumulation type: f32 for f32/f16/bf16 inputs, f64 for f64 — the norms stay f32 inside, as mixed
+// precision needs. rstd = 1 / sqrt(var + eps), var biased (divided by the count).
+//
+//   layer_norm (x, w?, b?)                 attrs eps, normalized_ndim (k >= 1)
+//       rows = prod x.shape[:-k], cols = prod x.shape[-k:]; w, b of shape x.shape[-k:]
+//       -> y (x.shape), mean (x.shape[:-k]), rstd (x.shape[:-k])
+//   layer_norm_backward (g, x, w?, mean, rstd)        k = x.dim() - mean.dim()
+//       -> dx (x.shape), dw (x.shape[-k:]), db (x.shape[-k:]); without w, dw and db are the gradients
+//          the affine parameters would get if they existed (w = 1): always computed, cheaply.
+//   group_norm (x (N, C, *), w (C)?, b (C)?)       attrs groups (G, divides C), eps
+//       -> y (x.shape), mean (N, G), rstd (N, G)
+//   group_norm_backward (g, x, w?, mean, rstd)     attr groups  -> dx, dw (C), db (C)
+//   batch_norm (x (N, C, *), w (C)?, b (C)?, running_mean (C)?, running_var (C)?)
+//       attrs training, momentum, eps   -> y (x.shape), save_mean (C), save_rstd (C)
+//       training: batch statistics; running stats (both or neither, any float dtype) are updated in
+//       place by the kernel. eval: running stats required; save_* are running_mean, 1/sqrt(rv + eps).
+//   batch_norm_backward (g, x, w?, save_mean, save_rstd)   attr training -> dx, dw (C), db (C)
+//   dropout (x)                            attrs p in [0, 1], seed, offset
+//       -> y (x.shape), mask (x.shape, x's dtype, values 0 or 1/(1-p); all 0 when p == 1)
 #include "kernels/schema/schema_util.h"
+
 namespace reel {
-void register_norm_schemas() {}
+namespace {
+
+DType stat_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
+
+// An optional per-feature parameter (weight or bias): x's dtype and exactly `shape`.
+void expect_param(OpKind op, const Tensor& p, const Tensor& x, const Shape& shape, const char* what) {
+  if (!p.defined()) return;
+  REEL_CHECK(p.dtype() == x.dtype(), op_name(op), ": ", what, " has dtype ", dtype_name(p.dtype()),
+             " but x has dtype ", dtype_name(x.dtype()), " (reel does not promote; cast one with .to(dtype))");
+  REEL_CHECK(p.shape() == shape, op_name(op), ": ", what, " has shape ", shape_str(p.shape()), ", expected ",
+             shape_str(shape), " for x of shape ", shape_str(x.shape()));
+}
+
+// A saved statistic (mean or rstd) passed back to a backward op.
+void expect_stat(OpKind op, const Tensor& s, const Tensor& x, const Shape& shape, const char* what) {
+  schema::expect_defined(op, s, what);
+  REEL_CHECK(s.dtype() == stat_dtype(x.dtype()), op_name(op), ": ", what, " has dtype ", dtype_name(s.dtype()),
+             ", expected ", dtype_name(stat_dtype(x.dtype())), " for x of dtype ", dtype_name(x.dtype()));
+  REEL_CHECK(s.shape() == shape, op_name(op), ": ", what, " has shape ", shape_str(s.shape()), ", expected ",
+             shape_str(shape), " for x of shape ", shape_str(x.shape()));
+}
+
+void expect_x(OpKind op, const Tensor& x) {
+  schema::expect_defined(op, x, "x");
+  schema::expect_float(op, x, "x");
+}
+
+void expect_grad_like_x(OpKind op, const Tensor& g, const Tensor& x) {
+  schema::expect_defined(op, g, "gradient");
+  REEL_CHECK(g.shape() == x.shape() && g.dtype() == x.dtype(), op_name(op), ": gradient ", schema::desc(g),
+             " does not match x ", schema::desc(x));
+}
+
+// x (N, C, *) for group and batch norm.
+void expect_channels(OpKind op, const Tensor& x) {
+  REEL_CHECK(x.dim() >= 2, op_name(op), ": x must have shape (N, C, *) with at least 2 dims, got ",
+             shape_str(x.shape()));
+}
+
+std::vector<TensorMeta> infer_layer_norm(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::LayerNorm;
+  schema::expect_inputs(op, in, 3);
+  const Tensor& x = in[0];
+  expect_x(op, x);
+  int64_t k = a.i("normalized_ndim");
+  REEL_CHECK(k >= 1 && k <= x.dim(), "layer_norm: normalized_ndim ", k, " must be in [1, ", x.dim(),
+             "] for x of shape ", shape_str(x.shape()));
+  REEL_CHECK(a.f("eps") >= 0, "layer_norm: eps must be >= 0, got ", a.f("eps"));
+  Shape lead(x.shape().begin(), x.shape().end() - k), normalized(x.shape().end() - k, x.shape().end());
+  expect_param(op, in[1], x, normalized, "weight");
+  expect_param(op, in[2], x, normalized, "bias");
+  DType st = stat_dtype(x.dtype());
+  return {schema::meta_like(x), {lead, st, x.device()}, {lead, st, x.device()}};
+}
+
+std::vector<TensorMeta> infer_layer_norm_backward(const std::vector<Tensor>& in, const Attrs&) {
+  constexpr OpKind op = OpKind::LayerNormBackward;
+  schema::expect_inputs(op, in, 5);
+  const Tensor& x = in[1];
+  expect_x(op, x);
+  expect_grad_like_x(op, in[0], x);
+  schema::expect_defined(op, in[3], "mean");
+  int64_t k = x.dim() - in[3].dim();
+  REEL_CHECK(k >= 1, "layer_norm_backward: mean of shape ", shape_str(in[3].shape()),
+             " must have fewer dims than x of shape ", shape_str(x.shape()));
+  Shape lead(x.shape().begin(), x.shape().end() - k), normalized(x.shape().end() - k, x.shape().end());
+  expect_param(op, in[2], x, normalized, "weight");
+  expect_stat(op, in[3], x, lead, "mean");
+  expect_stat(op, in[4], x, lead, "rstd");
+  return {schema::meta_like(x), {normalized, x.dtype(), x.device()}, {normalized, x.dtype(), x.device()}};
+}
+
+int64_t checked_groups(OpKind op, const Tensor& x, const Attrs& a) {
+  int64_t groups = a.i("groups"), C = x.shape()[1];
+  REEL_CHECK(groups >= 1, op_name(op), ": groups must be >= 1, got ", groups);
+  REEL_CHECK(C % groups == 0, op_name(op), ": channels ", C, " of x ", shape_str(x.shape()),
+             " are not divisible by groups ", groups);
+  return groups;
+}
+
+std::vector<TensorMeta> infer_group_norm(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::GroupNorm;
+  schema::expect_inputs(op, in, 3);
+  const Tensor& x = in[0];
+  expect_x(op, x);
+  expect_channels(op, x);
+  int64_t G = checked_groups(op, x, a);
+  REEL_CHECK(a.f("eps") >= 0, "group_norm: eps must be >= 0, got ", a.f("eps"));
+  expect_param(op, in[1], x, {x.shape()[1]}, "weight");
+  expect_param(op, in[2], x, {x.shape()[1]}, "bias");
+  DType st = stat_dtype(x.dtype());
+  Shape stats{x.shape()[0], G};
+  return {schema::meta_like(x), {stats, st, x.device()}, {stats, st, x.device()}};
+}
+
+std::vector<TensorMeta> infer_group_norm_backward(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::GroupNormBackward;
+  schema::expect_inputs(op, in, 5);
+  const Tensor& x = in[1];
+  expect_x(op, x);
+  expect_channels(op, x);
+  expect_grad_like_x(op, in[0], x);
+  int64_t G = checked_groups(op, x, a);
+  Shape channels{x.shape()[1]};
+  expect_param(op, in[2], x, channels, "weight");
+  expect_stat(op, in[3], x, {x.shape()[0], G}, "mean");
+  expect_stat(op, in[4], x, {x.shape()[0], G}, "rstd");
+  return {schema::meta_like(x), {channels, x.dtype(), x.device()}, {channels, x.dtype(), x.device()}};
+}
+
+void expect_running_stat(const Tensor& r, const Tensor& x, const char* what) {
+  if (!r.defined()) return;
+  REEL_CHECK(is_floating(r.dtype()), "batch_norm: ", what, " must be a float tensor, got ", dtype_name(r.dtype()));
+  Shape channels{x.shape()[1]};
+  REEL_CHECK(r.shape() == channels, "batch_norm: ", what, " has shape ", shape_str(r.shape()), ", expected ",
+             shape_str(channels), " for x of shape ", shape_str(x.shape()));
+}
+
+std::vector<TensorMeta> infer_batch_norm(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::BatchNorm;
+  schema::expect_inputs(op, in, 5);
+  const Tensor& x = in[0];
+  expect_x(op, x);
+  expect_channels(op, x);
+  Shape channels{x.shape()[1]};
+  expect_param(op, in[1], x, channels, "weight");
+  expect_param(op, in[2], x, channels, "bias");
+  const Tensor &rm = in[3], &rv = in[4];
+  REEL_CHECK(rm.defined() == rv.defined(), "batch_norm: running_mean and running_var must be given together (got ",
+             rm.defined() ? "running_mean" : "running_var", " only)");
+  expect_running_stat(rm, x, "running_mean");
+  expect_running_stat(rv, x, "running_var");
+  REEL_CHECK(a.f("eps") >= 0, "batch_norm: eps must be >= 0, got ", a.f("eps"));
+  if (a.b("training")) {
+    // Matches PyTorch: one value per channel has no variance to normalise by.
+    REEL_CHECK(x.numel() / x.shape()[1] != 1, "batch_norm: expected more than 1 value per channel when training, ",
+               "got x of shape ", shape_str(x.shape()));
+    double m = a.f("momentum");
+    REEL_CHECK(m >= 0 && m <= 1, "batch_norm: momentum must be in [0, 1], got ", m);
+  } else {
+    REEL_CHECK(rm.defined(), "batch_norm: eval mode (training=false) needs running_mean and running_var, got none");
+  }
+  DType st = stat_dtype(x.dtype());
+  return {schema::meta_like(x), {channels, st, x.device()}, {channels, st, x.device()}};
+}
+
+std::vector<TensorMeta> infer_batch_norm_backward(const std::vector<Tensor>& in, const Attrs&) {
+  constexpr OpKind op = OpKind::BatchNormBackward;
+  schema::expect_inputs(op, in, 5);
+  const Tensor& x = in[1];
+  expect_x(op, x);
+  expect_channels(op, x);
+  expect_grad_like_x(op, in[0], x);
+  Shape channels{x.shape()[1]};
+  expect_param(op, in[2], x, channels, "weight");
+  expect_stat(op, in[3], x, channels, "save_mean");
+  expect_stat(op, in[4], x, channels, "save_rstd");
+  return {schema::meta_like(x), {channels, x.dtype(), x.device()}, {channels, x.dtype(), x.device()}};
+}
+
+std::vector<TensorMeta> infer_dropout(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::Dropout;
+  schema::expect_inputs(op, in, 1);
+  expect_x(op, in[0]);
+  double p = a.f("p");
+  REEL_CHECK(p >= 0 && p <= 1, "dropout: probability p must be in [0, 1], got ", p);
+  a.i("seed");  // both are required: a missing one throws here, naming the attr
+  a.i("offset");
+  return {schema::meta_like(in[0]), schema::meta_like(in[0])};
+}
+
+}  // namespace
+
+void register_norm_schemas() {
+  register_schema(OpKind::LayerNorm, infer_layer_norm);
+  register_schema(OpKind::LayerNormBackward, infer_layer_norm_backward);
+  register_schema(OpKind::GroupNorm, infer_group_norm);
+  register_schema(OpKind::GroupNormBackward, infer_group_norm_backward);
+  register_schema(OpKind::BatchNorm, infer_batch_norm);
+  register_schema(OpKind::BatchNormBackward, infer_batch_norm_backward);
+  register_schema(OpKind::Dropout, infer_dropout);
+}
+
 }  // namespace reel

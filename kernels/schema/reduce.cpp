@@ -1,5 +1,166 @@
-// (being written) schemas of the reduce family.
+// Schemas of the reductions, softmax, cross-entropy and global norm. Every output is a fresh
+// contiguous tensor; inputs may have any strides.
+//
+//   sum (x)            attrs dims (list; empty or absent = all dims), keepdim (0/1, default 0)
+//                      any dtype (i64 sums in i64); output has x's dtype
+//   mean (x)           same attrs; float only; the mean of an empty selection is NaN
+//   max (x)            same attrs; any dtype; the selection must not be empty
+//                      Reduced dims are dropped (keepdim 0) or kept with size 1 (keepdim 1); reducing
+//                      every dim without keepdim gives a 0-dim tensor.
+//   softmax (x)        attr dim     y = exp(x - max) / sum exp(x - max) along dim
+//   log_softmax (x)    attr dim     y = x - max - log(sum exp(x - max)) along dim
+//   softmax_backward (g, y)      attr dim   dx = y * (g - sum(g * y, dim))
+//   log_softmax_backward (g, y)  attr dim   dx = g - exp(y) * sum(g, dim)
+//   cross_entropy (logits (N, C), target (N) i64)
+//                      attrs ignore_index (default -100), reduction (0 = mean, 1 = sum; default 0)
+//                      -> loss: 0-dim, logits' dtype
+//                         lse (N): log-sum-exp of each row, in the accumulation dtype (f32 for
+//                                  f32/f16/bf16 logits, f64 for f64), saved for the backward
+//                      loss_n = lse_n - logits[n, target_n]; rows whose target is ignore_index count
+//                      for nothing. mean divides by the number of counted rows, so a batch whose
+//                      targets are all ignored gives NaN (0/0), like PyTorch. Targets outside [0, C)
+//                      that are not ignore_index are refused by the kernel (the values live on the
+//                      device, so the schema cannot see them).
+//   cross_entropy_backward (g (0-dim), logits, target, lse)   same attrs
+//                      -> dlogits = (softmax(logits) - onehot(target)) * g / count  (mean)
+//                                   (softmax(logits) - onehot(target)) * g          (sum)
+//                         rows whose target is ignore_index get 0.
+//   global_norm (x0, ..., xk)   -> 0-dim sqrt(sum over every element of every x_i of x^2)
+//                      inputs: at least one, any shapes, one float dtype; output f32 (f64 for f64)
 #include "kernels/schema/schema_util.h"
+
 namespace reel {
-void register_reduce_schemas() {}
+namespace {
+
+// The dtype reductions accumulate in (tensor/dtype.h's AccType) as a DType.
+DType acc_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+std::vector<int64_t> attr_dims(const Attrs& a) { return a.has("dims") ? a.ints("dims") : std::vector<int64_t>{}; }
+
+// Wraps and sorts the reduced dims, with a message that shows the input's shape.
+std::vector<int64_t> checked_dims(OpKind op, const Tensor& x, const std::vector<int64_t>& dims) {
+  int64_t n = std::max<int64_t>(x.dim(), 1);
+  for (int64_t d : dims)
+    REEL_CHECK(d >= -n && d < n, op_name(op), ": dim ", d, " is out of range for an input of shape ",
+               shape_str(x.shape()), " (expected ", -n, " to ", n - 1, ")");
+  if (x.dim() == 0) return {};  // a 0-dim tensor has nothing to reduce; dim 0 / -1 are accepted as in PyTorch
+  return wrap_dims(dims, x.dim(), op_name(op));
+}
+
+template <OpKind Op>
+std::vector<TensorMeta> infer_reduce(const std::vector<Tensor>& in, const Attrs& a) {
+  schema::expect_inputs(Op, in, 1);
+  const Tensor& x = in[0];
+  schema::expect_defined(Op, x, "input");
+  if (Op == OpKind::Mean) schema::expect_float(Op, x);
+  std::vector<int64_t> dims = checked_dims(Op, x, attr_dims(a));
+  bool keepdim = a.b("keepdim", false);
+  Shape shape;
+  int64_t reduced = 1;
+  for (int64_t d = 0, k = 0; d < x.dim(); ++d) {
+    bool is_reduced = k < int64_t(dims.size()) && dims[k] == d;
+    if (is_reduced) {
+      ++k;
+      reduced *= x.shape()[d];
+      if (keepdim) shape.push_back(1);
+    } else {
+      shape.push_back(x.shape()[d]);
+    }
+  }
+  if (Op == OpKind::Max)
+    REEL_CHECK(reduced > 0, "max: cannot take the maximum of an empty selection (input shape ", shape_str(x.shape()),
+               ", dims ", shape_str(attr_dims(a)), ")");
+  return {{shape, x.dtype(), x.device()}};
+}
+
+template <OpKind Op>
+std::vector<TensorMeta> infer_softmax(const std::vector<Tensor>& in, const Attrs& a) {
+  schema::expect_inputs(Op, in, 1);
+  schema::expect_defined(Op, in[0], "input");
+  schema::expect_float(Op, in[0]);
+  checked_dims(Op, in[0], {a.i("dim")});
+  return {schema::meta_like(in[0])};
+}
+
+template <OpKind Op>
+std::vector<TensorMeta> infer_softmax_backward(const std::vector<Tensor>& in, const Attrs& a) {
+  schema::expect_inputs(Op, in, 2);
+  schema::expect_defined(Op, in[0], "gradient");
+  schema::expect_defined(Op, in[1], "output");
+  schema::expect_float(Op, in[0], "gradient");
+  schema::expect_same_dtype(Op, in[0], in[1]);
+  REEL_CHECK(in[0].shape() == in[1].shape(), op_name(Op), ": gradient of shape ", shape_str(in[0].shape()),
+             " does not match the forward output's shape ", shape_str(in[1].shape()));
+  checked_dims(Op, in[1], {a.i("dim")});
+  return {schema::meta_like(in[1])};
+}
+
+// Checks logits (N, C) float and target (N) i64 plus the attrs shared by cross_entropy and its backward.
+void check_cross_entropy_args(OpKind op, const Tensor& logits, const Tensor& target, const Attrs& a) {
+  schema::expect_defined(op, logits, "logits");
+  schema::expect_defined(op, target, "target");
+  schema::expect_float(op, logits, "logits");
+  REEL_CHECK(logits.dim() == 2, op_name(op), ": logits must have 2 dims (N, C), got shape ",
+             shape_str(logits.shape()));
+  REEL_CHECK(logits.shape()[1] > 0, op_name(op), ": logits of shape ", shape_str(logits.shape()), " have no classes");
+  REEL_CHECK(target.dtype() == DType::i64, op_name(op), ": target must be i64 class indices, got ",
+             schema::desc(target));
+  REEL_CHECK(target.shape() == Shape{logits.shape()[0]}, op_name(op), ": target of shape ", shape_str(target.shape()),
+             " does not match logits of shape ", shape_str(logits.shape()), " (expected (",
+             logits.shape()[0], ",))");
+  int64_t reduction = a.i("reduction", 0);
+  REEL_CHECK(reduction == 0 || reduction == 1, op_name(op), ": reduction ", reduction,
+             " is not 0 (mean) or 1 (sum)");
+}
+
+std::vector<TensorMeta> infer_cross_entropy(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::CrossEntropy;
+  schema::expect_inputs(op, in, 2);
+  check_cross_entropy_args(op, in[0], in[1], a);
+  const Tensor& logits = in[0];
+  return {{{}, logits.dtype(), logits.device()}, {{logits.shape()[0]}, acc_dtype(logits.dtype()), logits.device()}};
+}
+
+std::vector<TensorMeta> infer_cross_entropy_backward(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::CrossEntropyBackward;
+  schema::expect_inputs(op, in, 4);
+  const Tensor &g = in[0], &logits = in[1], &lse = in[3];
+  check_cross_entropy_args(op, logits, in[2], a);
+  schema::expect_defined(op, g, "gradient");
+  schema::expect_defined(op, lse, "lse");
+  REEL_CHECK(g.numel() == 1 && g.dtype() == logits.dtype(), op_name(op), ": gradient must be a one-element ",
+             dtype_name(logits.dtype()), " tensor, got ", schema::desc(g));
+  REEL_CHECK(lse.shape() == Shape{logits.shape()[0]} && lse.dtype() == acc_dtype(logits.dtype()), op_name(op),
+             ": lse must be (", logits.shape()[0], ",) ", dtype_name(acc_dtype(logits.dtype())), ", got ",
+             schema::desc(lse));
+  return {schema::meta_like(logits)};
+}
+
+std::vector<TensorMeta> infer_global_norm(const std::vector<Tensor>& in, const Attrs&) {
+  constexpr OpKind op = OpKind::GlobalNorm;
+  REEL_CHECK(!in.empty(), "global_norm: needs at least one input");
+  for (size_t i = 0; i < in.size(); ++i) {
+    REEL_CHECK(in[i].defined(), "global_norm: input ", i, " is undefined");
+    REEL_CHECK(in[i].dtype() == in[0].dtype(), "global_norm: input ", i, " is ", schema::desc(in[i]),
+               " but input 0 is ", schema::desc(in[0]), " (all inputs must share one dtype)");
+  }
+  schema::expect_float(op, in[0]);
+  return {{{}, acc_dtype(in[0].dtype()), in[0].device()}};
+}
+
+}  // namespace
+
+void register_reduce_schemas() {
+  register_schema(OpKind::Sum, infer_reduce<OpKind::Sum>);
+  register_schema(OpKind::Mean, infer_reduce<OpKind::Mean>);
+  register_schema(OpKind::Max, infer_reduce<OpKind::Max>);
+  register_schema(OpKind::Softmax, infer_softmax<OpKind::Softmax>);
+  register_schema(OpKind::LogSoftmax, infer_softmax<OpKind::LogSoftmax>);
+  register_schema(OpKind::SoftmaxBackward, infer_softmax_backward<OpKind::SoftmaxBackward>);
+  register_schema(OpKind::LogSoftmaxBackward, infer_softmax_backward<OpKind::LogSoftmaxBackward>);
+  register_schema(OpKind::CrossEntropy, infer_cross_entropy);
+  register_schema(OpKind::CrossEntropyBackward, infer_cross_entropy_backward);
+  register_schema(OpKind::GlobalNorm, infer_global_norm);
+}
+
 }  // namespace reel

@@ -1,0 +1,182 @@
+// CPU kernel of matmul: out[i] = a[i] @ b[i] over the broadcast batch, on Eigen's GEMM.
+//
+//   a (..., M, K), b (..., K, N) -> out (..., M, N), out[i](m, n) = sum_k a[i](m, k) b[i](k, n)
+//
+// Layouts. Every matrix of an operand shares the strides of its last two dims, so "can Eigen read it
+// in place" is one question per operand: a matrix is mapped directly when it is row-major
+// (stride[-1] == 1) or column-major (stride[-2] == 1) with an outer stride that keeps rows/columns
+// apart. A transposed view (what backward's a^T and b^T are) is column-major and is never copied;
+// anything else (expanded or doubly strided matrices) is copied to contiguous first. Batch dims may
+// have any strides, including 0 for broadcast ones.
+//
+// Threading (policy in linalg.cpp). One GEMM (batch 1) is left to Eigen, which splits it over the
+// OpenMP threads itself when it is large enough. A batch of >= 2 GEMMs is split over OpenMP threads
+// by batch entry; inside a parallel region Eigen sees omp_get_num_threads() > 1 and runs
+// single-threaded, so the two levels never oversubscribe.
+// When b has no batch (x (B, T, C) @ W (C, D), the common linear layer) and a's batch dims merge with
+// its rows, the batch is folded into one (B*T, C) @ (C, D) GEMM, which Eigen threads and blocks better.
+//
+// Dtypes. f32 and f64 multiply in their own type; f16 and bf16 are widened to f32, multiplied, and
+// rounded back once (f32 accumulation, as GPUs do). i64 is refused by the schema.
+#include <Eigen/Dense>
+#include <optional>
+#include <type_traits>
+
+#include "kernels/cpu/loops.h"
+#include "kernels/dispatch.h"
+#include "kernels/schema/views.h"
+
+namespace reel::cpu {
+
+// The GEMM threading policy, defined in linalg.cpp (the reasons are there).
+bool split_gemm_batch(int64_t count, double flops_each);
+int narrow_gemm_threads(double flops);
+void restore_gemm_threads(int saved);
+
+namespace {
+
+// Keeps Eigen to the calling thread for this scope when a GEMM of `flops` is too small to split.
+struct GemmThreadScope {
+  explicit GemmThreadScope(double flops) : saved(narrow_gemm_threads(flops)) {}
+  ~GemmThreadScope() { restore_gemm_threads(saved); }
+  GemmThreadScope(const GemmThreadScope&) = delete;
+  GemmThreadScope& operator=(const GemmThreadScope&) = delete;
+  int saved;
+};
+
+template <typename T, int Order>
+using ConstMatMap =
+    Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, 0, Eigen::OuterStride<>>;
+template <typename T>
+using OutMatMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+
+struct MatLayout {
+  bool row_major = true;
+  int64_t outer = 0;  // elements between consecutive rows (row-major) or columns (column-major)
+};
+
+// How Eigen can read a (rows, cols) matrix with strides (s_row, s_col) in place, or nullopt.
+// A size-1 dim's stride is meaningless (views may leave anything there), so it is normalised first.
+std::optional<MatLayout> matrix_layout(int64_t rows, int64_t cols, int64_t s_row, int64_t s_col) {
+  if (cols == 1) s_col = 1;
+  if (rows == 1) s_row = std::max<int64_t>(cols, 1);
+  if (s_col == 1 && s_row >= cols) return MatLayout{true, s_row};
+  if (rows == 1) s_row = 1;  // also a valid column-major reading of a single row
+  if (s_row == 1 && s_col >= rows) return MatLayout{false, s_col};
+  return std::nullopt;
+}
+
+std::optional<MatLayout> matrix_layout(const Tensor& t) {
+  int64_t nd = t.dim();
+  return matrix_layout(t.shape()[nd - 2], t.shape()[nd - 1], t.strides()[nd - 2], t.strides()[nd - 1]);
+}
+
+// `t` in dtype `dt` with a layout Eigen can map: `t` itself when possible, else a contiguous copy.
+Tensor mappable(const Tensor& t, DType dt) {
+  if (t.dtype() == dt && matrix_layout(t)) return t;
+  Tensor c = Tensor::empty(t.shape(), dt, t.device());
+  copy_strided(c, t);
+  return c;
+}
+
+// c (M, N), contiguous = a (M, K) @ b (K, N), each read through its layout. Single-threaded when
+// called inside a parallel region, Eigen-threaded otherwise.
+template <typename T>
+void gemm(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t M, int64_t K, int64_t N) {
+  OutMatMap<T> C(c, M, N);
+  auto times_b = [&](const auto& A) {
+    if (lb.row_major) C.noalias() = A * ConstMatMap<T, Eigen::RowMajor>(b, K, N, Eigen::OuterStride<>(lb.outer));
+    else C.noalias() = A * ConstMatMap<T, Eigen::ColMajor>(b, K, N, Eigen::OuterStride<>(lb.outer));
+  };
+  if (la.row_major) times_b(ConstMatMap<T, Eigen::RowMajor>(a, M, K, Eigen::OuterStride<>(la.outer)));
+  else times_b(ConstMatMap<T, Eigen::ColMajor>(a, M, K, Eigen::OuterStride<>(la.outer)));
+}
+
+// Folds a's batch into its rows when b is one shared matrix: a (..., M, K) viewed as (B*M, K).
+// Returns false when b is batched or a's batch dims do not merge with its rows.
+template <typename T>
+bool matmul_folded(const Tensor& a, const Tensor& b, const Tensor& out);
+
+// out (..., M, N) contiguous = a @ b, all of dtype T (f32 or f64).
+template <typename T>
+void matmul_same_dtype(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
+  const int64_t nd = out.dim();
+  const int64_t M = out.shape()[nd - 2], N = out.shape()[nd - 1], K = a_in.shape().back();
+  if (out.numel() == 0) return;
+  T* pc = out.data<T>();
+  if (K == 0) {  // an empty sum
+    std::fill(pc, pc + out.numel(), T(0));
+    return;
+  }
+  if (matmul_folded<T>(a_in, b_in, out)) return;
+  const DType dt = DTypeOf<T>::value;
+  Tensor a = mappable(a_in, dt), b = mappable(b_in, dt);
+  const MatLayout la = *matrix_layout(a), lb = *matrix_layout(b);
+
+  // Batch: out's leading dims; a's and b's batch strides broadcast to them (0 on broadcast dims).
+  Shape batch(out.shape().begin(), out.shape().end() - 2);
+  auto batch_strides = [&](const Tensor& t) {
+    Shape shape(t.shape().begin(), t.shape().end() - 2), strides(t.strides().begin(), t.strides().end() - 2);
+    return broadcast_strides(shape, strides, batch);
+  };
+  const std::vector<int64_t> sa = batch_strides(a), sb = batch_strides(b);
+  const int64_t nbatch = numel_of(batch);
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  auto one = [&](int64_t i) {  // out[i] = a[i] @ b[i], i a flat index into the broadcast batch
+    int64_t oa = 0, ob = 0, rem = i;
+    for (int64_t d = int64_t(batch.size()) - 1; d >= 0; --d) {
+      int64_t idx = rem % batch[d];
+      rem /= batch[d];
+      oa += idx * sa[d];
+      ob += idx * sb[d];
+    }
+    gemm<T>(pa + oa, la, pb + ob, lb, pc + i * M * N, M, K, N);
+  };
+  const double flops_each = 2.0 * double(M) * double(N) * double(K);
+  if (split_gemm_batch(nbatch, flops_each)) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < nbatch; ++i) one(i);
+  } else {
+    GemmThreadScope scope(flops_each);
+    for (int64_t i = 0; i < nbatch; ++i) one(i);
+  }
+}
+
+template <typename T>
+bool matmul_folded(const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (a.dim() <= 2 || numel_of(Shape(b.shape().begin(), b.shape().end() - 2)) != 1) return false;
+  const int64_t K = a.shape().back(), N = b.shape().back();
+  const int64_t rows = a.numel() / K;
+  std::optional<Shape> strides = view_strides(a.shape(), a.strides(), {rows, K});
+  if (!strides) return false;
+  const int64_t nb = b.dim();
+  Tensor a2 = Tensor::make_view(a, {rows, K}, *strides, a.offset());
+  Tensor b2 = Tensor::make_view(b, {K, N}, {b.strides()[nb - 2], b.strides()[nb - 1]}, b.offset());
+  Tensor out2 = Tensor::make_view(out, {rows, N}, {N, 1}, out.offset());
+  matmul_same_dtype<T>(a2, b2, out2);
+  return true;
+}
+
+void matmul_kernel(const KernelCall& c) {
+  const Tensor& out = c.out[0];
+  visit_float_dtype(out.dtype(), "matmul", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      matmul_same_dtype<T>(c.in[0], c.in[1], out);
+    } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      // Widen both operands once (the copy is needed anyway), multiply in f32, round back once.
+      Tensor a = mappable(c.in[0], DType::f32), b = mappable(c.in[1], DType::f32);
+      Tensor acc = Tensor::empty(out.shape(), DType::f32, out.device());
+      matmul_same_dtype<float>(a, b, acc);
+      copy_strided(out, acc);
+    } else {
+      REEL_ASSERT(false, "matmul kernel reached with dtype ", dtype_name(out.dtype()));
+    }
+  });
+}
+
+}  // namespace
+
+void register_matmul_cpu_kernel() { register_kernel(DeviceType::CPU, OpKind::Matmul, matmul_kernel); }
+
+}  // namespace reel::cpu

@@ -1,0 +1,57 @@
+// Helpers shared by the test files: error-message checks and reference-loop indexing.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "reel.h"
+
+namespace reel::testing_util {
+
+// Runs fn, expects a reel::Error whose message contains every one of `parts`.
+inline void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected reel::Error containing \"" << (parts.empty() ? "" : parts[0]) << "\"";
+  } catch (const InternalError& e) {
+    ADD_FAILURE() << "got an internal error instead of a user error: " << e.what();
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg << "\nmissing: " << p;
+  }
+}
+
+// Row-major multi-index of flat index k in `shape`.
+inline std::vector<int64_t> unravel(int64_t k, const Shape& shape) {
+  std::vector<int64_t> idx(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    idx[d] = k % shape[d];
+    k /= shape[d];
+  }
+  return idx;
+}
+
+// Flat row-major index into `shape` of the element that broadcasting maps `out_idx` (of a larger
+// shape) to.
+inline int64_t broadcast_flat(const std::vector<int64_t>& out_idx, const Shape& shape) {
+  size_t lead = out_idx.size() - shape.size();
+  int64_t flat = 0;
+  for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + (shape[d] == 1 ? 0 : out_idx[lead + d]);
+  return flat;
+}
+
+inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    double d = std::fabs(a[i] - b[i]);
+    if (std::isnan(d)) return INFINITY;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+}  // namespace reel::testing_util
