@@ -379,3 +379,18 @@ TEST(LinalgConv2dErrors, Messages) {
   expect_error([&] { dispatch1(OpKind::Conv2dBackwardWeight, {zeros({2, 4, 3, 3}, f32), zeros({2, 2, 5, 5}, f32)}, b); },
                {"conv2d_backward_weight", "(2, 2, 5, 5)", "(4, 3, 3, 3)", "channels"});
 }
+
+// dispatch_out may hand the kernels a strided output view; they must fill it through its strides.
+TEST(LinalgDispatchOut, StridedOutputViews) {
+  Tensor a = random({2, 3, 4}, 70), b = random({4, 5}, 71);
+  Tensor buf = zeros({2, 5, 3}, TensorOptions{DType::f64});
+  Tensor out = buf.transpose(1, 2);  // (2, 3, 5), not contiguous
+  dispatch_out(OpKind::Matmul, {a, b}, {out});
+  expect_close(out, ref_matmul(a, b), 1e-12);
+
+  Tensor x = random({2, 3, 5, 4}, 72), w = random({4, 3, 3, 3}, 73), bias = random({4}, 74);
+  Tensor ybuf = zeros({2, 5, 4, 4}, TensorOptions{DType::f64});  // y (2, 4, 5, 4) stored NHWC
+  Tensor y = ybuf.permute({0, 3, 1, 2});
+  dispatch_out(OpKind::Conv2d, {x, w, bias}, {y}, conv_attrs(1, 1));
+  expect_close(y, ref_conv2d(x, w, bias, 1, 1), 1e-12);
+}

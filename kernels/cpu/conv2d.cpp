@@ -24,10 +24,12 @@
 
 namespace reel::cpu {
 
-// The GEMM threading policy, defined in linalg.cpp (the reasons are there).
+// Defined in linalg.cpp (the reasons are there): the GEMM threading policy, and the wrapper that
+// lets a kernel assume a contiguous output.
 bool split_gemm_batch(int64_t count, double flops_each);
 int narrow_gemm_threads(double flops);
 void restore_gemm_threads(int saved);
+void run_into_contiguous(const KernelCall& call, KernelFn kernel);
 
 namespace {
 
@@ -106,7 +108,12 @@ void im2col(const T* x, const int64_t* xs, const ConvGeom& g, A* col) {
           }
           const T* src = x + c * xs[0] + ih * xs[1];
           std::fill(r, r + lo, A(0));
-          for (int64_t ow = lo; ow < hi; ++ow) r[ow] = load(src[(ow * g.sw - g.pw + j) * xs[2]]);
+          if (g.sw == 1 && xs[2] == 1) {  // the common case: a unit-stride run the compiler vectorises
+            const T* run = src + (lo - g.pw + j);
+            for (int64_t k = 0; k < hi - lo; ++k) r[lo + k] = load(run[k]);
+          } else {
+            for (int64_t ow = lo; ow < hi; ++ow) r[ow] = load(src[(ow * g.sw - g.pw + j) * xs[2]]);
+          }
           std::fill(r + hi, r + g.Wo, A(0));
         }
       }
@@ -125,7 +132,13 @@ void col2im_add(const A* col, const ConvGeom& g, A* dx) {
           int64_t ih = oh * g.sh - g.ph + i;
           if (ih < 0 || ih >= g.H) continue;
           A* dst = dx + (c * g.H + ih) * g.W;
-          for (int64_t ow = lo; ow < hi; ++ow) dst[ow * g.sw - g.pw + j] += row[oh * g.Wo + ow];
+          const A* src = row + oh * g.Wo;
+          if (g.sw == 1) {
+            A* run = dst + (lo - g.pw + j);
+            for (int64_t k = 0; k < hi - lo; ++k) run[k] += src[lo + k];
+          } else {
+            for (int64_t ow = lo; ow < hi; ++ow) dst[ow * g.sw - g.pw + j] += src[ow];
+          }
         }
       }
 }
@@ -263,9 +276,12 @@ void conv2d_bwd_weight_kernel(const KernelCall& c) {
 }  // namespace
 
 void register_conv2d_cpu_kernels() {
-  register_kernel(DeviceType::CPU, OpKind::Conv2d, conv2d_fwd_kernel);
-  register_kernel(DeviceType::CPU, OpKind::Conv2dBackwardInput, conv2d_bwd_input_kernel);
-  register_kernel(DeviceType::CPU, OpKind::Conv2dBackwardWeight, conv2d_bwd_weight_kernel);
+  register_kernel(DeviceType::CPU, OpKind::Conv2d,
+                  [](const KernelCall& c) { run_into_contiguous(c, conv2d_fwd_kernel); });
+  register_kernel(DeviceType::CPU, OpKind::Conv2dBackwardInput,
+                  [](const KernelCall& c) { run_into_contiguous(c, conv2d_bwd_input_kernel); });
+  register_kernel(DeviceType::CPU, OpKind::Conv2dBackwardWeight,
+                  [](const KernelCall& c) { run_into_contiguous(c, conv2d_bwd_weight_kernel); });
 }
 
 }  // namespace reel::cpu

@@ -28,10 +28,12 @@
 
 namespace reel::cpu {
 
-// The GEMM threading policy, defined in linalg.cpp (the reasons are there).
+// Defined in linalg.cpp (the reasons are there): the GEMM threading policy, and the wrapper that
+// lets a kernel assume a contiguous output.
 bool split_gemm_batch(int64_t count, double flops_each);
 int narrow_gemm_threads(double flops);
 void restore_gemm_threads(int saved);
+void run_into_contiguous(const KernelCall& call, KernelFn kernel);
 
 namespace {
 
@@ -177,6 +179,8 @@ void matmul_kernel(const KernelCall& c) {
 
 }  // namespace
 
-void register_matmul_cpu_kernel() { register_kernel(DeviceType::CPU, OpKind::Matmul, matmul_kernel); }
+void register_matmul_cpu_kernel() {
+  register_kernel(DeviceType::CPU, OpKind::Matmul, [](const KernelCall& c) { run_into_contiguous(c, matmul_kernel); });
+}
 
 }  // namespace reel::cpu

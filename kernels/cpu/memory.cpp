@@ -1,6 +1,7 @@
 // CPU kernels of the creation and memory ops: fill, arange, the Philox random fills (the same numbers
 // the CUDA kernels draw), strided/casting copy, concat.
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
@@ -20,9 +21,14 @@ void copy_strided(const Tensor& dst, const Tensor& src) {
       D* pd = static_cast<D*>(dst.data_ptr());
       const S* ps = static_cast<const S*>(src.data_ptr());
       for_each_row(g, [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& s) {
-        for (int64_t i = 0; i < n; ++i) {
+        D* o = pd + off[0];
+        const S* x = ps + off[1];
+        if constexpr (std::is_same_v<D, S>) {
+          for (int64_t i = 0; i < n; ++i) o[i * s[0]] = x[i * s[1]];
+        } else {
           // Through double keeps i64 exact up to 2^53 and every float value exact.
-          pd[off[0] + i * s[0]] = static_cast<D>(static_cast<AccType<D>>(static_cast<double>(load(ps[off[1] + i * s[1]]))));
+          for (int64_t i = 0; i < n; ++i)
+            o[i * s[0]] = static_cast<D>(static_cast<AccType<D>>(static_cast<double>(load(x[i * s[1]]))));
         }
       });
     });

@@ -34,13 +34,7 @@ constexpr int64_t kBlock = 2048;  // elements summed before folding into the run
 constexpr int kLanes = 8;         // independent accumulators in a row reduction
 constexpr int64_t kColumns = 256; // columns processed together (column reductions, softmax panels)
 
-int max_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
+using cpu::max_threads;
 
 // ---- helpers: dense inputs, dense outputs ----
 
