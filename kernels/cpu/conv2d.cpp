@@ -19,28 +19,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/gemm_threading.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
 
 namespace reel::cpu {
 
-// Defined in linalg.cpp (the reasons are there): the GEMM threading policy, and the wrapper that
-// lets a kernel assume a contiguous output.
-bool split_gemm_batch(int64_t count, double flops_each);
-int narrow_gemm_threads(double flops);
-void restore_gemm_threads(int saved);
-void run_into_contiguous(const KernelCall& call, KernelFn kernel);
-
 namespace {
-
-// Keeps Eigen to the calling thread for this scope when a GEMM of `flops` is too small to split.
-struct GemmThreadScope {
-  explicit GemmThreadScope(double flops) : saved(narrow_gemm_threads(flops)) {}
-  ~GemmThreadScope() { restore_gemm_threads(saved); }
-  GemmThreadScope(const GemmThreadScope&) = delete;
-  GemmThreadScope& operator=(const GemmThreadScope&) = delete;
-  int saved;
-};
 
 template <typename A>
 using RowMat = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;

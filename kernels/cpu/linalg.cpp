@@ -17,6 +17,7 @@
 #include <omp.h>
 #endif
 
+#include "kernels/cpu/gemm_threading.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
 

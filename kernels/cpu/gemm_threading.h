@@ -1,0 +1,28 @@
+// The GEMM threading policy and the contiguous-output wrapper shared by matmul.cpp and conv2d.cpp;
+// defined in linalg.cpp, where the reasons are written out.
+#pragma once
+#include <cstdint>
+
+#include "kernels/dispatch.h"
+
+namespace reel::cpu {
+
+// Whether a batch of `count` GEMMs of `flops_each` should be split over threads (one GEMM each).
+bool split_gemm_batch(int64_t count, double flops_each);
+// Narrows the calling thread's OpenMP team to one when a GEMM of `flops` is too small to split;
+// returns the previous setting for restore_gemm_threads.
+int narrow_gemm_threads(double flops);
+void restore_gemm_threads(int saved);
+// Runs `kernel` into contiguous temporaries when dispatch_out handed it strided outputs.
+void run_into_contiguous(const KernelCall& call, KernelFn kernel);
+
+// Keeps Eigen to the calling thread for this scope when a GEMM of `flops` is too small to split.
+struct GemmThreadScope {
+  explicit GemmThreadScope(double flops) : saved(narrow_gemm_threads(flops)) {}
+  ~GemmThreadScope() { restore_gemm_threads(saved); }
+  GemmThreadScope(const GemmThreadScope&) = delete;
+  GemmThreadScope& operator=(const GemmThreadScope&) = delete;
+  int saved;
+};
+
+}  // namespace reel::cpu
