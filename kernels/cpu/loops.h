@@ -65,6 +65,20 @@ std::array<int64_t, N> row_offsets(const LoopGeometry<N>& g, int64_t r) {
   return off;
 }
 
+// This thread's share [lo, hi) of n items inside an OpenMP parallel region (all of them outside one).
+struct ThreadShare {
+  int tid, nthreads;
+  int64_t lo, hi;
+};
+inline ThreadShare thread_share(int64_t n) {
+  int tid = 0, nthreads = 1;
+#ifdef _OPENMP
+  tid = omp_get_thread_num();
+  nthreads = omp_get_num_threads();
+#endif
+  return {tid, nthreads, n * tid / nthreads, n * (tid + 1) / nthreads};
+}
+
 inline int max_threads() {
 #ifdef _OPENMP
   return omp_get_max_threads();
@@ -103,12 +117,7 @@ void for_each_row(const LoopGeometry<N>& g, Body&& body) {
 
 #pragma omp parallel if (parallel)
   {
-    int nthreads = 1, tid = 0;
-#ifdef _OPENMP
-    nthreads = omp_get_num_threads();
-    tid = omp_get_thread_num();
-#endif
-    int64_t r0 = rows * tid / nthreads, r1 = rows * (tid + 1) / nthreads;
+    const auto [tid, nthreads, r0, r1] = thread_share(rows);
     if (r0 < r1) {
       std::vector<int64_t> idx(nd > 1 ? nd - 1 : 0, 0);
       int64_t rem = r0;

@@ -129,13 +129,8 @@ AccType<T> reduce_contiguous_parallel(const T* x, int64_t n) {
   std::vector<A> part(size_t(nt), Op::init());
 #pragma omp parallel num_threads(nt)
   {
-    int tid = 0, nth = 1;
-#ifdef _OPENMP
-    tid = omp_get_thread_num();
-    nth = omp_get_num_threads();
-#endif
-    int64_t lo = n * tid / nth, hi = n * (tid + 1) / nth;
-    part[size_t(tid)] = reduce_contiguous<Op>(x + lo, hi - lo);
+    const cpu::ThreadShare share = cpu::thread_share(n);
+    part[size_t(share.tid)] = reduce_contiguous<Op>(x + share.lo, share.hi - share.lo);
   }
   A total = Op::init();
   for (A p : part) total = Op::step(total, p);
@@ -235,12 +230,8 @@ void reduce_layout_into(const ReduceLayout& L, T* out) {
     std::vector<A> part(size_t(nt) * kColumns, Op::init());
 #pragma omp parallel num_threads(nt)
     {
-      int tid = 0, nth = 1;
-#ifdef _OPENMP
-      tid = omp_get_thread_num();
-      nth = omp_get_num_threads();
-#endif
-      reduce_columns<Op>(x, R * tid / nth, R * (tid + 1) / nth, inner, inner, part.data() + tid * kColumns);
+      const cpu::ThreadShare share = cpu::thread_share(R);
+      reduce_columns<Op>(x, share.lo, share.hi, inner, inner, part.data() + share.tid * kColumns);
     }
     for (int64_t j = 0; j < inner; ++j) {
       A acc = Op::init();
