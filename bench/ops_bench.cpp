@@ -34,7 +34,7 @@ void BM_MatmulF32(benchmark::State& state) {
     Tensor y = matmul(a, b);
     benchmark::DoNotOptimize(y.data_ptr());
   }
-  state.counters["GFLOP/s"] = rate(2.0 * double(n) * double(n) * double(n) / 1e9);
+  state.counters["GFLOP"] = rate(2.0 * double(n) * double(n) * double(n) / 1e9);
 }
 BENCHMARK(BM_MatmulF32)->ArgName("n")->Arg(128)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -46,7 +46,7 @@ void BM_Conv2dF32(benchmark::State& state) {
     Tensor y = conv2d(x, w, bias, 1, 1);
     benchmark::DoNotOptimize(y.data_ptr());
   }
-  state.counters["GFLOP/s"] = rate(2.0 * double(N * O * C * 9) * double(H * H) / 1e9);
+  state.counters["GFLOP"] = rate(2.0 * double(N * O * C * 9) * double(H * H) / 1e9);
 }
 BENCHMARK(BM_Conv2dF32)
     ->ArgNames({"N", "C", "O", "H"})
@@ -62,7 +62,7 @@ void BM_AddF32(benchmark::State& state) {
     Tensor y = a + b;
     benchmark::DoNotOptimize(y.data_ptr());
   }
-  state.counters["GB/s"] = rate(3.0 * 4.0 * double(n) / 1e9);
+  state.counters["GB"] = rate(3.0 * 4.0 * double(n) / 1e9);
 }
 BENCHMARK(BM_AddF32)->ArgName("n")->Arg(1 << 20)->Arg(1 << 24)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
@@ -74,7 +74,7 @@ void BM_SoftmaxF32(benchmark::State& state) {
     Tensor y = softmax(x, -1);
     benchmark::DoNotOptimize(y.data_ptr());
   }
-  state.counters["GB/s"] = rate(2.0 * 4.0 * double(rows * cols) / 1e9);
+  state.counters["GB"] = rate(2.0 * 4.0 * double(rows * cols) / 1e9);
 }
 BENCHMARK(BM_SoftmaxF32)
     ->ArgNames({"rows", "cols"})
