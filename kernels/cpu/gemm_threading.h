@@ -1,9 +1,9 @@
-// The GEMM threading policy and the contiguous-output wrapper shared by matmul.cpp and conv2d.cpp;
-// defined in linalg.cpp, where the reasons are written out.
+// The GEMM threading policy shared by matmul.cpp and conv2d.cpp; defined in linalg.cpp, where the
+// reasons are written out.
 #pragma once
 #include <cstdint>
 
-#include "kernels/dispatch.h"
+#include "kernels/cpu/dense_outputs.h"
 
 namespace reel::cpu {
 
@@ -13,8 +13,6 @@ bool split_gemm_batch(int64_t count, double flops_each);
 // returns the previous setting for restore_gemm_threads.
 int narrow_gemm_threads(double flops);
 void restore_gemm_threads(int saved);
-// Runs `kernel` into contiguous temporaries when dispatch_out handed it strided outputs.
-void run_into_contiguous(const KernelCall& call, KernelFn kernel);
 
 // Keeps Eigen to the calling thread for this scope when a GEMM of `flops` is too small to split.
 struct GemmThreadScope {

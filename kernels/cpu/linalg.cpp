@@ -58,17 +58,6 @@ void restore_gemm_threads(int saved) {
 #endif
 }
 
-// The kernels write their output as one dense block (the GEMM's destination). dispatch gives them
-// fresh contiguous outputs, but dispatch_out may hand a strided view: that case runs into a
-// contiguous temporary which is then copied into the view.
-void run_into_contiguous(const KernelCall& call, KernelFn kernel) {
-  const Tensor& out = call.out[0];
-  if (out.is_contiguous()) return kernel(call);
-  std::vector<Tensor> dense{Tensor::empty(out.shape(), out.dtype(), out.device())};
-  kernel(KernelCall{call.op, call.in, dense, call.attrs});
-  copy_strided(out, dense[0]);
-}
-
 }  // namespace cpu
 
 void register_linalg_cpu_kernels() {

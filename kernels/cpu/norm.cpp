@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/dense_outputs.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
 #include "tensor/rng.h"
@@ -34,15 +35,6 @@ Tensor dense(const Tensor& t) {
   Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device());
   cpu::copy_strided(c, t);
   return c;
-}
-
-// Outputs from dispatch are contiguous; dispatch_out may hand in a strided view, written through a
-// contiguous buffer and copied back by write_back.
-Tensor dense_out(const Tensor& out) {
-  return out.is_contiguous() ? out : Tensor::empty(out.shape(), out.dtype(), out.device());
-}
-void write_back(const Tensor& out, const Tensor& buf) {
-  if (!buf.is_same(out)) cpu::copy_strided(out, buf);
 }
 
 template <typename T>
@@ -114,7 +106,7 @@ NCS ncs_of(const Tensor& x) {
 
 void layer_norm_fwd_kernel(const KernelCall& c) {
   Tensor x = dense(c.in[0]), w = dense(c.in[1]), b = dense(c.in[2]);
-  Tensor y = dense_out(c.out[0]), mean = dense_out(c.out[1]), rstd = dense_out(c.out[2]);
+  Tensor y = c.out[0], mean = c.out[1], rstd = c.out[2];
   int64_t rows = mean.numel(), cols = rows ? x.numel() / rows : 0;
   visit_float_dtype(x.dtype(), "layer_norm", [&]<typename T>() {
     using A = AccType<T>;
@@ -139,9 +131,6 @@ void layer_norm_fwd_kernel(const KernelCall& c) {
       }
     }
   });
-  write_back(c.out[0], y);
-  write_back(c.out[1], mean);
-  write_back(c.out[2], rstd);
 }
 
 // dx of one row (see the file comment); adds g xhat and g into this thread's dw, db partial sums.
@@ -165,7 +154,7 @@ void layer_norm_bwd_row(const T* g, const T* x, const T* w, A mean, A rstd, int6
 
 void layer_norm_bwd_kernel(const KernelCall& c) {
   Tensor g = dense(c.in[0]), x = dense(c.in[1]), w = dense(c.in[2]), mean = dense(c.in[3]), rstd = dense(c.in[4]);
-  Tensor dx = dense_out(c.out[0]), dw = dense_out(c.out[1]), db = dense_out(c.out[2]);
+  Tensor dx = c.out[0], dw = c.out[1], db = c.out[2];
   int64_t rows = mean.numel(), cols = dw.numel();
   visit_float_dtype(x.dtype(), "layer_norm_backward", [&]<typename T>() {
     using A = AccType<T>;
@@ -193,16 +182,13 @@ void layer_norm_bwd_kernel(const KernelCall& c) {
       pdb[j] = store<T>(db_sum[j]);
     }
   });
-  write_back(c.out[0], dx);
-  write_back(c.out[1], dw);
-  write_back(c.out[2], db);
 }
 
 // ---------------------------------------------------------------- group norm
 
 void group_norm_fwd_kernel(const KernelCall& c) {
   Tensor x = dense(c.in[0]), w = dense(c.in[1]), b = dense(c.in[2]);
-  Tensor y = dense_out(c.out[0]), mean = dense_out(c.out[1]), rstd = dense_out(c.out[2]);
+  Tensor y = c.out[0], mean = c.out[1], rstd = c.out[2];
   auto [N, C, S] = ncs_of(x);
   int64_t G = c.attrs.i("groups"), Cg = C / G, set = Cg * S;  // one set: (C/G, S) contiguous values
   visit_float_dtype(x.dtype(), "group_norm", [&]<typename T>() {
@@ -225,9 +211,6 @@ void group_norm_fwd_kernel(const KernelCall& c) {
       }
     }
   });
-  write_back(c.out[0], y);
-  write_back(c.out[1], mean);
-  write_back(c.out[2], rstd);
 }
 
 // dx of one (n, group) set; writes sum_s g xhat and sum_s g of each of its channels to ds, dbias
@@ -262,7 +245,7 @@ void group_norm_bwd_set(const T* g, const T* x, const T* w, int64_t ch0, int64_t
 
 void group_norm_bwd_kernel(const KernelCall& c) {
   Tensor g = dense(c.in[0]), x = dense(c.in[1]), w = dense(c.in[2]), mean = dense(c.in[3]), rstd = dense(c.in[4]);
-  Tensor dx = dense_out(c.out[0]), dw = dense_out(c.out[1]), db = dense_out(c.out[2]);
+  Tensor dx = c.out[0], dw = c.out[1], db = c.out[2];
   auto [N, C, S] = ncs_of(x);
   int64_t G = c.attrs.i("groups"), Cg = C / G, set = Cg * S;
   visit_float_dtype(x.dtype(), "group_norm_backward", [&]<typename T>() {
@@ -288,9 +271,6 @@ void group_norm_bwd_kernel(const KernelCall& c) {
       pdb[ch] = store<T>(sb);
     }
   });
-  write_back(c.out[0], dx);
-  write_back(c.out[1], dw);
-  write_back(c.out[2], db);
 }
 
 // ---------------------------------------------------------------- batch norm
@@ -320,7 +300,7 @@ void update_running(const Tensor& running, const std::vector<double>& stat, doub
 void batch_norm_fwd_kernel(const KernelCall& c) {
   Tensor x = dense(c.in[0]), w = dense(c.in[1]), b = dense(c.in[2]);
   const Tensor &running_mean = c.in[3], &running_var = c.in[4];
-  Tensor y = dense_out(c.out[0]), mean = dense_out(c.out[1]), rstd = dense_out(c.out[2]);
+  Tensor y = c.out[0], mean = c.out[1], rstd = c.out[2];
   auto [N, C, S] = ncs_of(x);
   bool training = c.attrs.b("training");
   double eps = c.attrs.f("eps");
@@ -351,9 +331,6 @@ void batch_norm_fwd_kernel(const KernelCall& c) {
         affine_run(px + (n * C + ch) * S, py + (n * C + ch) * S, S, scale, shift);
       }
   });
-  write_back(c.out[0], y);
-  write_back(c.out[1], mean);
-  write_back(c.out[2], rstd);
 }
 
 // dx, dw, db of one channel: x, g, dx point at its first value; N runs of S values, C*S apart.
@@ -382,7 +359,7 @@ void batch_norm_bwd_channel(const T* g, const T* x, A w, A mean, A rstd, int64_t
 
 void batch_norm_bwd_kernel(const KernelCall& c) {
   Tensor g = dense(c.in[0]), x = dense(c.in[1]), w = dense(c.in[2]), mean = dense(c.in[3]), rstd = dense(c.in[4]);
-  Tensor dx = dense_out(c.out[0]), dw = dense_out(c.out[1]), db = dense_out(c.out[2]);
+  Tensor dx = c.out[0], dw = c.out[1], db = c.out[2];
   auto [N, C, S] = ncs_of(x);
   bool training = c.attrs.b("training");
   visit_float_dtype(x.dtype(), "batch_norm_backward", [&]<typename T>() {
@@ -399,16 +376,13 @@ void batch_norm_bwd_kernel(const KernelCall& c) {
       pdb[ch] = store<T>(dbc);
     }
   });
-  write_back(c.out[0], dx);
-  write_back(c.out[1], dw);
-  write_back(c.out[2], db);
 }
 
 // ---------------------------------------------------------------- dropout
 
 void dropout_fwd_kernel(const KernelCall& c) {
   Tensor x = dense(c.in[0]);
-  Tensor y = dense_out(c.out[0]), mask = dense_out(c.out[1]);
+  Tensor y = c.out[0], mask = c.out[1];
   double p = c.attrs.f("p");
   uint64_t seed = uint64_t(c.attrs.i("seed")), offset = uint64_t(c.attrs.i("offset"));
   int64_t n = x.numel();
@@ -428,21 +402,19 @@ void dropout_fwd_kernel(const KernelCall& c) {
       py[i] = store<T>(load(px[i]) * load(m));
     }
   });
-  write_back(c.out[0], y);
-  write_back(c.out[1], mask);
 }
 
 }  // namespace
 
 void register_norm_cpu_kernels() {
   constexpr DeviceType cpu = DeviceType::CPU;
-  register_kernel(cpu, OpKind::LayerNorm, layer_norm_fwd_kernel);
-  register_kernel(cpu, OpKind::LayerNormBackward, layer_norm_bwd_kernel);
-  register_kernel(cpu, OpKind::GroupNorm, group_norm_fwd_kernel);
-  register_kernel(cpu, OpKind::GroupNormBackward, group_norm_bwd_kernel);
-  register_kernel(cpu, OpKind::BatchNorm, batch_norm_fwd_kernel);
-  register_kernel(cpu, OpKind::BatchNormBackward, batch_norm_bwd_kernel);
-  register_kernel(cpu, OpKind::Dropout, dropout_fwd_kernel);
+  register_kernel(cpu, OpKind::LayerNorm, [](const KernelCall& c) { cpu::run_into_contiguous(c, layer_norm_fwd_kernel); });
+  register_kernel(cpu, OpKind::LayerNormBackward, [](const KernelCall& c) { cpu::run_into_contiguous(c, layer_norm_bwd_kernel); });
+  register_kernel(cpu, OpKind::GroupNorm, [](const KernelCall& c) { cpu::run_into_contiguous(c, group_norm_fwd_kernel); });
+  register_kernel(cpu, OpKind::GroupNormBackward, [](const KernelCall& c) { cpu::run_into_contiguous(c, group_norm_bwd_kernel); });
+  register_kernel(cpu, OpKind::BatchNorm, [](const KernelCall& c) { cpu::run_into_contiguous(c, batch_norm_fwd_kernel); });
+  register_kernel(cpu, OpKind::BatchNormBackward, [](const KernelCall& c) { cpu::run_into_contiguous(c, batch_norm_bwd_kernel); });
+  register_kernel(cpu, OpKind::Dropout, [](const KernelCall& c) { cpu::run_into_contiguous(c, dropout_fwd_kernel); });
 }
 
 }  // namespace reel
