@@ -15,43 +15,17 @@
 #include <omp.h>
 #endif
 
+#include "kernels/loop_geometry.h"
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
 
 namespace reel::cpu {
 
+using reel::LoopGeometry;
+using reel::make_geometry;
+
 // Elements below which a loop stays on one thread.
 constexpr int64_t kParallelGrain = 1 << 15;
-
-template <size_t N>
-struct LoopGeometry {
-  std::vector<int64_t> sizes;                   // outermost first, after merging
-  std::array<std::vector<int64_t>, N> strides;  // per operand, in elements
-  int64_t numel = 1;
-};
-
-template <size_t N>
-LoopGeometry<N> make_geometry(const Shape& shape, const std::array<std::vector<int64_t>, N>& strides) {
-  LoopGeometry<N> g;
-  g.numel = numel_of(shape);
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    bool merge = !g.sizes.empty();
-    for (size_t k = 0; k < N && merge; ++k) merge = g.strides[k].back() == strides[k][d] * shape[d];
-    if (merge) {
-      g.sizes.back() *= shape[d];
-      for (size_t k = 0; k < N; ++k) g.strides[k].back() = strides[k][d];
-    } else {
-      g.sizes.push_back(shape[d]);
-      for (size_t k = 0; k < N; ++k) g.strides[k].push_back(strides[k][d]);
-    }
-  }
-  if (g.sizes.empty()) {  // a single element
-    g.sizes.push_back(1);
-    for (size_t k = 0; k < N; ++k) g.strides[k].push_back(1);
-  }
-  return g;
-}
 
 // Element offsets of each operand at the start of row r (r counts rows of the innermost dim).
 template <size_t N>
