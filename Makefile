@@ -12,9 +12,27 @@ CXXFLAGS ?= $(OPT) -march=x86-64-v3 -g0
 CXXFLAGS += -std=c++20 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -isystem /usr/include/eigen3 -MMD -MP
 LDLIBS   := -fopenmp -lpthread
 
+# The CUDA backend is built whenever nvcc is found (sm_90: H100/H200); otherwise stubs say "not built".
+NVCC      ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+CUDA_HOME ?= $(if $(NVCC),$(abspath $(dir $(NVCC))/..))
+CUDA_ARCH ?= sm_90
+
 LIB_DIRS := tensor kernels kernels/schema kernels/cpu autograd autograd/functions autograd/cases
-LIB_SRCS := $(filter-out kernels/cuda_stub.cpp,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cpp))) kernels/cuda_stub.cpp
-LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
+NO_CUDA_SRCS := kernels/cuda_stub.cpp tensor/cuda_none.cpp
+CUDA_HOST_SRCS := tensor/cuda_runtime.cpp
+LIB_SRCS := $(filter-out $(NO_CUDA_SRCS) $(CUDA_HOST_SRCS),$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cpp)))
+ifneq ($(NVCC),)
+  CXXFLAGS += -DREEL_CUDA -isystem $(CUDA_HOME)/include
+  NVCCFLAGS ?= -O2 -arch=$(CUDA_ARCH) -Wno-deprecated-gpu-targets
+  NVCCFLAGS += -std=c++20 -I. -isystem /usr/include/eigen3 --expt-relaxed-constexpr -Xcompiler -fopenmp,-Wall
+  LIB_SRCS += $(CUDA_HOST_SRCS)
+  CU_SRCS  := $(wildcard kernels/cuda/*.cu)
+  LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lcudnn -lnvrtc -Wl,-rpath,$(CUDA_HOME)/lib64
+else
+  LIB_SRCS += $(NO_CUDA_SRCS)
+  CU_SRCS  :=
+endif
+LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o) $(CU_SRCS:%.cu=$(BUILD)/%.o)
 TOOL_SRCS := $(wildcard tools/*.cpp)
 TEST_SRCS := $(wildcard tests/*.cpp)
 BENCH_SRCS := $(wildcard bench/*.cpp)
@@ -37,6 +55,10 @@ $(DEPS_STAMP): tools/install_deps.sh
 $(BUILD)/%.o: %.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MD -MF $(@:.o=.d) -c $< -o $@
 
 $(LIB): $(LIB_OBJS)
 	@rm -f $@

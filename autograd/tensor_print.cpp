@@ -59,7 +59,7 @@ std::string Tensor::str() const {
   std::vector<double> values = dtype() == DType::i64 ? std::vector<double>() : to_vector<double>();
   if (dtype() == DType::i64)
     for (int64_t v : to_vector<int64_t>()) values.push_back(double(v));
-  Printer p{values, shape(), dtype() == DType::i64, numel() > kSummaryThreshold};
+  Printer p{values, shape(), dtype() == DType::i64, numel() > kSummaryThreshold, 0, {}};
   for (double v : values) p.width = std::max(p.width, format_value(v, p.integer).size());
   p.os << "tensor(";
   p.print(0, 0, 7);

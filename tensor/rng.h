@@ -9,6 +9,8 @@
 //            i, sin for odd i
 // The function is host/device so the CUDA kernels include this same file.
 #pragma once
+#include <math.h>
+
 #include <cmath>
 #include <cstdint>
 
@@ -50,9 +52,10 @@ REEL_HOST_DEVICE float philox_normal(uint64_t seed, uint64_t offset, uint64_t i)
   Philox4 r = philox4x32_10(seed, offset + i / 2);
   float u1 = (float(r.w[0] >> 8) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]: log is finite
   float u2 = float(r.w[1] >> 8) * (1.0f / 16777216.0f);
-  float radius = std::sqrt(-2.0f * std::log(u1));
+  // The C float functions exist on the host and on the device alike.
+  float radius = ::sqrtf(-2.0f * ::logf(u1));
   float theta = 6.2831853071795864f * u2;
-  return (i % 2 == 0) ? radius * std::cos(theta) : radius * std::sin(theta);
+  return (i % 2 == 0) ? radius * ::cosf(theta) : radius * ::sinf(theta);
 }
 
 // Counters consumed by a draw of n values, so consecutive draws never overlap.

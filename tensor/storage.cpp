@@ -41,10 +41,19 @@ Allocator& allocator_for(Device device) {
   return *a;
 }
 
-void set_allocator(DeviceType type, Allocator* allocator) { allocators[static_cast<int>(type)] = allocator; }
+Allocator* set_allocator(DeviceType type, Allocator* allocator) {
+  Allocator* prev = allocators[static_cast<int>(type)];
+  allocators[static_cast<int>(type)] = allocator;
+  return prev;
+}
 
 Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
   allocator_ = &allocator_for(device);
+  data_ = allocator_->allocate(nbytes, device);
+}
+
+Storage::Storage(size_t nbytes, Device device, Allocator& allocator)
+    : nbytes_(nbytes), device_(device), allocator_(&allocator) {
   data_ = allocator_->allocate(nbytes, device);
 }
 

@@ -21,11 +21,14 @@ class Allocator {
 // The allocator for a device type; throws reel::Error when that backend is not built or has no device.
 Allocator& allocator_for(Device device);
 // Backends install their allocator here at start-up (the CUDA backend does so for DeviceType::CUDA).
-void set_allocator(DeviceType type, Allocator* allocator);
+// Returns the allocator it replaces.
+Allocator* set_allocator(DeviceType type, Allocator* allocator);
 
 class Storage {
  public:
   Storage(size_t nbytes, Device device);
+  // Memory from a specific allocator (e.g. pinned host memory) rather than the device's default.
+  Storage(size_t nbytes, Device device, Allocator& allocator);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -39,6 +42,9 @@ class Storage {
   size_t nbytes_ = 0;
   Device device_;
   Allocator* allocator_ = nullptr;
+
+ public:
+  Allocator* allocator() const { return allocator_; }
 };
 
 }  // namespace reel

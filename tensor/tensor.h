@@ -50,6 +50,8 @@ class Tensor {
 
   // Uninitialised contiguous tensor.
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+  // A contiguous tensor over a given storage (which must hold at least numel * element size bytes).
+  static Tensor from_storage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype);
   // A view of `base`'s storage with the given geometry (no autograd state).
   static Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset);
   // A CPU tensor holding a copy of `values` (row-major), e.g. Tensor::from_vector<float>({1,2,3,4}, {2,2}).

@@ -1,0 +1,125 @@
+// Shared pieces of the CUDA kernels: status checks (cuBLAS, cuDNN, NVRTC, launches), the current
+// stream and library handles, device scalar types, and strided-offset arguments for kernels.
+//
+// Conventions of every CUDA kernel in reel:
+//   - it runs on cuda::current_stream() of its tensors' device; no kernel synchronises with the host;
+//   - temporary memory (workspaces) comes from the caching allocator as Tensors, never cudaMalloc;
+//   - 16-bit values are loaded to float (to_acc) and rounded back once (from_acc); f64 stays double;
+//   - after each launch REEL_CUDA_LAUNCH_CHECK() raises a launch error with file:line.
+#pragma once
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <algorithm>
+#include <array>
+
+#include "kernels/dispatch.h"
+#include "kernels/loop_geometry.h"
+#include "tensor/cuda.h"
+#include "tensor/cuda_check.h"
+
+#define REEL_CUDA_LAUNCH_CHECK() REEL_CUDA_CHECK(cudaGetLastError())
+
+#define REEL_CUBLAS_CHECK(expr)                                                                          \
+  do {                                                                                                   \
+    cublasStatus_t reel_status_ = (expr);                                                                \
+    if (reel_status_ != CUBLAS_STATUS_SUCCESS)                                                           \
+      throw ::reel::Error(::reel::detail::cat("cuBLAS error ", cublasGetStatusName(reel_status_), " (", \
+                                              cublasGetStatusString(reel_status_), ") at ", __FILE__,  \
+                                              ":", __LINE__, ": ", #expr));                              \
+  } while (0)
+
+#define REEL_CUDNN_CHECK(expr)                                                                   \
+  do {                                                                                           \
+    cudnnStatus_t reel_status_ = (expr);                                                         \
+    if (reel_status_ != CUDNN_STATUS_SUCCESS)                                                    \
+      throw ::reel::Error(::reel::detail::cat("cuDNN error ", cudnnGetErrorString(reel_status_), \
+                                              " at ", __FILE__, ":", __LINE__, ": ", #expr));    \
+  } while (0)
+
+namespace reel::cuda {
+
+// The current stream of `device` as a cudaStream_t.
+inline cudaStream_t stream_of(Device device) { return static_cast<cudaStream_t>(current_stream(device.index)); }
+inline cudaStream_t stream_of(const Tensor& t) { return stream_of(t.device()); }
+
+// Per-thread, per-device library handles, bound to the current stream on every call.
+cublasHandle_t cublas_handle(Device device);
+cublasLtHandle_t cublaslt_handle(Device device);
+cudnnHandle_t cudnn_handle(Device device);
+// Device scratch memory from the caching allocator (freed when the Tensor dies; stream order keeps
+// reuse safe).
+Tensor workspace(size_t bytes, Device device);
+
+// Host scalar type -> device scalar type.
+template <typename T> struct DeviceScalar { using type = T; };
+template <> struct DeviceScalar<Half> { using type = __half; };
+template <> struct DeviceScalar<BFloat16> { using type = __nv_bfloat16; };
+template <typename T> using Dev = typename DeviceScalar<T>::type;
+
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ int64_t to_acc(int64_t v) { return v; }
+
+template <typename D> __device__ __forceinline__ D from_acc(float v);
+template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
+template <> __device__ __forceinline__ double from_acc<double>(float v) { return double(v); }
+template <> __device__ __forceinline__ int64_t from_acc<int64_t>(float v) { return int64_t(v); }
+template <typename D> __device__ __forceinline__ D from_acc(double v) { return D(v); }
+template <typename D> __device__ __forceinline__ D from_acc(int64_t v) { return D(v); }
+
+// The accumulation type on the device: float for 16-bit and f32, double for f64, int64 for i64.
+template <typename D> struct DeviceAcc { using type = float; };
+template <> struct DeviceAcc<double> { using type = double; };
+template <> struct DeviceAcc<int64_t> { using type = int64_t; };
+template <typename D> using Acc = typename DeviceAcc<D>::type;
+
+// Up to kMaxLoopDims merged dims of an N-operand strided loop, passed to kernels by value.
+constexpr int kMaxLoopDims = 10;
+template <int N>
+struct StridedOffsets {
+  int ndim;
+  int64_t sizes[kMaxLoopDims];
+  int64_t strides[N][kMaxLoopDims];
+
+  // Element offsets of operand k for linear index i (row-major over the merged dims).
+  __device__ __forceinline__ void offsets(int64_t i, int64_t (&off)[N]) const {
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      int64_t idx = i % sizes[d];
+      i /= sizes[d];
+#pragma unroll
+      for (int k = 0; k < N; ++k) off[k] += idx * strides[k][d];
+    }
+  }
+};
+
+template <size_t N>
+StridedOffsets<int(N)> make_offsets(const LoopGeometry<N>& g) {
+  StridedOffsets<int(N)> o{};
+  REEL_CHECK(int(g.sizes.size()) <= kMaxLoopDims, "cuda: tensors with more than ", kMaxLoopDims,
+             " non-mergeable dims are not supported");
+  o.ndim = int(g.sizes.size());
+  for (int d = 0; d < o.ndim; ++d) {
+    o.sizes[d] = g.sizes[d];
+    for (size_t k = 0; k < N; ++k) o.strides[k][d] = g.strides[k][d];
+  }
+  return o;
+}
+
+// Blocks for a grid-stride loop over n items with `threads` per block.
+inline unsigned blocks_for(int64_t n, int threads = 256) {
+  int64_t b = (n + threads - 1) / threads;
+  return unsigned(std::min<int64_t>(std::max<int64_t>(b, 1), 65535 * 8));
+}
+
+}  // namespace reel::cuda

@@ -1,0 +1,181 @@
+// CUDA kernels of the creation and memory ops: fill, arange, the Philox random fills (the same
+// numbers as the CPU: tensor/rng.h), the strided/casting copy within a device, transfers between
+// host and device, and concat.
+//
+// Transfers. Host -> device: the host side is first made contiguous in the destination dtype on the
+// CPU (when it is not already), then cudaMemcpyAsync on the current stream; pageable sources are
+// staged by the driver before the call returns, pinned ones (cuda::pinned_empty) copy truly
+// asynchronously. Device -> host: the device side is made contiguous in the destination dtype on the
+// device, copied, and the stream is synchronised — the host reads the result next, so this is the
+// one op that waits (like PyTorch's .cpu()).
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_registry.h"
+#include "kernels/cuda/device_copy.h"
+#include "tensor/rng.h"
+
+namespace reel {
+namespace cpu {
+void copy_strided(const Tensor& dst, const Tensor& src);  // kernels/cpu/memory.cpp
+}
+
+namespace cuda {
+namespace {
+
+template <typename D, typename S>
+__global__ void copy_cast_strided_kernel(StridedOffsets<2> geo, int64_t n, D* dst, const S* src) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[2];
+    geo.offsets(i, off);
+    dst[off[0]] = from_acc<D>(to_acc(src[off[1]]));
+  }
+}
+
+template <typename D, typename F>
+__global__ void fill_indexed_kernel(StridedOffsets<1> geo, int64_t n, D* out, F f) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[1];
+    geo.offsets(i, off);
+    out[off[0]] = from_acc<D>(f(i));
+  }
+}
+
+// Writes f(i) (row-major index i) to every element of `out`, any strides.
+template <typename F>
+void fill_indexed(const Tensor& out, F f) {
+  int64_t n = out.numel();
+  if (n == 0) return;
+  auto geo = make_offsets(make_geometry<1>(out.shape(), {out.strides()}));
+  visit_dtype(out.dtype(), [&]<typename T>() {
+    using D = Dev<T>;
+    fill_indexed_kernel<D><<<blocks_for(n), 256, 0, stream_of(out)>>>(geo, n, static_cast<D*>(out.data_ptr()), f);
+    REEL_CUDA_LAUNCH_CHECK();
+  });
+}
+
+struct ConstantValue {
+  double v;
+  __device__ double operator()(int64_t) const { return v; }
+};
+struct ArangeValue {
+  double start, step;
+  __device__ double operator()(int64_t i) const { return start + double(i) * step; }
+};
+struct UniformValue {
+  uint64_t seed, offset;
+  double lo, hi;
+  __device__ double operator()(int64_t i) const { return lo + (hi - lo) * double(philox_uniform(seed, offset, i)); }
+};
+struct NormalValue {
+  uint64_t seed, offset;
+  double mean, std;
+  __device__ double operator()(int64_t i) const { return mean + std * double(philox_normal(seed, offset, i)); }
+};
+
+void fill_kernel(const KernelCall& c) { fill_indexed(c.out[0], ConstantValue{c.attrs.f("value")}); }
+
+void arange_kernel(const KernelCall& c) {
+  fill_indexed(c.out[0], ArangeValue{c.attrs.f("start", 0.0), c.attrs.f("step", 1.0)});
+}
+
+void rand_uniform_kernel(const KernelCall& c) {
+  fill_indexed(c.out[0], UniformValue{uint64_t(c.attrs.i("seed")), uint64_t(c.attrs.i("offset")),
+                                      c.attrs.f("low", 0.0), c.attrs.f("high", 1.0)});
+}
+
+void rand_normal_kernel(const KernelCall& c) {
+  fill_indexed(c.out[0], NormalValue{uint64_t(c.attrs.i("seed")), uint64_t(c.attrs.i("offset")),
+                                     c.attrs.f("mean", 0.0), c.attrs.f("std", 1.0)});
+}
+
+// A contiguous host copy of `src` in dtype `dt` (src itself when it already is one).
+Tensor host_dense(const Tensor& src, DType dt) {
+  if (src.is_contiguous() && src.dtype() == dt) return src;
+  Tensor t = Tensor::empty(src.shape(), dt, Device::cpu());
+  cpu::copy_strided(t, src);
+  return t;
+}
+
+// A contiguous device copy of `src` in dtype `dt` on src's device.
+Tensor device_dense(const Tensor& src, DType dt) {
+  if (src.is_contiguous() && src.dtype() == dt) return src;
+  Tensor t = Tensor::empty(src.shape(), dt, src.device());
+  copy_on_device(t, src);
+  return t;
+}
+
+void host_to_device(const Tensor& dst, const Tensor& src) {
+  Tensor host = host_dense(src, dst.dtype());
+  Tensor dev = dst.is_contiguous() ? dst : Tensor::empty(dst.shape(), dst.dtype(), dst.device());
+  REEL_CUDA_CHECK(cudaMemcpyAsync(dev.data_ptr(), host.data_ptr(), dst.nbytes(), cudaMemcpyHostToDevice, stream_of(dst)));
+  if (!dev.is_same(dst)) copy_on_device(dst, dev);
+}
+
+void device_to_host(const Tensor& dst, const Tensor& src) {
+  Tensor dev = device_dense(src, dst.dtype());
+  Tensor host = dst.is_contiguous() ? dst : Tensor::empty(dst.shape(), dst.dtype(), Device::cpu());
+  cudaStream_t s = stream_of(src);
+  REEL_CUDA_CHECK(cudaMemcpyAsync(host.data_ptr(), dev.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToHost, s));
+  REEL_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (!host.is_same(dst)) cpu::copy_strided(dst, host);
+}
+
+void device_to_device(const Tensor& dst, const Tensor& src) {
+  if (dst.device() == src.device()) return copy_on_device(dst, src);
+  Tensor from = device_dense(src, dst.dtype());
+  Tensor to = dst.is_contiguous() ? dst : Tensor::empty(dst.shape(), dst.dtype(), dst.device());
+  REEL_CUDA_CHECK(cudaMemcpyPeerAsync(to.data_ptr(), dst.device().index, from.data_ptr(), src.device().index,
+                                      dst.nbytes(), stream_of(dst)));
+  if (!to.is_same(dst)) copy_on_device(dst, to);
+}
+
+void copy_kernel(const KernelCall& c) {
+  const Tensor& src = c.in[0];
+  const Tensor& dst = c.out[0];
+  if (dst.numel() == 0) return;
+  if (src.device().is_cpu() && dst.device().is_cuda()) return host_to_device(dst, src);
+  if (src.device().is_cuda() && dst.device().is_cpu()) return device_to_host(dst, src);
+  REEL_ASSERT(src.device().is_cuda() && dst.device().is_cuda(), "copy: no CUDA endpoint");
+  device_to_device(dst, src);
+}
+
+void concat_kernel(const KernelCall& c) {
+  const Tensor& out = c.out[0];
+  int64_t dim = wrap_dim(c.attrs.i("dim"), out.dim(), "concat");
+  int64_t at = 0;
+  for (const Tensor& t : c.in) {
+    copy_on_device(Tensor::make_view(out, t.shape(), out.strides(), out.offset() + at * out.strides()[dim]), t);
+    at += t.shape()[dim];
+  }
+}
+
+}  // namespace
+
+void copy_on_device(const Tensor& dst, const Tensor& src) {
+  int64_t n = dst.numel();
+  if (n == 0) return;
+  auto geo = make_offsets(make_geometry<2>(
+      dst.shape(), {dst.strides(), broadcast_strides(src.shape(), src.strides(), dst.shape())}));
+  visit_dtype(dst.dtype(), [&]<typename DT>() {
+    visit_dtype(src.dtype(), [&]<typename ST>() {
+      using D = Dev<DT>;
+      using S = Dev<ST>;
+      copy_cast_strided_kernel<D, S><<<blocks_for(n), 256, 0, stream_of(dst)>>>(
+          geo, n, static_cast<D*>(dst.data_ptr()), static_cast<const S*>(src.data_ptr()));
+      REEL_CUDA_LAUNCH_CHECK();
+    });
+  });
+}
+
+}  // namespace cuda
+
+void register_memory_cuda_kernels() {
+  constexpr DeviceType gpu = DeviceType::CUDA;
+  register_kernel(gpu, OpKind::Fill, cuda::fill_kernel);
+  register_kernel(gpu, OpKind::Arange, cuda::arange_kernel);
+  register_kernel(gpu, OpKind::RandUniform, cuda::rand_uniform_kernel);
+  register_kernel(gpu, OpKind::RandNormal, cuda::rand_normal_kernel);
+  register_kernel(gpu, OpKind::Copy, cuda::copy_kernel);
+  register_kernel(gpu, OpKind::Concat, cuda::concat_kernel);
+}
+
+}  // namespace reel

@@ -1,0 +1,67 @@
+// register_cuda_backend(): the CUDA side of dispatch's tables, and the library handles every
+// family shares (one per thread and device, created on first use, bound to the current stream).
+#include <mutex>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_registry.h"
+#include "kernels/registry.h"
+
+namespace reel {
+
+void register_cuda_backend() {
+  cuda::install_allocator();
+  register_memory_cuda_kernels();
+  register_elementwise_cuda_kernels();
+  register_reduce_cuda_kernels();
+  register_linalg_cuda_kernels();
+  register_pool_cuda_kernels();
+  register_norm_cuda_kernels();
+}
+
+namespace cuda {
+namespace {
+constexpr int kMaxDevices = 16;
+
+void set_device(Device device) {
+  int current = -1;
+  REEL_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device.index) REEL_CUDA_CHECK(cudaSetDevice(device.index));
+}
+}  // namespace
+
+cublasHandle_t cublas_handle(Device device) {
+  thread_local cublasHandle_t handles[kMaxDevices] = {};
+  set_device(device);
+  cublasHandle_t& h = handles[device.index];
+  if (!h) {
+    REEL_CUBLAS_CHECK(cublasCreate(&h));
+    // Exact f32 GEMMs unless a caller opts into TF32: parity with the CPU is the default contract.
+    REEL_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+  }
+  REEL_CUBLAS_CHECK(cublasSetStream(h, stream_of(device)));
+  return h;
+}
+
+cublasLtHandle_t cublaslt_handle(Device device) {
+  thread_local cublasLtHandle_t handles[kMaxDevices] = {};
+  set_device(device);
+  cublasLtHandle_t& h = handles[device.index];
+  if (!h) REEL_CUBLAS_CHECK(cublasLtCreate(&h));
+  return h;
+}
+
+cudnnHandle_t cudnn_handle(Device device) {
+  thread_local cudnnHandle_t handles[kMaxDevices] = {};
+  set_device(device);
+  cudnnHandle_t& h = handles[device.index];
+  if (!h) REEL_CUDNN_CHECK(cudnnCreate(&h));
+  REEL_CUDNN_CHECK(cudnnSetStream(h, stream_of(device)));
+  return h;
+}
+
+Tensor workspace(size_t bytes, Device device) {
+  return Tensor::empty({int64_t((bytes + 7) / 8)}, DType::i64, device);
+}
+
+}  // namespace cuda
+}  // namespace reel

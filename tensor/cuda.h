@@ -1,0 +1,94 @@
+// reel::cuda — the user-facing CUDA runtime API: availability, streams, memory statistics, graph
+// memory pools, pinned host memory. Declared without CUDA headers so any code can include it; in a
+// build without nvcc every query answers "not available" (tensor/cuda_none.cpp).
+//
+// Streams: every op runs on the current stream of its device. By default that is a non-blocking
+// stream reel creates per device (never the legacy default stream, which cannot be captured into a
+// CUDA graph). Handles are cudaStream_t values carried as void*.
+//
+// Memory: device tensors come from a caching allocator in the manner of PyTorch's: freed blocks are
+// kept per (stream, pool) and reused for later requests of a similar size, so a steady training loop
+// calls cudaMalloc only while warming up. REEL_CUDA_NO_CACHE=1 in the environment turns caching off
+// (every tensor gets its own cudaMalloc/cudaFree) for debugging with compute-sanitizer.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "tensor/tensor.h"
+
+namespace reel::cuda {
+
+bool is_built();              // reel was built with the CUDA backend
+bool is_available();          // built, and at least one device is visible
+int device_count();
+std::string unavailable_reason();  // why is_available() is false ("" when it is true)
+void synchronize(int device = 0);  // waits for all work on the device
+
+using StreamHandle = void*;  // a cudaStream_t
+StreamHandle current_stream(int device = 0);
+void set_current_stream(StreamHandle stream, int device = 0);
+StreamHandle create_stream();
+void destroy_stream(StreamHandle stream);
+
+// Makes `stream` current on `device` for the guard's lifetime.
+class StreamGuard {
+ public:
+  StreamGuard(StreamHandle stream, int device = 0);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  StreamHandle prev_;
+  int device_;
+};
+
+struct MemoryStats {
+  size_t allocated_bytes = 0;       // in live tensors now (rounded block sizes)
+  size_t peak_allocated_bytes = 0;  // the most allocated since start or the last reset
+  size_t reserved_bytes = 0;        // held from the device (live plus cached)
+  uint64_t device_allocs = 0;       // cudaMalloc calls so far
+  uint64_t device_frees = 0;        // cudaFree calls so far
+  uint64_t requests = 0;            // allocations asked of the allocator so far
+  uint64_t cache_hits = 0;          // of those, served from the cache
+};
+MemoryStats memory_stats(int device = 0);
+void reset_peak_memory_stats(int device = 0);
+// Returns every cached, unused block to the device (synchronises the device).
+void empty_cache();
+bool caching_enabled();
+
+// A private memory pool for a captured CUDA graph: blocks allocated while a GraphPoolGuard for this
+// pool is alive are only ever reused by allocations in the same pool, so memory the graph's
+// replays write is never handed to other tensors. When the pool dies its free blocks return to the
+// common cache (live blocks do so when they are freed).
+class GraphPool {
+ public:
+  GraphPool();
+  ~GraphPool();
+  GraphPool(const GraphPool&) = delete;
+  GraphPool& operator=(const GraphPool&) = delete;
+  int id() const { return id_; }
+
+ private:
+  int id_;
+};
+
+class GraphPoolGuard {
+ public:
+  explicit GraphPoolGuard(const GraphPool& pool);
+  ~GraphPoolGuard();
+  GraphPoolGuard(const GraphPoolGuard&) = delete;
+  GraphPoolGuard& operator=(const GraphPoolGuard&) = delete;
+
+ private:
+  int prev_;
+};
+
+// A host tensor in page-locked memory (cudaHostAlloc): host<->device copies from it are truly
+// asynchronous, as data loaders want. Keep it alive until the copies that read it have finished.
+Tensor pinned_empty(const Shape& shape, DType dtype = DType::f32);
+bool is_pinned(const Tensor& t);
+
+}  // namespace reel::cuda

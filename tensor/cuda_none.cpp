@@ -1,0 +1,29 @@
+// The CUDA runtime API in a build without nvcc: nothing is available, and asking for device memory
+// is a clear error.
+#include "tensor/cuda.h"
+
+namespace reel::cuda {
+
+bool is_built() { return false; }
+bool is_available() { return false; }
+int device_count() { return 0; }
+std::string unavailable_reason() { return "reel was built without the CUDA backend (nvcc was not found)"; }
+void synchronize(int) {}
+StreamHandle current_stream(int) { return nullptr; }
+void set_current_stream(StreamHandle, int) {}
+StreamHandle create_stream() { throw Error("cuda: reel was built without the CUDA backend"); }
+void destroy_stream(StreamHandle) {}
+StreamGuard::StreamGuard(StreamHandle, int device) : prev_(nullptr), device_(device) {}
+StreamGuard::~StreamGuard() = default;
+MemoryStats memory_stats(int) { return {}; }
+void reset_peak_memory_stats(int) {}
+void empty_cache() {}
+bool caching_enabled() { return false; }
+GraphPool::GraphPool() : id_(0) {}
+GraphPool::~GraphPool() = default;
+GraphPoolGuard::GraphPoolGuard(const GraphPool&) : prev_(0) {}
+GraphPoolGuard::~GraphPoolGuard() = default;
+Tensor pinned_empty(const Shape&, DType) { throw Error("pinned_empty: reel was built without the CUDA backend"); }
+bool is_pinned(const Tensor&) { return false; }
+
+}  // namespace reel::cuda

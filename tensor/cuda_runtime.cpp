@@ -1,0 +1,310 @@
+// The CUDA runtime side of reel (built only with the CUDA backend): device queries, per-device
+// current streams, the caching allocator with its statistics and graph pools, pinned host memory.
+//
+// Caching allocator. Requests are rounded (512 B granules up to 1 MiB, 2 MiB granules above) and
+// served from per-device free lists keyed by (pool, stream, size): the smallest cached block of the
+// same pool and stream that fits and is not wastefully large. Only when none fits does it call
+// cudaMalloc; on out-of-memory it returns the cache to the device and tries once more. A block freed
+// on a stream is reused only on that stream, so stream order alone keeps reuse safe (no events). A
+// block is never split, which keeps the code short at the price of some fragmentation.
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "tensor/cuda.h"
+#include "tensor/cuda_check.h"
+
+namespace reel::cuda {
+namespace {
+
+constexpr size_t kSmallLimit = size_t(1) << 20;   // up to here, 512 B granules
+constexpr size_t kSmallGranule = 512;
+constexpr size_t kLargeGranule = size_t(2) << 20;
+constexpr int kMaxDevices = 16;
+
+size_t round_size(size_t n) {
+  size_t g = n <= kSmallLimit ? kSmallGranule : kLargeGranule;
+  return (n + g - 1) / g * g;
+}
+
+// Sets the calling thread's device for a scope, restoring the previous one.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    REEL_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != device) REEL_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceScope() { cudaSetDevice(prev_); }
+
+ private:
+  int prev_ = 0;
+};
+
+cudaStream_t default_stream(int device) {
+  static std::mutex m;
+  static cudaStream_t streams[kMaxDevices] = {};
+  std::lock_guard<std::mutex> lock(m);
+  if (!streams[device]) {
+    DeviceScope scope(device);
+    REEL_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking));
+  }
+  return streams[device];
+}
+
+thread_local cudaStream_t current_streams[kMaxDevices] = {};
+thread_local int current_pool = 0;
+
+struct Block {
+  void* ptr;
+  size_t size;
+  int device;
+  cudaStream_t stream;
+  int pool;
+};
+
+using FreeKey = std::tuple<int, cudaStream_t, size_t>;  // (pool, stream, size)
+
+class CachingAllocator : public Allocator {
+ public:
+  CachingAllocator() {
+    const char* env = std::getenv("REEL_CUDA_NO_CACHE");
+    caching_ = !(env && env[0] && env[0] != '0');
+  }
+
+  void* allocate(size_t nbytes, Device device) override {
+    if (nbytes == 0) return nullptr;
+    const int d = device.index;
+    REEL_CHECK(d >= 0 && d < device_count(), "cuda allocator: device cuda:", d, " does not exist (",
+               device_count(), " visible)");
+    size_t size = round_size(nbytes);
+    cudaStream_t stream = static_cast<cudaStream_t>(current_stream(d));
+    std::lock_guard<std::mutex> lock(m_);
+    DeviceState& st = state_[d];
+    st.stats.requests++;
+    Block* b = caching_ ? take_cached(st, current_pool, stream, size) : nullptr;
+    if (b) st.stats.cache_hits++;
+    else b = fresh_block(st, d, size, stream);
+    live_[b->ptr] = b;
+    st.stats.allocated_bytes += b->size;
+    st.stats.peak_allocated_bytes = std::max(st.stats.peak_allocated_bytes, st.stats.allocated_bytes);
+    return b->ptr;
+  }
+
+  void deallocate(void* ptr, size_t, Device) override {
+    if (!ptr) return;
+    std::lock_guard<std::mutex> lock(m_);
+    auto it = live_.find(ptr);
+    REEL_ASSERT(it != live_.end(), "cuda allocator: freeing an unknown pointer");
+    Block* b = it->second;
+    live_.erase(it);
+    DeviceState& st = state_[b->device];
+    st.stats.allocated_bytes -= b->size;
+    if (!caching_) {
+      release(st, b);
+      return;
+    }
+    if (b->pool != 0 && !live_pools_.count(b->pool)) b->pool = 0;  // its graph pool is gone
+    st.free.emplace(FreeKey{b->pool, b->stream, b->size}, b);
+  }
+
+  MemoryStats stats(int device) {
+    std::lock_guard<std::mutex> lock(m_);
+    return state_[device].stats;
+  }
+  void reset_peak(int device) {
+    std::lock_guard<std::mutex> lock(m_);
+    state_[device].stats.peak_allocated_bytes = state_[device].stats.allocated_bytes;
+  }
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(m_);
+    for (int d = 0; d < kMaxDevices; ++d) release_cached(state_[d]);
+  }
+  bool caching() const { return caching_; }
+
+  int new_pool() {
+    std::lock_guard<std::mutex> lock(m_);
+    live_pools_.insert({next_pool_, true});
+    return next_pool_++;
+  }
+  void end_pool(int pool) {
+    std::lock_guard<std::mutex> lock(m_);
+    live_pools_.erase(pool);
+    for (auto& st : state_) {  // its cached blocks join the common cache
+      std::vector<Block*> moved;
+      for (auto it = st.free.begin(); it != st.free.end();) {
+        if (std::get<0>(it->first) == pool) {
+          moved.push_back(it->second);
+          it = st.free.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (Block* b : moved) {
+        b->pool = 0;
+        st.free.emplace(FreeKey{0, b->stream, b->size}, b);
+      }
+    }
+  }
+
+ private:
+  struct DeviceState {
+    std::multimap<FreeKey, Block*> free;
+    MemoryStats stats;
+  };
+
+  // The smallest cached block of this pool and stream that holds `size` without wasting more than
+  // the request itself (or one large granule).
+  Block* take_cached(DeviceState& st, int pool, cudaStream_t stream, size_t size) {
+    auto it = st.free.lower_bound(FreeKey{pool, stream, size});
+    if (it == st.free.end() || std::get<0>(it->first) != pool || std::get<1>(it->first) != stream) return nullptr;
+    if (it->second->size > std::max(2 * size, size + kLargeGranule)) return nullptr;
+    Block* b = it->second;
+    st.free.erase(it);
+    b->pool = pool;
+    return b;
+  }
+
+  Block* fresh_block(DeviceState& st, int device, size_t size, cudaStream_t stream) {
+    DeviceScope scope(device);
+    void* ptr = nullptr;
+    cudaError_t err = cudaMalloc(&ptr, size);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear it, give the cache back and try once more
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      cudaStreamIsCapturing(stream, &capturing);
+      if (capturing == cudaStreamCaptureStatusNone) {
+        release_cached(st);
+        err = cudaMalloc(&ptr, size);
+      }
+    }
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw Error(detail::cat("cuda allocator: out of memory on cuda:", device, " asking for ", size,
+                              " bytes (allocated ", st.stats.allocated_bytes, ", reserved ", st.stats.reserved_bytes,
+                              ", device free ", free_b, " of ", total_b, ")"));
+    }
+    REEL_CUDA_CHECK(err);
+    st.stats.device_allocs++;
+    st.stats.reserved_bytes += size;
+    return new Block{ptr, size, device, stream, current_pool};
+  }
+
+  void release(DeviceState& st, Block* b) {
+    DeviceScope scope(b->device);
+    REEL_CUDA_CHECK(cudaFree(b->ptr));
+    st.stats.device_frees++;
+    st.stats.reserved_bytes -= b->size;
+    delete b;
+  }
+
+  void release_cached(DeviceState& st) {
+    for (auto& kv : st.free) release(st, kv.second);
+    st.free.clear();
+  }
+
+  std::mutex m_;
+  bool caching_ = true;
+  DeviceState state_[kMaxDevices];
+  std::unordered_map<void*, Block*> live_;
+  std::map<int, bool> live_pools_;
+  int next_pool_ = 1;
+};
+
+CachingAllocator& caching_allocator() {
+  static CachingAllocator* a = new CachingAllocator();  // never destroyed: tensors may outlive main()
+  return *a;
+}
+
+class PinnedAllocator : public Allocator {
+ public:
+  void* allocate(size_t nbytes, Device) override {
+    void* p = nullptr;
+    REEL_CUDA_CHECK(cudaHostAlloc(&p, nbytes ? nbytes : 1, cudaHostAllocDefault));
+    return p;
+  }
+  void deallocate(void* ptr, size_t, Device) override { cudaFreeHost(ptr); }
+};
+
+PinnedAllocator pinned_allocator;
+
+}  // namespace
+
+bool is_built() { return true; }
+
+int device_count() {
+  static int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      n = 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+bool is_available() { return device_count() > 0; }
+
+std::string unavailable_reason() {
+  if (is_available()) return "";
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  cudaGetLastError();
+  return std::string("no CUDA device is visible (") + cudaGetErrorString(err) + ")";
+}
+
+void synchronize(int device) {
+  DeviceScope scope(device);
+  REEL_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+StreamHandle current_stream(int device) {
+  REEL_CHECK(device >= 0 && device < kMaxDevices, "cuda: device index ", device, " out of range");
+  if (!current_streams[device]) current_streams[device] = default_stream(device);
+  return current_streams[device];
+}
+
+void set_current_stream(StreamHandle stream, int device) {
+  REEL_CHECK(device >= 0 && device < kMaxDevices, "cuda: device index ", device, " out of range");
+  current_streams[device] = static_cast<cudaStream_t>(stream);
+}
+
+StreamHandle create_stream() {
+  cudaStream_t s;
+  REEL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+void destroy_stream(StreamHandle stream) { cudaStreamDestroy(static_cast<cudaStream_t>(stream)); }
+
+StreamGuard::StreamGuard(StreamHandle stream, int device) : prev_(current_stream(device)), device_(device) {
+  set_current_stream(stream, device);
+}
+StreamGuard::~StreamGuard() { set_current_stream(prev_, device_); }
+
+MemoryStats memory_stats(int device) { return caching_allocator().stats(device); }
+void reset_peak_memory_stats(int device) { caching_allocator().reset_peak(device); }
+void empty_cache() { caching_allocator().empty_cache(); }
+bool caching_enabled() { return caching_allocator().caching(); }
+
+GraphPool::GraphPool() : id_(caching_allocator().new_pool()) {}
+GraphPool::~GraphPool() { caching_allocator().end_pool(id_); }
+GraphPoolGuard::GraphPoolGuard(const GraphPool& pool) : prev_(current_pool) { current_pool = pool.id(); }
+GraphPoolGuard::~GraphPoolGuard() { current_pool = prev_; }
+
+Tensor pinned_empty(const Shape& shape, DType dtype) {
+  size_t n = size_t(numel_of(shape)) * dtype_size(dtype);
+  return Tensor::from_storage(std::make_shared<Storage>(n, Device::cpu(), pinned_allocator), shape, dtype);
+}
+
+bool is_pinned(const Tensor& t) { return t.defined() && t.storage()->allocator() == &pinned_allocator; }
+
+// Installs the allocator; called by the CUDA backend's registration.
+void install_allocator() { set_allocator(DeviceType::CUDA, &caching_allocator()); }
+
+}  // namespace reel::cuda
