@@ -43,7 +43,7 @@ TESTS := $(BUILD)/reel_tests
 BENCH := $(BUILD)/reel_bench
 DEPS_STAMP := $(BUILD)/.deps
 
-.PHONY: all test bench run clean deps
+.PHONY: all test bench run clean deps gpu-bundle
 all: $(TOOL)
 
 deps: $(DEPS_STAMP)
@@ -82,6 +82,13 @@ bench: $(BENCH)
 
 run: $(TOOL)
 	$(TOOL) gradcheck
+
+# The binaries (and Google Benchmark's shared library) in one folder that travels to a GPU machine,
+# where tools/gpu_check.sh runs them.
+gpu-bundle: $(TESTS) $(TOOL) $(BENCH)
+	@mkdir -p .gpu
+	cp $(TESTS) $(TOOL) $(BENCH) .gpu/
+	cp -L /usr/lib/x86_64-linux-gnu/libbenchmark.so.1debian .gpu/ 2>/dev/null || true
 
 clean:
 	rm -rf $(BUILD)

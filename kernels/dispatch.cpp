@@ -56,6 +56,13 @@ KernelFn kernel_for(OpKind op, const OpEntry& e, Device device) {
   return k;
 }
 
+// The device whose kernel runs an op: the outputs' — except that a copy between the host and a GPU
+// is always the GPU backend's job, whichever side the output is on.
+Device kernel_device(OpKind op, Device input_device, Device output_device) {
+  if (op == OpKind::Copy && input_device.is_cuda()) return input_device;
+  return output_device;
+}
+
 void notify(OpKind op, const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs& attrs) {
   n_dispatch.fetch_add(1, std::memory_order_relaxed);
   if (observer) observer->on_dispatch(op, in, out, attrs);
@@ -106,7 +113,7 @@ std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const
     REEL_ASSERT(metas.size() == 1, "view op ", op_name(op), " must have one output");
     outputs.push_back(e.view(inputs[0], attrs));
   } else {
-    KernelFn k = kernel_for(op, e, metas.empty() ? device : metas[0].device);
+    KernelFn k = kernel_for(op, e, kernel_device(op, device, metas.empty() ? device : metas[0].device));
     for (const TensorMeta& m : metas) outputs.push_back(Tensor::empty(m.shape, m.dtype, m.device));
     k(KernelCall{op, inputs, outputs, attrs});
   }
@@ -124,7 +131,7 @@ void dispatch_out(OpKind op, const std::vector<Tensor>& inputs, const std::vecto
                   const Attrs& attrs) {
   const OpEntry& e = checked_entry(op);
   REEL_ASSERT(e.view == nullptr, "dispatch_out on view op ", op_name(op));
-  common_device(op, inputs);
+  Device in_device = common_device(op, inputs);
   std::vector<TensorMeta> metas = e.infer(inputs, attrs);
   REEL_CHECK(metas.size() == outputs.size(), op_name(op), ": expected ", metas.size(), " outputs, got ",
              outputs.size());
@@ -138,9 +145,8 @@ void dispatch_out(OpKind op, const std::vector<Tensor>& inputs, const std::vecto
     REEL_CHECK(o.device() == metas[i].device || op == OpKind::Copy, op_name(op), ": output ", i, " is on ",
                o.device().str(), " but the inputs are on ", metas[i].device.str());
   }
-  Device device = outputs.empty() ? Device::cpu() : outputs[0].device();
-  if (op == OpKind::Copy && !inputs.empty() && inputs[0].device().is_cuda()) device = inputs[0].device();
-  kernel_for(op, e, device)(KernelCall{op, inputs, outputs, attrs});
+  Device out_device = outputs.empty() ? Device::cpu() : outputs[0].device();
+  kernel_for(op, e, kernel_device(op, in_device, out_device))(KernelCall{op, inputs, outputs, attrs});
   notify(op, inputs, outputs, attrs);
 }
 

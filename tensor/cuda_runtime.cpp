@@ -3,7 +3,7 @@
 //
 // Caching allocator. Requests are rounded (512 B granules up to 1 MiB, 2 MiB granules above) and
 // served from per-device free lists keyed by (pool, stream, size): the smallest cached block of the
-// same pool and stream that fits and is not wastefully large. Only when none fits does it call
+// same pool and stream that fits and is not wastefully large. Statistics count whole blocks. Only when none fits does it call
 // cudaMalloc; on out-of-memory it returns the cache to the device and tries once more. A block freed
 // on a stream is reused only on that stream, so stream order alone keeps reuse safe (no events). A
 // block is never split, which keeps the code short at the price of some fragmentation.
@@ -156,11 +156,12 @@ class CachingAllocator : public Allocator {
   };
 
   // The smallest cached block of this pool and stream that holds `size` without wasting more than
-  // the request itself (or one large granule).
+  // the request itself (small requests) or one large granule (large ones).
   Block* take_cached(DeviceState& st, int pool, cudaStream_t stream, size_t size) {
     auto it = st.free.lower_bound(FreeKey{pool, stream, size});
     if (it == st.free.end() || std::get<0>(it->first) != pool || std::get<1>(it->first) != stream) return nullptr;
-    if (it->second->size > std::max(2 * size, size + kLargeGranule)) return nullptr;
+    size_t limit = size <= kSmallLimit ? 2 * size : size + kLargeGranule;
+    if (it->second->size > limit) return nullptr;
     Block* b = it->second;
     st.free.erase(it);
     b->pool = pool;

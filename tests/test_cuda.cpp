@@ -1,0 +1,174 @@
+// The CUDA backend against the CPU, op by op. Every case of the op catalogue (autograd/cases/) runs
+// on both devices from the same seeded inputs (Philox draws the same numbers on each, and the
+// non-contiguous layouts are rebuilt on the device): forward outputs and input gradients must agree
+// in f32, f16 and bf16 within tolerances set by dtype, and gradcheck must pass in f64 on the GPU.
+// Plus the ops that have no gradient, transfers, and errors. Every test skips, saying why, where no
+// GPU is visible.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "autograd/cases/op_cases.h"
+#include "tensor/cuda.h"
+#include "test_util.h"
+
+using namespace reel;
+using reel::testing_util::expect_error;
+
+#define REEL_REQUIRE_GPU() \
+  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason()
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+// ||a - b|| / ||b|| (NaN anywhere fails).
+double rel_l2(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
+    if (std::isnan(a[i])) continue;
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  if (a.size() != b.size()) return INFINITY;
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+// Relative-L2 tolerance by dtype: f32 differs from the CPU only by summation order; 16-bit types
+// round every intermediate they store.
+double tolerance(DType dt) {
+  switch (dt) {
+    case DType::f32: return 2e-5;
+    case DType::f16: return 5e-3;
+    case DType::bf16: return 3e-2;
+    default: return 1e-12;
+  }
+}
+
+std::string param_name(const testing::TestParamInfo<OpCase>& info) {
+  std::string s = std::to_string(info.index) + "_";
+  for (char ch : info.param.name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return s;
+}
+
+class CudaParity : public testing::TestWithParam<OpCase> {};
+
+void check_parity(const OpCase& c, DType dt) {
+  SCOPED_TRACE(std::string(c.name) + " in " + dtype_name(dt));
+  std::vector<Tensor> xc = c.make_inputs(Device::cpu(), dt), xg = c.make_inputs(kGpu, dt);
+  ASSERT_EQ(xc.size(), xg.size());
+  for (size_t i = 0; i < xc.size(); ++i)
+    if (xc[i].defined()) {
+      ASSERT_EQ(xc[i].strides(), xg[i].strides()) << "input " << i << " layout differs";
+      ASSERT_EQ(xc[i].to_vector<double>(), xg[i].to_vector<double>()) << "input " << i << " values differ";
+    }
+  Tensor yc = c.fn(xc), yg = c.fn(xg);
+  ASSERT_EQ(yc.shape(), yg.shape());
+  ASSERT_EQ(yc.dtype(), yg.dtype());
+  EXPECT_TRUE(yg.device().is_cuda());
+  double tol = tolerance(dt);
+  EXPECT_LE(rel_l2(yg.to_vector<double>(), yc.to_vector<double>()), tol) << "forward";
+  if (!yc.requires_grad()) return;
+  Generator gen(99);
+  Tensor gc = randn(yc.shape(), {yc.dtype()}, &gen);
+  Tensor gg = gc.to(kGpu);
+  yc.backward(gc);
+  yg.backward(gg);
+  for (size_t i = 0; i < xc.size(); ++i) {
+    if (!xc[i].defined() || !xc[i].requires_grad()) continue;
+    ASSERT_EQ(xc[i].grad().defined(), xg[i].grad().defined()) << "input " << i;
+    if (!xc[i].grad().defined()) continue;
+    EXPECT_TRUE(xg[i].grad().device().is_cuda());
+    EXPECT_LE(rel_l2(xg[i].grad().to_vector<double>(), xc[i].grad().to_vector<double>()), tol)
+        << "gradient of input " << i;
+  }
+}
+
+}  // namespace
+
+TEST_P(CudaParity, F32) {
+  REEL_REQUIRE_GPU();
+  check_parity(GetParam(), DType::f32);
+}
+
+TEST_P(CudaParity, F16) {
+  REEL_REQUIRE_GPU();
+  check_parity(GetParam(), DType::f16);
+}
+
+TEST_P(CudaParity, BF16) {
+  REEL_REQUIRE_GPU();
+  check_parity(GetParam(), DType::bf16);
+}
+
+TEST_P(CudaParity, GradcheckF64OnGpu) {
+  REEL_REQUIRE_GPU();
+  const OpCase& c = GetParam();
+  std::vector<Tensor> x = c.make_inputs(kGpu, DType::f64);
+  GradcheckResult r = gradcheck(c.fn, x, c.opts);
+  EXPECT_TRUE(r.ok) << c.name << "\n" << r.str();
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, CudaParity, testing::ValuesIn(all_op_cases()), param_name);
+
+TEST(Cuda, NonDifferentiableOpsMatchCpu) {
+  REEL_REQUIRE_GPU();
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Generator g1(5), g2(5);
+    Tensor a = randn({33, 17}, {dt}, &g1), ag = randn({33, 17}, {dt, kGpu}, &g2);
+    EXPECT_EQ(a.to_vector<double>(), ag.to_vector<double>());  // Philox: bit-identical draws
+    Tensor b = uniform({17}, -1, 1, {dt}, &g1), bg = uniform({17}, -1, 1, {dt, kGpu}, &g2);
+    EXPECT_EQ(b.to_vector<double>(), bg.to_vector<double>());
+    for (auto cmp : {eq, ne, lt, le, gt, ge})
+      EXPECT_EQ(cmp(a, b).to_vector<double>(), cmp(ag, bg).to_vector<double>());
+    EXPECT_LE(rel_l2({global_norm({ag, bg}).item()}, {global_norm({a, b}).item()}), tolerance(dt));
+    EXPECT_EQ(arange(10, {dt}).to_vector<double>(), arange(10, {dt, kGpu}).to_vector<double>());
+    EXPECT_EQ(full({3}, 2.5, {dt}).to_vector<double>(), full({3}, 2.5, {dt, kGpu}).to_vector<double>());
+  }
+  Tensor i = tensor_i64({1, -2, 3}, {3}, kGpu);
+  EXPECT_EQ((i + i).to_vector<int64_t>(), (std::vector<int64_t>{2, -4, 6}));
+  EXPECT_EQ(sum(i).item(), 2.0);
+}
+
+TEST(Cuda, TransfersAndCastsKeepValuesAndLayouts) {
+  REEL_REQUIRE_GPU();
+  Tensor x = arange(24, {DType::f64}).reshape({2, 3, 4});
+  Tensor xt = x.permute({2, 0, 1});  // non-contiguous source
+  Tensor g = xt.to(kGpu);
+  EXPECT_EQ(g.to_vector<double>(), xt.to_vector<double>());
+  EXPECT_EQ(g.to(DType::bf16).cpu().to_vector<double>(), xt.to(DType::bf16).to_vector<double>());
+  EXPECT_EQ(g.to(DType::i64).to_vector<int64_t>(), xt.to(DType::i64).to_vector<int64_t>());
+  // Copy into a strided device view, and from a strided device view to the host.
+  Tensor dst = zeros({4, 6}, {DType::f32, kGpu});
+  copy_(dst.slice(1, 0, 6, 2), ones({4, 3}, {DType::f32, kGpu}));
+  std::vector<float> d = dst.to_vector<float>();
+  for (int r = 0; r < 4; ++r)
+    for (int col = 0; col < 6; ++col) EXPECT_EQ(d[r * 6 + col], col % 2 == 0 ? 1.0f : 0.0f);
+  Tensor host = zeros({3, 4});
+  copy_(host.t(), dst.slice(1, 0, 3).to(DType::f32));
+  EXPECT_EQ(host.to_vector<float>()[0], 1.0f);
+  // Pinned host memory round trip.
+  Tensor p = cuda::pinned_empty({1000});
+  EXPECT_TRUE(cuda::is_pinned(p));
+  copy_(p, arange(1000));
+  EXPECT_EQ(p.to(kGpu).to_vector<float>(), arange(1000).to_vector<float>());
+}
+
+TEST(Cuda, MixingDevicesIsAClearError) {
+  REEL_REQUIRE_GPU();
+  Tensor a = ones({2, 3}), b = ones({2, 3}, {DType::f32, kGpu});
+  expect_error([&] { a + b; }, {"add", "different devices", "cpu", "cuda:0"});
+  expect_error([&] { matmul(a, ones({3, 2}, {DType::f32, kGpu})); }, {"matmul", "cpu", "cuda:0"});
+  expect_error([&] { zeros({2}, {DType::f32, Device::cuda(7)}); }, {"cuda:7"});
+}
+
+TEST(Cuda, BackwardMovesGradientsAcrossDevices) {
+  REEL_REQUIRE_GPU();
+  Tensor w = tensor({1, 2, 3}, {3}, {DType::f32}).set_requires_grad();
+  Tensor loss = (w.to(kGpu) * w.to(kGpu)).sum();
+  loss.backward();
+  EXPECT_TRUE(w.grad().device().is_cpu());
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{2, 4, 6}));
+}
