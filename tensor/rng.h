@@ -52,10 +52,12 @@ REEL_HOST_DEVICE float philox_normal(uint64_t seed, uint64_t offset, uint64_t i)
   Philox4 r = philox4x32_10(seed, offset + i / 2);
   float u1 = (float(r.w[0] >> 8) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]: log is finite
   float u2 = float(r.w[1] >> 8) * (1.0f / 16777216.0f);
-  // The C float functions exist on the host and on the device alike.
-  float radius = ::sqrtf(-2.0f * ::logf(u1));
-  float theta = 6.2831853071795864f * u2;
-  return (i % 2 == 0) ? radius * ::cosf(theta) : radius * ::sinf(theta);
+  // In double, then rounded once: the host's libm and the device's math functions differ in the last
+  // bit of float results, but their double results round to the same float (so both backends draw
+  // the same normals, barring a once-in-billions double-rounding tie).
+  double radius = ::sqrt(-2.0 * ::log(double(u1)));
+  double theta = 6.283185307179586 * double(u2);
+  return float((i % 2 == 0) ? radius * ::cos(theta) : radius * ::sin(theta));
 }
 
 // Counters consumed by a draw of n values, so consecutive draws never overlap.

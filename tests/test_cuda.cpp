@@ -56,11 +56,15 @@ class CudaParity : public testing::TestWithParam<OpCase> {};
 
 void check_parity(const OpCase& c, DType dt) {
   SCOPED_TRACE(std::string(c.name) + " in " + dtype_name(dt));
+  // The same cases built on each device give the same layouts; the CPU's values are then copied in,
+  // so both backends start from bit-identical inputs.
   std::vector<Tensor> xc = c.make_inputs(Device::cpu(), dt), xg = c.make_inputs(kGpu, dt);
   ASSERT_EQ(xc.size(), xg.size());
   for (size_t i = 0; i < xc.size(); ++i)
     if (xc[i].defined()) {
       ASSERT_EQ(xc[i].strides(), xg[i].strides()) << "input " << i << " layout differs";
+      NoGradGuard no_grad;
+      copy_(xg[i], xc[i]);
       ASSERT_EQ(xc[i].to_vector<double>(), xg[i].to_vector<double>()) << "input " << i << " values differ";
     }
   Tensor yc = c.fn(xc), yg = c.fn(xg);
