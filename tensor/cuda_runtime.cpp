@@ -168,17 +168,28 @@ class CachingAllocator : public Allocator {
     return b;
   }
 
+  // cudaMalloc is refused while a stream of this thread is being captured in the global or
+  // thread-local mode; memory is not a graph node, so the allocator switches the thread to the relaxed
+  // mode around the call (the mechanism CUDA provides for libraries).
+  static cudaError_t malloc_capture_safe(void** ptr, size_t size) {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    cudaError_t err = cudaMalloc(ptr, size);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    return err;
+  }
+
   Block* fresh_block(DeviceState& st, int device, size_t size, cudaStream_t stream) {
     DeviceScope scope(device);
     void* ptr = nullptr;
-    cudaError_t err = cudaMalloc(&ptr, size);
+    cudaError_t err = malloc_capture_safe(&ptr, size);
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear it, give the cache back and try once more
       cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
       cudaStreamIsCapturing(stream, &capturing);
       if (capturing == cudaStreamCaptureStatusNone) {
         release_cached(st);
-        err = cudaMalloc(&ptr, size);
+        err = malloc_capture_safe(&ptr, size);
       }
     }
     if (err == cudaErrorMemoryAllocation) {

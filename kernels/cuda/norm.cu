@@ -1,7 +1,357 @@
-// (being written) CUDA kernels of the norm family.
-#include "kernels/cuda/cuda_common.cuh"
+// CUDA kernels of layer norm and group norm (forward and backward), and the registration of the
+// whole norm family (batch norm: batch_norm.cu, dropout: dropout.cu).
+//
+// The math is the CPU's (kernels/cpu/norm.cpp), term by term:
+//   mean = sum(x) / n      var = sum((x - mean)^2) / n   (biased, two passes: stable for large means)
+//   rstd = 1 / sqrt(var + eps)     xhat = (x - mean) rstd     y = xhat w + b   (w = 1, b = 0 if absent)
+//   backward, gw = g w, means over the same set of n values:
+//   dx = rstd (gw - mean(gw) - xhat mean(gw xhat))     dw = sum(g xhat)     db = sum(g)
+// Statistics accumulate in A = Acc<D> (f32 for f32/f16/bf16, f64 for f64); mean and rstd outputs are A.
+// dw and db are always produced; without w they are the gradients w = 1 would get.
+// Inputs of any strides are first made contiguous on the device; strided outputs are computed into
+// temporaries and copied (norm_common.cuh).
+//
+// Launch shapes:
+//   layer norm, x viewed as (rows, cols): a team of threads per row, a warp (8 rows per 256-thread
+//     block) when cols <= 1024, else a 512-thread block per row. The team reads its row three times
+//     (sum, squared deviations, output); the row is hot in L1/L2 after the first pass.
+//   layer norm dw, db: a deterministic two-stage column reduction. Stage 1 tiles (rows, cols) into
+//     blocks of 32 columns x one chunk of rows (32 x 8 threads; the 32 lanes read 32 adjacent columns,
+//     so loads are coalesced) and writes partial sums (chunks, cols); stage 2 sums the chunks of each
+//     column in order. No float atomics, so results do not change from run to run.
+//   group norm, x viewed as (N, G, C/G, S): a 256-thread block per (n, group), whose C/G * S values
+//     are contiguous. Backward: each warp reduces whole channels of its group (sum_s g xhat, sum_s g)
+//     into (N, C) per-sample partials, the block combines them into mean(gw), mean(gw xhat) for dx,
+//     and the stage-2 kernel above sums the partials over N into dw, db.
 #include "kernels/cuda/cuda_registry.h"
+#include "kernels/cuda/norm_common.cuh"
 
 namespace reel {
-void register_norm_cuda_kernels() {}
+namespace cuda {
+namespace {
+
+using namespace norm_detail;
+
+// The threads that share one row: a warp (kWarp) or the whole block. Rows are walked grid-stride.
+template <bool kWarp>
+struct RowTeam {
+  __device__ static int size() { return kWarp ? 32 : int(blockDim.x); }
+  __device__ static int rank() { return kWarp ? int(threadIdx.x % 32) : int(threadIdx.x); }
+  __device__ static int64_t first_row() {
+    return kWarp ? int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32 : int64_t(blockIdx.x);
+  }
+  __device__ static int64_t row_step() { return kWarp ? int64_t(gridDim.x) * (blockDim.x / 32) : int64_t(gridDim.x); }
+  template <typename A>
+  __device__ static A sum(A v) {
+    if constexpr (kWarp) return warp_sum(v);
+    else return block_sum(v);
+  }
+};
+
+// ---------------------------------------------------------------- layer norm
+
+// x, y: (rows, cols); w, b: (cols) or null; mean, rstd: (rows). One RowTeam per row.
+template <bool kWarp, typename D, typename A = Acc<D>>
+__global__ void layer_norm_fwd_rows_kernel(const D* x, const D* w, const D* b, D* y, A* mean, A* rstd, int64_t rows,
+                                           int64_t cols, A eps) {
+  using Team = RowTeam<kWarp>;
+  for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
+    const D* xr = x + r * cols;
+    D* yr = y + r * cols;
+    A s = 0;
+    for (int64_t j = Team::rank(); j < cols; j += Team::size()) s += to_acc(xr[j]);
+    const A mu = Team::sum(s) / A(cols);  // cols == 0 gives NaN, as on the CPU
+    A q = 0;
+    for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
+      A d = to_acc(xr[j]) - mu;
+      q += d * d;
+    }
+    const A rs = inv_std(Team::sum(q) / A(cols), eps);
+    if (Team::rank() == 0) {
+      mean[r] = mu;
+      rstd[r] = rs;
+    }
+    for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
+      A v = (to_acc(xr[j]) - mu) * rs;
+      if (w) v *= to_acc(w[j]);
+      if (b) v += to_acc(b[j]);
+      yr[j] = from_acc<D>(v);
+    }
+  }
+}
+
+// dx of each row. g, x, dx: (rows, cols); w: (cols) or null; mean, rstd: (rows).
+template <bool kWarp, typename D, typename A = Acc<D>>
+__global__ void layer_norm_bwd_dx_rows_kernel(const D* g, const D* x, const D* w, const A* mean, const A* rstd, D* dx,
+                                              int64_t rows, int64_t cols) {
+  using Team = RowTeam<kWarp>;
+  for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
+    const D *gr = g + r * cols, *xr = x + r * cols;
+    D* dxr = dx + r * cols;
+    const A mu = mean[r], rs = rstd[r];
+    A s_gw = 0, s_gwx = 0;
+    for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
+      A gj = to_acc(gr[j]), xh = (to_acc(xr[j]) - mu) * rs, gw = w ? gj * to_acc(w[j]) : gj;
+      s_gw += gw;
+      s_gwx += gw * xh;
+    }
+    const A mean_gw = Team::sum(s_gw) / A(cols), mean_gwx = Team::sum(s_gwx) / A(cols);
+    for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
+      A gj = to_acc(gr[j]), xh = (to_acc(xr[j]) - mu) * rs, gw = w ? gj * to_acc(w[j]) : gj;
+      dxr[j] = from_acc<D>(rs * (gw - mean_gw - xh * mean_gwx));
+    }
+  }
+}
+
+constexpr int kColTile = 32;   // columns per block of the partial kernel (one per lane)
+constexpr int kColRowThreads = 8;  // threads along the rows of a chunk
+
+// Stage 1 of dw, db. Block (blockIdx.x, blockIdx.y) = (columns 32 bx .. 32 bx + 31, chunk by of
+// rows_per_chunk rows); thread (tx, ty) sums rows ty, ty + 8, ... of the chunk in column 32 bx + tx.
+// g, x: (rows, cols); mean, rstd: (rows); dw_part, db_part: (chunks, cols).
+template <typename D, typename A = Acc<D>>
+__global__ void layer_norm_bwd_param_partial_kernel(const D* g, const D* x, const A* mean, const A* rstd, int64_t rows,
+                                                    int64_t cols, int64_t rows_per_chunk, A* dw_part, A* db_part) {
+  __shared__ A s_dw[kColRowThreads][kColTile + 1], s_db[kColRowThreads][kColTile + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = int64_t(blockIdx.x) * kColTile + tx, chunk = blockIdx.y;
+  const int64_t r0 = chunk * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+  A sw = 0, sb = 0;
+  if (j < cols) {
+    for (int64_t r = r0 + ty; r < r1; r += kColRowThreads) {
+      A gv = to_acc(g[r * cols + j]);
+      sw += gv * ((to_acc(x[r * cols + j]) - mean[r]) * rstd[r]);
+      sb += gv;
+    }
+  }
+  s_dw[ty][tx] = sw;
+  s_db[ty][tx] = sb;
+  __syncthreads();
+  if (ty == 0 && j < cols) {
+    for (int k = 1; k < kColRowThreads; ++k) {
+      sw += s_dw[k][tx];
+      sb += s_db[k][tx];
+    }
+    dw_part[chunk * cols + j] = sw;
+    db_part[chunk * cols + j] = sb;
+  }
+}
+
+// Stage 2 (shared with group norm): dw[j] = sum_p dw_part[p, j], db likewise, p in order.
+// dw_part, db_part: (parts, cols); dw, db: (cols). parts == 0 gives zeros.
+template <typename D, typename A = Acc<D>>
+__global__ void norm_bwd_param_sum_kernel(const A* dw_part, const A* db_part, int64_t parts, int64_t cols, D* dw,
+                                          D* db) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols; j += int64_t(gridDim.x) * blockDim.x) {
+    A sw = 0, sb = 0;
+    for (int64_t p = 0; p < parts; ++p) {
+      sw += dw_part[p * cols + j];
+      sb += db_part[p * cols + j];
+    }
+    dw[j] = from_acc<D>(sw);
+    db[j] = from_acc<D>(sb);
+  }
+}
+
+// Launches a rows kernel with a warp per row for short rows, else a block per row.
+constexpr int64_t kWarpRowMaxCols = 1024;
+constexpr int kRowsThreads = 256, kBlockRowThreads = 512;
+
+template <typename WarpKernel, typename BlockKernel, typename... Args>
+void launch_rows(WarpKernel warp_kernel, BlockKernel block_kernel, int64_t rows, int64_t cols, cudaStream_t s,
+                 Args... args) {
+  if (cols <= kWarpRowMaxCols) {
+    constexpr int rows_per_block = kRowsThreads / 32;
+    warp_kernel<<<grid_for((rows + rows_per_block - 1) / rows_per_block), kRowsThreads, 0, s>>>(args...);
+  } else {
+    block_kernel<<<grid_for(rows), kBlockRowThreads, 0, s>>>(args...);
+  }
+  REEL_CUDA_LAUNCH_CHECK();
+}
+
+void layer_norm_fwd(const KernelCall& c) {
+  Tensor x = contiguous_on_device(c.in[0]), w = contiguous_on_device(c.in[1]), b = contiguous_on_device(c.in[2]);
+  const Tensor &y = c.out[0], &mean = c.out[1], &rstd = c.out[2];
+  const int64_t rows = mean.numel(), cols = rows ? x.numel() / rows : 0;
+  if (rows == 0) return;
+  visit_float(x.dtype(), "layer_norm", [&]<typename D>() {
+    using A = Acc<D>;
+    launch_rows(layer_norm_fwd_rows_kernel<true, D>, layer_norm_fwd_rows_kernel<false, D>, rows, cols, stream_of(x),
+                in_ptr<D>(x), in_ptr<D>(w), in_ptr<D>(b), out_ptr<D>(y), out_ptr<A>(mean), out_ptr<A>(rstd), rows,
+                cols, A(c.attrs.f("eps")));
+  });
+}
+
+// Chunks of rows for stage 1 of dw, db: enough blocks to fill the GPU (about 1024), each chunk at
+// least 32 rows so that the partials stay small next to the input.
+int64_t param_chunks(int64_t rows, int64_t cols) {
+  int64_t col_tiles = (cols + kColTile - 1) / kColTile;
+  int64_t want = std::max<int64_t>(1, 1024 / col_tiles);
+  return std::max<int64_t>(1, std::min(want, (rows + 31) / 32));
+}
+
+void layer_norm_bwd(const KernelCall& c) {
+  Tensor g = contiguous_on_device(c.in[0]), x = contiguous_on_device(c.in[1]), w = contiguous_on_device(c.in[2]);
+  Tensor mean = contiguous_on_device(c.in[3]), rstd = contiguous_on_device(c.in[4]);
+  const Tensor &dx = c.out[0], &dw = c.out[1], &db = c.out[2];
+  // k = x.dim() - mean.dim() trailing dims are normalised: rows = numel(mean), cols = numel(dw).
+  const int64_t rows = mean.numel(), cols = dw.numel();
+  if (cols == 0) return;
+  cudaStream_t s = stream_of(x);
+  visit_float(x.dtype(), "layer_norm_backward", [&]<typename D>() {
+    using A = Acc<D>;
+    const D *pg = in_ptr<D>(g), *px = in_ptr<D>(x);
+    const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
+    if (rows > 0)
+      launch_rows(layer_norm_bwd_dx_rows_kernel<true, D>, layer_norm_bwd_dx_rows_kernel<false, D>, rows, cols, s, pg,
+                  px, in_ptr<D>(w), pm, pr, out_ptr<D>(dx), rows, cols);
+    const int64_t chunks = param_chunks(rows, cols);
+    const int64_t rows_per_chunk = std::max<int64_t>(1, (rows + chunks - 1) / chunks);
+    // part: (2, chunks, cols) = dw partials, then db partials.
+    Tensor part = Tensor::empty({2, chunks, cols}, mean.dtype(), x.device());
+    A* pp = out_ptr<A>(part);
+    dim3 grid(unsigned((cols + kColTile - 1) / kColTile), unsigned(chunks)), block(kColTile, kColRowThreads);
+    layer_norm_bwd_param_partial_kernel<D><<<grid, block, 0, s>>>(pg, px, pm, pr, rows, cols, rows_per_chunk, pp,
+                                                                   pp + chunks * cols);
+    REEL_CUDA_LAUNCH_CHECK();
+    norm_bwd_param_sum_kernel<D><<<blocks_for(cols), 256, 0, s>>>(pp, pp + chunks * cols, chunks, cols, out_ptr<D>(dw),
+                                                                  out_ptr<D>(db));
+    REEL_CUDA_LAUNCH_CHECK();
+  });
+}
+
+// ---------------------------------------------------------------- group norm
+
+constexpr int kSetThreads = 256;
+
+// x, y: (N, G, Cg, S), one set (n, group) = Cg * S contiguous values; w, b: (C = G Cg) or null;
+// mean, rstd: (N, G). One block per set.
+template <typename D, typename A = Acc<D>>
+__global__ void group_norm_fwd_kernel(const D* x, const D* w, const D* b, D* y, A* mean, A* rstd, int64_t sets,
+                                      int64_t G, int64_t Cg, int64_t S, A eps) {
+  const int64_t len = Cg * S;
+  for (int64_t set = blockIdx.x; set < sets; set += gridDim.x) {
+    const D* xs = x + set * len;
+    D* ys = y + set * len;
+    A s = 0;
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) s += to_acc(xs[i]);
+    const A mu = block_sum(s) / A(len);
+    A q = 0;
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+      A d = to_acc(xs[i]) - mu;
+      q += d * d;
+    }
+    const A rs = inv_std(block_sum(q) / A(len), eps);
+    if (threadIdx.x == 0) {
+      mean[set] = mu;
+      rstd[set] = rs;
+    }
+    const int64_t ch0 = (set % G) * Cg;
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+      const int64_t ch = ch0 + i / S;
+      A scale = rs * (w ? to_acc(w[ch]) : A(1)), shift = (b ? to_acc(b[ch]) : A(0)) - mu * scale;
+      ys[i] = from_acc<D>(to_acc(xs[i]) * scale + shift);
+    }
+  }
+}
+
+// g, x, dx: (N, G, Cg, S); w: (C) or null; mean, rstd: (N, G). One block per set (n, group); warp k
+// reduces channels k, k + warps, ... of the group over S. Writes dx and the per-sample channel sums
+// ds = sum_s g xhat, dbias = sum_s g, both (N, C), which stage 2 sums over N.
+template <typename D, typename A = Acc<D>>
+__global__ void group_norm_bwd_kernel(const D* g, const D* x, const D* w, const A* mean, const A* rstd, D* dx, A* ds,
+                                      A* dbias, int64_t sets, int64_t G, int64_t Cg, int64_t S) {
+  const int64_t len = Cg * S;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int64_t set = blockIdx.x; set < sets; set += gridDim.x) {
+    const D *gs = g + set * len, *xs = x + set * len;
+    D* dxs = dx + set * len;
+    const A mu = mean[set], rs = rstd[set];
+    const int64_t ch0 = (set % G) * Cg;
+    A s_gw = 0, s_gwx = 0;  // this warp's share of sum_k w_k sum_s g and sum_k w_k sum_s g xhat (lane 0)
+    for (int64_t k = warp; k < Cg; k += warps) {
+      A s_gx = 0, s_g = 0;
+      for (int64_t i = k * S + lane; i < (k + 1) * S; i += 32) {
+        A gv = to_acc(gs[i]);
+        s_gx += gv * (to_acc(xs[i]) - mu) * rs;
+        s_g += gv;
+      }
+      s_gx = warp_sum(s_gx);
+      s_g = warp_sum(s_g);
+      if (lane == 0) {
+        // (N, C) index n C + ch0 + k = set Cg + k, since n C + (set % G) Cg = set Cg.
+        ds[set * Cg + k] = s_gx;
+        dbias[set * Cg + k] = s_g;
+        A wk = w ? to_acc(w[ch0 + k]) : A(1);
+        s_gw += wk * s_g;
+        s_gwx += wk * s_gx;
+      }
+    }
+    const A mean_gw = block_sum(s_gw) / A(len), mean_gwx = block_sum(s_gwx) / A(len);
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+      const int64_t k = i / S;
+      A wk = w ? to_acc(w[ch0 + k]) : A(1), xh = (to_acc(xs[i]) - mu) * rs;
+      dxs[i] = from_acc<D>(rs * (to_acc(gs[i]) * wk - mean_gw - xh * mean_gwx));
+    }
+  }
+}
+
+void group_norm_fwd(const KernelCall& c) {
+  Tensor x = contiguous_on_device(c.in[0]), w = contiguous_on_device(c.in[1]), b = contiguous_on_device(c.in[2]);
+  const Tensor &y = c.out[0], &mean = c.out[1], &rstd = c.out[2];
+  const NCS d = ncs_of(x);
+  const int64_t G = c.attrs.i("groups"), sets = d.N * G;
+  if (sets == 0) return;
+  visit_float(x.dtype(), "group_norm", [&]<typename D>() {
+    using A = Acc<D>;
+    group_norm_fwd_kernel<D><<<grid_for(sets), kSetThreads, 0, stream_of(x)>>>(
+        in_ptr<D>(x), in_ptr<D>(w), in_ptr<D>(b), out_ptr<D>(y), out_ptr<A>(mean), out_ptr<A>(rstd), sets, G, d.C / G,
+        d.S, A(c.attrs.f("eps")));
+    REEL_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void group_norm_bwd(const KernelCall& c) {
+  Tensor g = contiguous_on_device(c.in[0]), x = contiguous_on_device(c.in[1]), w = contiguous_on_device(c.in[2]);
+  Tensor mean = contiguous_on_device(c.in[3]), rstd = contiguous_on_device(c.in[4]);
+  const Tensor &dx = c.out[0], &dw = c.out[1], &db = c.out[2];
+  const NCS d = ncs_of(x);
+  const int64_t N = d.N, C = d.C, S = d.S, G = c.attrs.i("groups"), sets = N * G;
+  if (C == 0) return;
+  cudaStream_t s = stream_of(x);
+  visit_float(x.dtype(), "group_norm_backward", [&]<typename D>() {
+    using A = Acc<D>;
+    // part: (2, N, C) = per-sample channel sums of g xhat, then of g.
+    Tensor part = Tensor::empty({2, N, C}, mean.dtype(), x.device());
+    A* pp = out_ptr<A>(part);
+    if (sets > 0) {
+      group_norm_bwd_kernel<D><<<grid_for(sets), kSetThreads, 0, s>>>(
+          in_ptr<D>(g), in_ptr<D>(x), in_ptr<D>(w), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(dx), pp, pp + N * C,
+          sets, G, C / G, S);
+      REEL_CUDA_LAUNCH_CHECK();
+    }
+    norm_bwd_param_sum_kernel<D><<<blocks_for(C), 256, 0, s>>>(pp, pp + N * C, N, C, out_ptr<D>(dw), out_ptr<D>(db));
+    REEL_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace
+}  // namespace cuda
+
+void register_batch_norm_cuda_kernels();  // batch_norm.cu
+void register_dropout_cuda_kernels();     // dropout.cu
+
+void register_norm_cuda_kernels() {
+  using cuda::norm_detail::run_into_contiguous;
+  constexpr DeviceType gpu = DeviceType::CUDA;
+  register_kernel(gpu, OpKind::LayerNorm, [](const KernelCall& c) { run_into_contiguous(c, cuda::layer_norm_fwd); });
+  register_kernel(gpu, OpKind::LayerNormBackward,
+                  [](const KernelCall& c) { run_into_contiguous(c, cuda::layer_norm_bwd); });
+  register_kernel(gpu, OpKind::GroupNorm, [](const KernelCall& c) { run_into_contiguous(c, cuda::group_norm_fwd); });
+  register_kernel(gpu, OpKind::GroupNormBackward,
+                  [](const KernelCall& c) { run_into_contiguous(c, cuda::group_norm_bwd); });
+  register_batch_norm_cuda_kernels();
+  register_dropout_cuda_kernels();
+}
+
 }  // namespace reel

@@ -1,7 +1,360 @@
-// (being written) CUDA kernels of the reduce family.
-#include "kernels/cuda/cuda_common.cuh"
+// CUDA kernels of the reductions (sum, mean, max) and the global norm, and the registration of the
+// whole reduce family (softmax-like ops: softmax.cu; cross-entropy: cross_entropy.cu). Schemas and
+// formulas: kernels/schema/reduce.cpp; the CPU twin: kernels/cpu/reduce.cpp.
+//
+// Layout. As on the CPU, every reduction is brought to one layout over a contiguous buffer,
+//   x: (outer, R, inner)  ->  out: (outer, inner),   out[o, i] = op over r of x[o, r, i]
+// x is used as it is when it is contiguous and its reduced dims (ignoring size-1 dims) form one run;
+// otherwise the reduced dims are permuted innermost and copied contiguous (inner = 1).
+//
+// Kernels (all accumulate in Acc: float for f32/f16/bf16, double for f64, int64 for i64):
+//   reduce_rows_warp_kernel     inner == 1, 16 < R <= 1024: one warp per row, lanes stride the row
+//                               (coalesced), then a shuffle tree.
+//   reduce_rows_block_kernel    inner == 1, R > 1024: one block per (row, chunk of the row).
+//   reduce_columns_kernel       inner > 1, or short rows (R <= 16): 32 x 8 thread tiles; threadIdx.x
+//                               picks one of 32 consecutive outputs (a warp reads 32 neighbouring
+//                               elements of x), threadIdx.y strides over r; the 8 partials are
+//                               combined in order through shared memory.
+// Splitting. When a reduction has too few rows or column tiles to fill the GPU and R is long, R is
+// cut into `splits` chunks: a first launch writes Acc partials (outer, splits) or (splits, outer *
+// inner) to a workspace and a second launch reduces them. The split count depends on the shape
+// only (not on the GPU), so results are bitwise reproducible from run to run; there are no atomics.
+//
+// Semantics mirror the CPU: the mean of an empty selection is 0/0 = NaN; max propagates NaN (once a
+// partial result is NaN no comparison replaces it); i64 sums and maxima are exact.
+//
+// Global norm: per-input partial sums of squares (Acc per block, stored as double) into a workspace,
+// up to kNormBatch inputs per launch (blockIdx.y picks the input), then one block adds every partial
+// in double in a fixed order and writes sqrt (f32 for 16-bit/f32 inputs, f64 for f64).
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
 #include "kernels/cuda/cuda_registry.h"
+#include "kernels/cuda/reduce_common.cuh"
 
 namespace reel {
-void register_reduce_cuda_kernels() {}
+namespace cuda {
+namespace {
+
+using namespace reduce_detail;
+
+constexpr int kThreads = 256;
+constexpr int kTileCols = 32;            // outputs per column tile (threadIdx.x)
+constexpr int kTileRows = 8;             // threads along R per column tile (threadIdx.y)
+constexpr int64_t kShortRow = 16;        // rows up to this long go to the column kernel
+constexpr int64_t kWarpRow = 1024;       // rows up to this long get one warp each
+constexpr int64_t kTargetBlocks = 1024;  // about 8 resident blocks on each of an H200's 132 SMs
+constexpr int64_t kMinRowChunk = 8192;   // a split row chunk has at least this many elements
+constexpr int64_t kMinColumnChunk = 256; // a split column chunk has at least this many rows (32 per thread)
+
+// ---- reduction operators: identity, combine (also of two partial results), finish ----
+
+template <typename A>
+struct SumOp {
+  __device__ static A identity() { return A(0); }
+  __device__ static A combine(A a, A b) { return a + b; }
+  __device__ static A finish(A acc, int64_t) { return acc; }
+};
+
+template <typename A>
+struct MeanOp : SumOp<A> {
+  // count == 0 gives 0/0 = NaN: the mean of nothing (the schema refuses integer means).
+  __device__ static A finish(A acc, int64_t count) { return acc / A(count); }
+};
+
+template <typename A>
+struct MaxOp {
+  __device__ static A identity() {
+    if constexpr (std::is_floating_point_v<A>) return A(-INFINITY);
+    else return INT64_MIN;
+  }
+  // NaN wins, as in PyTorch and on the CPU: once acc is NaN neither test replaces it (v != v is NaN).
+  __device__ static A combine(A acc, A v) {
+    if constexpr (std::is_floating_point_v<A>) return (v > acc || v != v) ? v : acc;
+    else return v > acc ? v : acc;
+  }
+  __device__ static A finish(A acc, int64_t) { return acc; }
+};
+
+// The stored value: Op::finish(acc, count) for a final result, acc itself for a partial one.
+template <typename Op, typename Out, typename A>
+__device__ __forceinline__ Out result(A acc, int64_t count, bool finish) {
+  return from_acc<Out>(finish ? Op::finish(acc, count) : acc);
+}
+
+// ---- kernels ----
+
+// x: (rows, R) contiguous; out: (rows). One warp per row, kThreads / 32 rows per block.
+template <typename Op, typename In, typename Out>
+__global__ void reduce_rows_warp_kernel(const In* x, Out* out, int64_t rows, int64_t R, int64_t count, bool finish) {
+  using A = Acc<In>;
+  using Team = RowTeam<false>;
+  for (int64_t row = Team::first_row(); row < rows; row += Team::row_stride()) {
+    const In* xr = x + row * R;
+    A acc = strided_fold<Op, A>(Team::rank(), R, kWarp, combine_fn<Op, A>(),
+                                [&](int64_t r) { return to_acc(xr[r]); });
+    acc = warp_reduce<Op>(acc);
+    if (Team::rank() == 0) out[row] = result<Op, Out>(acc, count, finish);
+  }
+}
+
+// x: (rows, R) contiguous; out: (rows, splits). Block item (row, s) reduces the chunk
+// [s * chunk, min(R, (s + 1) * chunk)) of its row; with splits == 1 that is the whole row.
+template <typename Op, typename In, typename Out>
+__global__ void reduce_rows_block_kernel(const In* x, Out* out, int64_t rows, int64_t R, int64_t splits, int64_t chunk,
+                                         int64_t count, bool finish) {
+  using A = Acc<In>;
+  for (int64_t item = blockIdx.x; item < rows * splits; item += gridDim.x) {
+    const int64_t row = item / splits, s = item % splits;
+    const int64_t lo = s * chunk, hi = lo + chunk < R ? lo + chunk : R;
+    const In* xr = x + row * R;
+    A acc = strided_fold<Op, A>(lo + threadIdx.x, hi, blockDim.x, combine_fn<Op, A>(),
+                                [&](int64_t r) { return to_acc(xr[r]); });
+    acc = block_reduce<Op>(acc);
+    if (threadIdx.x == 0) out[item] = result<Op, Out>(acc, count, finish);
+  }
+}
+
+// x: (outer, R, inner) contiguous; out: (splits, M) with M = outer * inner, out[s, j] for output
+// j = o * inner + i and chunk s = blockIdx.y of R ([s * chunk, min(R, (s + 1) * chunk))).
+// Blocks are kTileCols x kTileRows threads; a tile covers outputs [tile * 32, tile * 32 + 32).
+template <typename Op, typename In, typename Out>
+__global__ void reduce_columns_kernel(const In* x, Out* out, int64_t outer, int64_t R, int64_t inner, int64_t chunk,
+                                      int64_t count, bool finish) {
+  using A = Acc<In>;
+  __shared__ A partial[kTileRows][kTileCols];
+  const int64_t M = outer * inner, tiles = (M + kTileCols - 1) / kTileCols;
+  const int64_t s = blockIdx.y, lo = s * chunk, hi = lo + chunk < R ? lo + chunk : R;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t j = tile * kTileCols + threadIdx.x;
+    A acc = Op::identity();
+    if (j < M) {
+      const In* xc = x + (j / inner) * R * inner + j % inner;  // output j's column: element r at r * inner
+      acc = strided_fold<Op, A>(lo + threadIdx.y, hi, kTileRows, combine_fn<Op, A>(),
+                                [&](int64_t r) { return to_acc(xc[r * inner]); });
+    }
+    partial[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < M) {
+      A v = partial[0][threadIdx.x];
+      for (int y = 1; y < kTileRows; ++y) v = Op::combine(v, partial[y][threadIdx.x]);
+      out[s * M + j] = result<Op, Out>(v, count, finish);
+    }
+    __syncthreads();  // the tile's partials are read before the next tile overwrites them
+  }
+}
+
+// ---- launchers ----
+
+// out (outer * inner) = op over R of x (outer, R, inner), one launch, finished with `count`.
+template <typename Op, typename In, typename Out>
+void reduce_direct(const In* x, Out* out, int64_t outer, int64_t R, int64_t inner, int64_t count, cudaStream_t st) {
+  if (inner == 1 && R > kShortRow && R <= kWarpRow) {
+    reduce_rows_warp_kernel<Op, In, Out>
+        <<<grid_for(ceil_div(outer, kThreads / kWarp)), kThreads, 0, st>>>(x, out, outer, R, count, true);
+  } else if (inner == 1 && R > kWarpRow) {
+    reduce_rows_block_kernel<Op, In, Out><<<grid_for(outer), kThreads, 0, st>>>(x, out, outer, R, 1, R, count, true);
+  } else {
+    dim3 block(kTileCols, kTileRows);
+    reduce_columns_kernel<Op, In, Out>
+        <<<grid_for(ceil_div(outer * inner, kTileCols)), block, 0, st>>>(x, out, outer, R, inner, R, count, true);
+  }
+  REEL_CUDA_LAUNCH_CHECK();
+}
+
+// out (outer * inner) = op over R of x (outer, R, inner); splits long reductions that would leave
+// the GPU idle into two launches through an Acc workspace.
+template <typename Op, typename D>
+void reduce_into(const D* x, D* out, int64_t outer, int64_t R, int64_t inner, Device dev, cudaStream_t st) {
+  using A = Acc<D>;
+  if (inner == 1 && R > kWarpRow) {
+    const int64_t splits = std::max<int64_t>(1, std::min(ceil_div(R, kMinRowChunk), kTargetBlocks / outer));
+    if (splits == 1) return reduce_direct<Op, D, D>(x, out, outer, R, inner, R, st);
+    // partial: (outer, splits), then reduced as rows of length splits (<= kTargetBlocks).
+    const int64_t chunk = ceil_div(R, splits);
+    Tensor ws = workspace(size_t(outer * splits) * sizeof(A), dev);
+    A* partial = static_cast<A*>(ws.data_ptr());
+    reduce_rows_block_kernel<Op, D, A>
+        <<<grid_for(outer * splits), kThreads, 0, st>>>(x, partial, outer, R, splits, chunk, R, false);
+    REEL_CUDA_LAUNCH_CHECK();
+    return reduce_direct<Op, A, D>(partial, out, outer, splits, 1, R, st);
+  }
+  if (inner == 1 && R > kShortRow) return reduce_direct<Op, D, D>(x, out, outer, R, inner, R, st);
+  // Columns (or short rows).
+  const int64_t M = outer * inner, tiles = ceil_div(M, kTileCols);
+  const int64_t splits =
+      std::max<int64_t>(1, std::min({ceil_div(R, kMinColumnChunk), kTargetBlocks / tiles, int64_t(65535)}));
+  if (splits == 1) return reduce_direct<Op, D, D>(x, out, outer, R, inner, R, st);
+  // partial: (splits, M), then reduced as (1, splits, M).
+  const int64_t chunk = ceil_div(R, splits);
+  Tensor ws = workspace(size_t(splits * M) * sizeof(A), dev);
+  A* partial = static_cast<A*>(ws.data_ptr());
+  dim3 grid(grid_for(tiles), unsigned(splits)), block(kTileCols, kTileRows);
+  reduce_columns_kernel<Op, D, A><<<grid, block, 0, st>>>(x, partial, outer, R, inner, chunk, R, false);
+  REEL_CUDA_LAUNCH_CHECK();
+  reduce_direct<Op, A, D>(partial, out, 1, splits, M, R, st);
+}
+
+// x as (outer, reduced, inner) over a contiguous buffer (see the file comment); same rules as the CPU.
+struct ReduceLayout {
+  Tensor src;
+  int64_t outer = 1, reduced = 1, inner = 1;
+};
+
+ReduceLayout reduce_layout(const Tensor& x, const std::vector<int64_t>& dims_attr) {
+  const int64_t nd = x.dim();
+  std::vector<bool> is_red(size_t(nd), false);
+  if (nd > 0)
+    for (int64_t d : wrap_dims(dims_attr, nd, "reduce")) is_red[size_t(d)] = true;
+  // Do the reduced dims of size > 1 form one run of x's dims (size-1 dims may sit anywhere)?
+  int64_t first = -1;
+  int state = 0;  // 0: before the run, 1: inside it, 2: after it
+  bool one_run = true;
+  for (int64_t d = 0; d < nd; ++d) {
+    if (x.shape()[d] == 1) continue;
+    if (is_red[size_t(d)]) {
+      if (state == 2) one_run = false;
+      if (first < 0) first = d;
+      state = 1;
+    } else if (state == 1) {
+      state = 2;
+    }
+  }
+  ReduceLayout L;
+  // An empty input reads nothing: every output is op of nothing, so any sizes with the right
+  // product will do.
+  if (x.numel() == 0 || (x.is_contiguous() && one_run)) {
+    L.src = x;
+    for (int64_t d = 0; d < nd; ++d) {
+      const int64_t s = x.shape()[d];
+      if (is_red[size_t(d)]) L.reduced *= s;
+      else if (first < 0 || d < first) L.outer *= s;
+      else L.inner *= s;
+    }
+    return L;
+  }
+  // Kept dims first, reduced dims innermost; copied only when that view is not contiguous.
+  Shape shape, strides;
+  for (int pass = 0; pass < 2; ++pass)
+    for (int64_t d = 0; d < nd; ++d)
+      if (is_red[size_t(d)] == (pass == 1)) {
+        shape.push_back(x.shape()[d]);
+        strides.push_back(x.strides()[d]);
+        (pass == 1 ? L.reduced : L.outer) *= x.shape()[d];
+      }
+  L.src = contiguous_on_device(Tensor::make_view(x, shape, strides, x.offset()));
+  return L;
+}
+
+template <template <typename> class OpT>
+void reduce_kernel(const KernelCall& c) {
+  const Tensor& x = c.in[0];
+  if (c.out[0].numel() == 0) return;
+  ReduceLayout L = reduce_layout(x, c.attrs.has("dims") ? c.attrs.ints("dims") : std::vector<int64_t>{});
+  DenseOut out(c.out[0]);
+  visit_dtype(x.dtype(), [&]<typename T>() {
+    using D = Dev<T>;
+    if constexpr (std::is_same_v<D, int64_t> && std::is_same_v<OpT<int64_t>, MeanOp<int64_t>>) {
+      throw Error("mean: dtype i64 is not supported (expected f32, f64, f16 or bf16)");
+    } else {
+      reduce_into<OpT<Acc<D>>, D>(in_ptr<D>(L.src), out_ptr<D>(out.buf), L.outer, L.reduced, L.inner, x.device(),
+                                  stream_of(x));
+    }
+  });
+  out.commit();
+}
+
+// ---- global norm ----
+
+constexpr int kNormBatch = 32;           // inputs per partial-sum launch (pointers passed by value)
+constexpr int64_t kNormMaxBlocks = 128;  // partial sums per input at most
+constexpr int64_t kNormPerBlock = int64_t(kThreads) * 16;  // elements per block before another is added
+
+template <typename D>
+struct NormBatch {
+  const D* x[kNormBatch];
+  int64_t n[kNormBatch];
+};
+
+// partial: (inputs, blocks_per_input) doubles; block (b, k) writes partial[k, b], the sum of squares
+// (in Acc) of input k's elements b * blockDim.x + t, stepping by gridDim.x * blockDim.x.
+template <typename D>
+__global__ void global_norm_partial_kernel(NormBatch<D> batch, double* partial) {
+  using A = Acc<D>;
+  const int k = blockIdx.y;
+  const D* x = batch.x[k];
+  const int64_t n = batch.n[k];
+  A acc = strided_fold<AddOp<A>, A>(blockIdx.x * int64_t(blockDim.x) + threadIdx.x, n, int64_t(gridDim.x) * blockDim.x,
+                                    combine_fn<AddOp<A>, A>(), [&](int64_t i) {
+                                      const A v = to_acc(x[i]);
+                                      return v * v;
+                                    });
+  acc = block_reduce<AddOp<A>>(acc);
+  if (threadIdx.x == 0) partial[int64_t(k) * gridDim.x + blockIdx.x] = double(acc);
+}
+
+// out (0-dim) = sqrt(sum of partial[0 .. n)), added in double by one block in a fixed order.
+template <typename Out>
+__global__ void global_norm_final_kernel(const double* partial, int64_t n, Out* out) {
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+  acc = block_reduce<AddOp<double>>(acc);
+  if (threadIdx.x == 0) *out = Out(sqrt(acc));
+}
+
+void global_norm_kernel(const KernelCall& c) {
+  const Tensor& out = c.out[0];  // 0-dim: one element, whatever its strides
+  const Device dev = out.device();
+  cudaStream_t st = stream_of(out);
+  std::vector<Tensor> xs;  // the non-empty inputs, contiguous
+  int64_t largest = 0;
+  for (const Tensor& t : c.in)
+    if (t.numel() > 0) {
+      xs.push_back(contiguous_on_device(t));
+      largest = std::max(largest, t.numel());
+    }
+  const int64_t blocks = std::clamp<int64_t>(ceil_div(largest, kNormPerBlock), 1, kNormMaxBlocks);
+  Tensor ws = workspace(std::max<size_t>(xs.size(), 1) * size_t(blocks) * sizeof(double), dev);
+  double* partial = static_cast<double*>(ws.data_ptr());
+  visit_float(c.in[0].dtype(), "global_norm", [&]<typename D>() {
+    for (size_t k0 = 0; k0 < xs.size(); k0 += kNormBatch) {
+      NormBatch<D> batch{};
+      const int nb = int(std::min<size_t>(kNormBatch, xs.size() - k0));
+      for (int k = 0; k < nb; ++k) {
+        batch.x[k] = in_ptr<D>(xs[k0 + size_t(k)]);
+        batch.n[k] = xs[k0 + size_t(k)].numel();
+      }
+      global_norm_partial_kernel<D>
+          <<<dim3(unsigned(blocks), unsigned(nb)), kThreads, 0, st>>>(batch, partial + int64_t(k0) * blocks);
+      REEL_CUDA_LAUNCH_CHECK();
+    }
+  });
+  const int64_t n = int64_t(xs.size()) * blocks;
+  if (out.dtype() == DType::f64)
+    global_norm_final_kernel<double><<<1, kThreads, 0, st>>>(partial, n, static_cast<double*>(out.data_ptr()));
+  else
+    global_norm_final_kernel<float><<<1, kThreads, 0, st>>>(partial, n, static_cast<float*>(out.data_ptr()));
+  REEL_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+// softmax.cu and cross_entropy.cu
+void register_softmax_cuda_kernels();
+void register_cross_entropy_cuda_kernels();
+
+}  // namespace cuda
+
+void register_reduce_cuda_kernels() {
+  using namespace cuda;
+  constexpr DeviceType gpu = DeviceType::CUDA;
+  register_kernel(gpu, OpKind::Sum, reduce_kernel<SumOp>);
+  register_kernel(gpu, OpKind::Mean, reduce_kernel<MeanOp>);
+  register_kernel(gpu, OpKind::Max, reduce_kernel<MaxOp>);
+  register_kernel(gpu, OpKind::GlobalNorm, global_norm_kernel);
+  register_softmax_cuda_kernels();
+  register_cross_entropy_cuda_kernels();
+}
+
 }  // namespace reel

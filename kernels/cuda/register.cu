@@ -29,16 +29,24 @@ void set_device(Device device) {
 }
 }  // namespace
 
+// cuBLAS gets a workspace of ours: its own default pool allocates lazily, which would break a CUDA
+// graph capture, and cublasSetStream resets the workspace, so it is set again after every rebind.
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+
 cublasHandle_t cublas_handle(Device device) {
   thread_local cublasHandle_t handles[kMaxDevices] = {};
+  thread_local Tensor workspaces[kMaxDevices];
   set_device(device);
   cublasHandle_t& h = handles[device.index];
   if (!h) {
     REEL_CUBLAS_CHECK(cublasCreate(&h));
-    // Exact f32 GEMMs unless a caller opts into TF32: parity with the CPU is the default contract.
-    REEL_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    // Exact f32 GEMMs (no TF32) and f32 split-K partial sums: parity with the CPU is the contract.
+    REEL_CUBLAS_CHECK(cublasSetMathMode(
+        h, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    workspaces[device.index] = workspace(kCublasWorkspaceBytes, device);
   }
   REEL_CUBLAS_CHECK(cublasSetStream(h, stream_of(device)));
+  REEL_CUBLAS_CHECK(cublasSetWorkspace(h, workspaces[device.index].data_ptr(), kCublasWorkspaceBytes));
   return h;
 }
 

@@ -1,0 +1,332 @@
+// CUDA kernels of batch norm, forward and backward (registered from norm.cu's
+// register_norm_cuda_kernels()).
+//
+// x: (N, C, *) viewed as (N, C, S); each channel c is a set of N*S values, N runs of S, C*S apart.
+// The math is the CPU's (kernels/cpu/norm.cpp):
+//   training: mean_c = sum(x) / n, var_c = sum((x - mean_c)^2) / n (biased, two passes), n = N*S;
+//             rstd_c = 1 / sqrt(var_c + eps), computed in A = Acc<D> (f32, f64 for f64).
+//             Running statistics (both or neither; any float dtype, any stride) are updated in place,
+//             in double, with the UNBIASED variance, and rounded once into their own dtype:
+//               running = (1 - momentum) running + momentum stat,   stat_var = var n / (n - 1)
+//   eval:     save_mean = running_mean, save_rstd = 1 / sqrt(running_var + eps), in double then A.
+//   y = x scale_c + shift_c,   scale_c = rstd_c w_c,   shift_c = b_c - mean_c scale_c
+//   backward, xhat = (x - mean) rstd:  dw_c = sum(g xhat)   db_c = sum(g)
+//     dx = w rstd (g - mean(g) - xhat mean(g xhat))   (training: the statistics depend on x)
+//     dx = w rstd (g - 0 - xhat 0)                    (eval: they are constants; same expression, so
+//                                                      inf/NaN propagate exactly as on the CPU)
+// The "more than 1 value per channel" check is a shape check done by the schema on the host.
+//
+// Launch shapes. Channel reductions (statistics, backward sums) are two-stage and deterministic:
+// each channel's N*S values are split into `parts` chunks so that even a few channels fill the GPU
+// (about 1024 tiles, each at least 4096 values); a 512-thread block reduces one (channel, chunk) tile
+// with a fixed-order block sum into a small (2, C, parts) temporary, and one thread per channel then
+// combines its chunks in order (statistics by Chan's formula, which with one chunk is exactly the
+// plain two-pass result) and also updates the running statistics. A tile walks its chunk of
+// (N, C, S) with an incremental (n, s) position: no 64-bit division per value. y and dx are flat
+// elementwise passes over (N, C, S), c = (i / S) % C in 32-bit arithmetic when the size allows,
+// coalesced in i. No atomics: the same inputs give the same bits on every run.
+#include "kernels/cuda/cuda_registry.h"
+#include "kernels/cuda/norm_common.cuh"
+
+namespace reel {
+namespace cuda {
+namespace {
+
+using namespace norm_detail;
+
+constexpr int kChannelThreads = 512;
+
+// A running statistic: a 1-D tensor of any float dtype and stride, read and written as double.
+struct RunningStat {
+  void* data;
+  int64_t stride;
+  DType dtype;
+
+  __device__ double load(int64_t c) const {
+    const int64_t i = c * stride;
+    switch (dtype) {
+      case DType::f64: return static_cast<const double*>(data)[i];
+      case DType::f16: return double(__half2float(static_cast<const __half*>(data)[i]));
+      case DType::bf16: return double(__bfloat162float(static_cast<const __nv_bfloat16*>(data)[i]));
+      default: return double(static_cast<const float*>(data)[i]);
+    }
+  }
+  // Rounds like the CPU's store<R>(AccType<R>(v)): f64 keeps v, the others go through float.
+  __device__ void store(int64_t c, double v) const {
+    const int64_t i = c * stride;
+    switch (dtype) {
+      case DType::f64: static_cast<double*>(data)[i] = v; break;
+      case DType::f16: static_cast<__half*>(data)[i] = __float2half_rn(float(v)); break;
+      case DType::bf16: static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16_rn(float(v)); break;
+      default: static_cast<float*>(data)[i] = float(v); break;
+    }
+  }
+};
+
+RunningStat running_stat(const Tensor& t) {
+  REEL_CHECK(is_floating(t.dtype()), "batch_norm: running statistics must be float tensors, got ",
+             dtype_name(t.dtype()));
+  return {t.data_ptr(), t.strides()[0], t.dtype()};
+}
+
+// A channel's values are split into `parts` chunks of its flat index i in [0, N*S) so that small C
+// still fills the GPU. Tile t of the grid is (channel t / parts, chunk t % parts).
+struct ChannelSplit {
+  int64_t C, S, count, parts, chunk;  // count = N*S values per channel, chunk = ceil(count / parts)
+  __device__ int64_t begin(int64_t k) const { return min(count, k * chunk); }
+  __device__ int64_t end(int64_t k) const { return min(count, (k + 1) * chunk); }
+};
+
+// Walks the values i = first, first + step, ... of channel c of x: (N, C, S), tracking the element
+// offset (n C + c) S + s of i = n S + s without a 64-bit division per step.
+struct ChannelWalk {
+  int64_t s = 0, off = 0;             // position in the current run of S, element offset in x
+  int64_t step_s = 0, step_off = 0;   // advance per step
+  int64_t S = 0, wrap = 0;            // run length; extra offset when s wraps to the next n: (C - 1) S
+  __device__ ChannelWalk(int64_t c, int64_t first, int64_t step, int64_t C, int64_t S_) : S(S_) {
+    if (S == 0) return;  // no values: the caller's loop never runs
+    const int64_t n = first / S, sn = step / S;
+    s = first - n * S;
+    off = (n * C + c) * S + s;
+    step_s = step - sn * S;
+    step_off = sn * C * S + step_s;
+    wrap = (C - 1) * S;
+  }
+  __device__ void next() {
+    s += step_s;
+    off += step_off;
+    if (s >= S) {
+      s -= S;
+      off += wrap;
+    }
+  }
+};
+
+// Training statistics, stage 1. x: (N, C, S). Each tile (c, k) sums its chunk of channel c and the
+// squared deviations from the chunk's own mean (two passes; the chunk is hot in L1/L2 for the second).
+// part: (2, C, parts) = chunk sums, then chunk M2s.
+template <typename D, typename A = Acc<D>>
+__global__ void batch_norm_fwd_partial_kernel(const D* x, ChannelSplit sp, A* part) {
+  for (int64_t t = blockIdx.x; t < sp.C * sp.parts; t += gridDim.x) {
+    const int64_t c = t / sp.parts, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
+    A s = 0;
+    ChannelWalk w(c, i0 + threadIdx.x, blockDim.x, sp.C, sp.S);
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x, w.next()) s += to_acc(x[w.off]);
+    s = block_sum(s);
+    const A chunk_mean = i1 > i0 ? s / A(i1 - i0) : A(0);
+    A q = 0;
+    ChannelWalk v(c, i0 + threadIdx.x, blockDim.x, sp.C, sp.S);
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x, v.next()) {
+      A d = to_acc(x[v.off]) - chunk_mean;
+      q += d * d;
+    }
+    q = block_sum(q);
+    if (threadIdx.x == 0) {
+      part[t] = s;
+      part[sp.C * sp.parts + t] = q;
+    }
+  }
+}
+
+// Training statistics, stage 2: one thread per channel combines its chunks in order (Chan et al.):
+//   mean = sum_k s_k / n      M2 = sum_k M2_k + n_k (mean_k - mean)^2      var = M2 / n   (biased)
+// With one chunk this is exactly the plain two-pass mean and variance. Writes mean, rstd: (C) and,
+// when `update`, the running statistics.
+template <typename A>
+__global__ void batch_norm_fwd_finalize_kernel(const A* part, ChannelSplit sp, A eps, A* mean, A* rstd, bool update,
+                                               RunningStat running_mean, RunningStat running_var, double momentum) {
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < sp.C; c += int64_t(gridDim.x) * blockDim.x) {
+    const A *sums = part + c * sp.parts, *m2s = part + (sp.C + c) * sp.parts;
+    A s = 0;
+    for (int64_t k = 0; k < sp.parts; ++k) s += sums[k];
+    const A mu = s / A(sp.count);  // count == 0 gives NaN, as on the CPU
+    A m2 = 0;
+    for (int64_t k = 0; k < sp.parts; ++k) {
+      const int64_t nk = sp.end(k) - sp.begin(k);
+      if (nk == 0) continue;
+      const A d = sums[k] / A(nk) - mu;
+      m2 += m2s[k] + A(nk) * d * d;
+    }
+    const A var = m2 / A(sp.count);
+    mean[c] = mu;
+    rstd[c] = inv_std(var, eps);
+    if (update) {
+      // Explicit roundings keep nvcc from contracting into FMAs: the same bits as the CPU's loop.
+      const double n = double(sp.count), var_unbiased = __ddiv_rn(__dmul_rn(double(var), n), n - 1);
+      const double keep = 1 - momentum;
+      running_mean.store(c, __dadd_rn(__dmul_rn(keep, running_mean.load(c)), __dmul_rn(momentum, double(mu))));
+      running_var.store(c, __dadd_rn(__dmul_rn(keep, running_var.load(c)), __dmul_rn(momentum, var_unbiased)));
+    }
+  }
+}
+
+// Eval statistics from the running ones: mean = running_mean, rstd = 1 / sqrt(running_var + eps).
+template <typename A>
+__global__ void batch_norm_fwd_eval_stats_kernel(RunningStat running_mean, RunningStat running_var, int64_t C,
+                                                 double eps, A* mean, A* rstd) {
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x) {
+    mean[c] = A(running_mean.load(c));
+    rstd[c] = A(1.0 / sqrt(running_var.load(c) + eps));
+  }
+}
+
+// y = x scale_c + shift_c. x, y: (N, C, S) flat, total = N*C*S; w, b: (C) or null; mean, rstd: (C).
+// I is the index type: 32-bit when total fits, which makes c = (i / S) % C several times cheaper.
+template <typename I, typename D, typename A = Acc<D>>
+__global__ void batch_norm_fwd_apply_kernel(const D* x, const D* w, const D* b, const A* mean, const A* rstd, D* y,
+                                            I total, I C, I S) {
+  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
+    const I c = (i / S) % C;
+    A scale = rstd[c] * (w ? to_acc(w[c]) : A(1)), shift = (b ? to_acc(b[c]) : A(0)) - mean[c] * scale;
+    y[i] = from_acc<D>(to_acc(x[i]) * scale + shift);
+  }
+}
+
+// Backward, stage 1. g, x: (N, C, S); mean, rstd: (C). Each tile (c, k) sums g and g xhat over its
+// chunk of channel c into part: (2, C, parts).
+template <typename D, typename A = Acc<D>>
+__global__ void batch_norm_bwd_partial_kernel(const D* g, const D* x, const A* mean, const A* rstd, ChannelSplit sp,
+                                              A* part) {
+  for (int64_t t = blockIdx.x; t < sp.C * sp.parts; t += gridDim.x) {
+    const int64_t c = t / sp.parts, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
+    const A mu = mean[c], rs = rstd[c];
+    A s_g = 0, s_gx = 0;
+    ChannelWalk w(c, i0 + threadIdx.x, blockDim.x, sp.C, sp.S);
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x, w.next()) {
+      A gv = to_acc(g[w.off]);
+      s_g += gv;
+      s_gx += gv * (to_acc(x[w.off]) - mu) * rs;
+    }
+    s_g = block_sum(s_g);
+    s_gx = block_sum(s_gx);
+    if (threadIdx.x == 0) {
+      part[t] = s_g;
+      part[sp.C * sp.parts + t] = s_gx;
+    }
+  }
+}
+
+// Backward, stage 2: one thread per channel sums its chunks in order into dw = sum(g xhat),
+// db = sum(g) (D, (C)) and the coefficients of dx, coef: (2, C) = mean(g), mean(g xhat) in
+// training, zeros in eval.
+template <typename D, typename A = Acc<D>>
+__global__ void batch_norm_bwd_finalize_kernel(const A* part, ChannelSplit sp, bool training, D* dw, D* db, A* coef) {
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < sp.C; c += int64_t(gridDim.x) * blockDim.x) {
+    A s_g = 0, s_gx = 0;
+    for (int64_t k = 0; k < sp.parts; ++k) {
+      s_g += part[c * sp.parts + k];
+      s_gx += part[(sp.C + c) * sp.parts + k];
+    }
+    dw[c] = from_acc<D>(s_gx);
+    db[c] = from_acc<D>(s_g);
+    coef[c] = training ? s_g / A(sp.count) : A(0);
+    coef[sp.C + c] = training ? s_gx / A(sp.count) : A(0);
+  }
+}
+
+// dx = w rstd (g - mean(g) - xhat mean(g xhat)). g, x, dx: (N, C, S) flat; w: (C) or null; mean,
+// rstd: (C); coef: (2, C) from stage 2. I as in the apply kernel.
+template <typename I, typename D, typename A = Acc<D>>
+__global__ void batch_norm_bwd_dx_kernel(const D* g, const D* x, const D* w, const A* mean, const A* rstd,
+                                         const A* coef, D* dx, I total, I C, I S) {
+  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
+    const I c = (i / S) % C;
+    const A rs = rstd[c], xh = (to_acc(x[i]) - mean[c]) * rs, wc = w ? to_acc(w[c]) : A(1);
+    dx[i] = from_acc<D>(wc * rs * (to_acc(g[i]) - coef[c] - xh * coef[C + c]));
+  }
+}
+
+// Chunks per channel: about 1024 tiles in all, each at least 4096 values (8 per thread).
+ChannelSplit split_channels(const NCS& d) {
+  const int64_t count = d.N * d.S;
+  const int64_t parts = std::max<int64_t>(1, std::min((1024 + d.C - 1) / d.C, count / 4096));
+  return {d.C, d.S, count, parts, (count + parts - 1) / parts};
+}
+
+// Launches an elementwise (N, C, S) kernel with 32-bit indices when N*C*S fits.
+template <typename Kernel32, typename Kernel64, typename... Args>
+void launch_flat(Kernel32 k32, Kernel64 k64, int64_t total, const NCS& d, cudaStream_t s, Args... args) {
+  if (total <= int64_t(UINT32_MAX) - 65536 * 8 * 256)  // i + grid stride never wraps
+    k32<<<blocks_for(total), 256, 0, s>>>(args..., uint32_t(total), uint32_t(d.C), uint32_t(d.S));
+  else
+    k64<<<blocks_for(total), 256, 0, s>>>(args..., total, d.C, d.S);
+  REEL_CUDA_LAUNCH_CHECK();
+}
+
+void batch_norm_fwd(const KernelCall& c) {
+  Tensor x = contiguous_on_device(c.in[0]), w = contiguous_on_device(c.in[1]), b = contiguous_on_device(c.in[2]);
+  const Tensor &running_mean = c.in[3], &running_var = c.in[4];  // updated in place: not copied
+  const Tensor &y = c.out[0], &mean = c.out[1], &rstd = c.out[2];
+  const NCS d = ncs_of(x);
+  if (d.C == 0) return;
+  const bool training = c.attrs.b("training"), has_running = running_mean.defined();
+  const double eps = c.attrs.f("eps");
+  cudaStream_t s = stream_of(x);
+  RunningStat rm{}, rv{};
+  if (has_running) {
+    rm = running_stat(running_mean);
+    rv = running_stat(running_var);
+  }
+  visit_float(x.dtype(), "batch_norm", [&]<typename D>() {
+    using A = Acc<D>;
+    A *pm = out_ptr<A>(mean), *pr = out_ptr<A>(rstd);
+    if (training) {
+      const ChannelSplit sp = split_channels(d);
+      const double momentum = has_running ? c.attrs.f("momentum") : 0.0;
+      Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());  // chunk sums, chunk M2s
+      batch_norm_fwd_partial_kernel<D><<<grid_for(d.C * sp.parts), kChannelThreads, 0, s>>>(in_ptr<D>(x), sp,
+                                                                                             out_ptr<A>(part));
+      REEL_CUDA_LAUNCH_CHECK();
+      batch_norm_fwd_finalize_kernel<A><<<blocks_for(d.C), 256, 0, s>>>(in_ptr<A>(part), sp, A(eps), pm, pr,
+                                                                        has_running, rm, rv, momentum);
+    } else {
+      batch_norm_fwd_eval_stats_kernel<A><<<blocks_for(d.C), 256, 0, s>>>(rm, rv, d.C, eps, pm, pr);
+    }
+    REEL_CUDA_LAUNCH_CHECK();
+    const int64_t total = x.numel();
+    if (total == 0) return;
+    launch_flat(batch_norm_fwd_apply_kernel<uint32_t, D>, batch_norm_fwd_apply_kernel<int64_t, D>, total, d, s,
+                in_ptr<D>(x), in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(y));
+  });
+}
+
+void batch_norm_bwd(const KernelCall& c) {
+  Tensor g = contiguous_on_device(c.in[0]), x = contiguous_on_device(c.in[1]), w = contiguous_on_device(c.in[2]);
+  Tensor mean = contiguous_on_device(c.in[3]), rstd = contiguous_on_device(c.in[4]);
+  const Tensor &dx = c.out[0], &dw = c.out[1], &db = c.out[2];
+  const NCS d = ncs_of(x);
+  if (d.C == 0) return;
+  const bool training = c.attrs.b("training");
+  cudaStream_t s = stream_of(x);
+  visit_float(x.dtype(), "batch_norm_backward", [&]<typename D>() {
+    using A = Acc<D>;
+    const D *pg = in_ptr<D>(g), *px = in_ptr<D>(x);
+    const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
+    const ChannelSplit sp = split_channels(d);
+    Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());  // chunk sums of g, g xhat
+    Tensor coef = Tensor::empty({2, d.C}, mean.dtype(), x.device());            // mean(g), mean(g xhat)
+    batch_norm_bwd_partial_kernel<D><<<grid_for(d.C * sp.parts), kChannelThreads, 0, s>>>(pg, px, pm, pr, sp,
+                                                                                           out_ptr<A>(part));
+    REEL_CUDA_LAUNCH_CHECK();
+    batch_norm_bwd_finalize_kernel<D><<<blocks_for(d.C), 256, 0, s>>>(in_ptr<A>(part), sp, training, out_ptr<D>(dw),
+                                                                      out_ptr<D>(db), out_ptr<A>(coef));
+    REEL_CUDA_LAUNCH_CHECK();
+    const int64_t total = x.numel();
+    if (total == 0) return;
+    launch_flat(batch_norm_bwd_dx_kernel<uint32_t, D>, batch_norm_bwd_dx_kernel<int64_t, D>, total, d, s, pg, px,
+                in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<D>(dx));
+  });
+}
+
+}  // namespace
+}  // namespace cuda
+
+void register_batch_norm_cuda_kernels() {
+  using cuda::norm_detail::run_into_contiguous;
+  constexpr DeviceType gpu = DeviceType::CUDA;
+  register_kernel(gpu, OpKind::BatchNorm, [](const KernelCall& c) { run_into_contiguous(c, cuda::batch_norm_fwd); });
+  register_kernel(gpu, OpKind::BatchNormBackward,
+                  [](const KernelCall& c) { run_into_contiguous(c, cuda::batch_norm_bwd); });
+}
+
+}  // namespace reel

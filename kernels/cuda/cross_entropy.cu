@@ -1,0 +1,186 @@
+// CUDA kernels of the fused cross-entropy and its backward. Schemas and formulas:
+// kernels/schema/reduce.cpp; the CPU twin: kernels/cpu/reduce.cpp.
+//
+//   forward:  lse_n = m_n + log(sum_c exp(logits[n, c] - m_n))        (N), in Acc
+//             loss  = sum over counted rows of (lse_n - logits[n, t_n]), / count for the mean
+//   backward: dlogits[n, c] = (exp(logits[n, c] - lse_n) - [c == t_n]) * scale,
+//             scale = g / count (mean) or g (sum); rows whose target is ignore_index get 0.
+// count = rows whose target is not ignore_index; the mean over no rows is 0/0 = NaN (with a zero
+// gradient), as on the CPU and in PyTorch.
+//
+// Launches. Forward: cross_entropy_fwd_row_kernel, one team per row (a warp for C <= 1024, a
+// 512-thread block beyond), computes lse_n by online softmax and writes the row's loss (double) to
+// a workspace; cross_entropy_fwd_total_kernel, one block, adds those losses and counts the rows in
+// a fixed order, so the loss is reproducible bit for bit (no atomics). Backward:
+// cross_entropy_bwd_scale_kernel (one block) turns g and the count into scale on the device, then
+// cross_entropy_bwd_row_kernel writes dlogits, one team per row.
+//
+// Difference from the CPU: the CPU refuses a target outside [0, C) that is not ignore_index. The
+// targets live on the GPU and reading them back would synchronise the host, so here such a row is
+// not checked: it counts as a row, its loss is NaN and its gradient row is NaN (never an
+// out-of-bounds read), which makes the loss NaN and the failure visible (a GradScaler skips it).
+#include <cmath>
+
+#include "kernels/cuda/cuda_registry.h"
+#include "kernels/cuda/reduce_common.cuh"
+
+namespace reel {
+namespace cuda {
+namespace {
+
+using namespace reduce_detail;
+
+constexpr int kThreads = 256;       // warp-per-row kernels (8 rows per block) and one-block kernels
+constexpr int kRowThreads = 512;    // block-per-row kernels
+constexpr int64_t kWarpRow = 1024;  // rows up to this long get one warp each
+
+// logits: (N, C), target: (N) -> lse: (N) Acc, row_loss: (N) double (0 for an ignored row).
+template <typename D, bool kBlock>
+__global__ void cross_entropy_fwd_row_kernel(const D* logits, const int64_t* target, Acc<D>* lse, double* row_loss,
+                                             int64_t N, int64_t C, int64_t ignore_index) {
+  using A = Acc<D>;
+  using Team = RowTeam<kBlock>;
+  for (int64_t n = Team::first_row(); n < N; n += Team::row_stride()) {
+    const D* xr = logits + n * C;
+    MaxSum<A> t = strided_fold<MaxSumOp<A>, MaxSum<A>>(Team::rank(), C, Team::size(), PushFn<A>(),
+                                                       [&](int64_t c) { return to_acc(xr[c]); });
+    t = finalize(Team::template reduce<MaxSumOp<A>>(t));
+    if (Team::rank() == 0) {
+      const A l = t.m + log_acc(t.s);
+      const int64_t tn = target[n];
+      lse[n] = l;
+      double loss = 0;
+      if (tn != ignore_index) loss = (tn >= 0 && tn < C) ? double(l - to_acc(xr[tn])) : double(NAN);
+      row_loss[n] = loss;
+    }
+  }
+}
+
+// loss (0-dim) = sum of row_loss (N), divided by the number of rows whose target is not
+// ignore_index for the mean. One block.
+template <typename D>
+__global__ void cross_entropy_fwd_total_kernel(const double* row_loss, const int64_t* target, int64_t N,
+                                               int64_t ignore_index, bool mean, D* loss) {
+  using A = Acc<D>;
+  double total = 0;
+  int64_t count = 0;
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+    total += row_loss[n];
+    count += target[n] != ignore_index;
+  }
+  total = block_reduce<AddOp<double>>(total);
+  count = block_reduce<AddOp<int64_t>>(count);
+  // mean with every row ignored: 0 / 0 = NaN.
+  if (threadIdx.x == 0) *loss = from_acc<D>(A(mean ? total / double(count) : total));
+}
+
+// scale (one Acc) = g / count (mean) or g (sum); g is one element. One block.
+template <typename D>
+__global__ void cross_entropy_bwd_scale_kernel(const D* g, const int64_t* target, int64_t N, int64_t ignore_index,
+                                               bool mean, Acc<D>* scale) {
+  using A = Acc<D>;
+  int64_t count = 0;
+  if (mean)
+    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) count += target[n] != ignore_index;
+  count = block_reduce<AddOp<int64_t>>(count);
+  // With every row ignored the scale is g / 0, but no row uses it.
+  if (threadIdx.x == 0) *scale = mean ? to_acc(*g) / A(count) : to_acc(*g);
+}
+
+// logits, dx: (N, C); target, lse: (N). One team (warp or block) per row.
+template <typename D, bool kBlock>
+__global__ void cross_entropy_bwd_row_kernel(const D* logits, const int64_t* target, const Acc<D>* lse,
+                                             const Acc<D>* scale_at, D* dx, int64_t N, int64_t C,
+                                             int64_t ignore_index) {
+  using A = Acc<D>;
+  using Team = RowTeam<kBlock>;
+  const A scale = *scale_at;
+  for (int64_t n = Team::first_row(); n < N; n += Team::row_stride()) {
+    const D* xr = logits + n * C;
+    D* dr = dx + n * C;
+    const int64_t tn = target[n];
+    const A l = lse[n];
+    const bool ignored = tn == ignore_index, valid = tn >= 0 && tn < C;
+    for (int64_t c = Team::rank(); c < C; c += Team::size()) {
+      A v = A(0);
+      if (!ignored) {
+        v = valid ? exp_acc(to_acc(xr[c]) - l) * scale : A(NAN);
+        if (c == tn) v -= scale;
+      }
+      dr[c] = from_acc<D>(v);
+    }
+  }
+}
+
+// Launches a row kernel: one warp per row for C <= kWarpRow, else one block per row.
+template <typename WarpKernel, typename BlockKernel, typename... Args>
+void launch_rows(WarpKernel warp_kernel, BlockKernel block_kernel, int64_t N, int64_t C, cudaStream_t st,
+                 Args... args) {
+  if (C <= kWarpRow) warp_kernel<<<grid_for(ceil_div(N, kThreads / kWarp)), kThreads, 0, st>>>(args...);
+  else block_kernel<<<grid_for(N), kRowThreads, 0, st>>>(args...);
+  REEL_CUDA_LAUNCH_CHECK();
+}
+
+struct CrossEntropyArgs {
+  Tensor logits, target;  // contiguous: logits (N, C), target (N)
+  int64_t N, C, ignore_index;
+  bool mean;
+};
+
+CrossEntropyArgs cross_entropy_args(const KernelCall& c, const Tensor& logits, const Tensor& target) {
+  return {contiguous_on_device(logits), contiguous_on_device(target), logits.shape()[0], logits.shape()[1],
+          c.attrs.i("ignore_index", -100), c.attrs.i("reduction", 0) == 0};
+}
+
+void cross_entropy_kernel(const KernelCall& c) {
+  const CrossEntropyArgs a = cross_entropy_args(c, c.in[0], c.in[1]);
+  DenseOut loss_out(c.out[0]), lse_out(c.out[1]);
+  cudaStream_t st = stream_of(a.logits);
+  Tensor ws = workspace(size_t(std::max<int64_t>(a.N, 1)) * sizeof(double), a.logits.device());
+  double* row_loss = static_cast<double*>(ws.data_ptr());
+  const int64_t* target = in_ptr<int64_t>(a.target);
+  visit_float(a.logits.dtype(), "cross_entropy", [&]<typename D>() {
+    using A = Acc<D>;
+    if (a.N > 0)
+      launch_rows(cross_entropy_fwd_row_kernel<D, false>, cross_entropy_fwd_row_kernel<D, true>, a.N, a.C, st,
+                  in_ptr<D>(a.logits), target, out_ptr<A>(lse_out.buf), row_loss, a.N, a.C, a.ignore_index);
+    cross_entropy_fwd_total_kernel<D>
+        <<<1, kThreads, 0, st>>>(row_loss, target, a.N, a.ignore_index, a.mean, out_ptr<D>(loss_out.buf));
+    REEL_CUDA_LAUNCH_CHECK();
+  });
+  loss_out.commit();
+  lse_out.commit();
+}
+
+void cross_entropy_backward_kernel(const KernelCall& c) {
+  const CrossEntropyArgs a = cross_entropy_args(c, c.in[1], c.in[2]);
+  const Tensor& g = c.in[0];  // one element: data_ptr is it, whatever the strides
+  Tensor lse = contiguous_on_device(c.in[3]);
+  DenseOut out(c.out[0]);
+  if (a.N == 0) return;
+  cudaStream_t st = stream_of(a.logits);
+  const int64_t* target = in_ptr<int64_t>(a.target);
+  visit_float(a.logits.dtype(), "cross_entropy_backward", [&]<typename D>() {
+    using A = Acc<D>;
+    Tensor ws = workspace(sizeof(A), a.logits.device());
+    A* scale = static_cast<A*>(ws.data_ptr());
+    cross_entropy_bwd_scale_kernel<D>
+        <<<1, kThreads, 0, st>>>(static_cast<const D*>(g.data_ptr()), target, a.N, a.ignore_index, a.mean, scale);
+    REEL_CUDA_LAUNCH_CHECK();
+    launch_rows(cross_entropy_bwd_row_kernel<D, false>, cross_entropy_bwd_row_kernel<D, true>, a.N, a.C, st,
+                in_ptr<D>(a.logits), target, in_ptr<A>(lse), static_cast<const A*>(scale), out_ptr<D>(out.buf), a.N,
+                a.C, a.ignore_index);
+  });
+  out.commit();
+}
+
+}  // namespace
+
+void register_cross_entropy_cuda_kernels() {
+  constexpr DeviceType gpu = DeviceType::CUDA;
+  register_kernel(gpu, OpKind::CrossEntropy, cross_entropy_kernel);
+  register_kernel(gpu, OpKind::CrossEntropyBackward, cross_entropy_backward_kernel);
+}
+
+}  // namespace cuda
+}  // namespace reel

@@ -1,0 +1,73 @@
+// CUDA kernel of dropout (registered from norm.cu's register_norm_cuda_kernels()).
+//
+// The CPU's rule exactly (kernels/cpu/norm.cpp, tensor/rng.h): element i (row-major) is kept iff
+//   philox_uniform(seed, offset, i) >= float(p),
+// where philox_uniform takes word i % 4 of philox4x32_10(seed, offset + i / 4) as (w >> 8) * 2^-24.
+//   mask = kept ? 1/(1-p) : 0, the kept value rounded to x's dtype on the host exactly as the CPU does
+//   (double -> Acc -> dtype), so that y = x * mask exactly, as backward assumes;
+//   y = x * mask computed in Acc (a dropped inf or NaN gives NaN, as on the CPU); p == 1 gives mask 0.
+// Launch: one thread per group of 4 elements, so each Philox evaluation yields all 4 of its words;
+// grid-stride over the groups.
+#include "kernels/cuda/cuda_registry.h"
+#include "kernels/cuda/norm_common.cuh"
+#include "tensor/rng.h"
+
+namespace reel {
+namespace cuda {
+namespace {
+
+using namespace norm_detail;
+
+// x, y, mask: n contiguous values; `keep` is the kept mask value, already rounded to D.
+template <typename D, typename A = Acc<D>>
+__global__ void dropout_fwd_kernel(const D* x, D* y, D* mask, int64_t n, uint64_t seed, uint64_t offset,
+                                   float threshold, A keep) {
+  const int64_t groups = (n + 3) / 4;
+  for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < groups; q += int64_t(gridDim.x) * blockDim.x) {
+    const Philox4 r = philox4x32_10(seed, offset + uint64_t(q));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t i = 4 * q + k;
+      if (i >= n) break;
+      const float u = float(r.w[k] >> 8) * (1.0f / 16777216.0f);  // philox_uniform(seed, offset, i)
+      const A m = u >= threshold ? keep : A(0);
+      mask[i] = from_acc<D>(m);
+      y[i] = from_acc<D>(to_acc(x[i]) * m);
+    }
+  }
+}
+
+// The kept mask value 1/(1-p) (0 when p == 1) rounded to dtype `t` as the CPU rounds it, returned
+// as a double (exact: it is a value of `t`).
+double kept_value(DType t, double p) {
+  return visit_dtype(t, [&]<typename T>() -> double {
+    using A = AccType<T>;
+    return double(load(store<T>(p < 1 ? A(1.0 / (1.0 - p)) : A(0))));
+  });
+}
+
+void dropout_fwd(const KernelCall& c) {
+  Tensor x = contiguous_on_device(c.in[0]);
+  const Tensor &y = c.out[0], &mask = c.out[1];
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const double p = c.attrs.f("p");
+  const uint64_t seed = uint64_t(c.attrs.i("seed")), offset = uint64_t(c.attrs.i("offset"));
+  const double keep = kept_value(x.dtype(), p);
+  visit_float(x.dtype(), "dropout", [&]<typename D>() {
+    using A = Acc<D>;
+    dropout_fwd_kernel<D><<<blocks_for((n + 3) / 4), 256, 0, stream_of(x)>>>(
+        in_ptr<D>(x), out_ptr<D>(y), out_ptr<D>(mask), n, seed, offset, float(p), A(keep));
+    REEL_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace
+}  // namespace cuda
+
+void register_dropout_cuda_kernels() {
+  register_kernel(DeviceType::CUDA, OpKind::Dropout,
+                  [](const KernelCall& c) { cuda::norm_detail::run_into_contiguous(c, cuda::dropout_fwd); });
+}
+
+}  // namespace reel

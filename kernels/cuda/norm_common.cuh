@@ -1,0 +1,96 @@
+// Pieces shared by the CUDA kernels of the norm family (norm.cu, batch_norm.cu, dropout.cu): warp and
+// block sums, the float-dtype visitor, the statistics' 1/sqrt, and running a kernel into contiguous
+// outputs (dispatch_out may hand us strided views).
+//
+// Sums are deterministic: the shuffle tree and the per-warp partials are combined in a fixed order,
+// so the same inputs give the same bits on every run (no atomics anywhere in this family).
+#pragma once
+#include <vector>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/device_copy.h"
+
+namespace reel::cuda::norm_detail {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Sum over the 32 lanes of a warp. The xor butterfly gives every lane the same bits (each step adds
+// the same two values in either order, and float addition is commutative).
+template <typename A>
+__device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+// Every thread of the block must call it: it synchronises.
+template <typename A>
+__device__ A block_sum(A v) {
+  __shared__ A partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_sum(v);
+  __syncthreads();  // readers of an earlier call are done with `partial`
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  return warp_sum(lane < warps ? partial[lane] : A(0));
+}
+
+// rstd = 1 / sqrt(var + eps), IEEE-rounded division and square root (nvcc's defaults without
+// --use_fast_math), as the CPU computes it.
+__device__ __forceinline__ float inv_std(float var, float eps) { return 1.0f / sqrtf(var + eps); }
+__device__ __forceinline__ double inv_std(double var, double eps) { return 1.0 / sqrt(var + eps); }
+
+// Calls fn.template operator()<D>() with D the device scalar type of float dtype `t`.
+template <typename Fn>
+void visit_float(DType t, const char* op, Fn&& fn) {
+  switch (t) {
+    case DType::f32: return fn.template operator()<float>();
+    case DType::f64: return fn.template operator()<double>();
+    case DType::f16: return fn.template operator()<__half>();
+    case DType::bf16: return fn.template operator()<__nv_bfloat16>();
+    default:
+      throw Error(detail::cat(op, ": dtype ", dtype_name(t), " is not supported (expected f32, f64, f16 or bf16)"));
+  }
+}
+
+// Typed device pointers of a tensor; nullptr for an absent optional input.
+template <typename D>
+const D* in_ptr(const Tensor& t) {
+  return t.defined() ? static_cast<const D*>(t.data_ptr()) : nullptr;
+}
+template <typename D>
+D* out_ptr(const Tensor& t) {
+  return static_cast<D*>(t.data_ptr());
+}
+
+// Grid size for a grid-stride loop over `items` blocks' worth of work (at least 1).
+inline unsigned grid_for(int64_t items) {
+  return unsigned(std::min<int64_t>(std::max<int64_t>(items, 1), int64_t(1) << 20));
+}
+
+// Runs `kernel` with every strided output replaced by a contiguous temporary, then copies the
+// temporaries into the outputs (on the device, in stream order). Kernels may then assume dense outputs.
+inline void run_into_contiguous(const KernelCall& call, KernelFn kernel) {
+  bool dense = true;
+  for (const Tensor& o : call.out) dense = dense && (!o.defined() || o.is_contiguous());
+  if (dense) return kernel(call);
+  std::vector<Tensor> tmp;
+  for (const Tensor& o : call.out)
+    tmp.push_back(!o.defined() || o.is_contiguous() ? o : Tensor::empty(o.shape(), o.dtype(), o.device()));
+  kernel(KernelCall{call.op, call.in, tmp, call.attrs});
+  for (size_t i = 0; i < tmp.size(); ++i)
+    if (!tmp[i].is_same(call.out[i])) copy_on_device(call.out[i], tmp[i]);
+}
+
+// Shapes of x (N, C, *) as N, C and S = prod(*), for group and batch norm.
+struct NCS {
+  int64_t N, C, S;
+};
+inline NCS ncs_of(const Tensor& x) {
+  int64_t S = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) S *= x.shape()[d];
+  return {x.shape()[0], x.shape()[1], S};
+}
+
+}  // namespace reel::cuda::norm_detail
