@@ -25,6 +25,7 @@
 #include <Eigen/Core>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/reduce_layout.h"
 #include "kernels/dispatch.h"
 
 namespace reel {
@@ -157,54 +158,8 @@ void reduce_columns(const T* x, int64_t r0, int64_t r1, int64_t stride, int64_t 
 
 // ---- the (outer, reduced, inner) layout ----
 
-struct ReduceLayout {
-  Tensor src;  // contiguous, laid out as (outer, reduced, inner)
-  int64_t outer = 1, reduced = 1, inner = 1;
-};
-
 ReduceLayout reduce_layout(const Tensor& x, const std::vector<int64_t>& dims_attr) {
-  const int64_t nd = x.dim();
-  std::vector<bool> is_red(size_t(nd), false);
-  if (nd > 0)
-    for (int64_t d : wrap_dims(dims_attr, nd, "reduce")) is_red[size_t(d)] = true;
-  // Do the reduced dims of size > 1 form one run of x's dims (size-1 dims may sit anywhere)?
-  int64_t first = -1;
-  int state = 0;  // 0: before the run, 1: inside it, 2: after it
-  bool one_run = true;
-  for (int64_t d = 0; d < nd; ++d) {
-    if (x.shape()[d] == 1) continue;
-    if (is_red[size_t(d)]) {
-      if (state == 2) one_run = false;
-      if (first < 0) first = d;
-      state = 1;
-    } else if (state == 1) {
-      state = 2;
-    }
-  }
-  ReduceLayout L;
-  // An empty input reads nothing: every output element is the same (op of nothing), so any
-  // (outer, reduced, inner) with the right sizes will do.
-  if (x.numel() == 0 || (x.is_contiguous() && one_run)) {
-    L.src = x;
-    for (int64_t d = 0; d < nd; ++d) {
-      int64_t s = x.shape()[d];
-      if (is_red[size_t(d)]) L.reduced *= s;
-      else if (first < 0 || d < first) L.outer *= s;
-      else L.inner *= s;
-    }
-    return L;
-  }
-  // Kept dims first, reduced dims innermost; copied only when that view is not contiguous.
-  Shape shape, strides;
-  for (int pass = 0; pass < 2; ++pass)
-    for (int64_t d = 0; d < nd; ++d)
-      if (is_red[size_t(d)] == (pass == 1)) {
-        shape.push_back(x.shape()[d]);
-        strides.push_back(x.strides()[d]);
-        (pass == 1 ? L.reduced : L.outer) *= x.shape()[d];
-      }
-  L.src = dense(Tensor::make_view(x, shape, strides, x.offset()));
-  return L;
+  return reel::reduce_layout(x, dims_attr, dense);
 }
 
 template <template <typename> class OpT, typename T>

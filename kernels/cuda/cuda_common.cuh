@@ -82,6 +82,20 @@ template <> struct DeviceAcc<double> { using type = double; };
 template <> struct DeviceAcc<int64_t> { using type = int64_t; };
 template <typename D> using Acc = typename DeviceAcc<D>::type;
 
+// Calls fn.template operator()<D>() with D the device scalar type of float dtype `t`; only the four
+// float types are instantiated (formulas such as exp have no integer meaning on the device).
+template <typename Fn>
+void visit_float(DType t, const char* op, Fn&& fn) {
+  switch (t) {
+    case DType::f32: return fn.template operator()<float>();
+    case DType::f64: return fn.template operator()<double>();
+    case DType::f16: return fn.template operator()<__half>();
+    case DType::bf16: return fn.template operator()<__nv_bfloat16>();
+    default:
+      throw Error(detail::cat(op, ": dtype ", dtype_name(t), " is not supported (expected f32, f64, f16 or bf16)"));
+  }
+}
+
 // Up to kMaxLoopDims merged dims of an N-operand strided loop, passed to kernels by value.
 constexpr int kMaxLoopDims = 10;
 template <int N>

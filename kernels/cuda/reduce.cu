@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_registry.h"
+#include "kernels/reduce_layout.h"
 #include "kernels/cuda/reduce_common.cuh"
 
 namespace reel {
@@ -197,54 +198,10 @@ void reduce_into(const D* x, D* out, int64_t outer, int64_t R, int64_t inner, De
 }
 
 // x as (outer, reduced, inner) over a contiguous buffer (see the file comment); same rules as the CPU.
-struct ReduceLayout {
-  Tensor src;
-  int64_t outer = 1, reduced = 1, inner = 1;
-};
+Tensor densify_on_device(const Tensor& t) { return contiguous_on_device(t); }
 
 ReduceLayout reduce_layout(const Tensor& x, const std::vector<int64_t>& dims_attr) {
-  const int64_t nd = x.dim();
-  std::vector<bool> is_red(size_t(nd), false);
-  if (nd > 0)
-    for (int64_t d : wrap_dims(dims_attr, nd, "reduce")) is_red[size_t(d)] = true;
-  // Do the reduced dims of size > 1 form one run of x's dims (size-1 dims may sit anywhere)?
-  int64_t first = -1;
-  int state = 0;  // 0: before the run, 1: inside it, 2: after it
-  bool one_run = true;
-  for (int64_t d = 0; d < nd; ++d) {
-    if (x.shape()[d] == 1) continue;
-    if (is_red[size_t(d)]) {
-      if (state == 2) one_run = false;
-      if (first < 0) first = d;
-      state = 1;
-    } else if (state == 1) {
-      state = 2;
-    }
-  }
-  ReduceLayout L;
-  // An empty input reads nothing: every output is op of nothing, so any sizes with the right
-  // product will do.
-  if (x.numel() == 0 || (x.is_contiguous() && one_run)) {
-    L.src = x;
-    for (int64_t d = 0; d < nd; ++d) {
-      const int64_t s = x.shape()[d];
-      if (is_red[size_t(d)]) L.reduced *= s;
-      else if (first < 0 || d < first) L.outer *= s;
-      else L.inner *= s;
-    }
-    return L;
-  }
-  // Kept dims first, reduced dims innermost; copied only when that view is not contiguous.
-  Shape shape, strides;
-  for (int pass = 0; pass < 2; ++pass)
-    for (int64_t d = 0; d < nd; ++d)
-      if (is_red[size_t(d)] == (pass == 1)) {
-        shape.push_back(x.shape()[d]);
-        strides.push_back(x.strides()[d]);
-        (pass == 1 ? L.reduced : L.outer) *= x.shape()[d];
-      }
-  L.src = contiguous_on_device(Tensor::make_view(x, shape, strides, x.offset()));
-  return L;
+  return reel::reduce_layout(x, dims_attr, densify_on_device);
 }
 
 template <template <typename> class OpT>

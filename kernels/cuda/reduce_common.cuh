@@ -172,18 +172,7 @@ __device__ __forceinline__ MaxSum<A> finalize(MaxSum<A> t) {
   return t;
 }
 
-// Calls fn.template operator()<D>() with D the device scalar type of float dtype `t`.
-template <typename Fn>
-void visit_float(DType t, const char* op, Fn&& fn) {
-  switch (t) {
-    case DType::f32: return fn.template operator()<float>();
-    case DType::f64: return fn.template operator()<double>();
-    case DType::f16: return fn.template operator()<__half>();
-    case DType::bf16: return fn.template operator()<__nv_bfloat16>();
-    default:
-      throw Error(detail::cat(op, ": dtype ", dtype_name(t), " is not supported (expected f32, f64, f16 or bf16)"));
-  }
-}
+using cuda::visit_float;  // kernels/cuda/cuda_common.cuh
 
 // Typed device pointers (nullptr for an empty tensor, whose storage may be absent).
 template <typename D>
