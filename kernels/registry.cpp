@@ -10,6 +10,7 @@ void register_builtin_ops() {
   register_linalg_schemas();
   register_pool_schemas();
   register_norm_schemas();
+  register_optim_schemas();
 
   register_memory_cpu_kernels();
   register_elementwise_cpu_kernels();
@@ -17,6 +18,7 @@ void register_builtin_ops() {
   register_linalg_cpu_kernels();
   register_pool_cpu_kernels();
   register_norm_cpu_kernels();
+  register_optim_cpu_kernels();
 
   register_cuda_backend();
 }

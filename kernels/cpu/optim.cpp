@@ -1,0 +1,5 @@
+// (being written) CPU kernels of the optimizer family.
+#include "kernels/dispatch.h"
+namespace reel {
+void register_optim_cpu_kernels() {}
+}  // namespace reel
