@@ -10,7 +10,7 @@ CXX      ?= g++
 OPT      ?= -O2
 CXXFLAGS ?= $(OPT) -march=x86-64-v3 -g0
 CXXFLAGS += -std=c++20 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -isystem /usr/include/eigen3 -MMD -MP
-LDLIBS   := -fopenmp -lpthread
+LDLIBS   := -fopenmp -lpthread -lz
 
 # The CUDA backend is built whenever nvcc is found (sm_90: H100/H200); otherwise stubs say "not built".
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
