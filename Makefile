@@ -80,8 +80,9 @@ test: $(TESTS) $(TOOL)
 bench: $(BENCH)
 	$(BENCH) --benchmark_counters_tabular=true
 
+# The main job: the Fashion-MNIST CNN with micro-batches and gradient accumulation (GPU if visible).
 run: $(TOOL)
-	$(TOOL) gradcheck
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)} $(TOOL) train
 
 # The binaries (and Google Benchmark's shared library) in one folder that travels to a GPU machine,
 # where tools/gpu_check.sh runs them.

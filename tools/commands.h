@@ -4,5 +4,6 @@
 namespace reel::tools {
 
 int gradcheck_command(int argc, char** argv);
+int train_command(int argc, char** argv);
 
 }  // namespace reel::tools

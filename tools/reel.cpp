@@ -1,5 +1,6 @@
 // The `reel` command line. Subcommands:
 //   reel gradcheck [--filter TEXT]   gradcheck every differentiable op (f64, CPU) and print a table
+//   reel train [options]             train a model end to end (tools/train_command.cpp)
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -12,7 +13,8 @@ namespace {
 void usage() {
   std::cout << "usage: reel <command> [options]\n"
                "commands:\n"
-               "  gradcheck [--filter TEXT]   check every op's gradient against finite differences\n";
+               "  gradcheck [--filter TEXT]   check every op's gradient against finite differences\n"
+               "  train [options]             train a model (reel train --help for the options)\n";
 }
 
 }  // namespace
@@ -25,6 +27,7 @@ int main(int argc, char** argv) {
   std::string cmd = argv[1];
   try {
     if (cmd == "gradcheck") return reel::tools::gradcheck_command(argc - 2, argv + 2);
+    if (cmd == "train") return reel::tools::train_command(argc - 2, argv + 2);
     std::cerr << "reel: unknown command '" << cmd << "'\n";
     usage();
     return 1;

@@ -1,5 +1,149 @@
-// (being written) CPU kernels of the optimizer family.
+// CPU kernels of the optimizer family (formulas and conventions: kernels/schema/optim.cpp).
+//
+// The in-place updates walk contiguous buffers (the schema checks this) in the accumulation type A
+// (f64 for f64, f32 otherwise): each element is loaded once, updated, and stored once, so 16-bit
+// parameters round once per step. found_inf is read here on the CPU, which is its device: the host
+// never reads a GPU flag (kernels/cuda/optim.cu reads it inside the kernel).
+#include <cmath>
+
+#include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
+
 namespace reel {
-void register_optim_cpu_kernels() {}
+namespace {
+
+// True when an optional 0-dim found_inf flag is defined and set.
+bool flag_set(const Tensor& found_inf) { return found_inf.defined() && *found_inf.data<float>() != 0.f; }
+
+// param, grad, exp_avg, exp_avg_sq: (n) contiguous, one dtype.
+void adamw_kernel(const KernelCall& c) {
+  if (flag_set(c.in[4])) return;
+  const Attrs& a = c.attrs;
+  const double lr = a.f("lr"), b1 = a.f("beta1"), b2 = a.f("beta2"), eps = a.f("eps"), wd = a.f("weight_decay");
+  const double t = double(a.i("step"));
+  const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+  visit_float_dtype(c.in[0].dtype(), "adamw_step", [&]<typename T>() {
+    using A = AccType<T>;
+    T* p = c.out[0].data<T>();
+    const T* g = c.in[1].data<T>();
+    T* m = c.out[1].data<T>();
+    T* v = c.out[2].data<T>();
+    const A Ab1 = A(b1), Ab2 = A(b2), Aeps = A(eps), decay = A(1 - lr * wd);
+    const A step_size = A(lr / bc1), Abc2_sqrt = A(std::sqrt(bc2));  // as the CUDA kernel rounds them
+    const int64_t n = c.in[0].numel();
+#pragma omp parallel for if (n >= cpu::kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) {
+      A gi = load(g[i]);
+      A mi = Ab1 * load(m[i]) + (A(1) - Ab1) * gi;
+      A vi = Ab2 * load(v[i]) + (A(1) - Ab2) * gi * gi;
+      // torch: denom = sqrt(v) / sqrt(bc2) + eps; p -= (lr / bc1) * m / denom
+      A denom = std::sqrt(vi) / Abc2_sqrt + Aeps;
+      p[i] = store<T>(load(p[i]) * decay - step_size * mi / denom);
+      m[i] = store<T>(mi);
+      v[i] = store<T>(vi);
+    }
+  });
+}
+
+// param, grad, momentum_buf?: (n) contiguous, one dtype.
+void sgd_kernel(const KernelCall& c) {
+  if (flag_set(c.in[3])) return;
+  const Attrs& a = c.attrs;
+  const double lr = a.f("lr"), mom = a.f("momentum"), damp = a.f("dampening"), wd = a.f("weight_decay");
+  const bool nesterov = a.b("nesterov"), first = a.b("first_step");
+  const bool has_buf = c.in[2].defined() && mom != 0;
+  visit_float_dtype(c.in[0].dtype(), "sgd_step", [&]<typename T>() {
+    using A = AccType<T>;
+    T* p = c.out[0].data<T>();
+    const T* g = c.in[1].data<T>();
+    T* buf = has_buf ? c.out[1].data<T>() : nullptr;
+    const A Alr = A(lr), Amom = A(mom), Adamp = A(1 - damp), Awd = A(wd);
+    const int64_t n = c.in[0].numel();
+#pragma omp parallel for if (n >= cpu::kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) {
+      A pi = load(p[i]);
+      A d = load(g[i]);
+      if (wd != 0) d += Awd * pi;
+      if (buf) {
+        A b = first ? d : Amom * load(buf[i]) + Adamp * d;
+        buf[i] = store<T>(b);
+        d = nesterov ? d + Amom * b : b;
+      }
+      p[i] = store<T>(pi - Alr * d);
+    }
+  });
+}
+
+// g_i: contiguous (n_i), any float dtype; inv_scale: 0-dim f32/f64; found_inf: 0-dim f32.
+void unscale_check_kernel(const KernelCall& c) {
+  const size_t k = c.in.size() - 2;
+  const Tensor& inv = c.in[k];
+  const double inv_scale = inv.dtype() == DType::f64 ? *inv.data<double>() : double(*inv.data<float>());
+  bool found = false;
+  for (size_t j = 0; j < k; ++j) {
+    visit_float_dtype(c.in[j].dtype(), "unscale_check", [&]<typename T>() {
+      using A = AccType<T>;
+      T* g = c.out[j].data<T>();
+      const A s = A(inv_scale);
+      const int64_t n = c.in[j].numel();
+      bool bad = false;
+#pragma omp parallel for reduction(|| : bad) if (n >= cpu::kParallelGrain)
+      for (int64_t i = 0; i < n; ++i) {
+        A x = load(g[i]);
+        bad = bad || !std::isfinite(x);
+        g[i] = store<T>(x * s);
+      }
+      found = found || bad;
+    });
+  }
+  if (found) *c.out[k].data<float>() = 1.f;
+}
+
+template <typename Tr>
+void scaler_update_typed(const KernelCall& c) {
+  float* scale = c.out[0].data<float>();
+  Tr* tracker = c.out[1].data<Tr>();
+  const bool found = *c.in[2].data<float>() != 0.f;
+  const int64_t interval = c.attrs.i("growth_interval");
+  if (found) {
+    *scale = float(*scale * c.attrs.f("backoff_factor"));
+    *tracker = Tr(0);
+    return;
+  }
+  const int64_t successful = int64_t(*tracker) + 1;
+  if (successful >= interval) {
+    float grown = float(*scale * c.attrs.f("growth_factor"));
+    if (std::isfinite(grown)) *scale = grown;
+    *tracker = Tr(0);
+  } else {
+    *tracker = Tr(successful);
+  }
+}
+
+void scaler_update_kernel(const KernelCall& c) {
+  if (c.in[1].dtype() == DType::i64) scaler_update_typed<int64_t>(c);
+  else scaler_update_typed<float>(c);
+}
+
+void clamp_scalar_kernel(const KernelCall& c) {
+  const double lo = c.attrs.f("min", -INFINITY), hi = c.attrs.f("max", INFINITY);
+  visit_float_dtype(c.in[0].dtype(), "clamp_scalar", [&]<typename T>() {
+    using A = AccType<T>;
+    const A alo = A(lo), ahi = A(hi);
+    // Comparisons written so that NaN falls through unchanged (as torch.clamp propagates NaN).
+    cpu::map1<T>(c.out[0], c.in[0], [alo, ahi](A x) { return x < alo ? alo : (x > ahi ? ahi : x); });
+  });
+}
+
+}  // namespace
+
+void register_optim_cpu_kernels() {
+  constexpr DeviceType cpu = DeviceType::CPU;
+  register_kernel(cpu, OpKind::AdamWStep, adamw_kernel);
+  register_kernel(cpu, OpKind::SgdStep, sgd_kernel);
+  register_kernel(cpu, OpKind::UnscaleCheck, unscale_check_kernel);
+  register_kernel(cpu, OpKind::ScalerUpdate, scaler_update_kernel);
+  register_kernel(cpu, OpKind::ClampScalar, clamp_scalar_kernel);
+}
+
 }  // namespace reel

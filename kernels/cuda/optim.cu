@@ -1,6 +1,191 @@
-// (being written) CUDA kernels of the optimizer family.
+// CUDA kernels of the optimizer family: the CPU's formulas (kernels/cpu/optim.cpp, documented in
+// kernels/schema/optim.cpp) as grid-stride kernels, one launch per tensor.
+//
+// No host reads: the 0-dim found_inf flag, inv_scale, scale and growth tracker are read inside the
+// kernels, so an optimizer step with its GradScaler skip can be captured in a CUDA graph. A kernel
+// that sees found_inf != 0 returns before touching anything. unscale_check's threads may all store
+// 1.0f to found_inf at once; the race is benign (every writer stores the same value).
+// Arithmetic runs in A = Acc<D> (f32 for f32/f16/bf16, f64 for f64), as on the CPU.
+#include <cmath>
+
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_registry.h"
+
 namespace reel {
-void register_optim_cuda_kernels() {}
+namespace cuda {
+namespace {
+
+__device__ __forceinline__ bool flag_set(const float* found_inf) { return found_inf && *found_inf != 0.f; }
+
+// param, grad, exp_avg, exp_avg_sq: (n) contiguous. step_size = lr / bc1; bc2_sqrt = sqrt(1 - b2^t).
+template <typename D, typename A = Acc<D>>
+__global__ void adamw_step_kernel(D* p, const D* g, D* m, D* v, const float* found_inf, int64_t n, A decay, A b1,
+                                  A b2, A eps, A step_size, A bc2_sqrt) {
+  if (flag_set(found_inf)) return;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    A gi = to_acc(g[i]);
+    A mi = b1 * to_acc(m[i]) + (A(1) - b1) * gi;
+    A vi = b2 * to_acc(v[i]) + (A(1) - b2) * gi * gi;
+    A denom = sqrt(vi) / bc2_sqrt + eps;
+    p[i] = from_acc<D>(A(to_acc(p[i]) * decay - step_size * mi / denom));
+    m[i] = from_acc<D>(mi);
+    v[i] = from_acc<D>(vi);
+  }
+}
+
+// param, grad, buf (or null): (n) contiguous.
+template <typename D, typename A = Acc<D>>
+__global__ void sgd_step_kernel(D* p, const D* g, D* buf, const float* found_inf, int64_t n, A lr, A mom, A damp1,
+                                A wd, bool nesterov, bool first) {
+  if (flag_set(found_inf)) return;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    A pi = to_acc(p[i]);
+    A d = to_acc(g[i]) + wd * pi;
+    if (buf) {
+      A b = first ? d : A(mom * to_acc(buf[i]) + damp1 * d);
+      buf[i] = from_acc<D>(b);
+      d = nesterov ? A(d + mom * b) : b;
+    }
+    p[i] = from_acc<D>(A(pi - lr * d));
+  }
+}
+
+// g: (n) contiguous, updated in place; S: the inv_scale type (float or double).
+template <typename D, typename S, typename A = Acc<D>>
+__global__ void unscale_check_kernel(D* g, int64_t n, const S* inv_scale, float* found_inf) {
+  const A s = A(*inv_scale);
+  bool bad = false;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    A x = to_acc(g[i]);
+    bad = bad || !isfinite(x);
+    g[i] = from_acc<D>(A(x * s));
+  }
+  if (bad) *found_inf = 1.f;
+}
+
+// One thread: PyTorch's _amp_update_scale_ (see kernels/schema/optim.cpp).
+template <typename Tr>
+__global__ void scaler_update_kernel(float* scale, Tr* tracker, const float* found_inf, double growth,
+                                     double backoff, int64_t interval) {
+  if (*found_inf != 0.f) {
+    *scale = float(*scale * backoff);
+    *tracker = Tr(0);
+    return;
+  }
+  int64_t successful = int64_t(*tracker) + 1;
+  if (successful >= interval) {
+    float grown = float(*scale * growth);
+    if (isfinite(grown)) *scale = grown;
+    *tracker = Tr(0);
+  } else {
+    *tracker = Tr(successful);
+  }
+}
+
+// y (contiguous) = clamp(x) with x of any strides; NaN passes through.
+template <typename D, typename A = Acc<D>>
+__global__ void clamp_scalar_kernel(StridedOffsets<2> geo, int64_t n, D* y, const D* x, A lo, A hi) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[2];
+    geo.offsets(i, off);
+    A v = to_acc(x[off[1]]);
+    y[off[0]] = from_acc<D>(A(v < lo ? lo : (v > hi ? hi : v)));
+  }
+}
+
+const float* flag_ptr(const Tensor& t) { return t.defined() ? static_cast<const float*>(t.data_ptr()) : nullptr; }
+
+void adamw_step(const KernelCall& c) {
+  const Attrs& a = c.attrs;
+  const double lr = a.f("lr"), b1 = a.f("beta1"), b2 = a.f("beta2"), t = double(a.i("step"));
+  const double step_size = lr / (1 - std::pow(b1, t)), bc2_sqrt = std::sqrt(1 - std::pow(b2, t));
+  const int64_t n = c.in[0].numel();
+  if (n == 0) return;
+  visit_float(c.in[0].dtype(), "adamw_step", [&]<typename D>() {
+    using A = Acc<D>;
+    adamw_step_kernel<D><<<blocks_for(n), 256, 0, stream_of(c.in[0])>>>(
+        static_cast<D*>(c.out[0].data_ptr()), static_cast<const D*>(c.in[1].data_ptr()),
+        static_cast<D*>(c.out[1].data_ptr()), static_cast<D*>(c.out[2].data_ptr()), flag_ptr(c.in[4]), n,
+        A(1 - lr * a.f("weight_decay")), A(b1), A(b2), A(a.f("eps")), A(step_size), A(bc2_sqrt));
+    REEL_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void sgd_step(const KernelCall& c) {
+  const Attrs& a = c.attrs;
+  const double mom = a.f("momentum");
+  const bool has_buf = c.in[2].defined() && mom != 0;
+  const int64_t n = c.in[0].numel();
+  if (n == 0) return;
+  visit_float(c.in[0].dtype(), "sgd_step", [&]<typename D>() {
+    using A = Acc<D>;
+    sgd_step_kernel<D><<<blocks_for(n), 256, 0, stream_of(c.in[0])>>>(
+        static_cast<D*>(c.out[0].data_ptr()), static_cast<const D*>(c.in[1].data_ptr()),
+        has_buf ? static_cast<D*>(c.out[1].data_ptr()) : nullptr, flag_ptr(c.in[3]), n, A(a.f("lr")), A(mom),
+        A(1 - a.f("dampening")), A(a.f("weight_decay")), a.b("nesterov"), a.b("first_step"));
+    REEL_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void unscale_check(const KernelCall& c) {
+  const size_t k = c.in.size() - 2;
+  const Tensor& inv = c.in[k];
+  float* found = static_cast<float*>(c.out[k].data_ptr());
+  for (size_t j = 0; j < k; ++j) {
+    const int64_t n = c.in[j].numel();
+    if (n == 0) continue;
+    visit_float(c.in[j].dtype(), "unscale_check", [&]<typename D>() {
+      D* g = static_cast<D*>(c.out[j].data_ptr());
+      cudaStream_t s = stream_of(c.in[j]);
+      if (inv.dtype() == DType::f64)
+        unscale_check_kernel<D, double><<<blocks_for(n), 256, 0, s>>>(g, n, inv.data<double>(), found);
+      else
+        unscale_check_kernel<D, float><<<blocks_for(n), 256, 0, s>>>(g, n, inv.data<float>(), found);
+      REEL_CUDA_LAUNCH_CHECK();
+    });
+  }
+}
+
+void scaler_update(const KernelCall& c) {
+  const Attrs& a = c.attrs;
+  float* scale = c.out[0].data<float>();
+  const float* found = c.in[2].data<float>();
+  const double growth = a.f("growth_factor"), backoff = a.f("backoff_factor");
+  const int64_t interval = a.i("growth_interval");
+  cudaStream_t s = stream_of(c.in[0]);
+  if (c.in[1].dtype() == DType::i64)
+    scaler_update_kernel<int64_t><<<1, 1, 0, s>>>(scale, c.out[1].data<int64_t>(), found, growth, backoff, interval);
+  else
+    scaler_update_kernel<float><<<1, 1, 0, s>>>(scale, c.out[1].data<float>(), found, growth, backoff, interval);
+  REEL_CUDA_LAUNCH_CHECK();
+}
+
+void clamp_scalar(const KernelCall& c) {
+  const Tensor& x = c.in[0];
+  const Tensor& y = c.out[0];
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  const double lo = c.attrs.f("min", -INFINITY), hi = c.attrs.f("max", INFINITY);
+  std::array<std::vector<int64_t>, 2> strides{y.strides(), x.strides()};
+  auto geo = make_offsets(make_geometry<2>(y.shape(), strides));
+  visit_float(x.dtype(), "clamp_scalar", [&]<typename D>() {
+    using A = Acc<D>;
+    clamp_scalar_kernel<D><<<blocks_for(n), 256, 0, stream_of(y)>>>(
+        geo, n, static_cast<D*>(y.data_ptr()), static_cast<const D*>(x.data_ptr()), A(lo), A(hi));
+    REEL_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace
+}  // namespace cuda
+
+void register_optim_cuda_kernels() {
+  constexpr DeviceType gpu = DeviceType::CUDA;
+  register_kernel(gpu, OpKind::AdamWStep, cuda::adamw_step);
+  register_kernel(gpu, OpKind::SgdStep, cuda::sgd_step);
+  register_kernel(gpu, OpKind::UnscaleCheck, cuda::unscale_check);
+  register_kernel(gpu, OpKind::ScalerUpdate, cuda::scaler_update);
+  register_kernel(gpu, OpKind::ClampScalar, cuda::clamp_scalar);
+}
+
 }  // namespace reel

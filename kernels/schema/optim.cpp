@@ -1,5 +1,145 @@
-// (being written) schemas of the optimizer family.
+// Schemas of the optimizer and mixed-precision ops. All but clamp_scalar update their tensors in
+// place: they run through dispatch_out with outputs that alias inputs, and nothing reads a device
+// value on the host, so a whole optimizer step can be traced and captured. Updated tensors must be
+// contiguous (parameters, gradients and optimizer state always are). A 0-dim flag `found_inf` (f32,
+// 0 or 1) lets every kernel skip on the device.
+//
+//   adamw_step (param, grad, exp_avg, exp_avg_sq, found_inf?) -> (param, exp_avg, exp_avg_sq)
+//       attrs lr beta1 beta2 eps weight_decay step (1-based); exactly torch.optim.AdamW:
+//       p -= lr wd p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+//       p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps);   nothing changes if found_inf != 0
+//   sgd_step (param, grad, momentum_buf?, found_inf?) -> (param, momentum_buf if given)
+//       attrs lr momentum dampening weight_decay nesterov first_step; torch.optim.SGD:
+//       d = g + wd p;  buf = first_step ? d : momentum buf + (1 - dampening) d;
+//       d = nesterov ? d + momentum buf : buf (when momentum != 0);  p -= lr d
+//   unscale_check (g0, ..., gk, inv_scale, found_inf) -> (g0, ..., gk, found_inf)
+//       g_i *= inv_scale; found_inf = 1 if any g_i held inf/NaN, else unchanged
+//       (PyTorch's _amp_foreach_non_finite_check_and_unscale_). inv_scale: 0-dim f32 or f64.
+//   scaler_update (scale, growth_tracker, found_inf) -> (scale, growth_tracker)
+//       attrs growth_factor backoff_factor growth_interval; PyTorch's _amp_update_scale_:
+//       found_inf: scale *= backoff, tracker = 0; else tracker += 1, and at growth_interval
+//       scale *= growth (when the result is finite), tracker = 0. scale f32; tracker f32 or i64.
+//   clamp_scalar (x) -> y = min(max(x, min), max)      attrs min max (either may be +-inf); NaN stays NaN
+#include <cmath>
+#include <initializer_list>
+
 #include "kernels/schema/schema_util.h"
+
 namespace reel {
-void register_optim_schemas() {}
+namespace {
+
+// Attrs are set by optim/, never by users: a missing one is an internal error.
+void require_attrs(const Attrs& a, std::initializer_list<const char*> names) {
+  for (const char* n : names) REEL_ASSERT(a.has(n), "attr '", n, "' missing");
+}
+
+void expect_flag(OpKind op, const Tensor& t, const char* what) {
+  REEL_CHECK(t.numel() == 1 && t.dim() == 0 && t.dtype() == DType::f32, op_name(op), ": ", what,
+             " must be a 0-dim f32 tensor, got ", schema::desc(t));
+}
+
+// `t` must match `ref` (the parameter) in shape, dtype and be contiguous: it is updated in place.
+void expect_like_param(OpKind op, const Tensor& t, const Tensor& ref, const char* what) {
+  schema::expect_defined(op, t, what);
+  REEL_CHECK(t.shape() == ref.shape() && t.dtype() == ref.dtype(), op_name(op), ": ", what, " is ",
+             schema::desc(t), " but the parameter is ", schema::desc(ref));
+  REEL_CHECK(t.is_contiguous(), op_name(op), ": ", what, " of shape ", shape_str(t.shape()),
+             " must be contiguous (it is updated in place)");
+}
+
+void expect_param(OpKind op, const Tensor& p) {
+  schema::expect_defined(op, p, "param");
+  schema::expect_float(op, p, "param");
+  expect_like_param(op, p, p, "param");
+}
+
+std::vector<TensorMeta> infer_adamw(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::AdamWStep;
+  schema::expect_inputs(op, in, 5);
+  expect_param(op, in[0]);
+  expect_like_param(op, in[1], in[0], "grad");
+  expect_like_param(op, in[2], in[0], "exp_avg");
+  expect_like_param(op, in[3], in[0], "exp_avg_sq");
+  if (in[4].defined()) expect_flag(op, in[4], "found_inf");
+  REEL_CHECK(a.i("step") >= 1, "adamw_step: step must be >= 1 (it is 1-based), got ", a.i("step"));
+  double b1 = a.f("beta1"), b2 = a.f("beta2");
+  REEL_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, "adamw_step: betas must lie in [0, 1), got (", b1, ", ", b2,
+             ")");
+  require_attrs(a, {"lr", "eps", "weight_decay"});
+  return {schema::meta_like(in[0]), schema::meta_like(in[2]), schema::meta_like(in[3])};
+}
+
+std::vector<TensorMeta> infer_sgd(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::SgdStep;
+  schema::expect_inputs(op, in, 4);
+  expect_param(op, in[0]);
+  expect_like_param(op, in[1], in[0], "grad");
+  if (in[2].defined()) expect_like_param(op, in[2], in[0], "momentum_buf");
+  if (in[3].defined()) expect_flag(op, in[3], "found_inf");
+  double momentum = a.f("momentum");
+  REEL_CHECK(in[2].defined() || momentum == 0, "sgd_step: momentum ", momentum, " needs a momentum_buf");
+  require_attrs(a, {"lr", "dampening", "weight_decay", "nesterov", "first_step"});
+  std::vector<TensorMeta> out{schema::meta_like(in[0])};
+  if (in[2].defined()) out.push_back(schema::meta_like(in[2]));
+  return out;
+}
+
+std::vector<TensorMeta> infer_unscale(const std::vector<Tensor>& in, const Attrs&) {
+  constexpr OpKind op = OpKind::UnscaleCheck;
+  REEL_CHECK(in.size() >= 3, "unscale_check: takes (g0, ..., gk, inv_scale, found_inf), got ", in.size(),
+             " inputs");
+  size_t k = in.size() - 2;
+  const Tensor& inv = in[k];
+  schema::expect_defined(op, inv, "inv_scale");
+  REEL_CHECK(inv.dim() == 0 && (inv.dtype() == DType::f32 || inv.dtype() == DType::f64),
+             "unscale_check: inv_scale must be a 0-dim f32 or f64 tensor, got ", schema::desc(inv));
+  schema::expect_defined(op, in[k + 1], "found_inf");
+  expect_flag(op, in[k + 1], "found_inf");
+  std::vector<TensorMeta> out;
+  for (size_t i = 0; i < k; ++i) {
+    REEL_CHECK(in[i].defined(), "unscale_check: gradient ", i, " is undefined");
+    schema::expect_float(op, in[i], "gradient");
+    REEL_CHECK(in[i].is_contiguous(), "unscale_check: gradient ", i, " of shape ", shape_str(in[i].shape()),
+               " must be contiguous (it is updated in place)");
+    out.push_back(schema::meta_like(in[i]));
+  }
+  out.push_back(schema::meta_like(in[k + 1]));
+  return out;
+}
+
+std::vector<TensorMeta> infer_scaler_update(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::ScalerUpdate;
+  schema::expect_inputs(op, in, 3);
+  for (const Tensor& t : in) schema::expect_defined(op, t, "input");
+  expect_flag(op, in[0], "scale");
+  const Tensor& tr = in[1];
+  REEL_CHECK(tr.dim() == 0 && (tr.dtype() == DType::f32 || tr.dtype() == DType::i64),
+             "scaler_update: growth_tracker must be a 0-dim f32 or i64 tensor, got ", schema::desc(tr));
+  expect_flag(op, in[2], "found_inf");
+  REEL_CHECK(a.i("growth_interval") >= 1, "scaler_update: growth_interval must be >= 1, got ",
+             a.i("growth_interval"));
+  require_attrs(a, {"growth_factor", "backoff_factor"});
+  return {schema::meta_like(in[0]), schema::meta_like(in[1])};
+}
+
+std::vector<TensorMeta> infer_clamp(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::ClampScalar;
+  schema::expect_inputs(op, in, 1);
+  schema::expect_defined(op, in[0], "input");
+  schema::expect_float(op, in[0]);
+  double lo = a.f("min", -INFINITY), hi = a.f("max", INFINITY);
+  REEL_CHECK(!(lo > hi), "clamp_scalar: min ", lo, " is greater than max ", hi);
+  return {schema::meta_like(in[0])};
+}
+
+}  // namespace
+
+void register_optim_schemas() {
+  register_schema(OpKind::AdamWStep, infer_adamw);
+  register_schema(OpKind::SgdStep, infer_sgd);
+  register_schema(OpKind::UnscaleCheck, infer_unscale);
+  register_schema(OpKind::ScalerUpdate, infer_scaler_update);
+  register_schema(OpKind::ClampScalar, infer_clamp);
+}
+
 }  // namespace reel

@@ -1,0 +1,91 @@
+// Linear, Conv2d, Embedding, Dropout, pooling and Sequential (see layers.h for shapes and init).
+#include "nn/layers.h"
+
+#include <cmath>
+
+#include "nn/init.h"
+
+namespace reel::nn {
+
+namespace {
+void check_positive(const char* layer, const char* what, int64_t v) {
+  REEL_CHECK(v > 0, layer, ": ", what, " must be positive, got ", v);
+}
+}  // namespace
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Generator* gen)
+    : Module("Linear"), in_(in_features), out_(out_features) {
+  check_positive("Linear", "in_features", in_features);
+  check_positive("Linear", "out_features", out_features);
+  weight_ = &register_parameter("weight", init::kaiming_uniform({out_, in_}, std::sqrt(5.0), gen));
+  if (bias) bias_ = &register_parameter("bias", init::bias_uniform({out_}, in_, gen));
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  // x: (..., in) @ weight^T: (in, out) -> (..., out)
+  REEL_CHECK(x.dim() >= 1 && x.size(-1) == in_, "Linear: input ", shape_str(x.shape()), " must end in in_features ",
+             in_);
+  Tensor y = matmul(x, weight().t());
+  return bias_ ? y + *bias_ : y;
+}
+
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride, int64_t padding, bool bias,
+               Generator* gen)
+    : Module("Conv2d"), stride_(stride), padding_(padding) {
+  check_positive("Conv2d", "in_channels", in_channels);
+  check_positive("Conv2d", "out_channels", out_channels);
+  check_positive("Conv2d", "kernel", kernel);
+  check_positive("Conv2d", "stride", stride);
+  REEL_CHECK(padding >= 0, "Conv2d: padding must be >= 0, got ", padding);
+  Shape w_shape{out_channels, in_channels, kernel, kernel};
+  weight_ = &register_parameter("weight", init::kaiming_uniform(w_shape, std::sqrt(5.0), gen));
+  if (bias) bias_ = &register_parameter("bias", init::bias_uniform({out_channels}, init::fan_in(w_shape), gen));
+}
+
+Tensor Conv2d::forward(const Tensor& x) { return conv2d(x, weight(), bias(), stride_, padding_); }
+
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator* gen) : Module("Embedding") {
+  check_positive("Embedding", "num_embeddings", num_embeddings);
+  check_positive("Embedding", "dim", dim);
+  weight_ = &register_parameter("weight", init::normal({num_embeddings, dim}, 0.0, 1.0, gen));
+}
+
+Tensor Embedding::forward(const Tensor& indices) { return embedding(weight(), indices); }
+
+Dropout::Dropout(double p, Generator* gen) : Module("Dropout"), p_(p), gen_(gen) {
+  REEL_CHECK(p >= 0 && p <= 1, "Dropout: probability p must be in [0, 1], got ", p);
+}
+
+Tensor Dropout::forward(const Tensor& x) { return dropout(x, p_, is_training(), gen_); }
+
+MaxPool2d::MaxPool2d(int64_t kernel, int64_t stride, int64_t padding)
+    : Module("MaxPool2d"), k_(kernel), s_(stride), p_(padding) {
+  check_positive("MaxPool2d", "kernel", kernel);
+}
+
+AvgPool2d::AvgPool2d(int64_t kernel, int64_t stride, int64_t padding)
+    : Module("AvgPool2d"), k_(kernel), s_(stride), p_(padding) {
+  check_positive("AvgPool2d", "kernel", kernel);
+}
+
+Sequential::Sequential(std::initializer_list<ModulePtr> modules) : Module("Sequential") {
+  for (const auto& m : modules) push_back(m);
+}
+
+void Sequential::push_back(ModulePtr m) {
+  REEL_CHECK(m != nullptr, "Sequential.push_back: module ", items_.size(), " is null");
+  items_.push_back(register_module(std::to_string(items_.size()), std::move(m)));
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor y = x;
+  for (const auto& m : items_) y = m->forward(y);
+  return y;
+}
+
+const ModulePtr& Sequential::operator[](size_t i) const {
+  REEL_CHECK(i < items_.size(), "Sequential: index ", i, " out of range for ", items_.size(), " modules");
+  return items_[i];
+}
+
+}  // namespace reel::nn

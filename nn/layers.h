@@ -1,0 +1,148 @@
+// The basic layers: Linear, Conv2d, Embedding, Dropout, activations, pooling, Flatten, Sequential
+// and CrossEntropyLoss (norms are in norm_layers.h, attention in attention.h).
+//
+//   Linear     x (..., in) -> x W^T + b: (..., out);  weight (out, in), bias (out)
+//   Conv2d     x (N, C, H, W) -> (N, O, Ho, Wo), Ho = (H + 2p - k) / s + 1;  weight (O, C, k, k), bias (O)
+//   Embedding  indices (any shape, i64) -> indices.shape + (D,);  weight (V, D)
+//   Dropout    zero with probability p, scale by 1/(1-p), only while the module is training
+// Initialisation follows PyTorch (init.h); every constructor takes an optional Generator (reel's
+// default generator otherwise). Layers are created f32 on the CPU; Module::to moves them.
+#pragma once
+#include <initializer_list>
+
+#include "nn/module.h"
+
+namespace reel::nn {
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  const Tensor& weight() const { return *weight_; }
+  const Tensor& bias() const { return bias_ ? *bias_ : none_; }  // undefined without bias
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+ private:
+  int64_t in_, out_;
+  Tensor* weight_ = nullptr;
+  Tensor* bias_ = nullptr;
+  Tensor none_;
+};
+
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride = 1, int64_t padding = 0,
+         bool bias = true, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  const Tensor& weight() const { return *weight_; }
+  const Tensor& bias() const { return bias_ ? *bias_ : none_; }
+
+ private:
+  int64_t stride_, padding_;
+  Tensor* weight_ = nullptr;
+  Tensor* bias_ = nullptr;
+  Tensor none_;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim, Generator* gen = nullptr);
+  Tensor forward(const Tensor& indices) override;
+  const Tensor& weight() const { return *weight_; }
+
+ private:
+  Tensor* weight_ = nullptr;
+};
+
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  double p_;
+  Generator* gen_;
+};
+
+class ReLU : public Module {
+ public:
+  ReLU() : Module("ReLU") {}
+  Tensor forward(const Tensor& x) override { return relu(x); }
+};
+
+// GELU, tanh approximation (GPT-2's and MODELS.md's).
+class GELU : public Module {
+ public:
+  GELU() : Module("GELU") {}
+  Tensor forward(const Tensor& x) override { return gelu(x); }
+};
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(int64_t kernel, int64_t stride = -1, int64_t padding = 0);  // stride -1: = kernel
+  Tensor forward(const Tensor& x) override { return max_pool2d(x, k_, s_, p_); }
+
+ private:
+  int64_t k_, s_, p_;
+};
+
+// Average pooling; padded zeros count in the average (PyTorch's count_include_pad=True).
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(int64_t kernel, int64_t stride = -1, int64_t padding = 0);
+  Tensor forward(const Tensor& x) override { return avg_pool2d(x, k_, s_, p_); }
+
+ private:
+  int64_t k_, s_, p_;
+};
+
+// (N, C, H, W) -> (N, C): the mean over H and W (AdaptiveAvgPool2d(1) followed by Flatten).
+class GlobalAvgPool2d : public Module {
+ public:
+  GlobalAvgPool2d() : Module("GlobalAvgPool2d") {}
+  Tensor forward(const Tensor& x) override { return global_avg_pool2d(x); }
+};
+
+// Merges dims start_dim..end_dim into one (default: all but the batch dim).
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1)
+      : Module("Flatten"), start_(start_dim), end_(end_dim) {}
+  Tensor forward(const Tensor& x) override { return flatten(x, start_, end_); }
+
+ private:
+  int64_t start_, end_;
+};
+
+// Children named "0", "1", ... in order; forward runs them one after another.
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  Sequential(std::initializer_list<ModulePtr> modules);
+  void push_back(ModulePtr m);
+  Tensor forward(const Tensor& x) override;
+  size_t size() const { return items_.size(); }
+  const ModulePtr& operator[](size_t i) const;
+
+ private:
+  std::vector<ModulePtr> items_;
+};
+
+// cross_entropy(logits (N, C), target (N) i64) with mean or sum reduction and an ignore_index.
+class CrossEntropyLoss : public Module {
+ public:
+  explicit CrossEntropyLoss(std::string reduction = "mean", int64_t ignore_index = -100)
+      : Module("CrossEntropyLoss"), reduction_(std::move(reduction)), ignore_index_(ignore_index) {}
+  using Module::forward;
+  Tensor forward(const Tensor& logits, const Tensor& target) {
+    return cross_entropy(logits, target, reduction_, ignore_index_);
+  }
+  Tensor operator()(const Tensor& logits, const Tensor& target) { return forward(logits, target); }
+
+ private:
+  std::string reduction_;
+  int64_t ignore_index_;
+};
+
+}  // namespace reel::nn

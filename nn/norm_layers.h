@@ -1,0 +1,56 @@
+// Normalisation layers: BatchNorm2d, GroupNorm, LayerNorm (PyTorch defaults: eps 1e-5, affine
+// weight 1 and bias 0, BatchNorm momentum 0.1).
+//
+//   y = (x - mean) / sqrt(var + eps) * weight + bias, with mean/var (biased) over
+//     BatchNorm2d:  N, H, W per channel (training: the batch's; eval: the running statistics)
+//     GroupNorm:    each sample's group of C/G channels and H, W
+//     LayerNorm:    the last dim (size d)
+//   BatchNorm2d running stats, in training: r <- (1 - momentum) r + momentum * batch_stat, with the
+//   unbiased variance for running_var (batch_norm() updates the buffers in place).
+#pragma once
+#include "nn/module.h"
+
+namespace reel::nn {
+
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1);
+  Tensor forward(const Tensor& x) override;  // x: (N, C, H, W)
+  const Tensor& weight() const { return *weight_; }
+  const Tensor& bias() const { return *bias_; }
+  const Tensor& running_mean() const { return *running_mean_; }
+  const Tensor& running_var() const { return *running_var_; }
+
+ private:
+  int64_t channels_;
+  double eps_, momentum_;
+  Tensor *weight_, *bias_, *running_mean_, *running_var_;
+};
+
+class GroupNorm : public Module {
+ public:
+  GroupNorm(int64_t groups, int64_t channels, double eps = 1e-5);
+  Tensor forward(const Tensor& x) override;  // x: (N, C, *)
+  const Tensor& weight() const { return *weight_; }
+  const Tensor& bias() const { return *bias_; }
+
+ private:
+  int64_t groups_;
+  double eps_;
+  Tensor *weight_, *bias_;
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5);
+  Tensor forward(const Tensor& x) override;  // x: (..., dim)
+  const Tensor& weight() const { return *weight_; }
+  const Tensor& bias() const { return *bias_; }
+
+ private:
+  int64_t dim_;
+  double eps_;
+  Tensor *weight_, *bias_;
+};
+
+}  // namespace reel::nn

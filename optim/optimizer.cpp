@@ -1,0 +1,218 @@
+// Optimizer base: parameters, zero_grad, and the accumulation contract (see optim/optimizer.h).
+#include "optim/optimizer.h"
+
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "optim/clip.h"
+#include "tensor/error.h"
+
+namespace reel::optim {
+
+double StepResult::grad_norm_value() const { return grad_norm.defined() ? grad_norm.item() : 0.0; }
+bool StepResult::skipped() const { return found_inf.defined() && found_inf.item() != 0; }
+double StepResult::loss_scale() const { return scale.defined() ? scale.item() : 1.0; }
+
+Optimizer::Optimizer(std::vector<Tensor> params, double lr, const char* name)
+    : params_(std::move(params)), name_(name), base_lr_(lr) {
+  REEL_CHECK(lr >= 0, name_, ": lr must be >= 0, got ", lr);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    REEL_CHECK(p.defined(), name_, ": parameter ", i, " is undefined");
+    REEL_CHECK(p.requires_grad() && p.is_leaf(), name_, ": parameter ", i, " of shape ", shape_str(p.shape()),
+               " must be a leaf that requires grad");
+    REEL_CHECK(p.is_contiguous(), name_, ": parameter ", i, " of shape ", shape_str(p.shape()),
+               " must be contiguous (it is updated in place)");
+  }
+}
+
+void Optimizer::set_base_lr(double lr) {
+  REEL_CHECK(lr >= 0, name_, ": lr must be >= 0, got ", lr);
+  base_lr_ = lr;
+}
+
+double Optimizer::lr() const { return schedule_ ? schedule_->lr(step_count_, base_lr_) : base_lr_; }
+
+void Optimizer::step() {
+  NoGradGuard no_grad;
+  update(Tensor(), lr(), step_count_ + 1);
+  ++step_count_;
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (const Tensor& p : params_) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (set_to_none) p.set_grad(Tensor());
+    else zero_(g);
+  }
+}
+
+Optimizer& Optimizer::set_accum_steps(int64_t accum_steps) {
+  REEL_CHECK(accum_steps >= 1, name_, ": accum_steps must be >= 1, got ", accum_steps);
+  REEL_CHECK(micro_count_ == 0, name_, ": cannot change accumulation with ", micro_count_, " micro-batches pending");
+  accum_steps_ = accum_steps;
+  items_per_step_ = 0;
+  return *this;
+}
+
+Optimizer& Optimizer::set_items_per_step(int64_t items_per_step) {
+  REEL_CHECK(items_per_step >= 1, name_, ": items_per_step must be >= 1, got ", items_per_step);
+  REEL_CHECK(micro_count_ == 0, name_, ": cannot change accumulation with ", micro_count_, " micro-batches pending");
+  items_per_step_ = items_per_step;
+  accum_steps_ = 1;
+  return *this;
+}
+
+Optimizer& Optimizer::set_micro_batch(int64_t items) {
+  REEL_CHECK(items >= 1, name_, ": micro-batch must be >= 1 items, got ", items);
+  micro_batch_ = items;
+  return *this;
+}
+
+Optimizer& Optimizer::set_max_grad_norm(double max_norm) {
+  max_grad_norm_ = max_norm;
+  return *this;
+}
+
+Optimizer& Optimizer::set_grad_scaler(std::shared_ptr<GradScaler> scaler) {
+  scaler_ = std::move(scaler);
+  return *this;
+}
+
+Optimizer& Optimizer::set_schedule(std::shared_ptr<LrSchedule> schedule) {
+  schedule_ = std::move(schedule);
+  return *this;
+}
+
+Optimizer& Optimizer::set_skip_nonfinite(bool skip) {
+  skip_nonfinite_ = skip;
+  return *this;
+}
+
+Optimizer& Optimizer::set_zero_grad_to_none(bool to_none) {
+  zero_to_none_ = to_none;
+  return *this;
+}
+
+Optimizer& Optimizer::scale_lr_from(int64_t reference_batch, LrScaling rule) {
+  int64_t eff = effective_batch();
+  REEL_CHECK(eff > 0, name_, ": scale_lr_from needs the effective batch: set the micro-batch or items_per_step");
+  double before = base_lr_;
+  base_lr_ = scale_lr(base_lr_, eff, reference_batch, rule);
+  if (rule != LrScaling::none)
+    lr_scaling_note_ = detail::cat(" (", rule == LrScaling::linear ? "linear" : "sqrt", " rule from lr ", before,
+                                   " at reference batch ", reference_batch, ")");
+  return *this;
+}
+
+int64_t Optimizer::effective_batch() const {
+  if (items_per_step_ > 0) return items_per_step_;
+  return micro_batch_ * accum_steps_;
+}
+
+Tensor Optimizer::scale_loss(const Tensor& loss, int64_t items) {
+  REEL_CHECK(loss.defined() && loss.numel() == 1, name_, ": scale_loss expects a one-element loss, got ",
+             loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"));
+  double factor = 1.0 / double(accum_steps_);
+  if (items_per_step_ > 0) {
+    REEL_CHECK(items > 0, name_, ": the optimizer counts items (items_per_step ", items_per_step_,
+               "); pass the micro-batch's item count to scale_loss, got ", items);
+    factor = double(items) / double(items_per_step_);
+  }
+  pending_items_ = items > 0 ? items : micro_batch_;
+  Tensor y = factor == 1.0 ? loss : mul(loss, factor);
+  if (scaler_) y = scaler_->scale(y);
+  return y;
+}
+
+StepResult Optimizer::micro_step() {
+  REEL_CHECK(items_per_step_ == 0 || pending_items_ > 0, name_,
+             ": micro_step with items_per_step set needs scale_loss(loss, items) for each micro-batch");
+  ++micro_count_;
+  items_seen_ += std::max<int64_t>(pending_items_, 0);
+  pending_items_ = -1;
+  bool boundary_reached = items_per_step_ > 0 ? items_seen_ >= items_per_step_ : micro_count_ == accum_steps_;
+  if (!boundary_reached) return StepResult{false, Tensor(), Tensor(), Tensor(), lr()};
+  double correction = items_per_step_ > 0 ? double(items_per_step_) / double(items_seen_) : 1.0;
+  return boundary(correction);
+}
+
+StepResult Optimizer::finish_epoch(RemainderPolicy policy) {
+  if (micro_count_ == 0) return StepResult{false, Tensor(), Tensor(), Tensor(), lr()};
+  if (policy == RemainderPolicy::Drop) {
+    zero_grad(zero_to_none_);
+    reset_counters();
+    return StepResult{false, Tensor(), Tensor(), Tensor(), lr()};
+  }
+  double correction = items_per_step_ > 0 ? double(items_per_step_) / double(items_seen_)
+                                          : double(accum_steps_) / double(micro_count_);
+  return boundary(correction);
+}
+
+void Optimizer::reset_counters() {
+  micro_count_ = 0;
+  items_seen_ = 0;
+  pending_items_ = -1;
+}
+
+// 1 (f32, 0-dim) when `norm` is inf or NaN: norm - norm is NaN exactly then, and NaN != NaN.
+Tensor Optimizer::nonfinite_flag(const Tensor& norm) const {
+  Tensor d = sub(norm, norm);
+  Tensor flag = ne(d, d);
+  return flag.dtype() == DType::f32 ? flag : to_dtype(flag, DType::f32);
+}
+
+StepResult Optimizer::boundary(double correction) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads = grads_of(params_);
+  StepResult r{true, Tensor(), Tensor(), Tensor(), lr()};
+  if (grads.empty()) {  // nothing reached a parameter: nothing to update, but the step still counts
+    ++step_count_;
+    reset_counters();
+    return r;
+  }
+  if (correction != 1.0)
+    for (const Tensor& g : grads) mul_(g, correction);
+  const bool scaled = scaler_ && scaler_->enabled();
+  Tensor found;
+  if (scaled) scaler_->unscale_(params_);
+  r.grad_norm = global_norm(grads);
+  if (scaled) found = scaler_->found_inf();
+  else found = nonfinite_flag(r.grad_norm);
+  if (max_grad_norm_ > 0) {
+    clip_grads_with_norm_(grads, r.grad_norm, max_grad_norm_, found);
+  }
+  update(scaled || skip_nonfinite_ ? found : Tensor(), r.lr, step_count_ + 1);
+  ++step_count_;
+  if (scaled) {
+    scaler_->update();
+    r.scale = clone(scaler_->scale_tensor());
+    r.found_inf = clone(found);
+  } else {
+    r.found_inf = found;
+  }
+  zero_grad(zero_to_none_);
+  reset_counters();
+  return r;
+}
+
+void Optimizer::print_setup(std::ostream& os) const {
+  os << "optimizer: " << describe() << ", lr " << base_lr_ << lr_scaling_note_ << "\n";
+  if (items_per_step_ > 0) {
+    os << "batch: " << items_per_step_ << " items per optimizer step (accumulation counted by items";
+    if (micro_batch_ > 0) os << ", micro-batch " << micro_batch_ << " items";
+    os << ")\n";
+  } else {
+    os << "batch: effective " << (micro_batch_ > 0 ? std::to_string(effective_batch()) : std::string("?"))
+       << " = micro-batch " << (micro_batch_ > 0 ? std::to_string(micro_batch_) : std::string("?")) << " x ACCUM "
+       << accum_steps_ << "\n";
+  }
+  os << "schedule: " << (schedule_ ? schedule_->describe() : std::string("constant")) << "\n";
+  os << "clip: " << (max_grad_norm_ > 0 ? detail::cat("global grad norm <= ", max_grad_norm_) : std::string("off"))
+     << "\n";
+  os << "loss scaling: " << (scaler_ ? scaler_->describe() : std::string("off")) << "\n";
+}
+
+}  // namespace reel::optim

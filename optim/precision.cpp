@@ -1,0 +1,57 @@
+// PrecisionPolicy and the autocast helpers (see optim/precision.h).
+#include "optim/precision.h"
+
+#include "autograd/ops.h"
+#include "tensor/error.h"
+
+namespace reel {
+
+PrecisionPolicy PrecisionPolicy::parse(const std::string& name) {
+  if (name == "fp32") return PrecisionPolicy(Precision::fp32);
+  if (name == "bf16") return PrecisionPolicy(Precision::bf16);
+  if (name == "fp16") return PrecisionPolicy(Precision::fp16);
+  REEL_CHECK(false, "precision: unknown policy '", name, "' (expected fp32, bf16 or fp16)");
+  return {};
+}
+
+const char* PrecisionPolicy::name() const {
+  switch (precision) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+  }
+  return "?";
+}
+
+DType PrecisionPolicy::compute_dtype() const {
+  switch (precision) {
+    case Precision::bf16: return DType::bf16;
+    case Precision::fp16: return DType::f16;
+    default: return DType::f32;
+  }
+}
+
+Tensor PrecisionPolicy::cast_for_compute(const Tensor& t) const {
+  if (!t.defined() || !is_mixed() || t.dtype() != DType::f32) return t;
+  return to_dtype(t, compute_dtype());
+}
+
+namespace {
+// The op's output back in f32 when the inputs were cast (a no-op otherwise).
+Tensor back_to_f32(const Tensor& y, const PrecisionPolicy& policy) {
+  return policy.is_mixed() && y.dtype() == policy.compute_dtype() ? to_dtype(y, DType::f32) : y;
+}
+}  // namespace
+
+Tensor autocast_matmul(const Tensor& a, const Tensor& b, const PrecisionPolicy& policy) {
+  return back_to_f32(matmul(policy.cast_for_compute(a), policy.cast_for_compute(b)), policy);
+}
+
+Tensor autocast_conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
+                       const PrecisionPolicy& policy) {
+  Tensor y = conv2d(policy.cast_for_compute(x), policy.cast_for_compute(weight), policy.cast_for_compute(bias), stride,
+                    padding);
+  return back_to_f32(y, policy);
+}
+
+}  // namespace reel

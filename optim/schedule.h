@@ -1,0 +1,51 @@
+// Learning-rate schedules: lr as a function of the number of optimizer steps already taken.
+//
+// A schedule advances once per optimizer step — never per micro-batch: the Optimizer asks
+// lr(step, base_lr) with step = the optimizer steps completed so far (0 for the first update) and
+// counts a step only at an accumulation boundary.
+//
+//   ConstantLr:           lr = base_lr
+//   LinearWarmupCosine:   s < W:  lr = base_lr (s + 1) / W                      (linear warm-up)
+//                         else    p = min(1, (s - W) / max(1, S - W))
+//                                 lr = min_lr + (base_lr - min_lr) (1 + cos(pi p)) / 2
+//                         W = warmup_steps, S = total_steps; lr stays at min_lr after S steps.
+// The LR-scaling helper follows the effective batch from a reference batch:
+//   linear rule: lr = base_lr * B / B_ref       sqrt rule: lr = base_lr * sqrt(B / B_ref)
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace reel::optim {
+
+class LrSchedule {
+ public:
+  virtual ~LrSchedule() = default;
+  // The lr of the update that follows `step` completed optimizer steps.
+  virtual double lr(int64_t step, double base_lr) const = 0;
+  virtual std::string describe() const = 0;
+};
+
+class ConstantLr : public LrSchedule {
+ public:
+  double lr(int64_t, double base_lr) const override { return base_lr; }
+  std::string describe() const override { return "constant"; }
+};
+
+class LinearWarmupCosine : public LrSchedule {
+ public:
+  LinearWarmupCosine(int64_t warmup_steps, int64_t total_steps, double min_lr = 0.0);
+  double lr(int64_t step, double base_lr) const override;
+  std::string describe() const override;
+
+ private:
+  int64_t warmup_steps_, total_steps_;
+  double min_lr_;
+};
+
+enum class LrScaling { none, linear, sqrt };
+// base_lr scaled from reference_batch to effective_batch by `rule` (see the top of this file).
+double scale_lr(double base_lr, int64_t effective_batch, int64_t reference_batch, LrScaling rule);
+// "none" | "linear" | "sqrt".
+LrScaling parse_lr_scaling(const std::string& name);
+
+}  // namespace reel::optim

@@ -1,0 +1,89 @@
+#include "tools/train_options.h"
+
+#include <cstring>
+#include <functional>
+#include <map>
+
+#include "tensor/error.h"
+
+namespace reel::tools {
+namespace {
+
+int64_t to_int(const std::string& name, const std::string& v) {
+  try {
+    size_t used = 0;
+    long long x = std::stoll(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw Error("train: " + name + " expects an integer, got \"" + v + "\"");
+}
+
+double to_double(const std::string& name, const std::string& v) {
+  try {
+    size_t used = 0;
+    double x = std::stod(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw Error("train: " + name + " expects a number, got \"" + v + "\"");
+}
+
+}  // namespace
+
+const char* train_usage() {
+  return "reel train [options]\n"
+         "  --model fashion-cnn|cnn-small|gpt-tiny|gpt-small   (default fashion-cnn)\n"
+         "  --dataset fashion-mnist|text|random                (default: by model)\n"
+         "  --text PATH          text file for --dataset text (default: Debian's fortunes)\n"
+         "  --device auto|cpu|cuda[:N]                         (default auto: the GPU when visible)\n"
+         "  --epochs N           image models (default 4)    --steps N   text models (default 200)\n"
+         "  --micro-batch N      items per micro-batch (default 64)\n"
+         "  --accum N            micro-batches per optimizer step (default 2)\n"
+         "  --precision fp32|bf16|fp16 (default fp32)\n"
+         "  --lr X  --schedule constant|cosine  --warmup N  --clip X (<= 0: none)\n"
+         "  --remainder drop|step   an epoch's partial accumulation (default drop)\n"
+         "  --seed N  --limit N (first N training items)  --checkpoint PATH  --sample-bytes N\n";
+}
+
+TrainOptions parse_train_options(int argc, char** argv) {
+  TrainOptions o;
+  std::map<std::string, std::function<void(const std::string&)>> setters = {
+      {"--model", [&](const std::string& v) { o.model = v; }},
+      {"--dataset", [&](const std::string& v) { o.dataset = v; }},
+      {"--text", [&](const std::string& v) { o.text_path = v; }},
+      {"--device", [&](const std::string& v) { o.device = v; }},
+      {"--epochs", [&](const std::string& v) { o.epochs = to_int("--epochs", v); }},
+      {"--steps", [&](const std::string& v) { o.steps = to_int("--steps", v); }},
+      {"--micro-batch", [&](const std::string& v) { o.micro_batch = to_int("--micro-batch", v); }},
+      {"--accum", [&](const std::string& v) { o.accum = to_int("--accum", v); }},
+      {"--precision", [&](const std::string& v) { o.precision = v; }},
+      {"--lr", [&](const std::string& v) { o.lr = to_double("--lr", v); }},
+      {"--schedule", [&](const std::string& v) { o.schedule = v; }},
+      {"--warmup", [&](const std::string& v) { o.warmup = to_int("--warmup", v); }},
+      {"--clip", [&](const std::string& v) { o.clip = to_double("--clip", v); }},
+      {"--remainder", [&](const std::string& v) { o.remainder = v; }},
+      {"--seed", [&](const std::string& v) { o.seed = uint64_t(to_int("--seed", v)); }},
+      {"--limit", [&](const std::string& v) { o.limit = to_int("--limit", v); }},
+      {"--checkpoint", [&](const std::string& v) { o.checkpoint = v; }},
+      {"--sample-bytes", [&](const std::string& v) { o.sample_bytes = to_int("--sample-bytes", v); }},
+  };
+  for (int i = 0; i < argc; ++i) {
+    auto it = setters.find(argv[i]);
+    REEL_CHECK(it != setters.end(), "train: unknown option \"", argv[i], "\"\n", train_usage());
+    REEL_CHECK(i + 1 < argc, "train: ", argv[i], " needs a value");
+    it->second(argv[++i]);
+  }
+  REEL_CHECK(o.micro_batch > 0 && o.accum > 0, "train: --micro-batch and --accum must be positive, got ",
+             o.micro_batch, " and ", o.accum);
+  REEL_CHECK(o.epochs > 0 && o.steps > 0, "train: --epochs and --steps must be positive");
+  REEL_CHECK(o.remainder == "drop" || o.remainder == "step", "train: --remainder must be drop or step, got ",
+             o.remainder);
+  REEL_CHECK(o.schedule == "constant" || o.schedule == "cosine", "train: --schedule must be constant or cosine, got ",
+             o.schedule);
+  if (o.dataset.empty()) o.dataset = o.model == "fashion-cnn" ? "fashion-mnist"
+                                     : o.model.rfind("gpt", 0) == 0 ? "text" : "random";
+  return o;
+}
+
+}  // namespace reel::tools

@@ -1,0 +1,34 @@
+// Options of `reel train`, parsed from the command line (defaults are `make run`'s job: the
+// Fashion-MNIST CNN on the GPU when one is visible, else on the CPU).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace reel::tools {
+
+struct TrainOptions {
+  std::string model = "fashion-cnn";  // fashion-cnn | cnn-small | gpt-tiny | gpt-small
+  std::string dataset;                // fashion-mnist | text | random (default: by model)
+  std::string text_path;              // a text file for --dataset text (default: the fortunes)
+  std::string device = "auto";        // auto | cpu | cuda | cuda:N
+  int64_t epochs = 4;                 // image models
+  int64_t steps = 200;                // text models: optimizer steps
+  int64_t micro_batch = 64;
+  int64_t accum = 2;
+  std::string precision = "fp32";     // fp32 | bf16 | fp16
+  double lr = 2e-3;
+  std::string schedule = "cosine";    // constant | cosine (linear warm-up then cosine)
+  int64_t warmup = 50;                // optimizer steps of warm-up
+  double clip = 1.0;                  // max global grad norm, <= 0 for none
+  std::string remainder = "drop";     // drop | step: an epoch's partial accumulation
+  uint64_t seed = 0;
+  int64_t limit = -1;                 // use only the first N training items (quick runs)
+  std::string checkpoint;             // save the state_dict here at the end
+  int64_t sample_bytes = 200;         // text models: length of the sample printed at the end
+};
+
+// Parses argv (after the subcommand); throws reel::Error on an unknown or malformed option.
+TrainOptions parse_train_options(int argc, char** argv);
+const char* train_usage();
+
+}  // namespace reel::tools
