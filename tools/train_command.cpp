@@ -39,6 +39,25 @@ Device pick_device(const std::string& name) {
   return d;
 }
 
+// The mean loss of an optimizer step's micro-batches, summed on the device and read once per step.
+class StepLoss {
+ public:
+  void add(const Tensor& loss) {
+    sum_ = sum_.defined() ? sum_ + loss.detach() : loss.detach();
+    ++count_;
+  }
+  double take() {
+    double mean = sum_.item() / double(count_);
+    sum_ = Tensor();
+    count_ = 0;
+    return mean;
+  }
+
+ private:
+  Tensor sum_;
+  int64_t count_ = 0;
+};
+
 // One line, rewritten in place on a terminal; a fresh line every `every` steps otherwise.
 class Progress {
  public:
@@ -135,13 +154,15 @@ int train_images(const TrainOptions& o, Device device) {
     loader.set_epoch(epoch);
     Progress progress(steps_per_epoch, "img");
     int64_t items = 0, step = 0;
+    StepLoss step_loss;
     for (const data::Batch& b : loader) {
       Tensor loss = nn::model_loss(*model, b.inputs, b.targets);
       opt->scale_loss(loss).backward();
+      step_loss.add(loss);
       items += b.size();
       optim::StepResult r = opt->micro_step();
       if (!r.stepped) continue;
-      last_loss = loss.item();
+      last_loss = step_loss.take();
       progress.update(++step, last_loss, items, r.lr);
     }
     opt->finish_epoch(policy);
@@ -201,14 +222,16 @@ int train_text(const TrainOptions& o, Device device) {
   Clock::time_point start = Clock::now();
   int64_t items = 0, step = 0;
   double last_loss = 0;
+  StepLoss step_loss;
   while (step < o.steps) {
     data::TextBatch b = sampler.next(o.micro_batch, device);
     Tensor loss = nn::model_loss(*model, b.inputs, b.targets);
     opt->scale_loss(loss).backward();
+    step_loss.add(loss);
     items += b.inputs.numel();
     optim::StepResult r = opt->micro_step();
     if (!r.stepped) continue;
-    last_loss = loss.item();
+    last_loss = step_loss.take();
     progress.update(++step, last_loss, items, r.lr);
   }
   progress.end_line();
