@@ -1,6 +1,8 @@
 // Causal self-attention (math in attention.h).
 #include "nn/attention.h"
 
+#include "optim/precision.h"  // autocast: the thread's precision policy
+
 #include <cmath>
 #include <limits>
 
@@ -15,12 +17,12 @@ Tensor causal_attention(const Tensor& qkv, int64_t heads) {
   std::vector<Tensor> parts = split(qkv, d, 2);  // q, k, v: (B, T, d)
   auto to_heads = [&](const Tensor& t) { return t.reshape({B, T, heads, hd}).transpose(1, 2); };  // (B, H, T, hd)
   Tensor q = to_heads(parts[0]), k = to_heads(parts[1]), v = to_heads(parts[2]);
-  Tensor scores = matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));  // (B, H, T, T)
+  Tensor scores = autocast_matmul(q, k.transpose(-2, -1), autocast_policy()) * (1.0 / std::sqrt(double(hd)));  // (B, H, T, T)
   // future: (T, T), 1 where key s comes after query t
   Tensor pos = arange(T, TensorOptions{}.with_dtype(DType::i64).with_device(qkv.device()));
   Tensor future = gt(pos.unsqueeze(0), pos.unsqueeze(1));
   scores = masked_fill(scores, future, -std::numeric_limits<double>::infinity());
-  Tensor y = matmul(softmax(scores, -1), v);  // (B, H, T, hd)
+  Tensor y = autocast_matmul(softmax(scores, -1), v, autocast_policy());  // (B, H, T, hd)
   return y.transpose(1, 2).reshape({B, T, d});
 }
 

@@ -1,6 +1,8 @@
 // Linear, Conv2d, Embedding, Dropout, pooling and Sequential (see layers.h for shapes and init).
 #include "nn/layers.h"
 
+#include "optim/precision.h"  // autocast: the thread's precision policy
+
 #include <cmath>
 
 #include "nn/init.h"
@@ -25,7 +27,7 @@ Tensor Linear::forward(const Tensor& x) {
   // x: (..., in) @ weight^T: (in, out) -> (..., out)
   REEL_CHECK(x.dim() >= 1 && x.size(-1) == in_, "Linear: input ", shape_str(x.shape()), " must end in in_features ",
              in_);
-  Tensor y = matmul(x, weight().t());
+  Tensor y = autocast_matmul(x, weight().t(), autocast_policy());  // f32 out, whatever the policy
   return bias_ ? y + *bias_ : y;
 }
 
@@ -42,7 +44,9 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_
   if (bias) bias_ = &register_parameter("bias", init::bias_uniform({out_channels}, init::fan_in(w_shape), gen));
 }
 
-Tensor Conv2d::forward(const Tensor& x) { return conv2d(x, weight(), bias(), stride_, padding_); }
+Tensor Conv2d::forward(const Tensor& x) {
+  return autocast_conv2d(x, weight(), bias(), stride_, padding_, autocast_policy());
+}
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator* gen) : Module("Embedding") {
   check_positive("Embedding", "num_embeddings", num_embeddings);

@@ -54,4 +54,13 @@ Tensor autocast_conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias
   return back_to_f32(y, policy);
 }
 
+namespace {
+thread_local PrecisionPolicy current_policy;
+}
+
+const PrecisionPolicy& autocast_policy() { return current_policy; }
+
+AutocastGuard::AutocastGuard(PrecisionPolicy policy) : prev_(current_policy) { current_policy = policy; }
+AutocastGuard::~AutocastGuard() { current_policy = prev_; }
+
 }  // namespace reel

@@ -8,9 +8,9 @@
 // cast as f32 into its f32 .grad. fp16 needs a GradScaler (optim/grad_scaler.h) against underflow;
 // bf16 has f32's exponent range and does not.
 //
-// How a model uses it: call autocast_matmul / autocast_conv2d where it would call matmul / conv2d,
-// passing the policy it was given, e.g. in Linear::forward
-//     y = autocast_matmul(x, weight.t(), policy) + bias;          // x (B, in), weight (out, in)
+// How a model uses it: nn's layers call autocast_matmul / autocast_conv2d with autocast_policy(), the
+// thread's current policy, which a training loop sets for its forward pass with an AutocastGuard:
+//     { AutocastGuard amp(PrecisionPolicy::parse("bf16")); loss = model_loss(model, x, y); }
 // With the fp32 policy both are exactly matmul / conv2d (no casts, no extra ops). f64 tensors are
 // never cast (gradcheck runs models in f64).
 #pragma once
@@ -45,5 +45,21 @@ Tensor autocast_matmul(const Tensor& a, const Tensor& b, const PrecisionPolicy& 
 // conv2d with x, weight and bias in the compute dtype and the result back in f32.
 Tensor autocast_conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
                        const PrecisionPolicy& policy);
+
+// The policy in force on this thread (fp32 unless an AutocastGuard says otherwise). nn's Linear,
+// Conv2d and attention route their matmuls and convolutions through it, so a training loop switches
+// a whole model to mixed precision with one guard around its forward pass, like torch.autocast.
+const PrecisionPolicy& autocast_policy();
+
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(PrecisionPolicy policy);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  PrecisionPolicy prev_;
+};
 
 }  // namespace reel

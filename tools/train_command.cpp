@@ -86,6 +86,7 @@ class Progress {
 std::unique_ptr<optim::AdamW> make_optimizer(const TrainOptions& o, nn::Module& model, int64_t total_steps) {
   auto opt = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions(o.lr));
   opt->set_accum_steps(o.accum).set_micro_batch(o.micro_batch).set_max_grad_norm(o.clip);
+  if (autocast_policy().needs_grad_scaler()) opt->set_grad_scaler(std::make_shared<optim::GradScaler>());
   if (o.schedule == "cosine")
     opt->set_schedule(std::make_shared<optim::LinearWarmupCosine>(std::min(o.warmup, total_steps / 4), total_steps,
                                                                    o.lr * 0.05));
@@ -143,9 +144,9 @@ int train_images(const TrainOptions& o, Device device) {
   data::DataLoader loader(train, data::DataLoaderOptions().with_batch_size(o.micro_batch).with_seed(o.seed).with_device(device));
   const int64_t steps_per_epoch = loader.num_batches() / o.accum;
   auto opt = make_optimizer(o, *model, o.epochs * steps_per_epoch);
-  std::printf("model %s: %lld parameters on %s | data %s: %lld train, %lld test\n", o.model.c_str(),
-              (long long)model->num_parameters(), device.str().c_str(), o.dataset.c_str(), (long long)train.size(),
-              (long long)test.size());
+  std::printf("model %s: %lld parameters on %s, %s | data %s: %lld train, %lld test\n", o.model.c_str(),
+              (long long)model->num_parameters(), device.str().c_str(), autocast_policy().name(), o.dataset.c_str(),
+              (long long)train.size(), (long long)test.size());
   opt->print_setup(std::cout);
   auto policy = o.remainder == "step" ? optim::RemainderPolicy::Step : optim::RemainderPolicy::Drop;
   Clock::time_point start = Clock::now();
@@ -215,8 +216,9 @@ int train_text(const TrainOptions& o, Device device) {
   const int64_t T = model->config().block_size;
   data::TextSampler sampler(split.train, T, o.seed), val_sampler(split.val, T, o.seed + 1);
   auto opt = make_optimizer(o, *model, o.steps);
-  std::printf("model %s: %lld parameters on %s | text: %lld bytes\n", o.model.c_str(),
-              (long long)model->num_parameters(), device.str().c_str(), (long long)tokens.numel());
+  std::printf("model %s: %lld parameters on %s, %s | text: %lld bytes\n", o.model.c_str(),
+              (long long)model->num_parameters(), device.str().c_str(), autocast_policy().name(),
+              (long long)tokens.numel());
   opt->print_setup(std::cout);
   Progress progress(o.steps, "tok");
   Clock::time_point start = Clock::now();
@@ -252,9 +254,10 @@ int train_text(const TrainOptions& o, Device device) {
 
 int train_command(int argc, char** argv) {
   TrainOptions o = parse_train_options(argc, argv);
-  REEL_CHECK(o.precision == "fp32", "train: --precision ", o.precision,
-             " is not wired into the models yet; use fp32 (the ops support bf16/fp16)");
   Device device = pick_device(o.device);
+  // matmul and conv inputs run in the policy's dtype inside the whole run (nn's layers read it);
+  // master weights, norms, softmax and the loss stay f32.
+  AutocastGuard amp(PrecisionPolicy::parse(o.precision));
   if (o.dataset == "text") return train_text(o, device);
   return train_images(o, device);
 }
