@@ -1,12 +1,13 @@
-// Lets a CPU kernel assume dense outputs. dispatch() always allocates contiguous outputs, but
-// dispatch_out() may hand a kernel strided views (a copy into a slice, an in-place update of a
-// transposed buffer). Kernels that write whole dense blocks (GEMMs, norms) are registered through
-// run_into_contiguous, which runs them into contiguous temporaries and copies those into the views.
+// The CPU's run_into_contiguous (kernels/dense_outputs.h) with the host strided copy.
 #pragma once
-#include "kernels/dispatch.h"
+#include "kernels/dense_outputs.h"
 
 namespace reel::cpu {
 
-void run_into_contiguous(const KernelCall& call, KernelFn kernel);
+void copy_strided(const Tensor& dst, const Tensor& src);  // kernels/cpu/memory.cpp
+
+inline void run_into_contiguous(const KernelCall& call, KernelFn kernel) {
+  reel::run_into_contiguous(call, kernel, copy_strided);
+}
 
 }  // namespace reel::cpu

@@ -25,6 +25,7 @@
 #include "kernels/cpu/gemm_threading.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
+#include "kernels/matrix_layout.h"
 #include "kernels/schema/views.h"
 
 namespace reel::cpu {
@@ -36,27 +37,6 @@ using ConstMatMap =
     Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, 0, Eigen::OuterStride<>>;
 template <typename T>
 using OutMatMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
-
-struct MatLayout {
-  bool row_major = true;
-  int64_t outer = 0;  // elements between consecutive rows (row-major) or columns (column-major)
-};
-
-// How Eigen can read a (rows, cols) matrix with strides (s_row, s_col) in place, or nullopt.
-// A size-1 dim's stride is meaningless (views may leave anything there), so it is normalised first.
-std::optional<MatLayout> matrix_layout(int64_t rows, int64_t cols, int64_t s_row, int64_t s_col) {
-  if (cols == 1) s_col = 1;
-  if (rows == 1) s_row = std::max<int64_t>(cols, 1);
-  if (s_col == 1 && s_row >= cols) return MatLayout{true, s_row};
-  if (rows == 1) s_row = 1;  // also a valid column-major reading of a single row
-  if (s_row == 1 && s_col >= rows) return MatLayout{false, s_col};
-  return std::nullopt;
-}
-
-std::optional<MatLayout> matrix_layout(const Tensor& t) {
-  int64_t nd = t.dim();
-  return matrix_layout(t.shape()[nd - 2], t.shape()[nd - 1], t.strides()[nd - 2], t.strides()[nd - 1]);
-}
 
 // `t` in dtype `dt` with a layout Eigen can map: `t` itself when possible, else a contiguous copy.
 Tensor mappable(const Tensor& t, DType dt) {

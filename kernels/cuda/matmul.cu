@@ -37,33 +37,12 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/matrix_layout.h"
 #include "kernels/schema/views.h"
 
 namespace reel::cuda {
 
 namespace {
-
-struct MatLayout {
-  bool row_major = true;
-  int64_t outer = 0;  // elements between consecutive rows (row-major) or columns (column-major)
-};
-
-// How cuBLAS can read a (rows, cols) matrix with strides (s_row, s_col) in place, or nullopt.
-// A size-1 dim's stride is meaningless (views may leave anything there), so it is normalised first,
-// exactly as the CPU kernel does; the result always has outer >= 1, as cuBLAS's ld must.
-std::optional<MatLayout> matrix_layout(int64_t rows, int64_t cols, int64_t s_row, int64_t s_col) {
-  if (cols == 1) s_col = 1;
-  if (rows == 1) s_row = std::max<int64_t>(cols, 1);
-  if (s_col == 1 && s_row >= cols) return MatLayout{true, s_row};
-  if (rows == 1) s_row = 1;  // also a valid column-major reading of a single row
-  if (s_row == 1 && s_col >= rows) return MatLayout{false, s_col};
-  return std::nullopt;
-}
-
-std::optional<MatLayout> matrix_layout(const Tensor& t) {
-  const int64_t nd = t.dim();
-  return matrix_layout(t.shape()[nd - 2], t.shape()[nd - 1], t.strides()[nd - 2], t.strides()[nd - 1]);
-}
 
 // `t` itself when cuBLAS can read its matrices in place, else a contiguous copy on the device.
 Tensor gemm_readable(const Tensor& t) {

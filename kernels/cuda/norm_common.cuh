@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/dense_outputs.h"
 #include "kernels/cuda/device_copy.h"
 
 namespace reel::cuda::norm_detail {
@@ -58,18 +59,10 @@ inline unsigned grid_for(int64_t items) {
   return unsigned(std::min<int64_t>(std::max<int64_t>(items, 1), int64_t(1) << 20));
 }
 
-// Runs `kernel` with every strided output replaced by a contiguous temporary, then copies the
-// temporaries into the outputs (on the device, in stream order). Kernels may then assume dense outputs.
+// kernels/dense_outputs.h with the device's strided copy (stream-ordered): kernels may then assume
+// dense outputs.
 inline void run_into_contiguous(const KernelCall& call, KernelFn kernel) {
-  bool dense = true;
-  for (const Tensor& o : call.out) dense = dense && (!o.defined() || o.is_contiguous());
-  if (dense) return kernel(call);
-  std::vector<Tensor> tmp;
-  for (const Tensor& o : call.out)
-    tmp.push_back(!o.defined() || o.is_contiguous() ? o : Tensor::empty(o.shape(), o.dtype(), o.device()));
-  kernel(KernelCall{call.op, call.in, tmp, call.attrs});
-  for (size_t i = 0; i < tmp.size(); ++i)
-    if (!tmp[i].is_same(call.out[i])) copy_on_device(call.out[i], tmp[i]);
+  reel::run_into_contiguous(call, kernel, copy_on_device);
 }
 
 // Shapes of x (N, C, *) as N, C and S = prod(*), for group and batch norm.

@@ -1,0 +1,15 @@
+// Lets a kernel assume dense outputs. dispatch() always allocates contiguous outputs, but dispatch_out()
+// may hand a kernel strided views (a copy into a slice, an in-place update of a transposed buffer).
+// Kernels that write whole dense blocks (GEMMs, norms) are registered through run_into_contiguous,
+// which runs them into contiguous temporaries and then copies those into the views with the
+// backend's own strided copy (a host loop on the CPU, a device kernel in stream order on CUDA).
+#pragma once
+#include "kernels/dispatch.h"
+
+namespace reel {
+
+using StridedCopyFn = void (*)(const Tensor& dst, const Tensor& src);
+
+void run_into_contiguous(const KernelCall& call, KernelFn kernel, StridedCopyFn copy);
+
+}  // namespace reel
