@@ -112,14 +112,17 @@ double accuracy(nn::Module& model, const data::ImageDataset& test, Device device
   return double(correct) / double(test.size());
 }
 
-// Random images and labels, fixed: measures compute alone (cnn-small has no CIFAR here).
+// Synthetic images (cnn-small has no CIFAR here): each of 10 classes has a fixed random prototype
+// and an image is 0.5 * its class's prototype plus unit noise, so there is something to learn and the
+// loss falls, while the step still measures the real model's compute.
 data::ImageDataset random_images(int64_t n, uint64_t seed) {
-  Generator g(seed);
-  data::ImageDataset d;
-  d.images = randn({n, 3, 32, 32}, {}, &g);
+  Generator protos_gen(12345), g(seed);
+  Tensor protos = randn({10, 3 * 32 * 32}, {}, &protos_gen);
   std::vector<int64_t> labels;
   for (double u : uniform({n}, 0, 10, {DType::f64}, &g).to_vector<double>()) labels.push_back(std::min<int64_t>(9, int64_t(u)));
+  data::ImageDataset d;
   d.labels = tensor_i64(labels, {n});
+  d.images = (embedding(protos, d.labels) * 0.5 + randn({n, 3 * 32 * 32}, {}, &g)).reshape({n, 3, 32, 32});
   d.num_classes = 10;
   return d;
 }
