@@ -256,6 +256,10 @@ int train_text(const TrainOptions& o, Device device) {
 }  // namespace
 
 int train_command(int argc, char** argv) {
+  if (argc > 0 && (std::string(argv[0]) == "--help" || std::string(argv[0]) == "-h")) {
+    std::printf("%s", train_usage());
+    return 0;
+  }
   TrainOptions o = parse_train_options(argc, argv);
   Device device = pick_device(o.device);
   // matmul and conv inputs run in the policy's dtype inside the whole run (nn's layers read it);
