@@ -28,6 +28,7 @@ void ensure_registered() {
 
 DispatchObserver* observer = nullptr;
 std::atomic<uint64_t> n_dispatch{0};
+std::atomic<uint64_t> n_kernels{0};
 
 Device common_device(OpKind op, const std::vector<Tensor>& inputs) {
   const Tensor* first = nullptr;
@@ -116,6 +117,7 @@ std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const
     KernelFn k = kernel_for(op, e, kernel_device(op, device, metas.empty() ? device : metas[0].device));
     for (const TensorMeta& m : metas) outputs.push_back(Tensor::empty(m.shape, m.dtype, m.device));
     k(KernelCall{op, inputs, outputs, attrs});
+    n_kernels.fetch_add(1, std::memory_order_relaxed);
   }
   notify(op, inputs, outputs, attrs);
   return outputs;
@@ -147,6 +149,7 @@ void dispatch_out(OpKind op, const std::vector<Tensor>& inputs, const std::vecto
   }
   Device out_device = outputs.empty() ? Device::cpu() : outputs[0].device();
   kernel_for(op, e, kernel_device(op, in_device, out_device))(KernelCall{op, inputs, outputs, attrs});
+  n_kernels.fetch_add(1, std::memory_order_relaxed);
   notify(op, inputs, outputs, attrs);
 }
 
@@ -157,5 +160,6 @@ DispatchObserver* set_dispatch_observer(DispatchObserver* o) {
 }
 
 uint64_t dispatch_count() { return n_dispatch.load(std::memory_order_relaxed); }
+uint64_t kernel_count() { return n_kernels.load(std::memory_order_relaxed); }
 
 }  // namespace reel

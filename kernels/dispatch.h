@@ -63,7 +63,10 @@ class DispatchObserver {
 // Installs `observer` (nullptr removes it) and returns the previous one.
 DispatchObserver* set_dispatch_observer(DispatchObserver* observer);
 
-// Counts every dispatch since start-up (cheap; used by tests and the launch counter of `reel bench`).
+// Counts every dispatch since start-up (cheap; used by tests).
 uint64_t dispatch_count();
+// Counts the device kernels run since start-up: dispatches minus view ops (which run none). A kernel
+// function may launch more than one GPU kernel (e.g. a two-pass reduction); this counts ops that ran.
+uint64_t kernel_count();
 
 }  // namespace reel

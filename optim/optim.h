@@ -9,3 +9,4 @@
 #include "optim/precision.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"
+#include "optim/train_step.h"

@@ -86,6 +86,24 @@ class GraphPoolGuard {
   int prev_;
 };
 
+// Device time between two points of the current stream, measured with CUDA events (no host clock,
+// no synchronisation until elapsed_ms() is asked for).
+class EventTimer {
+ public:
+  explicit EventTimer(int device = 0);
+  ~EventTimer();
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  void start();        // records the start event on the current stream
+  void stop();         // records the stop event on the current stream
+  double elapsed_ms();  // waits for the stop event; milliseconds between the two
+
+ private:
+  int device_;
+  void* start_ = nullptr;  // cudaEvent_t
+  void* stop_ = nullptr;
+};
+
 // A host tensor in page-locked memory (cudaHostAlloc): host<->device copies from it are truly
 // asynchronous, as data loaders want. Keep it alive until the copies that read it have finished.
 Tensor pinned_empty(const Shape& shape, DType dtype = DType::f32);

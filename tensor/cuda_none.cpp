@@ -23,6 +23,11 @@ GraphPool::GraphPool() : id_(0) {}
 GraphPool::~GraphPool() = default;
 GraphPoolGuard::GraphPoolGuard(const GraphPool&) : prev_(0) {}
 GraphPoolGuard::~GraphPoolGuard() = default;
+EventTimer::EventTimer(int device) : device_(device) {}
+EventTimer::~EventTimer() = default;
+void EventTimer::start() { throw Error("EventTimer: reel was built without the CUDA backend"); }
+void EventTimer::stop() { throw Error("EventTimer: reel was built without the CUDA backend"); }
+double EventTimer::elapsed_ms() { throw Error("EventTimer: reel was built without the CUDA backend"); }
 Tensor pinned_empty(const Shape&, DType) { throw Error("pinned_empty: reel was built without the CUDA backend"); }
 bool is_pinned(const Tensor&) { return false; }
 

@@ -309,6 +309,31 @@ GraphPool::~GraphPool() { caching_allocator().end_pool(id_); }
 GraphPoolGuard::GraphPoolGuard(const GraphPool& pool) : prev_(current_pool) { current_pool = pool.id(); }
 GraphPoolGuard::~GraphPoolGuard() { current_pool = prev_; }
 
+EventTimer::EventTimer(int device) : device_(device) {
+  DeviceScope scope(device);
+  cudaEvent_t a, b;
+  REEL_CUDA_CHECK(cudaEventCreate(&a));
+  REEL_CUDA_CHECK(cudaEventCreate(&b));
+  start_ = a;
+  stop_ = b;
+}
+EventTimer::~EventTimer() {
+  cudaEventDestroy(static_cast<cudaEvent_t>(start_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
+}
+void EventTimer::start() {
+  REEL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(start_), static_cast<cudaStream_t>(current_stream(device_))));
+}
+void EventTimer::stop() {
+  REEL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(stop_), static_cast<cudaStream_t>(current_stream(device_))));
+}
+double EventTimer::elapsed_ms() {
+  REEL_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)));
+  float ms = 0;
+  REEL_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)));
+  return ms;
+}
+
 Tensor pinned_empty(const Shape& shape, DType dtype) {
   size_t n = size_t(numel_of(shape)) * dtype_size(dtype);
   return Tensor::from_storage(std::make_shared<Storage>(n, Device::cpu(), pinned_allocator), shape, dtype);

@@ -1,0 +1,184 @@
+// `reel bench`: times MODELS.md's training step (ACCUM = 4 fixed micro-batches, AdamW lr 1e-3 wd 0.01,
+// clip 1.0, fp16 with the GradScaler) for each model and precision on one device, eagerly.
+//
+// Per configuration: the first step (warm-up: handles, cuDNN algorithm choice, cached blocks) timed
+// alone, then `warmup` untimed steps, then `steps` timed ones — with CUDA events on the GPU, the host
+// clock on the CPU — reported as median and min step ms, items/s (images, or tokens for the GPTs),
+// peak device memory from the caching allocator (GPU), and ops run per step (kernel_count(): each is
+// at least one kernel launch). Output: a table, and JSON lines with the peer scripts' field names
+// (peer/torch_anchor.py) so the two can be joined.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "kernels/dispatch.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "reel.h"
+#include "tensor/cuda.h"
+#include "tools/commands.h"
+
+namespace reel::tools {
+namespace {
+
+constexpr int64_t kAccum = 4;
+
+struct BenchOptions {
+  std::vector<std::string> models{"cnn-small", "gpt-tiny", "gpt-small"};
+  std::vector<std::string> precisions{"fp32", "bf16", "fp16"};
+  std::string device = "auto";
+  int64_t steps = 30, warmup = 5, micro_batch = -1;
+  std::string json_path;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+BenchOptions parse(int argc, char** argv) {
+  BenchOptions o;
+  for (int i = 0; i < argc; ++i) {
+    std::string k = argv[i];
+    REEL_CHECK(i + 1 < argc, "bench: ", k, " needs a value");
+    std::string v = argv[++i];
+    if (k == "--models") o.models = split_list(v);
+    else if (k == "--precisions") o.precisions = split_list(v);
+    else if (k == "--device") o.device = v;
+    else if (k == "--steps") o.steps = std::stoll(v);
+    else if (k == "--warmup") o.warmup = std::stoll(v);
+    else if (k == "--micro-batch") o.micro_batch = std::stoll(v);
+    else if (k == "--json") o.json_path = v;
+    else throw Error("bench: unknown option " + k +
+                     " (expected --models, --precisions, --device, --steps, --warmup, --micro-batch, --json)");
+  }
+  REEL_CHECK(o.steps > 0 && o.warmup >= 0, "bench: --steps must be positive and --warmup non-negative");
+  return o;
+}
+
+struct Workload {
+  std::shared_ptr<nn::Module> model;
+  std::vector<optim::MicroBatch> micro;
+  int64_t items_per_step = 0;
+};
+
+// The model and ACCUM fixed random micro-batches of MODELS.md (micro-batch 32 images or 16 sequences).
+Workload make_workload(const std::string& name, Device device, int64_t micro_batch) {
+  Generator gen(0);
+  Workload w;
+  bool gpt = name.rfind("gpt", 0) == 0;
+  if (name == "cnn-small") w.model = nn::cnn_small(&gen);
+  else if (name == "gpt-tiny") w.model = nn::gpt_tiny(&gen);
+  else if (name == "gpt-small") w.model = nn::gpt_small(&gen);
+  else throw Error("bench: unknown model " + name + " (expected cnn-small, gpt-tiny or gpt-small)");
+  w.model->to(device);
+  int64_t B = micro_batch > 0 ? micro_batch : (gpt ? 16 : 32);
+  int64_t T = gpt ? std::static_pointer_cast<nn::Gpt>(w.model)->config().block_size : 0;
+  TensorOptions i64{DType::i64, device};
+  for (int64_t i = 0; i < kAccum; ++i) {
+    optim::MicroBatch mb;
+    if (gpt) {
+      mb.inputs = to_dtype(uniform({B, T}, 0, 256, {DType::f32, device}, &gen), DType::i64);
+      mb.targets = to_dtype(uniform({B, T}, 0, 256, {DType::f32, device}, &gen), DType::i64);
+    } else {
+      mb.inputs = randn({B, 3, 32, 32}, {DType::f32, device}, &gen);
+      mb.targets = to_dtype(uniform({B}, 0, 10, {DType::f32, device}, &gen), DType::i64);
+    }
+    w.micro.push_back(mb);
+    w.items_per_step += gpt ? B * T : B;
+  }
+  (void)i64;
+  return w;
+}
+
+struct Result {
+  std::string model, prec, dev;
+  int64_t params = 0, items_per_step = 0;
+  double median_ms = 0, min_ms = 0, first_s = 0, peak_mib = -1, kernels_per_step = 0;
+};
+
+double time_step_ms(const std::function<void()>& step, Device device) {
+  if (device.is_cuda()) {
+    cuda::EventTimer timer(device.index);
+    timer.start();
+    step();
+    timer.stop();
+    return timer.elapsed_ms();
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  step();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Result run_config(const std::string& name, const std::string& prec, Device device, const BenchOptions& o) {
+  AutocastGuard amp(PrecisionPolicy::parse(prec));
+  Workload w = make_workload(name, device, o.micro_batch);
+  optim::AdamW opt(w.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
+  opt.set_accum_steps(kAccum).set_max_grad_norm(1.0);
+  if (autocast_policy().needs_grad_scaler()) opt.set_grad_scaler(std::make_shared<optim::GradScaler>());
+  auto loss_fn = [&](const Tensor& x, const Tensor& y) { return nn::model_loss(*w.model, x, y); };
+  auto step = [&] { optim::train_step(opt, loss_fn, w.micro); };
+  auto sync = [&] { if (device.is_cuda()) cuda::synchronize(device.index); };
+
+  Result r{name, prec, device.str(), w.model->num_parameters(), w.items_per_step};
+  auto t0 = std::chrono::steady_clock::now();
+  step();
+  sync();
+  r.first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int64_t i = 0; i < o.warmup; ++i) step();
+  sync();
+  if (device.is_cuda()) cuda::reset_peak_memory_stats(device.index);
+  std::vector<double> ms;
+  uint64_t k0 = kernel_count();
+  for (int64_t i = 0; i < o.steps; ++i) ms.push_back(time_step_ms(step, device));
+  r.kernels_per_step = double(kernel_count() - k0) / double(o.steps);
+  std::sort(ms.begin(), ms.end());
+  r.median_ms = ms[ms.size() / 2];
+  r.min_ms = ms.front();
+  if (device.is_cuda()) r.peak_mib = double(cuda::memory_stats(device.index).peak_allocated_bytes) / (1 << 20);
+  return r;
+}
+
+std::string to_json(const Result& r) {
+  char buf[512];
+  std::string peak = r.peak_mib < 0 ? "null" : std::to_string(std::lround(r.peak_mib * 10) / 10.0);
+  std::snprintf(buf, sizeof buf,
+                "{\"engine\": \"reel\", \"model\": \"%s\", \"mode\": \"eager\", \"prec\": \"%s\", \"dev\": \"%s\", "
+                "\"params\": %lld, \"items_per_step\": %lld, \"step_ms_median\": %.3f, \"step_ms_min\": %.3f, "
+                "\"items_per_s\": %.0f, \"first_step_s\": %.2f, \"peak_mib\": %s, \"kernels_per_step\": %.0f}",
+                r.model.c_str(), r.prec.c_str(), r.dev.c_str(), (long long)r.params, (long long)r.items_per_step,
+                r.median_ms, r.min_ms, double(r.items_per_step) / (r.median_ms / 1e3), r.first_s, peak.c_str(),
+                r.kernels_per_step);
+  return buf;
+}
+
+}  // namespace
+
+int bench_command(int argc, char** argv) {
+  BenchOptions o = parse(argc, argv);
+  Device device = o.device == "auto" ? (cuda::is_available() ? Device::cuda(0) : Device::cpu()) : Device::parse(o.device);
+  std::vector<Result> results;
+  std::ofstream json;
+  if (!o.json_path.empty()) json.open(o.json_path);
+  std::printf("%-10s %-5s %-7s %10s %10s %12s %9s %10s %8s\n", "model", "prec", "device", "median ms", "min ms",
+              "items/s", "peak MiB", "ops/step", "first s");
+  for (const std::string& m : o.models)
+    for (const std::string& p : o.precisions) {
+      Result r = run_config(m, p, device, o);
+      std::printf("%-10s %-5s %-7s %10.3f %10.3f %12.0f %9s %10.0f %8.2f\n", r.model.c_str(), r.prec.c_str(),
+                  r.dev.c_str(), r.median_ms, r.min_ms, double(r.items_per_step) / (r.median_ms / 1e3),
+                  r.peak_mib < 0 ? "-" : std::to_string(std::lround(r.peak_mib)).c_str(), r.kernels_per_step,
+                  r.first_s);
+      std::fflush(stdout);
+      if (json) json << to_json(r) << "\n";
+    }
+  return 0;
+}
+
+}  // namespace reel::tools
