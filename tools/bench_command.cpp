@@ -80,7 +80,6 @@ Workload make_workload(const std::string& name, Device device, int64_t micro_bat
   w.model->to(device);
   int64_t B = micro_batch > 0 ? micro_batch : (gpt ? 16 : 32);
   int64_t T = gpt ? std::static_pointer_cast<nn::Gpt>(w.model)->config().block_size : 0;
-  TensorOptions i64{DType::i64, device};
   for (int64_t i = 0; i < kAccum; ++i) {
     optim::MicroBatch mb;
     if (gpt) {
@@ -93,7 +92,6 @@ Workload make_workload(const std::string& name, Device device, int64_t micro_bat
     w.micro.push_back(mb);
     w.items_per_step += gpt ? B * T : B;
   }
-  (void)i64;
   return w;
 }
 
