@@ -7,3 +7,4 @@
 #include "nn/module.h"
 #include "nn/norm_layers.h"
 #include "nn/state_dict.h"
+#include "nn/workloads.h"

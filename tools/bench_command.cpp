@@ -62,39 +62,6 @@ BenchOptions parse(int argc, char** argv) {
   return o;
 }
 
-struct Workload {
-  std::shared_ptr<nn::Module> model;
-  std::vector<optim::MicroBatch> micro;
-  int64_t items_per_step = 0;
-};
-
-// The model and ACCUM fixed random micro-batches of MODELS.md (micro-batch 32 images or 16 sequences).
-Workload make_workload(const std::string& name, Device device, int64_t micro_batch) {
-  Generator gen(0);
-  Workload w;
-  bool gpt = name.rfind("gpt", 0) == 0;
-  if (name == "cnn-small") w.model = nn::cnn_small(&gen);
-  else if (name == "gpt-tiny") w.model = nn::gpt_tiny(&gen);
-  else if (name == "gpt-small") w.model = nn::gpt_small(&gen);
-  else throw Error("bench: unknown model " + name + " (expected cnn-small, gpt-tiny or gpt-small)");
-  w.model->to(device);
-  int64_t B = micro_batch > 0 ? micro_batch : (gpt ? 16 : 32);
-  int64_t T = gpt ? std::static_pointer_cast<nn::Gpt>(w.model)->config().block_size : 0;
-  for (int64_t i = 0; i < kAccum; ++i) {
-    optim::MicroBatch mb;
-    if (gpt) {
-      mb.inputs = to_dtype(uniform({B, T}, 0, 256, {DType::f32, device}, &gen), DType::i64);
-      mb.targets = to_dtype(uniform({B, T}, 0, 256, {DType::f32, device}, &gen), DType::i64);
-    } else {
-      mb.inputs = randn({B, 3, 32, 32}, {DType::f32, device}, &gen);
-      mb.targets = to_dtype(uniform({B}, 0, 10, {DType::f32, device}, &gen), DType::i64);
-    }
-    w.micro.push_back(mb);
-    w.items_per_step += gpt ? B * T : B;
-  }
-  return w;
-}
-
 struct Result {
   std::string model, prec, dev;
   int64_t params = 0, items_per_step = 0;
@@ -116,12 +83,14 @@ double time_step_ms(const std::function<void()>& step, Device device) {
 
 Result run_config(const std::string& name, const std::string& prec, Device device, const BenchOptions& o) {
   AutocastGuard amp(PrecisionPolicy::parse(prec));
-  Workload w = make_workload(name, device, o.micro_batch);
+  nn::Workload w = nn::make_workload(name, device, kAccum, o.micro_batch);
+  std::vector<optim::MicroBatch> micro;
+  for (const auto& [x, y] : w.micro) micro.push_back({x, y});
   optim::AdamW opt(w.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
   opt.set_accum_steps(kAccum).set_max_grad_norm(1.0);
   if (autocast_policy().needs_grad_scaler()) opt.set_grad_scaler(std::make_shared<optim::GradScaler>());
   auto loss_fn = [&](const Tensor& x, const Tensor& y) { return nn::model_loss(*w.model, x, y); };
-  auto step = [&] { optim::train_step(opt, loss_fn, w.micro); };
+  auto step = [&] { optim::train_step(opt, loss_fn, micro); };
   auto sync = [&] { if (device.is_cuda()) cuda::synchronize(device.index); };
 
   Result r{name, prec, device.str(), w.model->num_parameters(), w.items_per_step};
