@@ -1,6 +1,5 @@
 // Causal self-attention (math in attention.h).
 #include "nn/attention.h"
-
 #include "optim/precision.h"  // autocast: the thread's precision policy
 
 #include <cmath>

@@ -1,11 +1,10 @@
 // Linear, Conv2d, Embedding, Dropout, pooling and Sequential (see layers.h for shapes and init).
 #include "nn/layers.h"
 
-#include "optim/precision.h"  // autocast: the thread's precision policy
-
 #include <cmath>
 
 #include "nn/init.h"
+#include "optim/precision.h"  // autocast: the thread's precision policy
 
 namespace reel::nn {
 
