@@ -32,6 +32,13 @@ def peer_label(r):
     return label
 
 
+def same_config(p, r):
+    """Same model, precision, device and micro-batch (B: "default" or the number asked for)."""
+    return (p.get("model") == r["model"] and p.get("prec") == r["prec"]
+            and str(p.get("B", "default")) == str(r.get("B", "default"))
+            and p.get("dev", "cuda").split(":")[0] == r.get("dev", "cuda").split(":")[0])
+
+
 def main(argv):
     if len(argv) < 2:
         sys.exit(__doc__)
@@ -45,19 +52,19 @@ def main(argv):
     for p in peers:
         if peer_label(p) not in labels:
             labels.append(peer_label(p))
-    head = ["model", "prec", "reel eager ms", "reel peak MiB"]
+    head = ["model", "prec", "B", "reel eager ms", "reel peak MiB"]
     for label in labels:
         head += [f"torch {label} ms", "reel/torch", "torch peak MiB"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     joined = []
     for r in reel:
-        row = [r["model"], r["prec"], f'{r["step_ms_median"]:.2f}', str(r.get("peak_mib") or "-")]
-        entry = dict(model=r["model"], prec=r["prec"], reel_ms=r["step_ms_median"], reel_items_per_s=r["items_per_s"],
+        row = [r["model"], r["prec"], str(r.get("B", "default")), f'{r["step_ms_median"]:.2f}',
+               str(r.get("peak_mib") or "-")]
+        entry = dict(model=r["model"], prec=r["prec"], B=str(r.get("B", "default")), reel_ms=r["step_ms_median"], reel_items_per_s=r["items_per_s"],
                      peers={})
         for label in labels:
-            match = [p for p in peers if peer_label(p) == label and p.get("model") == r["model"]
-                     and p.get("prec") == r["prec"]]
+            match = [p for p in peers if peer_label(p) == label and same_config(p, r)]
             if not match:
                 row += ["-", "-", "-"]
             elif "error" in match[0]:
@@ -79,7 +86,8 @@ def main(argv):
         for e in joined:
             cols = [str(e["reel_items_per_s"])] + [str(e["peers"][l]["items_per_s"]) if l in e["peers"] else "-"
                                                     for l in labels]
-            f.write(f'{e["model"]}/{e["prec"]} ' + " ".join(cols) + "\n")
+            b = "" if e["B"] == "default" else f"/B{e['B']}"
+            f.write(f'{e["model"]}/{e["prec"]}{b} ' + " ".join(cols) + "\n")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -102,6 +103,26 @@ class EventTimer {
   int device_;
   void* start_ = nullptr;  // cudaEvent_t
   void* stop_ = nullptr;
+};
+
+// A sequence of time stamps on the current stream: mark() records one (no synchronisation);
+// intervals_ms() waits for the last and returns the device time between consecutive marks. Events are
+// pooled, so marking after every op of a training step is cheap enough for a profiler.
+class EventLog {
+ public:
+  explicit EventLog(int device = 0);
+  ~EventLog();
+  EventLog(const EventLog&) = delete;
+  EventLog& operator=(const EventLog&) = delete;
+  void mark();
+  size_t size() const { return used_; }
+  std::vector<double> intervals_ms();  // size() - 1 entries
+  void clear() { used_ = 0; }
+
+ private:
+  int device_;
+  std::vector<void*> events_;  // cudaEvent_t, reused across clear()
+  size_t used_ = 0;
 };
 
 // A host tensor in page-locked memory (cudaHostAlloc): host<->device copies from it are truly

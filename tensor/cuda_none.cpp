@@ -28,6 +28,10 @@ EventTimer::~EventTimer() = default;
 void EventTimer::start() { throw Error("EventTimer: reel was built without the CUDA backend"); }
 void EventTimer::stop() { throw Error("EventTimer: reel was built without the CUDA backend"); }
 double EventTimer::elapsed_ms() { throw Error("EventTimer: reel was built without the CUDA backend"); }
+EventLog::EventLog(int device) : device_(device) {}
+EventLog::~EventLog() = default;
+void EventLog::mark() { throw Error("EventLog: reel was built without the CUDA backend"); }
+std::vector<double> EventLog::intervals_ms() { return {}; }
 Tensor pinned_empty(const Shape&, DType) { throw Error("pinned_empty: reel was built without the CUDA backend"); }
 bool is_pinned(const Tensor&) { return false; }
 

@@ -334,6 +334,33 @@ double EventTimer::elapsed_ms() {
   return ms;
 }
 
+EventLog::EventLog(int device) : device_(device) {}
+EventLog::~EventLog() {
+  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+void EventLog::mark() {
+  DeviceScope scope(device_);
+  if (used_ == events_.size()) {
+    cudaEvent_t e;
+    REEL_CUDA_CHECK(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  REEL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(events_[used_++]),
+                                  static_cast<cudaStream_t>(current_stream(device_))));
+}
+std::vector<double> EventLog::intervals_ms() {
+  std::vector<double> out;
+  if (used_ < 2) return out;
+  REEL_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(events_[used_ - 1])));
+  for (size_t i = 1; i < used_; ++i) {
+    float ms = 0;
+    REEL_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[i - 1]),
+                                         static_cast<cudaEvent_t>(events_[i])));
+    out.push_back(ms);
+  }
+  return out;
+}
+
 Tensor pinned_empty(const Shape& shape, DType dtype) {
   size_t n = size_t(numel_of(shape)) * dtype_size(dtype);
   return Tensor::from_storage(std::make_shared<Storage>(n, Device::cpu(), pinned_allocator), shape, dtype);

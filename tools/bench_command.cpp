@@ -20,6 +20,7 @@
 #include "reel.h"
 #include "tensor/cuda.h"
 #include "tools/commands.h"
+#include "tools/op_profile.h"
 
 namespace reel::tools {
 namespace {
@@ -31,6 +32,7 @@ struct BenchOptions {
   std::vector<std::string> precisions{"fp32", "bf16", "fp16"};
   std::string device = "auto";
   int64_t steps = 30, warmup = 5, micro_batch = -1;
+  int64_t profile_steps = 0;  // > 0: profile this many extra steps op by op (tools/op_profile.h)
   std::string json_path;
 };
 
@@ -55,17 +57,21 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--warmup") o.warmup = std::stoll(v);
     else if (k == "--micro-batch") o.micro_batch = std::stoll(v);
     else if (k == "--json") o.json_path = v;
+    else if (k == "--profile") o.profile_steps = std::stoll(v);
     else throw Error("bench: unknown option " + k +
-                     " (expected --models, --precisions, --device, --steps, --warmup, --micro-batch, --json)");
+                     " (expected --models, --precisions, --device, --steps, --warmup, --micro-batch, --json, --profile)");
   }
-  REEL_CHECK(o.steps > 0 && o.warmup >= 0, "bench: --steps must be positive and --warmup non-negative");
+  REEL_CHECK(o.steps > 0 && o.warmup >= 0 && o.profile_steps >= 0,
+             "bench: --steps must be positive, --warmup and --profile non-negative");
   return o;
 }
 
 struct Result {
   std::string model, prec, dev;
   int64_t params = 0, items_per_step = 0;
+  std::string micro_batch = "default";  // as the peer scripts print B
   double median_ms = 0, min_ms = 0, first_s = 0, peak_mib = -1, kernels_per_step = 0;
+  double host_ms = 0;  // median host time to run step() without waiting for the device: the launch cost
 };
 
 double time_step_ms(const std::function<void()>& step, Device device) {
@@ -94,6 +100,7 @@ Result run_config(const std::string& name, const std::string& prec, Device devic
   auto sync = [&] { if (device.is_cuda()) cuda::synchronize(device.index); };
 
   Result r{name, prec, device.str(), w.model->num_parameters(), w.items_per_step};
+  if (o.micro_batch > 0) r.micro_batch = std::to_string(o.micro_batch);
   auto t0 = std::chrono::steady_clock::now();
   step();
   sync();
@@ -101,14 +108,34 @@ Result run_config(const std::string& name, const std::string& prec, Device devic
   for (int64_t i = 0; i < o.warmup; ++i) step();
   sync();
   if (device.is_cuda()) cuda::reset_peak_memory_stats(device.index);
-  std::vector<double> ms;
+  std::vector<double> ms, host_ms;
   uint64_t k0 = kernel_count();
-  for (int64_t i = 0; i < o.steps; ++i) ms.push_back(time_step_ms(step, device));
+  for (int64_t i = 0; i < o.steps; ++i) {
+    auto h0 = std::chrono::steady_clock::now();
+    ms.push_back(time_step_ms([&] {
+      step();
+      host_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count());
+    }, device));
+  }
   r.kernels_per_step = double(kernel_count() - k0) / double(o.steps);
   std::sort(ms.begin(), ms.end());
+  std::sort(host_ms.begin(), host_ms.end());
   r.median_ms = ms[ms.size() / 2];
   r.min_ms = ms.front();
+  r.host_ms = host_ms[host_ms.size() / 2];
   if (device.is_cuda()) r.peak_mib = double(cuda::memory_stats(device.index).peak_allocated_bytes) / (1 << 20);
+  if (o.profile_steps > 0) {
+    sync();
+    OpProfiler prof(device);
+    for (int64_t i = 0; i < o.profile_steps; ++i) {
+      prof.begin();
+      step();
+      prof.end();
+    }
+    std::printf("profile of %s %s on %s (%lld steps):\n", name.c_str(), prec.c_str(), device.str().c_str(),
+                (long long)o.profile_steps);
+    print_profile(prof, o.profile_steps, r.median_ms, 25);
+  }
   return r;
 }
 
@@ -118,10 +145,11 @@ std::string to_json(const Result& r) {
   std::snprintf(buf, sizeof buf,
                 "{\"engine\": \"reel\", \"model\": \"%s\", \"mode\": \"eager\", \"prec\": \"%s\", \"dev\": \"%s\", "
                 "\"params\": %lld, \"items_per_step\": %lld, \"step_ms_median\": %.3f, \"step_ms_min\": %.3f, "
-                "\"items_per_s\": %.0f, \"first_step_s\": %.2f, \"peak_mib\": %s, \"kernels_per_step\": %.0f}",
+                "\"items_per_s\": %.0f, \"first_step_s\": %.2f, \"peak_mib\": %s, \"kernels_per_step\": %.0f, "
+                "\"host_ms_median\": %.3f, \"B\": \"%s\"}",
                 r.model.c_str(), r.prec.c_str(), r.dev.c_str(), (long long)r.params, (long long)r.items_per_step,
                 r.median_ms, r.min_ms, double(r.items_per_step) / (r.median_ms / 1e3), r.first_s, peak.c_str(),
-                r.kernels_per_step);
+                r.kernels_per_step, r.host_ms, r.micro_batch.c_str());
   return buf;
 }
 
