@@ -16,7 +16,9 @@ Tensor causal_attention(const Tensor& qkv, int64_t heads) {
   std::vector<Tensor> parts = split(qkv, d, 2);  // q, k, v: (B, T, d)
   auto to_heads = [&](const Tensor& t) { return t.reshape({B, T, heads, hd}).transpose(1, 2); };  // (B, H, T, hd)
   Tensor q = to_heads(parts[0]), k = to_heads(parts[1]), v = to_heads(parts[2]);
-  Tensor scores = autocast_matmul(q, k.transpose(-2, -1), autocast_policy()) * (1.0 / std::sqrt(double(hd)));  // (B, H, T, T)
+  // The 1/sqrt(hd) scale goes on q (B, H, T, hd) rather than on the scores (B, H, T, T): T/hd times
+  // fewer elements, and q comes out contiguous, so the GEMM reads it without a copy.
+  Tensor scores = autocast_matmul(q * (1.0 / std::sqrt(double(hd))), k.transpose(-2, -1), autocast_policy());  // (B, H, T, T)
   // future: (T, T), 1 where key s comes after query t
   Tensor pos = arange(T, TensorOptions{}.with_dtype(DType::i64).with_device(qkv.device()));
   Tensor future = gt(pos.unsqueeze(0), pos.unsqueeze(1));

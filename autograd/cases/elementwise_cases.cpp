@@ -81,6 +81,13 @@ void add_elementwise_cases(std::vector<OpCase>& c) {
                  auto parts = split(x[0], {2, 1, 2}, 0);
                  return concat({parts[2] * 2.0, parts[0]}, 0);
                }});
+  c.push_back({"split dim 1 of transposed (4,6) like qkv", [](Device d, DType t) -> Inputs {
+                 return {transposed_leaf({4, 6}, d, t, 32)};
+               },
+               [](const Inputs& x) {
+                 auto parts = split(x[0], 2, 1);
+                 return parts[0] * parts[1] + parts[2];
+               }});
 }
 
 void add_view_cases(std::vector<OpCase>& c) {

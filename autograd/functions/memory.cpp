@@ -1,8 +1,10 @@
 // Creation, copies, casts, device moves, concat/split and the in-place updates.
 //
 // Forward beside backward: a cast's gradient is cast back, a device move's gradient moves back,
-// concat's gradient is sliced into pieces. In-place ops (copy_, fill_, add_, mul_) record nothing and
-// refuse tensors that require grad while grad mode is on (their history would be lost).
+// concat's gradient is sliced into pieces and split's is one concat. In-place ops (copy_, fill_, add_,
+// mul_) record nothing and refuse tensors that require grad while grad mode is on (their history
+// would be lost).
+#include <algorithm>
 #include <cmath>
 
 #include "autograd/node.h"
@@ -138,12 +140,29 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   }
   REEL_CHECK(total == x.shape()[d], "split: sizes ", shape_str(sizes), " add up to ", total, " but dim ", d,
              " of shape ", shape_str(x.shape()), " has ", x.shape()[d]);
+  // The parts are slice views; one node for all of them, whose backward writes each part's gradient
+  // into its place with one concat (zeros for parts that got none) rather than a zero-filled
+  // input-sized tensor per part and a sum of them.
   std::vector<Tensor> parts;
-  int64_t at = 0;
-  for (int64_t s : sizes) {
-    parts.push_back(slice(x, d, at, at + s));
-    at += s;
+  {
+    NoGradGuard no_grad;
+    int64_t at = 0;
+    for (int64_t s : sizes) {
+      parts.push_back(dispatch1(OpKind::Slice, {x},
+                                Attrs().set("dim", d).set("start", at).set("end", at + s).set("step", int64_t(1))));
+      at += s;
+    }
   }
+  std::vector<Shape> part_shapes;
+  for (const Tensor& p : parts) part_shapes.push_back(p.shape());
+  autograd::record("split", {x}, parts, [part_shapes, d](const autograd::Grads& g) -> autograd::Grads {
+    // Backward reaches this node only when at least one part has a gradient; it sets dtype and device.
+    const Tensor& ref = *std::find_if(g.begin(), g.end(), [](const Tensor& t) { return t.defined(); });
+    std::vector<Tensor> pieces;
+    for (size_t i = 0; i < g.size(); ++i)
+      pieces.push_back(g[i].defined() ? g[i] : zeros(part_shapes[i], TensorOptions{ref.dtype(), ref.device()}));
+    return {pieces.size() == 1 ? pieces[0] : concat(pieces, d)};
+  });
   return parts;
 }
 

@@ -115,6 +115,19 @@ struct StridedOffsets {
       for (int k = 0; k < N; ++k) off[k] += idx * strides[k][d];
     }
   }
+  // The same for i < 2^32: 32-bit division and remainder are several times cheaper than 64-bit ones,
+  // and the index arithmetic is most of a broadcast kernel's instructions.
+  __device__ __forceinline__ void offsets32(uint32_t i, int64_t (&off)[N]) const {
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      uint32_t size = uint32_t(sizes[d]);
+      uint32_t idx = i % size;
+      i /= size;
+#pragma unroll
+      for (int k = 0; k < N; ++k) off[k] += int64_t(idx) * strides[k][d];
+    }
+  }
 };
 
 template <size_t N>

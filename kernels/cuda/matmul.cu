@@ -19,7 +19,8 @@
 // stride[d] == stride[d+1] * size[d+1] for all three). One merged dim is one
 // cublasGemmStridedBatchedEx_64 call (a stride of 0 reuses a shared operand); where broadcasting
 // leaves several merged dims (a (B, 1, M, K) @ b (1, H, K, N)), the largest is the batched one and
-// the host loops over the others. When b is a single shared matrix (a linear layer x (B, T, C) @
+// the host loops over the others. Several merged dims without broadcasting (attention's heads as a
+// strided view) are first made one by copying the operands contiguous. When b is a single shared matrix (a linear layer x (B, T, C) @
 // W (C, D)) and a's batch merges with its rows, the batch is folded into M: one (B*T, C) @ (C, D)
 // GEMM, which cuBLAS tiles far better than B small ones.
 //
@@ -146,7 +147,6 @@ void matmul_dense(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   const int64_t nd = out.dim();
   const int64_t M = out.shape()[nd - 2], N = out.shape()[nd - 1], K = a_in.shape().back();
   Tensor a = gemm_readable(a_in), b = gemm_readable(b_in);
-  const GemmShape g{M, N, K, gemm_operand(*matrix_layout(a)), gemm_operand(*matrix_layout(b))};
 
   // Batch strides broadcast to out's batch (0 on broadcast dims); out's own are contiguous.
   const Shape batch(out.shape().begin(), out.shape().end() - 2);
@@ -156,6 +156,19 @@ void matmul_dense(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   };
   const std::vector<int64_t> sc(out.strides().begin(), out.strides().end() - 2);
   std::vector<BatchDim> dims = merged_batch(batch, batch_strides(a), batch_strides(b), sc);
+  if (dims.size() > 1) {
+    // The batch does not fold into one stride: typically attention's heads, q (B, H, T, hd) as a view
+    // of (B, T, 3d). Rather than one small batched GEMM per outer index (H launches that each fill a
+    // fraction of the GPU), copy each operand that is not itself broadcast into a contiguous buffer
+    // (a memory-bound pass, far cheaper than the GEMM it unlocks) and merge again.
+    auto unbroadcast = [&](const Tensor& t) { return t.dim() == out.dim() && t.numel() > 0 &&
+                                                     Shape(t.shape().begin(), t.shape().end() - 2) == batch; };
+    if (unbroadcast(a)) a = contiguous_on_device(a);
+    if (unbroadcast(b)) b = contiguous_on_device(b);
+    dims = merged_batch(batch, batch_strides(a), batch_strides(b), sc);
+  }
+
+  const GemmShape g{M, N, K, gemm_operand(*matrix_layout(a)), gemm_operand(*matrix_layout(b))};
 
   // The largest merged dim is the strided batch; the host loops over the others (usually none).
   BatchDim inner{1, 0, 0, 0};
