@@ -136,6 +136,45 @@ TEST(Cuda, NonDifferentiableOpsMatchCpu) {
   EXPECT_EQ(sum(i).item(), 2.0);
 }
 
+// The elementwise launcher's paths: packed (16-byte vectors), scalar tail, periodic broadcasts over
+// leading dims (a bias, a mask), periods that are not whole packs, misaligned views, strided inputs.
+// Add and mul are exact in every dtype (computed in the accumulation type, rounded once), so they must
+// agree with the CPU to the bit.
+TEST(Cuda, ElementwisePathsMatchCpu) {
+  REEL_REQUIRE_GPU();
+  struct Case {
+    Shape a, b;
+  };
+  const std::vector<Case> cases = {
+      {{4, 6, 8}, {4, 6, 8}},  // same shape, whole packs for every dtype
+      {{3, 5, 7}, {3, 5, 7}},  // odd count: packs and a scalar tail
+      {{4, 6, 8}, {8}},        // bias over the last dim, period a whole number of packs
+      {{2, 3, 6, 6}, {6, 6}},  // (T, T) mask over (B, H, T, T)
+      {{3, 5, 7}, {1, 5, 7}},  // leading size-1 dim, period 35 (not a whole pack)
+      {{3, 5, 7}, {}},         // a scalar tensor
+      {{3, 5, 7}, {5, 1}},     // not periodic: the strided path
+  };
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + shape_str(c.a) + " + " + shape_str(c.b));
+      Generator g(7);
+      Tensor a = randn(c.a, {dt}, &g), b = randn(c.b, {dt}, &g);
+      Tensor ag = a.to(kGpu), bg = b.to(kGpu);
+      EXPECT_EQ((ag + bg).to_vector<double>(), (a + b).to_vector<double>());
+      EXPECT_EQ((bg * ag).to_vector<double>(), (b * a).to_vector<double>());
+      // Transcendental formulas may round differently on the device: compare within tolerance.
+      EXPECT_LE(rel_l2(gelu(ag).to_vector<double>(), gelu(a).to_vector<double>()), tolerance(dt));
+    }
+    // A view one element in (not 16-byte aligned) and a transposed one.
+    Generator g(8);
+    Tensor x = randn({9, 8}, {dt}, &g);
+    Tensor xg = x.to(kGpu);
+    Tensor off = x.reshape({72}).slice(0, 1, 72), offg = xg.reshape({72}).slice(0, 1, 72);
+    EXPECT_EQ((offg * 2.0).to_vector<double>(), (off * 2.0).to_vector<double>());
+    EXPECT_EQ((xg.t() - xg.t()).to_vector<double>(), (x.t() - x.t()).to_vector<double>());
+  }
+}
+
 TEST(Cuda, TransfersAndCastsKeepValuesAndLayouts) {
   REEL_REQUIRE_GPU();
   Tensor x = arange(24, {DType::f64}).reshape({2, 3, 4});

@@ -1,7 +1,8 @@
 // CUDA kernels of the elementwise ops: the same scalar formulas as the CPU (kernels/elementwise_math.h)
 // in one grid-stride kernel per (op, dtype, arity). Operands are broadcast to the output's shape and
 // may have any strides: the launcher merges dims exactly as the CPU loops do (kernels/loop_geometry.h)
-// and, when every operand is contiguous and unbroadcast, takes a flat path with no index arithmetic.
+// and, when every operand is contiguous and broadcast at most over leading dims, takes a flat path
+// (16-byte vector loads where alignment allows).
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/elementwise_math.h"
@@ -23,13 +24,28 @@ __device__ __forceinline__ Acc<D> apply(const F& f, const InPtrs<NIN>& in, const
   else return f(to_acc(p[0][off[0]]), to_acc(p[1][off[1]]), to_acc(p[2][off[2]]));
 }
 
-template <typename D, int NIN, typename F>
-__global__ void map_contiguous_kernel(int64_t n, D* out, InPtrs<NIN> in, F f) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+// Flat paths. Every input is either out-shaped and contiguous (period 0: element i reads element i)
+// or contiguous and broadcast only over out's leading dims, such as a bias (C) added to (B, T, C) or
+// a (T, T) mask over (B, H, T, T) scores (period = its numel: element i reads element i % period).
+// I is the index type: uint32_t where the count allows, as 32-bit remainders are much cheaper.
+template <int NIN>
+struct Periods {
+  int64_t p[NIN];
+};
+
+template <typename I, int NIN>
+__device__ __forceinline__ I wrap(I i, const Periods<NIN>& per, int k) {
+  return per.p[k] ? i % I(per.p[k]) : i;
+}
+
+template <typename D, int NIN, typename I, typename F>
+__global__ void map_contiguous_kernel(I base, I n, D* out, InPtrs<NIN> in, Periods<NIN> per, F f) {
+  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < n; i += I(gridDim.x) * blockDim.x) {
+    const I e = base + i;
     int64_t off[NIN];
 #pragma unroll
-    for (int k = 0; k < NIN; ++k) off[k] = i;
-    out[i] = from_acc<D>(apply<D, NIN>(f, in, off));
+    for (int k = 0; k < NIN; ++k) off[k] = wrap(e, per, k);
+    out[e] = from_acc<D>(apply<D, NIN>(f, in, off));
   }
 }
 
@@ -40,17 +56,17 @@ struct alignas(16) Pack {
   D v[kSize];
 };
 
-// The contiguous case with every pointer 16-byte aligned: each thread moves whole Packs, so a warp
-// issues 512-byte transactions instead of 128-byte ones (elements [0, npack * Pack::kSize) only; the
-// launcher runs the scalar kernel over the tail).
-template <typename D, int NIN, typename F>
-__global__ void map_packed_kernel(int64_t npack, D* out, InPtrs<NIN> in, F f) {
+// The flat path with every pointer 16-byte aligned and every period a whole number of Packs: each
+// thread moves whole Packs, so a warp issues 512-byte transactions instead of 128-byte ones. Covers
+// elements [0, npack * Pack::kSize); the launcher runs the scalar kernel over the tail. Periods are
+// counted in Packs here.
+template <typename D, int NIN, typename I, typename F>
+__global__ void map_packed_kernel(I npack, D* out, InPtrs<NIN> in, Periods<NIN> per, F f) {
   using P = Pack<D>;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < npack;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < npack; i += I(gridDim.x) * blockDim.x) {
     P src[NIN];
 #pragma unroll
-    for (int k = 0; k < NIN; ++k) src[k] = static_cast<const P*>(in.p[k])[i];
+    for (int k = 0; k < NIN; ++k) src[k] = static_cast<const P*>(in.p[k])[wrap(i, per, k)];
     P r;
 #pragma unroll
     for (int j = 0; j < P::kSize; ++j) {
@@ -74,6 +90,34 @@ __global__ void map_strided_kernel(StridedOffsets<NIN + 1> geo, int64_t n, D* ou
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The period of `in` read flat against a contiguous `out` (see Periods), or -1 when it cannot be.
+int64_t flat_period(const Tensor& in, const Tensor& out) {
+  if (!in.is_contiguous()) return -1;
+  if (in.shape() == out.shape()) return 0;
+  const Shape& si = in.shape();
+  const Shape& so = out.shape();
+  size_t lead = 0;  // in's leading size-1 dims are broadcast like missing ones
+  while (lead < si.size() && si[lead] == 1) ++lead;
+  const size_t rest = si.size() - lead;
+  if (rest > so.size() || !std::equal(si.begin() + lead, si.end(), so.end() - rest)) return -1;
+  return in.numel() == out.numel() ? 0 : std::max<int64_t>(in.numel(), 1);
+}
+
+template <typename D, int NIN, typename I, typename F>
+void launch_flat(int64_t n, D* po, const InPtrs<NIN>& ptrs, const Periods<NIN>& per, bool aligned, F f,
+                 cudaStream_t s) {
+  constexpr int kPack = Pack<D>::kSize;
+  bool packable = aligned;
+  Periods<NIN> per_pack;
+  for (int k = 0; k < NIN; ++k) {
+    packable = packable && per.p[k] % kPack == 0;
+    per_pack.p[k] = per.p[k] / kPack;
+  }
+  const int64_t npack = packable ? n / kPack : 0, done = npack * kPack;
+  if (npack > 0) map_packed_kernel<D, NIN, I><<<blocks_for(npack), 256, 0, s>>>(I(npack), po, ptrs, per_pack, f);
+  if (done < n) map_contiguous_kernel<D, NIN, I><<<blocks_for(n - done), 256, 0, s>>>(I(done), I(n - done), po, ptrs, per, f);
+}
+
 // out = f(inputs...), every input broadcast to out's shape; T is the host scalar type.
 template <typename T, int NIN, typename F>
 void launch_map(const Tensor& out, const std::array<Tensor, NIN>& ins, F f) {
@@ -81,30 +125,26 @@ void launch_map(const Tensor& out, const std::array<Tensor, NIN>& ins, F f) {
   const int64_t n = out.numel();
   if (n == 0) return;
   InPtrs<NIN> ptrs;
+  Periods<NIN> per;
   bool flat = out.is_contiguous();
-  bool packable = aligned16(out.data_ptr());
+  bool aligned = aligned16(out.data_ptr());
   std::array<std::vector<int64_t>, NIN + 1> strides;
   strides[0] = out.strides();
   for (int k = 0; k < NIN; ++k) {
     ptrs.p[k] = ins[k].data_ptr();
-    flat = flat && ins[k].shape() == out.shape() && ins[k].is_contiguous();
-    packable = packable && aligned16(ptrs.p[k]);
+    per.p[k] = flat_period(ins[k], out);
+    flat = flat && per.p[k] >= 0;
+    aligned = aligned && aligned16(ptrs.p[k]);
     strides[k + 1] = broadcast_strides(ins[k].shape(), ins[k].strides(), out.shape());
   }
   D* po = static_cast<D*>(out.data_ptr());
   cudaStream_t s = stream_of(out);
   if (flat) {
-    constexpr int kPack = Pack<D>::kSize;
-    const int64_t npack = packable ? n / kPack : 0, done = npack * kPack;
-    if (npack > 0) map_packed_kernel<D, NIN><<<blocks_for(npack), 256, 0, s>>>(npack, po, ptrs, f);
-    if (done < n) {
-      InPtrs<NIN> tail;
-      for (int k = 0; k < NIN; ++k) tail.p[k] = static_cast<const D*>(ptrs.p[k]) + done;
-      map_contiguous_kernel<D, NIN><<<blocks_for(n - done), 256, 0, s>>>(n - done, po + done, tail, f);
-    }
+    if (n < (int64_t(1) << 31)) launch_flat<D, NIN, uint32_t>(n, po, ptrs, per, aligned, f, s);
+    else launch_flat<D, NIN, int64_t>(n, po, ptrs, per, aligned, f, s);
   } else {
     auto geo = make_offsets(make_geometry<NIN + 1>(out.shape(), strides));
-    if (n <= int64_t(UINT32_MAX))
+    if (n < (int64_t(1) << 31))
       map_strided_kernel<D, NIN, true><<<blocks_for(n), 256, 0, s>>>(geo, n, po, ptrs, f);
     else
       map_strided_kernel<D, NIN, false><<<blocks_for(n), 256, 0, s>>>(geo, n, po, ptrs, f);

@@ -21,13 +21,21 @@ void copy_strided(const Tensor& dst, const Tensor& src);  // kernels/cpu/memory.
 namespace cuda {
 namespace {
 
-template <typename D, typename S>
+template <typename D, typename S, bool Index32>
 __global__ void copy_cast_strided_kernel(StridedOffsets<2> geo, int64_t n, D* dst, const S* src) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[2];
-    geo.offsets(i, off);
+    if constexpr (Index32) geo.offsets32(uint32_t(i), off);
+    else geo.offsets(i, off);
     dst[off[0]] = from_acc<D>(to_acc(src[off[1]]));
   }
+}
+
+// Both sides contiguous, same shape, dtypes differ (autocast's casts): no index arithmetic at all.
+template <typename D, typename S>
+__global__ void copy_cast_flat_kernel(uint32_t n, D* dst, const S* src) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    dst[i] = from_acc<D>(to_acc(src[i]));
 }
 
 template <typename D, typename F>
@@ -165,8 +173,16 @@ void copy_on_device(const Tensor& dst, const Tensor& src) {
     visit_dtype(src.dtype(), [&]<typename ST>() {
       using D = Dev<DT>;
       using S = Dev<ST>;
-      copy_cast_strided_kernel<D, S><<<blocks_for(n), 256, 0, stream_of(dst)>>>(
-          geo, n, static_cast<D*>(dst.data_ptr()), static_cast<const S*>(src.data_ptr()));
+      D* d = static_cast<D*>(dst.data_ptr());
+      const S* sp = static_cast<const S*>(src.data_ptr());
+      cudaStream_t s = stream_of(dst);
+      const bool small = n < (int64_t(1) << 31);
+      if (small && dst.shape() == src.shape() && dst.is_contiguous() && src.is_contiguous())
+        copy_cast_flat_kernel<D, S><<<blocks_for(n), 256, 0, s>>>(uint32_t(n), d, sp);
+      else if (small)
+        copy_cast_strided_kernel<D, S, true><<<blocks_for(n), 256, 0, s>>>(geo, n, d, sp);
+      else
+        copy_cast_strided_kernel<D, S, false><<<blocks_for(n), 256, 0, s>>>(geo, n, d, sp);
       REEL_CUDA_LAUNCH_CHECK();
     });
   });
