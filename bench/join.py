@@ -52,7 +52,7 @@ def main(argv):
     for p in peers:
         if peer_label(p) not in labels:
             labels.append(peer_label(p))
-    head = ["model", "prec", "B", "reel eager ms", "reel peak MiB"]
+    head = ["model", "prec", "B", "reel eager ms", "reel peak MiB", "reel ops/step"]
     for label in labels:
         head += [f"torch {label} ms", "reel/torch", "torch peak MiB"]
     print("| " + " | ".join(head) + " |")
@@ -60,7 +60,7 @@ def main(argv):
     joined = []
     for r in reel:
         row = [r["model"], r["prec"], str(r.get("B", "default")), f'{r["step_ms_median"]:.2f}',
-               str(r.get("peak_mib") or "-")]
+               str(r.get("peak_mib") or "-"), f'{r.get("kernels_per_step", 0):.0f}']
         entry = dict(model=r["model"], prec=r["prec"], B=str(r.get("B", "default")), reel_ms=r["step_ms_median"], reel_items_per_s=r["items_per_s"],
                      peers={})
         for label in labels:

@@ -1,19 +1,66 @@
 #!/usr/bin/env bash
-# reel and the PyTorch peer, side by side in one run on the GPU machine (issue 5's joined table).
-#   bench/side_by_side.sh [models] [precisions]     (logs and JSON lines under $OUT, or ./bench-out)
-# Needs the peer scripts copied into .peer/ (cp -r ../shared/peer .peer) and a reel binary
-# ($REEL, default .gpu/reel from `make gpu-bundle`). Prints the joined table last.
+# reel and the PyTorch peer, side by side in one GPU-machine call (issue 5's joined tables).
+#   bench/side_by_side.sh PHASE...      logs and JSON lines under $OUT/PHASE (or ./bench-out/PHASE)
+# Phases (each runs reel and the peer one after the other, so each ratio is taken in one run):
+#   eager     reel eager on the GPU vs torch eager (fp32, bf16, fp16) and the whole-step CUDA graph
+#   compiled  reel eager on the GPU vs torch.compile default and reduce-overhead with CUDA-graph trees off
+#   scaling   micro-batch 8, 32, 128 for cnn-small and gpt-tiny, reel vs torch eager
+#   cpu       the CPU, 2 threads each, cnn-small and gpt-tiny fp32
+#   profile   torch's kernel profile of gpt-small (bench/torch_profile.py), to set beside reel's
+# Needs the peer scripts copied into .peer/ (cp -r ../shared/peer .peer) and a reel binary ($REEL,
+# default .gpu/reel from `make gpu-bundle`). Prints each joined table last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-bench-out}"
-mkdir -p "$out"
-models="${1:-cnn-small,gpt-tiny,gpt-small}"
-precs="${2:-fp32,bf16,fp16}"
+root="${OUT:-bench-out}"
 reel="${REEL:-.gpu/reel}"
-"$reel" bench --models "$models" --precisions "$precs" --json "$out/reel.jsonl" > "$out/reel.txt" 2>&1
-python3 .peer/torch_anchor.py cuda "$models" eager,default "$precs" > "$out/torch_anchor.jsonl" 2> "$out/torch_anchor.err"
-CG_TREES=0 python3 .peer/torch_anchor.py cuda "$models" reduce-overhead "$precs" \
-  > "$out/torch_trees_off.jsonl" 2> "$out/torch_trees_off.err"
-ATTN=sdpa python3 .peer/torch_graphed.py "$models" bf16 > "$out/torch_graphed.jsonl" 2> "$out/torch_graphed.err"
-CG_TREES_FILE=torch_trees_off.jsonl python3 bench/join.py "$out/reel.jsonl" "$out/torch_anchor.jsonl" \
-  "$out/torch_trees_off.jsonl" "$out/torch_graphed.jsonl" | tee "$out/joined.md"
+export LD_LIBRARY_PATH="$PWD/.gpu:${LD_LIBRARY_PATH:-}"
+models="cnn-small,gpt-tiny,gpt-small"
+precs="fp32,bf16,fp16"
+
+join() {  # join DIR FILES...: the joined table of DIR's reel.jsonl with the peer files
+  local dir="$1"; shift
+  CG_TREES_FILE=torch_trees_off.jsonl python3 bench/join.py "$dir/reel.jsonl" "$@" > "$dir/joined.md"
+}
+
+for phase in "$@"; do
+  out="$root/$phase"
+  mkdir -p "$out"
+  case "$phase" in
+    eager)
+      "$reel" bench --models "$models" --precisions "$precs" --profile 1 --json "$out/reel.jsonl" > "$out/reel.txt" 2>&1
+      python3 .peer/torch_anchor.py cuda "$models" eager "$precs" > "$out/torch_eager.jsonl" 2> "$out/torch_eager.err"
+      ATTN=sdpa python3 .peer/torch_graphed.py "$models" bf16 > "$out/torch_graphed.jsonl" 2> "$out/torch_graphed.err"
+      join "$out" "$out/torch_eager.jsonl" "$out/torch_graphed.jsonl" ;;
+    compiled)
+      "$reel" bench --models "$models" --precisions "$precs" --json "$out/reel.jsonl" > "$out/reel.txt" 2>&1
+      # 16-bit only: each compiled configuration costs tens of seconds of compilation, and a device
+      # call is limited to 10 minutes (MODELS.md's table also gives these modes in 16-bit).
+      python3 .peer/torch_anchor.py cuda "$models" default bf16,fp16 > "$out/torch_default.jsonl" 2> "$out/torch_default.err"
+      CG_TREES=0 python3 .peer/torch_anchor.py cuda "$models" reduce-overhead bf16,fp16 \
+        > "$out/torch_trees_off.jsonl" 2> "$out/torch_trees_off.err"
+      join "$out" "$out/torch_default.jsonl" "$out/torch_trees_off.jsonl" ;;
+    scaling)
+      : > "$out/reel.jsonl"; : > "$out/torch_eager.jsonl"
+      for b in 8 32 128; do
+        "$reel" bench --models cnn-small,gpt-tiny --precisions fp32,bf16 --micro-batch "$b" --json "$out/reel_$b.jsonl" \
+          >> "$out/reel.txt" 2>&1
+        cat "$out/reel_$b.jsonl" >> "$out/reel.jsonl"
+        B="$b" python3 .peer/torch_anchor.py cuda cnn-small,gpt-tiny eager fp32,bf16 >> "$out/torch_eager.jsonl" \
+          2>> "$out/torch_eager.err"
+      done
+      join "$out" "$out/torch_eager.jsonl" ;;
+    cpu)
+      OMP_NUM_THREADS=2 "$reel" bench --device cpu --models cnn-small,gpt-tiny --precisions fp32 --steps 5 --warmup 1 \
+        --json "$out/reel.jsonl" > "$out/reel.txt" 2>&1
+      THREADS=2 STEPS=5 python3 .peer/torch_anchor.py cpu cnn-small,gpt-tiny eager fp32 > "$out/torch_eager.jsonl" \
+        2> "$out/torch_eager.err"
+      join "$out" "$out/torch_eager.jsonl" ;;
+    profile)
+      for p in fp32 bf16; do python3 bench/torch_profile.py gpt-small "$p" 25; done > "$out/torch_profile.txt" 2>&1 ;;
+    *) echo "unknown phase $phase (eager, compiled, scaling, cpu, profile)" >&2; exit 2 ;;
+  esac
+done
+for phase in "$@"; do
+  [ -f "$root/$phase/joined.md" ] && { echo "== $phase"; cat "$root/$phase/joined.md"; }
+done
+exit 0
