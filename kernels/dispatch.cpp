@@ -64,9 +64,10 @@ Device kernel_device(OpKind op, Device input_device, Device output_device) {
   return output_device;
 }
 
-void notify(OpKind op, const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs& attrs) {
+void notify(OpKind op, const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs& attrs,
+            bool into_given) {
   n_dispatch.fetch_add(1, std::memory_order_relaxed);
-  if (observer) observer->on_dispatch(op, in, out, attrs);
+  if (observer) observer->on_dispatch(op, in, out, attrs, into_given);
 }
 
 }  // namespace
@@ -119,7 +120,7 @@ std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const
     k(KernelCall{op, inputs, outputs, attrs});
     n_kernels.fetch_add(1, std::memory_order_relaxed);
   }
-  notify(op, inputs, outputs, attrs);
+  notify(op, inputs, outputs, attrs, false);
   return outputs;
 }
 
@@ -150,7 +151,21 @@ void dispatch_out(OpKind op, const std::vector<Tensor>& inputs, const std::vecto
   Device out_device = outputs.empty() ? Device::cpu() : outputs[0].device();
   kernel_for(op, e, kernel_device(op, in_device, out_device))(KernelCall{op, inputs, outputs, attrs});
   n_kernels.fetch_add(1, std::memory_order_relaxed);
-  notify(op, inputs, outputs, attrs);
+  notify(op, inputs, outputs, attrs, true);
+}
+
+void run_kernel(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                const Attrs& attrs) {
+  const OpEntry& e = checked_entry(op);
+  Device in_device = common_device(op, inputs);
+  Device out_device = outputs.empty() ? in_device : outputs[0].device();
+  kernel_for(op, e, kernel_device(op, in_device, out_device))(KernelCall{op, inputs, outputs, attrs});
+  n_kernels.fetch_add(1, std::memory_order_relaxed);
+}
+
+KernelFn find_kernel(OpKind op, DeviceType device) {
+  ensure_registered();
+  return entry(op).kernels[static_cast<int>(device)];
 }
 
 DispatchObserver* set_dispatch_observer(DispatchObserver* o) {

@@ -53,15 +53,24 @@ void dispatch_out(OpKind op, const std::vector<Tensor>& inputs, const std::vecto
 // The output metas dispatch would produce, without running anything (used by planners and tests).
 std::vector<TensorMeta> infer_outputs(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs = {});
 
-// The compiler's tracer installs one of these; kernels/ never sees compile/.
+// The compiler's tracer installs one of these; kernels/ never sees compile/. `into_given` is true
+// for dispatch_out (the outputs existed before the call: an in-place update or a copy into a view)
+// and false for dispatch (the outputs were allocated by it, or are views of an input).
 class DispatchObserver {
  public:
   virtual ~DispatchObserver() = default;
   virtual void on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-                           const Attrs& attrs) = 0;
+                           const Attrs& attrs, bool into_given) = 0;
 };
 // Installs `observer` (nullptr removes it) and returns the previous one.
 DispatchObserver* set_dispatch_observer(DispatchObserver* observer);
+
+// Runs op's kernel for `device` on tensors that are known to be valid — a recorded op replayed by
+// the compiler's plan: no schema check, no allocation, no observer; counted by kernel_count().
+void run_kernel(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                const Attrs& attrs);
+// The registered kernel of op on `device` (nullptr when there is none).
+KernelFn find_kernel(OpKind op, DeviceType device);
 
 // Counts every dispatch since start-up (cheap; used by tests).
 uint64_t dispatch_count();

@@ -87,6 +87,31 @@ class GraphPoolGuard {
   int prev_;
 };
 
+// A CUDA graph captured from the current stream of `device` and replayed on it. Capture uses the
+// thread-local mode (other threads' CUDA calls are not disturbed) and takes every allocation made
+// meanwhile from the graph's own pool, so a replay never writes memory handed to other tensors.
+// Work enqueued while capturing does not run: replay() after capture_end() to run it.
+class Graph {
+ public:
+  explicit Graph(int device = 0);
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void capture_begin();
+  void capture_end();  // ends the capture and instantiates the executable graph
+  void replay();       // launches it on the current stream (asynchronous, like any kernel)
+  size_t num_nodes() const { return num_nodes_; }
+
+ private:
+  int device_;
+  GraphPool pool_;
+  GraphPoolGuard* pool_guard_ = nullptr;
+  void* stream_ = nullptr;  // the captured stream
+  void* graph_ = nullptr;   // cudaGraph_t
+  void* exec_ = nullptr;    // cudaGraphExec_t
+  size_t num_nodes_ = 0;
+};
+
 // Device time between two points of the current stream, measured with CUDA events (no host clock,
 // no synchronisation until elapsed_ms() is asked for).
 class EventTimer {

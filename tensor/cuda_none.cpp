@@ -28,6 +28,11 @@ EventTimer::~EventTimer() = default;
 void EventTimer::start() { throw Error("EventTimer: reel was built without the CUDA backend"); }
 void EventTimer::stop() { throw Error("EventTimer: reel was built without the CUDA backend"); }
 double EventTimer::elapsed_ms() { throw Error("EventTimer: reel was built without the CUDA backend"); }
+Graph::Graph(int device) : device_(device) {}
+Graph::~Graph() = default;
+void Graph::capture_begin() { throw Error("cuda::Graph: reel was built without the CUDA backend"); }
+void Graph::capture_end() { throw Error("cuda::Graph: reel was built without the CUDA backend"); }
+void Graph::replay() { throw Error("cuda::Graph: reel was built without the CUDA backend"); }
 EventLog::EventLog(int device) : device_(device) {}
 EventLog::~EventLog() = default;
 void EventLog::mark() { throw Error("EventLog: reel was built without the CUDA backend"); }

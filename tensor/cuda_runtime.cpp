@@ -334,6 +334,39 @@ double EventTimer::elapsed_ms() {
   return ms;
 }
 
+Graph::Graph(int device) : device_(device) {}
+Graph::~Graph() {
+  delete pool_guard_;
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+}
+void Graph::capture_begin() {
+  REEL_CHECK(graph_ == nullptr && pool_guard_ == nullptr, "cuda::Graph: already captured");
+  DeviceScope scope(device_);
+  stream_ = current_stream(device_);
+  pool_guard_ = new GraphPoolGuard(pool_);
+  REEL_CUDA_CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(stream_), cudaStreamCaptureModeThreadLocal));
+}
+void Graph::capture_end() {
+  REEL_CHECK(pool_guard_ != nullptr, "cuda::Graph: capture_end without capture_begin");
+  DeviceScope scope(device_);
+  cudaGraph_t g = nullptr;
+  cudaError_t err = cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
+  delete pool_guard_;
+  pool_guard_ = nullptr;
+  REEL_CUDA_CHECK(err);
+  graph_ = g;
+  REEL_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &num_nodes_));
+  cudaGraphExec_t exec = nullptr;
+  REEL_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  exec_ = exec;
+}
+void Graph::replay() {
+  REEL_CHECK(exec_ != nullptr, "cuda::Graph: replay before a capture");
+  DeviceScope scope(device_);
+  REEL_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(current_stream(device_))));
+}
+
 EventLog::EventLog(int device) : device_(device) {}
 EventLog::~EventLog() {
   for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));

@@ -6,5 +6,6 @@ namespace reel::tools {
 int gradcheck_command(int argc, char** argv);
 int train_command(int argc, char** argv);
 int bench_command(int argc, char** argv);
+int plan_command(int argc, char** argv);
 
 }  // namespace reel::tools

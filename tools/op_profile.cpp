@@ -59,7 +59,7 @@ void OpProfiler::begin() {
 }
 
 void OpProfiler::on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-                             const Attrs&) {
+                             const Attrs&, bool) {
   if (is_view_op(op)) return;  // no kernel ran
   pending_.emplace_back(op_name(op), kernel_key(op, inputs, outputs));
   stamp();

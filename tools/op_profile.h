@@ -26,7 +26,7 @@ class OpProfiler : public DispatchObserver {
   void end();    // removes it and charges the intervals to the ops seen since begin()
 
   void on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-                   const Attrs& attrs) override;
+                   const Attrs& attrs, bool into_given) override;
 
   struct Row {
     std::string key;

@@ -2,6 +2,7 @@
 //   reel gradcheck [--filter TEXT]   gradcheck every differentiable op (f64, CPU) and print a table
 //   reel train [options]             train a model end to end (tools/train_command.cpp)
 //   reel bench [options]             time MODELS.md's training step (tools/bench_command.cpp)
+//   reel plan [options]              print the compiled plan of that step (tools/plan_command.cpp)
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -16,7 +17,8 @@ void usage() {
                "commands:\n"
                "  gradcheck [--filter TEXT]   check every op's gradient against finite differences\n"
                "  train [options]             train a model (reel train --help for the options)\n"
-               "  bench [options]             time the training step of the benchmark models\n";
+               "  bench [options]             time the training step of the benchmark models\n"
+               "  plan [options]              print the compiled plan of a model's training step\n";
 }
 
 }  // namespace
@@ -31,6 +33,7 @@ int main(int argc, char** argv) {
     if (cmd == "gradcheck") return reel::tools::gradcheck_command(argc - 2, argv + 2);
     if (cmd == "train") return reel::tools::train_command(argc - 2, argv + 2);
     if (cmd == "bench") return reel::tools::bench_command(argc - 2, argv + 2);
+    if (cmd == "plan") return reel::tools::plan_command(argc - 2, argv + 2);
     std::cerr << "reel: unknown command '" << cmd << "'\n";
     usage();
     return 1;

@@ -1,0 +1,39 @@
+// Printing of the IR (see graph.h).
+#include "compile/graph.h"
+
+#include <sstream>
+
+namespace reel::compile {
+
+const char* buffer_kind_name(BufferKind k) {
+  switch (k) {
+    case BufferKind::Input: return "input";
+    case BufferKind::External: return "external";
+    case BufferKind::Internal: return "internal";
+  }
+  return "?";
+}
+
+std::string ref_str(const TensorRef& r) {
+  std::ostringstream os;
+  os << "b" << r.buffer << shape_str(r.shape) << " " << dtype_name(r.dtype);
+  if (r.offset != 0) os << " +" << r.offset;
+  return os.str();
+}
+
+std::string Graph::str() const {
+  std::ostringstream os;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& n = nodes[i];
+    os << i << ": " << op_name(n.op) << (n.in_place ? " (in place)" : "") << " (";
+    for (size_t k = 0; k < n.inputs.size(); ++k) os << (k ? ", " : "") << (n.inputs[k] ? ref_str(*n.inputs[k]) : "-");
+    os << ") -> (";
+    for (size_t k = 0; k < n.outputs.size(); ++k) os << (k ? ", " : "") << ref_str(n.outputs[k]);
+    os << ")";
+    if (!n.attrs.items().empty()) os << " [" << n.attrs.str() << "]";
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace reel::compile

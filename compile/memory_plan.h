@@ -1,0 +1,39 @@
+// Memory planning: every Internal buffer of a graph gets an offset in one arena per device, chosen
+// so that two buffers share bytes only when their lifetimes do not overlap.
+//
+// Lifetime of a buffer: [first node that touches it, last node that touches it] in graph order; the
+// graph's outputs live to the end (they are copied out after the step). Placement is greedy, largest
+// buffer first: each takes the lowest 256-byte-aligned offset free over its whole lifetime (the
+// classic offset assignment of static memory planners). The arena's size is the planned peak of
+// the step's own memory; kernels' scratch (cuBLAS/cuDNN workspaces, contiguous copies) comes on top
+// from the caching allocator.
+#pragma once
+#include <vector>
+
+#include "compile/graph.h"
+
+namespace reel::compile {
+
+struct Placement {
+  int buffer = -1;
+  size_t offset = 0, nbytes = 0;
+  int first = 0, last = 0;  // node indices, inclusive
+};
+
+struct Arena {
+  Device device;
+  size_t bytes = 0;          // planned peak: the arena's size
+  size_t unplanned_bytes = 0;  // the sum of its buffers' sizes: what no reuse would take
+  std::vector<Placement> placements;
+};
+
+struct MemoryPlan {
+  std::vector<Arena> arenas;  // one per device that has Internal buffers
+  const Arena* arena_for(Device d) const;
+};
+
+constexpr size_t kArenaAlignment = 256;
+
+MemoryPlan plan_memory(const Graph& g);
+
+}  // namespace reel::compile

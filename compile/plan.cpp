@@ -1,0 +1,138 @@
+// Plan (see plan.h).
+#include "compile/plan.h"
+
+#include "kernels/dispatch.h"
+
+namespace reel::compile {
+
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::Default: return "default";
+    case Mode::ReduceOverhead: return "reduce-overhead";
+    case Mode::MaxAutotune: return "max-autotune";
+  }
+  return "?";
+}
+
+Mode parse_mode(const std::string& name) {
+  if (name == "default") return Mode::Default;
+  if (name == "reduce-overhead") return Mode::ReduceOverhead;
+  if (name == "max-autotune") return Mode::MaxAutotune;
+  throw Error("compile: unknown mode '" + name + "' (expected default, reduce-overhead or max-autotune)");
+}
+
+Plan::Plan(Graph graph, Mode mode) : graph_(std::move(graph)), mode_(mode), memory_(plan_memory(graph_)) {
+  const size_t nb = graph_.buffers.size();
+  storage_.resize(nb);
+  byte_offset_.assign(nb, 0);
+  for (const Arena& a : memory_.arenas) {
+    auto arena = std::make_shared<Storage>(std::max<size_t>(a.bytes, 1), a.device);
+    for (const Placement& p : a.placements) {
+      storage_[p.buffer] = arena;
+      byte_offset_[p.buffer] = p.offset;
+    }
+  }
+  for (Buffer& b : graph_.buffers) {
+    if (b.kind == BufferKind::External) storage_[b.id] = b.storage;
+    if (b.kind == BufferKind::Input) storage_[b.id] = std::make_shared<Storage>(std::max<size_t>(b.nbytes, 1), b.device);
+    if (b.kind != BufferKind::External) b.storage.reset();  // the traced block is no longer needed
+  }
+  build_steps();
+  build_segments();
+}
+
+Plan::~Plan() = default;
+
+Tensor Plan::bind(const TensorRef& r) const {
+  const std::shared_ptr<Storage>& s = storage_[r.buffer];
+  REEL_ASSERT(s != nullptr, "compile: buffer b", r.buffer, " has no memory (never touched by a node?)");
+  const size_t es = dtype_size(r.dtype);
+  REEL_ASSERT(byte_offset_[r.buffer] % es == 0, "compile: misaligned buffer b", r.buffer);
+  Tensor base = Tensor::from_storage(s, {int64_t(s->nbytes() / es)}, r.dtype);
+  return Tensor::make_view(base, r.shape, r.strides, int64_t(byte_offset_[r.buffer] / es) + r.offset);
+}
+
+void Plan::build_steps() {
+  steps_.clear();
+  for (const Node& n : graph_.nodes) {
+    Step s{n.op, &n.attrs, {}, {}, true};
+    for (const auto& r : n.inputs) {
+      s.in.push_back(r ? bind(*r) : Tensor());
+      if (r) s.on_gpu = s.on_gpu && graph_.buffers[r->buffer].device.is_cuda();
+    }
+    for (const TensorRef& r : n.outputs) {
+      s.out.push_back(bind(r));
+      s.on_gpu = s.on_gpu && graph_.buffers[r.buffer].device.is_cuda();
+    }
+    steps_.push_back(std::move(s));
+  }
+  for (const TensorRef& r : graph_.inputs) input_views_.push_back(bind(r));
+}
+
+void Plan::build_segments() {
+  segments_.clear();
+  const bool capture = mode_ != Mode::Default;
+  size_t i = 0;
+  while (i < steps_.size()) {
+    size_t j = i;
+    const bool gpu = capture && steps_[i].on_gpu;
+    while (j < steps_.size() && (capture && steps_[j].on_gpu) == gpu) ++j;
+    segments_.push_back(Segment{i, j, gpu, nullptr});
+    i = j;
+  }
+}
+
+size_t Plan::graphs() const {
+  size_t n = 0;
+  for (const Segment& s : segments_) n += s.graph ? 1 : 0;
+  return n;
+}
+
+std::vector<GraphBreak> Plan::host_nodes() const {
+  std::vector<GraphBreak> out;
+  if (mode_ == Mode::Default) return out;
+  for (const Step& s : steps_)
+    if (!s.on_gpu) out.push_back({op_name(s.op), "touches host memory, so it runs between CUDA graphs"});
+  return out;
+}
+
+void Plan::run_steps(size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) run_kernel(steps_[i].op, steps_[i].in, steps_[i].out, *steps_[i].attrs);
+}
+
+std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) {
+  REEL_ASSERT(int(inputs.size()) == graph_.num_inputs, "compile: ", inputs.size(), " inputs for a plan of ",
+              graph_.num_inputs);
+  // Arguments into the static input buffers, in the traced geometry (the guards checked shapes).
+  for (size_t i = 0; i < inputs.size(); ++i) run_kernel(OpKind::Copy, {inputs[i]}, {input_views_[i]}, Attrs());
+  for (Segment& seg : segments_) {
+    if (!seg.captured) {
+      run_steps(seg.begin, seg.end);
+      continue;
+    }
+    if (!seg.graph) {
+      int device = steps_[seg.begin].out.empty() ? 0 : steps_[seg.begin].out[0].device().index;
+      seg.graph = std::make_unique<cuda::Graph>(device);
+      seg.graph->capture_begin();
+      try {
+        run_steps(seg.begin, seg.end);
+      } catch (...) {
+        try { seg.graph->capture_end(); } catch (...) {}
+        seg.graph.reset();
+        throw;
+      }
+      seg.graph->capture_end();
+    }
+    seg.graph->replay();
+  }
+  std::vector<Tensor> out;
+  for (const TensorRef& r : graph_.outputs) {
+    Tensor v = bind(r);
+    Tensor fresh = Tensor::empty(r.shape, r.dtype, graph_.buffers[r.buffer].device);
+    run_kernel(OpKind::Copy, {v}, {fresh}, Attrs());
+    out.push_back(fresh);
+  }
+  return out;
+}
+
+}  // namespace reel::compile

@@ -1,0 +1,76 @@
+// Plan — a traced Graph made executable: buffers bound to memory, nodes to kernels.
+//
+//   Input buffers     get static copies made at build time; each call copies its arguments in.
+//   External buffers  are the traced Storages themselves (parameters, optimizer state, ...).
+//   Internal buffers  are views into one arena per device, placed by the memory plan.
+// run() copies the arguments in, runs the nodes in order through their kernels (no schema checks,
+// no allocation of activations, no autograd: the tape was recorded once), and returns fresh copies
+// of the outputs, so a caller may keep them while later calls reuse the arena.
+//
+// Modes (as torch.compile's):
+//   Default        nodes launched one by one from the host;
+//   ReduceOverhead the nodes captured once into CUDA graphs and replayed: one graph for each maximal
+//                  run of nodes whose tensors are all on the GPU (normally the whole step); nodes
+//                  touching the host run between them (each reported as a graph break);
+//   MaxAutotune    ReduceOverhead (candidate timing of GEMMs is not implemented yet).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compile/graph.h"
+#include "compile/memory_plan.h"
+#include "compile/trace.h"
+#include "tensor/cuda.h"
+
+namespace reel::compile {
+
+enum class Mode { Default, ReduceOverhead, MaxAutotune };
+const char* mode_name(Mode m);
+Mode parse_mode(const std::string& name);  // "default" | "reduce-overhead" | "max-autotune"
+
+class Plan {
+ public:
+  Plan(Graph graph, Mode mode);
+  ~Plan();
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+
+  std::vector<Tensor> run(const std::vector<Tensor>& inputs);
+
+  const Graph& graph() const { return graph_; }
+  const MemoryPlan& memory() const { return memory_; }
+  Mode mode() const { return mode_; }
+  size_t kernels() const { return steps_.size(); }
+  size_t graphs() const;                 // CUDA graphs captured so far
+  std::vector<GraphBreak> host_nodes() const;  // nodes that run outside the graphs (ReduceOverhead)
+
+ private:
+  struct Step {
+    OpKind op;
+    const Attrs* attrs;
+    std::vector<Tensor> in, out;
+    bool on_gpu;  // every tensor it touches is on a GPU: it can be captured
+  };
+  struct Segment {
+    size_t begin, end;  // steps [begin, end)
+    bool captured;      // replayed from `graph` (ReduceOverhead)
+    std::unique_ptr<cuda::Graph> graph;
+  };
+
+  Tensor bind(const TensorRef& r) const;
+  void build_steps();
+  void build_segments();
+  void run_steps(size_t begin, size_t end);
+
+  Graph graph_;
+  Mode mode_;
+  MemoryPlan memory_;
+  std::vector<std::shared_ptr<Storage>> storage_;  // per buffer: where it lives now
+  std::vector<size_t> byte_offset_;                // per buffer: its start in that storage
+  std::vector<Tensor> input_views_;                // per input: its static copy, in the traced geometry
+  std::vector<Step> steps_;
+  std::vector<Segment> segments_;
+};
+
+}  // namespace reel::compile

@@ -1,0 +1,275 @@
+// compile/: the tracer, the memory planner, plans and the compiled function's lifecycle, on the CPU.
+//   - memory planning against hand-made lifetimes (disjoint buffers share bytes, overlapping never);
+//   - eager vs compiled parity of whole training steps (a small GPT with AdamW, clipping and a
+//     warm-up/cosine schedule; a CNN with BatchNorm and GroupNorm): the same kernels run in the same
+//     order, so losses, parameters and running statistics must agree to the bit;
+//   - the accumulation contract holds through a plan (ACCUM micro-batches == one large batch);
+//   - guards (another shape re-traces, logged under REEL_LOG=recompiles), the cache limit's message,
+//     graph breaks (random ops) named with their op, outputs that stay valid across calls.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "compile/compile.h"
+#include "compile/describe.h"
+#include "compile/log.h"
+#include "compile/train_step.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "test_util.h"
+
+using namespace reel;
+
+namespace {
+
+compile::Graph graph_with_buffers(const std::vector<size_t>& sizes) {
+  compile::Graph g;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    compile::Buffer b;
+    b.id = int(i);
+    b.kind = compile::BufferKind::Internal;
+    b.nbytes = sizes[i];
+    b.device = Device::cpu();
+    g.buffers.push_back(b);
+  }
+  return g;
+}
+
+compile::TensorRef whole(int buffer, int64_t floats) { return {buffer, {floats}, {1}, 0, DType::f32}; }
+
+compile::Node node(std::vector<int> in, std::vector<int> out) {
+  compile::Node n{OpKind::Add, Attrs(), {}, {}, false, {}};
+  for (int b : in) n.inputs.push_back(whole(b, 256));
+  for (int b : out) n.outputs.push_back(whole(b, 256));
+  return n;
+}
+
+void expect_bitwise_equal(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(a[i].to_vector<double>(), b[i].to_vector<double>()) << what << " " << i;
+}
+
+std::vector<Tensor> buffers_of(nn::Module& m) {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : m.named_buffers()) out.push_back(t);
+  return out;
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::shared_ptr<nn::Module> model;
+};
+
+// `steps` MODELS.md steps of `model` on fixed micro-batches, eagerly or compiled in `mode`.
+template <typename MakeModel>
+TrainRun train(MakeModel make_model, const std::vector<optim::MicroBatch>& micro, int steps, bool compiled) {
+  TrainRun run{{}, make_model()};
+  optim::AdamW opt(run.model->parameters(), optim::AdamWOptions(3e-3).weight_decay(0.01));
+  opt.set_accum_steps(int64_t(micro.size())).set_max_grad_norm(1.0);
+  opt.set_schedule(std::make_shared<optim::LinearWarmupCosine>(2, steps));
+  nn::Module* m = run.model.get();
+  auto loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
+  auto step = compile::compile_train_step(opt, loss_fn);
+  for (int s = 0; s < steps; ++s) {
+    if (compiled) {
+      run.losses.push_back(step(compile::flatten_micro(micro))[0].item());
+    } else {
+      Tensor mean_loss;
+      optim::train_step(opt, loss_fn, micro, &mean_loss);
+      run.losses.push_back(mean_loss.item());
+    }
+  }
+  if (compiled) {
+    EXPECT_EQ(step.traces(), 1);
+    EXPECT_EQ(step.replays(), steps - 2);
+    EXPECT_TRUE(step.graph_breaks().empty());
+  }
+  return run;
+}
+
+std::vector<optim::MicroBatch> token_batches(int accum, int64_t B, int64_t T, int64_t vocab) {
+  uint64_t state = 11;
+  auto next = [&] {  // a small LCG: token ids need no quality, only reproducibility
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return int64_t((state >> 33) % uint64_t(vocab));
+  };
+  std::vector<optim::MicroBatch> micro;
+  for (int i = 0; i < accum; ++i) {
+    std::vector<int64_t> x(B * T), y(B * T);
+    for (auto& v : x) v = next();
+    for (auto& v : y) v = next();
+    micro.push_back({tensor_i64(x, {B, T}), tensor_i64(y, {B, T})});
+  }
+  return micro;
+}
+
+}  // namespace
+
+TEST(CompileMemoryPlan, DisjointLifetimesShareBytesOverlappingOnesNever) {
+  // b0 -> b1 -> b2 -> b3, each 1 KiB: b0 dies when b1 is made and so on, so two slots suffice.
+  compile::Graph g = graph_with_buffers({1024, 1024, 1024, 1024});
+  g.nodes = {node({0}, {1}), node({1}, {2}), node({2}, {3})};
+  g.nodes.insert(g.nodes.begin(), node({}, {0}));
+  compile::MemoryPlan plan = compile::plan_memory(g);
+  ASSERT_EQ(plan.arenas.size(), 1u);
+  const compile::Arena& a = plan.arenas[0];
+  EXPECT_EQ(a.unplanned_bytes, 4096u);
+  EXPECT_EQ(a.bytes, 2048u);
+  for (const auto& p : a.placements)
+    for (const auto& q : a.placements)
+      if (p.buffer != q.buffer && p.first <= q.last && q.first <= p.last)
+        EXPECT_TRUE(p.offset + p.nbytes <= q.offset || q.offset + q.nbytes <= p.offset)
+            << "b" << p.buffer << " and b" << q.buffer << " overlap in time and in memory";
+  // An output of the graph lives to the end: it may not share with anything after it.
+  g.outputs = {whole(1, 256)};
+  EXPECT_EQ(compile::plan_memory(g).arenas[0].bytes, 3072u);
+}
+
+TEST(CompileParity, GptStepsMatchEagerToTheBit) {
+  nn::GptConfig cfg{16, 8, 16, 2, 2};
+  auto make = [cfg] {
+    Generator gen(3);
+    return std::static_pointer_cast<nn::Module>(nn::gpt(cfg, &gen));
+  };
+  auto micro = token_batches(2, 2, 8, 16);
+  TrainRun eager = train(make, micro, 8, false);
+  TrainRun compiled = train(make, micro, 8, true);
+  EXPECT_EQ(eager.losses, compiled.losses);
+  expect_bitwise_equal(eager.model->parameters(), compiled.model->parameters(), "parameter");
+}
+
+TEST(CompileParity, CnnWithBatchNormMatchesEagerToTheBit) {
+  auto make = [] {
+    Generator gen(4);
+    auto m = std::make_shared<nn::Sequential>();
+    m->push_back(std::make_shared<nn::Conv2d>(3, 4, 3, 1, 1, false, &gen));
+    m->push_back(std::make_shared<nn::BatchNorm2d>(4));
+    m->push_back(std::make_shared<nn::ReLU>());
+    m->push_back(std::make_shared<nn::Conv2d>(4, 8, 3, 2, 1, false, &gen));
+    m->push_back(std::make_shared<nn::GroupNorm>(2, 8));
+    m->push_back(std::make_shared<nn::ReLU>());
+    m->push_back(std::make_shared<nn::GlobalAvgPool2d>());
+    m->push_back(std::make_shared<nn::Linear>(8, 5, true, &gen));
+    return std::static_pointer_cast<nn::Module>(m);
+  };
+  Generator gen(12);
+  std::vector<optim::MicroBatch> micro;
+  for (int i = 0; i < 3; ++i)
+    micro.push_back({randn({2, 3, 6, 6}, {}, &gen), tensor_i64({i % 5, (i + 2) % 5}, {2})});
+  TrainRun eager = train(make, micro, 6, false);
+  TrainRun compiled = train(make, micro, 6, true);
+  EXPECT_EQ(eager.losses, compiled.losses);
+  expect_bitwise_equal(eager.model->parameters(), compiled.model->parameters(), "parameter");
+  expect_bitwise_equal(buffers_of(*eager.model), buffers_of(*compiled.model), "running statistic");
+}
+
+TEST(CompileParity, AccumulatedCompiledStepEqualsOneLargeBatch) {
+  // f64, no BatchNorm: ACCUM micro-batches through a plan == one batch of ACCUM times the size.
+  auto make = [] {
+    Generator gen(5);
+    auto m = std::make_shared<nn::Sequential>();
+    m->push_back(std::make_shared<nn::Linear>(6, 8, true, &gen));
+    m->push_back(std::make_shared<nn::GELU>());
+    m->push_back(std::make_shared<nn::Linear>(8, 3, true, &gen));
+    m->to(DType::f64);
+    return m;
+  };
+  Generator gen(9);
+  Tensor x = randn({12, 6}, {DType::f64}, &gen);
+  Tensor y = tensor_i64({0, 1, 2, 2, 1, 0, 0, 0, 1, 2, 1, 1}, {12});
+  std::vector<optim::MicroBatch> micro;
+  for (int i = 0; i < 3; ++i) micro.push_back({x.slice(0, 4 * i, 4 * i + 4), y.slice(0, 4 * i, 4 * i + 4)});
+
+  auto accumulated = make();
+  optim::SGD opt_a(accumulated->parameters(), optim::SGDOptions(0.1));
+  opt_a.set_accum_steps(3).set_max_grad_norm(1.0);
+  nn::Module* ma = accumulated.get();
+  auto step = compile::compile_train_step(opt_a, [ma](const Tensor& a, const Tensor& b) { return nn::model_loss(*ma, a, b); });
+  auto whole = make();
+  optim::SGD opt_w(whole->parameters(), optim::SGDOptions(0.1));
+  opt_w.set_max_grad_norm(1.0);
+  nn::Module* mw = whole.get();
+  for (int s = 0; s < 4; ++s) {
+    step(compile::flatten_micro(micro));
+    optim::train_step(opt_w, [mw](const Tensor& a, const Tensor& b) { return nn::model_loss(*mw, a, b); }, {{x, y}});
+  }
+  EXPECT_EQ(step.replays(), 2);
+  auto pa = accumulated->parameters(), pw = whole->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    std::vector<double> a = pa[i].to_vector<double>(), w = pw[i].to_vector<double>();
+    for (size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], w[k], 1e-12) << "parameter " << i;
+  }
+}
+
+TEST(CompileGuards, AnotherShapeRetracesAndIsLogged) {
+  setenv("REEL_LOG", "recompiles", 1);
+  compile::reload_log_topics();
+  Tensor w = full({4}, 0.5);
+  auto f = compile::compile([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{relu(in[0] * w).sum()}; });
+  Tensor a = arange(8).reshape({2, 4}), b = arange(12).reshape({3, 4}) - 5.0;
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(f({a})[0].item(), relu(a * w).sum().item());
+  testing::internal::CaptureStderr();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(f({b})[0].item(), relu(b * w).sum().item());
+  std::string err = testing::internal::GetCapturedStderr();
+  unsetenv("REEL_LOG");
+  compile::reload_log_topics();
+  EXPECT_EQ(f.traces(), 2);
+  EXPECT_EQ(f.replays(), 2);
+  EXPECT_NE(err.find("recompiling: input 0 is (3, 4) f32 cpu, traced as (2, 4) f32 cpu"), std::string::npos) << err;
+  EXPECT_EQ(f({a})[0].item(), relu(a * w).sum().item());  // the first plan is still cached
+  EXPECT_EQ(f.traces(), 2);
+}
+
+TEST(CompileGuards, CacheLimitRunsEagerlyWithAClearMessage) {
+  auto f = compile::compile([](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 2.0}; },
+                            {compile::Mode::Default, 1});
+  Tensor a = ones({2}), b = ones({3});
+  for (int i = 0; i < 3; ++i) f({a});
+  testing::internal::CaptureStderr();
+  std::vector<Tensor> r = f({b});
+  f({b});
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r[0].to_vector<float>(), std::vector<float>({2, 2, 2}));
+  EXPECT_NE(err.find("cache limit reached (1 plans"), std::string::npos) << err;
+  EXPECT_NE(err.find("input 0 is (3,) f32 cpu, traced as (2,) f32 cpu"), std::string::npos) << err;
+  EXPECT_EQ(err.find("cache limit", err.find("cache limit") + 1), std::string::npos) << "warned twice: " << err;
+  EXPECT_EQ(f.traces(), 1);
+}
+
+TEST(CompileGraphBreaks, RandomOpsRunEagerlyAndAreNamed) {
+  Generator gen(1);
+  auto f = compile::compile([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{dropout(in[0], 0.5, true, &gen)}; });
+  Tensor x = ones({64});
+  std::vector<double> first = f({x})[0].to_vector<double>();
+  f({x});
+  std::vector<double> third = f({x})[0].to_vector<double>();
+  ASSERT_EQ(f.graph_breaks().size(), 1u);
+  EXPECT_EQ(f.graph_breaks()[0].op, "dropout");
+  EXPECT_EQ(f.replays(), 0);
+  EXPECT_EQ(f.eager_calls(), 3);
+  EXPECT_NE(first, third);  // fresh numbers each call, as eagerly
+}
+
+TEST(CompilePlan, OutputsStayValidAndTheArenaReusesMemory) {
+  nn::GptConfig cfg{16, 8, 16, 2, 2};
+  Generator gen(3);
+  auto model = nn::gpt(cfg, &gen);
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
+  opt.set_accum_steps(2);
+  auto step = compile::compile_train_step(opt, [&](const Tensor& x, const Tensor& y) { return nn::model_loss(*model, x, y); });
+  auto in = compile::flatten_micro(token_batches(2, 2, 8, 16));
+  step(in);
+  step(in);
+  Tensor loss2 = step(in)[0];
+  double kept = loss2.item();
+  step(in);
+  EXPECT_EQ(loss2.item(), kept);  // a returned tensor is a copy, not a view of the arena
+  const compile::Plan* plan = step.last_plan();
+  ASSERT_NE(plan, nullptr);
+  const compile::Arena* arena = plan->memory().arena_for(Device::cpu());
+  ASSERT_NE(arena, nullptr);
+  EXPECT_LT(arena->bytes, arena->unplanned_bytes / 2) << compile::memory_summary(*plan);
+  EXPECT_NE(compile::plan_summary(*plan).find("kernels"), std::string::npos);
+  EXPECT_NE(compile::plan_dot(*plan).find("digraph plan"), std::string::npos);
+}

@@ -1,0 +1,79 @@
+// `reel plan`: traces MODELS.md's training step of a benchmark model and prints the compiled plan —
+// a summary (kernels, buffers, CUDA graphs), the memory plan (arena per device, the planned peak,
+// against what no reuse would take) and every kernel with its buffers and bytes; --dot FILE writes
+// the plan as Graphviz.
+//
+//   reel plan --model gpt-tiny --mode reduce-overhead [--precision bf16] [--device cpu|cuda]
+//             [--micro-batch N] [--kernels N] [--dot plan.dot]
+#include <cstdio>
+#include <fstream>
+
+#include "compile/describe.h"
+#include "compile/train_step.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "reel.h"
+#include "tensor/cuda.h"
+#include "tools/commands.h"
+
+namespace reel::tools {
+
+int plan_command(int argc, char** argv) {
+  std::string model = "gpt-tiny", mode = "default", precision = "fp32", device_name = "auto", dot;
+  int64_t micro_batch = -1, max_kernels = -1;
+  for (int i = 0; i < argc; ++i) {
+    std::string k = argv[i];
+    REEL_CHECK(i + 1 < argc, "plan: ", k, " needs a value");
+    std::string v = argv[++i];
+    if (k == "--model") model = v;
+    else if (k == "--mode") mode = v;
+    else if (k == "--precision") precision = v;
+    else if (k == "--device") device_name = v;
+    else if (k == "--micro-batch") micro_batch = std::stoll(v);
+    else if (k == "--kernels") max_kernels = std::stoll(v);
+    else if (k == "--dot") dot = v;
+    else throw Error("plan: unknown option " + k +
+                     " (expected --model, --mode, --precision, --device, --micro-batch, --kernels, --dot)");
+  }
+  compile::Mode m = compile::parse_mode(mode);
+  Device device = device_name == "auto" ? (cuda::is_available() ? Device::cuda(0) : Device::cpu())
+                                        : Device::parse(device_name);
+  AutocastGuard amp(PrecisionPolicy::parse(precision));
+  const int64_t accum = 4;
+  nn::Workload w = nn::make_workload(model, device, accum, micro_batch);
+  std::vector<optim::MicroBatch> micro;
+  for (const auto& [x, y] : w.micro) micro.push_back({x, y});
+  optim::AdamW opt(w.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
+  opt.set_accum_steps(accum).set_max_grad_norm(1.0);
+  if (autocast_policy().needs_grad_scaler()) opt.set_grad_scaler(std::make_shared<optim::GradScaler>());
+  auto loss_fn = [&](const Tensor& x, const Tensor& y) { return nn::model_loss(*w.model, x, y); };
+  auto step = compile::compile_train_step(opt, loss_fn, {m});
+  std::vector<Tensor> flat = compile::flatten_micro(micro);
+  for (int i = 0; i < 3; ++i) step(flat);  // warm-up, trace, first replay
+  const compile::Plan* plan = step.last_plan();
+  REEL_CHECK(plan != nullptr, "plan: the step did not compile (graph breaks: ", step.graph_breaks().size(), ")");
+  std::printf("%s step, %s, %s, micro-batch x %lld (ACCUM %lld)\n", model.c_str(), precision.c_str(),
+              device.str().c_str(), (long long)w.micro[0].first.size(0), (long long)accum);
+  std::printf("%s\n", compile::plan_summary(*plan).c_str());
+  std::printf("kernels per step: %zu traced ops -> %zu kernels after fusion\n", plan->graph().nodes.size(),
+              plan->kernels());
+  if (m != compile::Mode::Default) std::printf("CUDA graphs: %zu\n", plan->graphs());
+  std::printf("%s\n", compile::memory_summary(*plan).c_str());
+  for (const compile::GraphBreak& b : step.graph_breaks())
+    std::printf("graph break: %s (%s)\n", b.op.c_str(), b.reason.c_str());
+  std::printf("kernels:\n%s", compile::plan_listing(*plan, max_kernels < 0 ? SIZE_MAX : size_t(max_kernels)).c_str());
+  if (!dot.empty()) {
+    std::string tmp = dot + ".tmp";
+    {
+      std::ofstream f(tmp);
+      REEL_CHECK(f.good(), "plan: cannot write ", tmp);
+      f << compile::plan_dot(*plan);
+      REEL_CHECK(f.good(), "plan: writing ", tmp, " failed");
+    }
+    REEL_CHECK(std::rename(tmp.c_str(), dot.c_str()) == 0, "plan: cannot rename ", tmp, " to ", dot);
+    std::printf("wrote %s\n", dot.c_str());
+  }
+  return 0;
+}
+
+}  // namespace reel::tools
