@@ -18,11 +18,10 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
   exp_avg_sq_.resize(parameters().size());
 }
 
-void AdamW::update(const Tensor& found_inf, double lr, int64_t step) {
+void AdamW::update(const Tensor& found_inf, const Tensor& lr, const Tensor& step) {
   const auto& o = options_;
   Attrs a;
-  a.set("lr", lr).set("beta1", o.beta1_).set("beta2", o.beta2_).set("eps", o.eps_)
-      .set("weight_decay", o.weight_decay_).set("step", step);
+  a.set("beta1", o.beta1_).set("beta2", o.beta2_).set("eps", o.eps_).set("weight_decay", o.weight_decay_);
   const std::vector<Tensor>& params = parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
@@ -32,8 +31,8 @@ void AdamW::update(const Tensor& found_inf, double lr, int64_t step) {
       exp_avg_[i] = zeros_like(p);
       exp_avg_sq_[i] = zeros_like(p);
     }
-    dispatch_out(OpKind::AdamWStep, {p, g, exp_avg_[i], exp_avg_sq_[i], found_inf}, {p, exp_avg_[i], exp_avg_sq_[i]},
-                 a);
+    dispatch_out(OpKind::AdamWStep, {p, g, exp_avg_[i], exp_avg_sq_[i], found_inf, lr, step},
+                 {p, exp_avg_[i], exp_avg_sq_[i]}, a);
   }
 }
 

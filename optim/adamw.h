@@ -4,7 +4,10 @@
 //   m = b1 m + (1 - b1) g            v = b2 v + (1 - b2) g^2
 //   p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // exp_avg (m) and exp_avg_sq (v) are created lazily, zero, on the parameter's device in its dtype
-// (the precision policy keeps master parameters in f32). t is the optimizer's step count.
+// (the precision policy keeps master parameters in f32). lr and t reach the kernel as 0-dim device
+// tensors: t is the optimizer's count of applied updates (optim/optimizer.h), so an update skipped on
+// inf/NaN does not advance it, as in torch. It is one count for all parameters, where torch keeps
+// one per parameter; the two agree whenever every parameter has a gradient at every update.
 #pragma once
 #include <vector>
 
@@ -34,7 +37,7 @@ class AdamW : public Optimizer {
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
 
  protected:
-  void update(const Tensor& found_inf, double lr, int64_t step) override;
+  void update(const Tensor& found_inf, const Tensor& lr, const Tensor& step) override;
   std::string describe() const override;
 
  private:

@@ -5,6 +5,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "kernels/dispatch.h"
 #include "optim/clip.h"
 #include "tensor/error.h"
 
@@ -24,7 +25,15 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr, const char* name)
                " must be a leaf that requires grad");
     REEL_CHECK(p.is_contiguous(), name_, ": parameter ", i, " of shape ", shape_str(p.shape()),
                " must be contiguous (it is updated in place)");
+    REEL_CHECK(p.device() == params_[0].device(), name_, ": parameter ", i, " of shape ", shape_str(p.shape()),
+               " is on ", p.device().str(), " but parameter 0 is on ", params_[0].device().str(),
+               "; the step counters live on one device, so use one optimizer per device");
   }
+  // The step counters (see optim/optimizer.h), on the parameters' device.
+  TensorOptions counter = TensorOptions().with_dtype(DType::f64).with_device(
+      params_.empty() ? Device::cpu() : params_[0].device());
+  boundaries_ = zeros({}, counter);
+  updates_ = zeros({}, counter);
 }
 
 void Optimizer::set_base_lr(double lr) {
@@ -32,12 +41,39 @@ void Optimizer::set_base_lr(double lr) {
   base_lr_ = lr;
 }
 
-double Optimizer::lr() const { return schedule_ ? schedule_->lr(step_count_, base_lr_) : base_lr_; }
+double Optimizer::lr() const { return schedule_ ? schedule_->lr(step_count(), base_lr_) : base_lr_; }
+
+int64_t Optimizer::step_count() const { return int64_t(boundaries_.item()); }
+
+int64_t Optimizer::update_count() const { return int64_t(updates_.item()); }
+
+double Optimizer::host_lr() const { return schedule_ ? schedule_->lr(host_steps_, base_lr_) : base_lr_; }
+
+Tensor Optimizer::scheduled_lr() const {
+  std::optional<Attrs> a = schedule_ ? schedule_->device_attrs(base_lr_) : ConstantLr().device_attrs(base_lr_);
+  if (a) return dispatch1(OpKind::LrSchedule, {boundaries_}, *a);
+  // No device form: the host's value, filled in (a compiled replay would keep this one value).
+  return full({}, host_lr(), TensorOptions().with_dtype(DType::f64).with_device(boundaries_.device()));
+}
+
+// The device side of one boundary, in the order of optim/optimizer.h: lr from the steps completed
+// before it, then the update count (+1, or +0 when found_inf is set), the update, and the step count.
+// Without `run_update` (no gradient reached a parameter) only the schedule advances.
+Tensor Optimizer::advance(const Tensor& found_inf, bool run_update) {
+  Tensor lr = scheduled_lr();
+  if (run_update) {
+    dispatch_out(OpKind::AddScalar, {updates_}, {updates_}, Attrs().set("value", 1.0));
+    if (found_inf.defined()) dispatch_out(OpKind::Sub, {updates_, to_dtype(found_inf, DType::f64)}, {updates_});
+    update(found_inf, lr, updates_);
+  }
+  dispatch_out(OpKind::AddScalar, {boundaries_}, {boundaries_}, Attrs().set("value", 1.0));
+  ++host_steps_;
+  return lr;
+}
 
 void Optimizer::step() {
   NoGradGuard no_grad;
-  update(Tensor(), lr(), step_count_ + 1);
-  ++step_count_;
+  advance(Tensor(), true);
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -134,17 +170,17 @@ StepResult Optimizer::micro_step() {
   items_seen_ += std::max<int64_t>(pending_items_, 0);
   pending_items_ = -1;
   bool boundary_reached = items_per_step_ > 0 ? items_seen_ >= items_per_step_ : micro_count_ == accum_steps_;
-  if (!boundary_reached) return StepResult{false, Tensor(), Tensor(), Tensor(), lr()};
+  if (!boundary_reached) return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr()};
   double correction = items_per_step_ > 0 ? double(items_per_step_) / double(items_seen_) : 1.0;
   return boundary(correction);
 }
 
 StepResult Optimizer::finish_epoch(RemainderPolicy policy) {
-  if (micro_count_ == 0) return StepResult{false, Tensor(), Tensor(), Tensor(), lr()};
+  if (micro_count_ == 0) return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr()};
   if (policy == RemainderPolicy::Drop) {
     zero_grad(zero_to_none_);
     reset_counters();
-    return StepResult{false, Tensor(), Tensor(), Tensor(), lr()};
+    return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr()};
   }
   double correction = items_per_step_ > 0 ? double(items_per_step_) / double(items_seen_)
                                           : double(accum_steps_) / double(micro_count_);
@@ -167,9 +203,9 @@ Tensor Optimizer::nonfinite_flag(const Tensor& norm) const {
 StepResult Optimizer::boundary(double correction) {
   NoGradGuard no_grad;
   std::vector<Tensor> grads = grads_of(params_);
-  StepResult r{true, Tensor(), Tensor(), Tensor(), lr()};
-  if (grads.empty()) {  // nothing reached a parameter: nothing to update, but the step still counts
-    ++step_count_;
+  StepResult r{true, Tensor(), Tensor(), Tensor(), host_lr()};
+  if (grads.empty()) {  // nothing reached a parameter: nothing to update, but the schedule advances
+    r.lr_tensor = advance(Tensor(), false);
     reset_counters();
     return r;
   }
@@ -184,8 +220,7 @@ StepResult Optimizer::boundary(double correction) {
   if (max_grad_norm_ > 0) {
     clip_grads_with_norm_(grads, r.grad_norm, max_grad_norm_, found);
   }
-  update(scaled || skip_nonfinite_ ? found : Tensor(), r.lr, step_count_ + 1);
-  ++step_count_;
+  r.lr_tensor = advance(scaled || skip_nonfinite_ ? found : Tensor(), true);
   if (scaled) {
     scaler_->update();
     r.scale = clone(scaler_->scale_tensor());

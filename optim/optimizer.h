@@ -20,13 +20,25 @@
 //      global norm (an inf/NaN gradient, or finite ones whose squares overflow the norm's dtype);
 //      set_skip_nonfinite(false) then reports the flag but updates anyway, as torch would;
 //   3. computes the global grad norm (always, for the report) and clips to max_grad_norm if set;
-//   4. runs the update (whose kernels skip on the device flag), advances the step count — and with
-//      it the LR schedule —, updates the scaler, and zeroes gradients (set to none by default).
-// Nothing here reads a device value on the host: the StepResult carries the norm, the flag and the
-// scale as 0-dim device tensors, and its *_value() accessors read them only when called.
-// The step count (for AdamW's bias correction and the schedule) counts every boundary, skipped or
-// not, since the host does not know which were skipped; PyTorch does not count skipped steps, so
-// after an fp16 overflow the bias correction differs from torch's by that one step.
+//   4. runs the update (whose kernels skip on the device flag), advances the step counters — and
+//      with them the LR schedule —, updates the scaler, and zeroes gradients (set to none by default).
+// Nothing here reads a device value on the host: the StepResult carries the norm, the flag, the
+// scale and the lr as 0-dim device tensors, and its *_value() accessors read them only when called.
+//
+// Per-step quantities live on the device, so that a recorded step (compile/) replays without any
+// of this host code. Two 0-dim f64 counters sit on the parameters' device:
+//   boundaries_  boundaries completed, skipped or not: the LR schedule's step (like a torch LR
+//                scheduler stepped every iteration);
+//   updates_     updates applied: + (1 - found_inf) per boundary, so an update skipped on inf/NaN
+//                does not count — AdamW's bias-correction t, exactly as PyTorch counts it.
+// Each boundary dispatches, in this order: lr = lr_schedule(boundaries_) (the steps completed
+// before this one); updates_ += 1 - found_inf (t now includes this update); the update, reading lr
+// and t on the device; boundaries_ += 1. A schedule without a device form (LrSchedule::device_attrs)
+// gets its lr computed on the host and filled in; a compiled replay would freeze that lr (as it
+// freezes base_lr and every other attr: the schedule's shape is fixed when a step is recorded).
+// The host keeps a mirror of boundaries_ for the StepResult's `lr` double (its eager view);
+// step_count(), update_count() and lr() read the device counters (a host sync, outside the step).
+// All parameters must share one device (the counters live there); use one optimizer per device.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -47,7 +59,8 @@ struct StepResult {
   Tensor grad_norm;      // 0-dim, device: global norm before clipping (undefined when !stepped)
   Tensor found_inf;      // 0-dim f32, device: 1 when the update was skipped
   Tensor scale;          // 0-dim f32, device: the loss scale after the update (undefined: no scaler)
-  double lr = 0;         // the learning rate this step used (the current one when !stepped)
+  double lr = 0;         // the host's view of the lr this step used (the next one when !stepped)
+  Tensor lr_tensor;      // 0-dim f64, device: the lr the update read (undefined when !stepped)
 
   // Host reads, made only when called.
   double grad_norm_value() const;
@@ -69,8 +82,16 @@ class Optimizer {
   const std::vector<Tensor>& parameters() const { return params_; }
   double base_lr() const { return base_lr_; }
   void set_base_lr(double lr);
-  double lr() const;  // the lr of the next update (the schedule at step_count())
-  int64_t step_count() const { return step_count_; }
+  // The lr of the next update: the schedule at step_count() (reads the device counter: a host sync).
+  double lr() const;
+  // Boundaries completed, skipped or not (the schedule's step), read from the device counter: a
+  // host sync, correct also after steps replayed without host code. Not for use inside a step.
+  int64_t step_count() const;
+  // Updates applied (skipped ones not counted): AdamW's bias-correction count. A host sync too.
+  int64_t update_count() const;
+  // The device counters themselves (0-dim f64 on the parameters' device).
+  const Tensor& step_count_tensor() const { return boundaries_; }
+  const Tensor& update_count_tensor() const { return updates_; }
 
   // ---- configuration of the accumulation contract ----
   Optimizer& set_accum_steps(int64_t accum_steps);        // count micro-batches (default 1)
@@ -99,19 +120,24 @@ class Optimizer {
 
  protected:
   // Applies one update to every parameter that has a gradient; `found_inf` (0-dim f32 or undefined)
-  // is passed to the kernels, which skip when it is set. `step` is 1-based.
-  virtual void update(const Tensor& found_inf, double lr, int64_t step) = 0;
+  // is passed to the kernels, which skip when it is set. lr and step are 0-dim f64 device tensors
+  // read by the kernels: the learning rate and the 1-based count of applied updates, this one included.
+  virtual void update(const Tensor& found_inf, const Tensor& lr, const Tensor& step) = 0;
   virtual std::string describe() const = 0;
 
  private:
   StepResult boundary(double correction);
   Tensor nonfinite_flag(const Tensor& norm) const;
   void reset_counters();
+  double host_lr() const;      // the schedule at the host's mirror of the step count
+  Tensor scheduled_lr() const;  // this boundary's lr on the device
+  Tensor advance(const Tensor& found_inf, bool run_update);
 
   std::vector<Tensor> params_;
   const char* name_;
   double base_lr_;
-  int64_t step_count_ = 0;
+  Tensor boundaries_, updates_;  // 0-dim f64 on the parameters' device (see the top of this file)
+  int64_t host_steps_ = 0;       // the host's mirror of boundaries_, for StepResult::lr
   int64_t accum_steps_ = 1, items_per_step_ = 0, micro_batch_ = 0;
   double max_grad_norm_ = 0;
   bool skip_nonfinite_ = true, zero_to_none_ = true;

@@ -1,9 +1,9 @@
 // LR schedules and the LR-scaling rule (see optim/schedule.h).
 #include "optim/schedule.h"
 
-#include <algorithm>
 #include <cmath>
 
+#include "kernels/lr_schedule_math.h"
 #include "tensor/error.h"
 
 namespace reel::optim {
@@ -15,11 +15,31 @@ LinearWarmupCosine::LinearWarmupCosine(int64_t warmup_steps, int64_t total_steps
   REEL_CHECK(min_lr >= 0, "LinearWarmupCosine: min_lr must be >= 0, got ", min_lr);
 }
 
+std::optional<Attrs> ConstantLr::device_attrs(double base_lr) const {
+  math::LrScheduleParams s;
+  s.base_lr = base_lr;
+  return math::lr_schedule_attrs(s);
+}
+
+namespace {
+math::LrScheduleParams warmup_cosine(int64_t warmup_steps, int64_t total_steps, double min_lr, double base_lr) {
+  math::LrScheduleParams s;
+  s.kind = math::LrScheduleKind::warmup_cosine;
+  s.base_lr = base_lr;
+  s.warmup_steps = warmup_steps;
+  s.total_steps = total_steps;
+  s.min_lr = min_lr;
+  return s;
+}
+}  // namespace
+
+// The formula of the header, shared with the lr_schedule op's kernels so host and device agree.
 double LinearWarmupCosine::lr(int64_t step, double base_lr) const {
-  if (step < warmup_steps_) return base_lr * double(step + 1) / double(warmup_steps_);
-  double span = double(std::max<int64_t>(1, total_steps_ - warmup_steps_));
-  double p = std::min(1.0, double(step - warmup_steps_) / span);
-  return min_lr_ + (base_lr - min_lr_) * 0.5 * (1.0 + std::cos(M_PI * p));
+  return math::scheduled_lr(warmup_cosine(warmup_steps_, total_steps_, min_lr_, base_lr), double(step));
+}
+
+std::optional<Attrs> LinearWarmupCosine::device_attrs(double base_lr) const {
+  return math::lr_schedule_attrs(warmup_cosine(warmup_steps_, total_steps_, min_lr_, base_lr));
 }
 
 std::string LinearWarmupCosine::describe() const {

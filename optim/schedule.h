@@ -9,11 +9,21 @@
 //                         else    p = min(1, (s - W) / max(1, S - W))
 //                                 lr = min_lr + (base_lr - min_lr) (1 + cos(pi p)) / 2
 //                         W = warmup_steps, S = total_steps; lr stays at min_lr after S steps.
+// The built-in schedules also have a device form, the lr_schedule op (kernels/lr_schedule_math.h
+// holds the one formula both use): device_attrs() gives its attrs, and the Optimizer then computes
+// each update's lr on the device from its device step counter, so a recorded step replays with the
+// lr advancing. A schedule without a device form (the default of device_attrs) still works: the
+// Optimizer asks lr() on the host and writes the value into the device lr tensor, which a compiled
+// replay would freeze at the recorded value.
+//
 // The LR-scaling helper follows the effective batch from a reference batch:
 //   linear rule: lr = base_lr * B / B_ref       sqrt rule: lr = base_lr * sqrt(B / B_ref)
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "kernels/attrs.h"
 
 namespace reel::optim {
 
@@ -23,12 +33,16 @@ class LrSchedule {
   // The lr of the update that follows `step` completed optimizer steps.
   virtual double lr(int64_t step, double base_lr) const = 0;
   virtual std::string describe() const = 0;
+  // The attrs of the lr_schedule op that computes lr(step, base_lr) on the device, or nullopt
+  // when this schedule has none (the Optimizer then computes lr on the host; see above).
+  virtual std::optional<Attrs> device_attrs(double base_lr) const { return std::nullopt; }
 };
 
 class ConstantLr : public LrSchedule {
  public:
   double lr(int64_t, double base_lr) const override { return base_lr; }
   std::string describe() const override { return "constant"; }
+  std::optional<Attrs> device_attrs(double base_lr) const override;
 };
 
 class LinearWarmupCosine : public LrSchedule {
@@ -36,6 +50,7 @@ class LinearWarmupCosine : public LrSchedule {
   LinearWarmupCosine(int64_t warmup_steps, int64_t total_steps, double min_lr = 0.0);
   double lr(int64_t step, double base_lr) const override;
   std::string describe() const override;
+  std::optional<Attrs> device_attrs(double base_lr) const override;
 
  private:
   int64_t warmup_steps_, total_steps_;

@@ -18,7 +18,7 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options)
   buffers_.resize(parameters().size());
 }
 
-void SGD::update(const Tensor& found_inf, double lr, int64_t) {
+void SGD::update(const Tensor& found_inf, const Tensor& lr, const Tensor&) {
   const auto& o = options_;
   const std::vector<Tensor>& params = parameters();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -31,11 +31,11 @@ void SGD::update(const Tensor& found_inf, double lr, int64_t) {
       first = true;
     }
     Attrs a;
-    a.set("lr", lr).set("momentum", o.momentum_).set("dampening", o.dampening_)
+    a.set("momentum", o.momentum_).set("dampening", o.dampening_)
         .set("weight_decay", o.weight_decay_).set("nesterov", o.nesterov_).set("first_step", first);
     std::vector<Tensor> out{p};
     if (buffers_[i].defined()) out.push_back(buffers_[i]);
-    dispatch_out(OpKind::SgdStep, {p, g, buffers_[i], found_inf}, out, a);
+    dispatch_out(OpKind::SgdStep, {p, g, buffers_[i], found_inf, lr}, out, a);
   }
 }
 

@@ -7,6 +7,8 @@
 // The momentum buffer is created lazily on the parameter's device, in its dtype. "First step" is
 // per parameter and host-side: a first step skipped on inf/NaN still counts as the first (the buffer
 // then starts from zero), a documented difference from torch, which would not have stepped at all.
+// lr reaches the kernel as a 0-dim device tensor (optim/optimizer.h); first_step stays an attr, which
+// is why a step is best recorded after each parameter's first update (compile/'s warm-up call).
 #pragma once
 #include <vector>
 
@@ -37,7 +39,7 @@ class SGD : public Optimizer {
   const Tensor& momentum_buffer(size_t i) const { return buffers_.at(i); }
 
  protected:
-  void update(const Tensor& found_inf, double lr, int64_t step) override;
+  void update(const Tensor& found_inf, const Tensor& lr, const Tensor& step) override;
   std::string describe() const override;
 
  private:

@@ -248,10 +248,9 @@ TEST(OptimSGD, RejectsBadOptions) {
   expect_error([&] { SGD({p}, SGDOptions().nesterov(true)); }, {"SGD", "nesterov needs momentum"});
   Tensor q = zeros({2}, kF64);
   expect_error([&] { AdamW({q}); }, {"AdamW", "parameter 0", "(2,)", "requires grad"});
-  Tensor g = zeros({3}, kF64), m = zeros({2}, kF64);
-  expect_error([&] { dispatch_out(OpKind::AdamWStep, {p, g, m, m, Tensor()}, {p, m, m},
-                                  Attrs().set("lr", 1e-3).set("beta1", 0.9).set("beta2", 0.999)
-                                      .set("eps", 1e-8).set("weight_decay", 0.0).set("step", int64_t(1))); },
+  Tensor g = zeros({3}, kF64), m = zeros({2}, kF64), lr = full({}, 1e-3, kF64), t = full({}, 1.0, kF64);
+  Attrs a = Attrs().set("beta1", 0.9).set("beta2", 0.999).set("eps", 1e-8).set("weight_decay", 0.0);
+  expect_error([&] { dispatch_out(OpKind::AdamWStep, {p, g, m, m, Tensor(), lr, t}, {p, m, m}, a); },
                {"adamw_step", "grad is (3,) f64", "parameter is (2,) f64"});
 }
 
@@ -463,11 +462,12 @@ TEST(OptimCuda, OpsMatchCpu) {
     v = abs(v);
     for (double flag : {0.0, 1.0}) {
       Tensor found = full({}, flag);
-      expect_inplace_parity(OpKind::AdamWStep, {clone(p), g, clone(m), clone(v), found}, {0, 2, 3},
-                            Attrs().set("lr", 1e-2).set("beta1", 0.9).set("beta2", 0.999).set("eps", 1e-8)
-                                .set("weight_decay", 0.01).set("step", int64_t(3)), tol);
-      expect_inplace_parity(OpKind::SgdStep, {clone(p), g, clone(m), found}, {0, 2},
-                            Attrs().set("lr", 0.1).set("momentum", 0.9).set("dampening", 0.0)
+      Tensor lr = full({}, 1e-2, kF64), t = full({}, 3.0, kF64);
+      expect_inplace_parity(OpKind::AdamWStep, {clone(p), g, clone(m), clone(v), found, lr, t}, {0, 2, 3},
+                            Attrs().set("beta1", 0.9).set("beta2", 0.999).set("eps", 1e-8)
+                                .set("weight_decay", 0.01), tol);
+      expect_inplace_parity(OpKind::SgdStep, {clone(p), g, clone(m), found, full({}, 0.1, kF64)}, {0, 2},
+                            Attrs().set("momentum", 0.9).set("dampening", 0.0)
                                 .set("weight_decay", 0.01).set("nesterov", true).set("first_step", false), tol);
     }
     Tensor bad = clone(g);

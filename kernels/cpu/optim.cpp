@@ -2,12 +2,14 @@
 //
 // The in-place updates walk contiguous buffers (the schema checks this) in the accumulation type A
 // (f64 for f64, f32 otherwise): each element is loaded once, updated, and stored once, so 16-bit
-// parameters round once per step. found_inf is read here on the CPU, which is its device: the host
-// never reads a GPU flag (kernels/cuda/optim.cu reads it inside the kernel).
+// parameters round once per step. found_inf, lr and the step count are read here on the CPU, which
+// is their device: the host never reads a GPU value (kernels/cuda/optim.cu reads them inside the
+// kernels).
 #include <cmath>
 
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
+#include "kernels/lr_schedule_math.h"
 
 namespace reel {
 namespace {
@@ -15,12 +17,15 @@ namespace {
 // True when an optional 0-dim found_inf flag is defined and set.
 bool flag_set(const Tensor& found_inf) { return found_inf.defined() && *found_inf.data<float>() != 0.f; }
 
-// param, grad, exp_avg, exp_avg_sq: (n) contiguous, one dtype.
+// The value of a 0-dim f64 tensor (lr, step) on the CPU.
+double scalar_of(const Tensor& t) { return *t.data<double>(); }
+
+// param, grad, exp_avg, exp_avg_sq: (n) contiguous, one dtype; lr, step: 0-dim f64.
 void adamw_kernel(const KernelCall& c) {
   if (flag_set(c.in[4])) return;
   const Attrs& a = c.attrs;
-  const double lr = a.f("lr"), b1 = a.f("beta1"), b2 = a.f("beta2"), eps = a.f("eps"), wd = a.f("weight_decay");
-  const double t = double(a.i("step"));
+  const double b1 = a.f("beta1"), b2 = a.f("beta2"), eps = a.f("eps"), wd = a.f("weight_decay");
+  const double lr = scalar_of(c.in[5]), t = scalar_of(c.in[6]);
   const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
   visit_float_dtype(c.in[0].dtype(), "adamw_step", [&]<typename T>() {
     using A = AccType<T>;
@@ -45,11 +50,11 @@ void adamw_kernel(const KernelCall& c) {
   });
 }
 
-// param, grad, momentum_buf?: (n) contiguous, one dtype.
+// param, grad, momentum_buf?: (n) contiguous, one dtype; lr: 0-dim f64.
 void sgd_kernel(const KernelCall& c) {
   if (flag_set(c.in[3])) return;
   const Attrs& a = c.attrs;
-  const double lr = a.f("lr"), mom = a.f("momentum"), damp = a.f("dampening"), wd = a.f("weight_decay");
+  const double lr = scalar_of(c.in[4]), mom = a.f("momentum"), damp = a.f("dampening"), wd = a.f("weight_decay");
   const bool nesterov = a.b("nesterov"), first = a.b("first_step");
   const bool has_buf = c.in[2].defined() && mom != 0;
   visit_float_dtype(c.in[0].dtype(), "sgd_step", [&]<typename T>() {
@@ -135,6 +140,11 @@ void clamp_scalar_kernel(const KernelCall& c) {
   });
 }
 
+// step, lr: 0-dim f64.
+void lr_schedule_kernel(const KernelCall& c) {
+  *c.out[0].data<double>() = math::scheduled_lr(math::lr_schedule_params(c.attrs), scalar_of(c.in[0]));
+}
+
 }  // namespace
 
 void register_optim_cpu_kernels() {
@@ -144,6 +154,7 @@ void register_optim_cpu_kernels() {
   register_kernel(cpu, OpKind::UnscaleCheck, unscale_check_kernel);
   register_kernel(cpu, OpKind::ScalerUpdate, scaler_update_kernel);
   register_kernel(cpu, OpKind::ClampScalar, clamp_scalar_kernel);
+  register_kernel(cpu, OpKind::LrSchedule, lr_schedule_kernel);
 }
 
 }  // namespace reel

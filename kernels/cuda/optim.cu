@@ -1,15 +1,19 @@
 // CUDA kernels of the optimizer family: the CPU's formulas (kernels/cpu/optim.cpp, documented in
 // kernels/schema/optim.cpp) as grid-stride kernels, one launch per tensor.
 //
-// No host reads: the 0-dim found_inf flag, inv_scale, scale and growth tracker are read inside the
-// kernels, so an optimizer step with its GradScaler skip can be captured in a CUDA graph. A kernel
-// that sees found_inf != 0 returns before touching anything. unscale_check's threads may all store
-// 1.0f to found_inf at once; the race is benign (every writer stores the same value).
+// No host reads: the 0-dim found_inf flag, inv_scale, scale and growth tracker, and the per-step lr
+// and step count (0-dim f64) are read inside the kernels, so an optimizer step with its schedule and
+// GradScaler skip can be captured in a CUDA graph and replayed with those values advancing. Each
+// thread of adamw_step derives the bias corrections from lr and t once, in double, as the CPU does,
+// before its grid-stride loop. A kernel that sees found_inf != 0 returns before touching anything.
+// unscale_check's threads may all store 1.0f to found_inf at once; the race is benign (every writer
+// stores the same value).
 // Arithmetic runs in A = Acc<D> (f32 for f32/f16/bf16, f64 for f64), as on the CPU.
 #include <cmath>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_registry.h"
+#include "kernels/lr_schedule_math.h"
 
 namespace reel {
 namespace cuda {
@@ -17,11 +21,16 @@ namespace {
 
 __device__ __forceinline__ bool flag_set(const float* found_inf) { return found_inf && *found_inf != 0.f; }
 
-// param, grad, exp_avg, exp_avg_sq: (n) contiguous. step_size = lr / bc1; bc2_sqrt = sqrt(1 - b2^t).
+// param, grad, exp_avg, exp_avg_sq: (n) contiguous; lr, step: 0-dim f64 (step = t, 1-based).
 template <typename D, typename A = Acc<D>>
-__global__ void adamw_step_kernel(D* p, const D* g, D* m, D* v, const float* found_inf, int64_t n, A decay, A b1,
-                                  A b2, A eps, A step_size, A bc2_sqrt) {
+__global__ void adamw_step_kernel(D* p, const D* g, D* m, D* v, const float* found_inf, const double* lr_ptr,
+                                  const double* step_ptr, int64_t n, double beta1, double beta2, double eps_d,
+                                  double wd) {
   if (flag_set(found_inf)) return;
+  const double lr = *lr_ptr, t = *step_ptr;
+  // torch: denom = sqrt(v) / sqrt(1 - b2^t) + eps; p -= (lr / (1 - b1^t)) * m / denom
+  const A decay = A(1 - lr * wd), step_size = A(lr / (1 - pow(beta1, t))), bc2_sqrt = A(sqrt(1 - pow(beta2, t)));
+  const A b1 = A(beta1), b2 = A(beta2), eps = A(eps_d);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     A gi = to_acc(g[i]);
     A mi = b1 * to_acc(m[i]) + (A(1) - b1) * gi;
@@ -33,11 +42,12 @@ __global__ void adamw_step_kernel(D* p, const D* g, D* m, D* v, const float* fou
   }
 }
 
-// param, grad, buf (or null): (n) contiguous.
+// param, grad, buf (or null): (n) contiguous; lr: 0-dim f64.
 template <typename D, typename A = Acc<D>>
-__global__ void sgd_step_kernel(D* p, const D* g, D* buf, const float* found_inf, int64_t n, A lr, A mom, A damp1,
-                                A wd, bool nesterov, bool first) {
+__global__ void sgd_step_kernel(D* p, const D* g, D* buf, const float* found_inf, const double* lr_ptr, int64_t n,
+                                A mom, A damp1, A wd, bool nesterov, bool first) {
   if (flag_set(found_inf)) return;
+  const A lr = A(*lr_ptr);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     A pi = to_acc(p[i]);
     A d = to_acc(g[i]) + wd * pi;
@@ -82,6 +92,11 @@ __global__ void scaler_update_kernel(float* scale, Tr* tracker, const float* fou
   }
 }
 
+// One thread: lr = schedule(step), both 0-dim f64 (kernels/lr_schedule_math.h).
+__global__ void lr_schedule_kernel(const double* step, double* lr, math::LrScheduleParams schedule) {
+  *lr = math::scheduled_lr(schedule, *step);
+}
+
 // y (contiguous) = clamp(x) with x of any strides; NaN passes through.
 template <typename D, typename A = Acc<D>>
 __global__ void clamp_scalar_kernel(StridedOffsets<2> geo, int64_t n, D* y, const D* x, A lo, A hi) {
@@ -95,18 +110,17 @@ __global__ void clamp_scalar_kernel(StridedOffsets<2> geo, int64_t n, D* y, cons
 
 const float* flag_ptr(const Tensor& t) { return t.defined() ? static_cast<const float*>(t.data_ptr()) : nullptr; }
 
+const double* scalar_ptr(const Tensor& t) { return static_cast<const double*>(t.data_ptr()); }
+
 void adamw_step(const KernelCall& c) {
   const Attrs& a = c.attrs;
-  const double lr = a.f("lr"), b1 = a.f("beta1"), b2 = a.f("beta2"), t = double(a.i("step"));
-  const double step_size = lr / (1 - std::pow(b1, t)), bc2_sqrt = std::sqrt(1 - std::pow(b2, t));
   const int64_t n = c.in[0].numel();
   if (n == 0) return;
   visit_float(c.in[0].dtype(), "adamw_step", [&]<typename D>() {
-    using A = Acc<D>;
     adamw_step_kernel<D><<<blocks_for(n), 256, 0, stream_of(c.in[0])>>>(
         static_cast<D*>(c.out[0].data_ptr()), static_cast<const D*>(c.in[1].data_ptr()),
-        static_cast<D*>(c.out[1].data_ptr()), static_cast<D*>(c.out[2].data_ptr()), flag_ptr(c.in[4]), n,
-        A(1 - lr * a.f("weight_decay")), A(b1), A(b2), A(a.f("eps")), A(step_size), A(bc2_sqrt));
+        static_cast<D*>(c.out[1].data_ptr()), static_cast<D*>(c.out[2].data_ptr()), flag_ptr(c.in[4]),
+        scalar_ptr(c.in[5]), scalar_ptr(c.in[6]), n, a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay"));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }
@@ -121,7 +135,7 @@ void sgd_step(const KernelCall& c) {
     using A = Acc<D>;
     sgd_step_kernel<D><<<blocks_for(n), 256, 0, stream_of(c.in[0])>>>(
         static_cast<D*>(c.out[0].data_ptr()), static_cast<const D*>(c.in[1].data_ptr()),
-        has_buf ? static_cast<D*>(c.out[1].data_ptr()) : nullptr, flag_ptr(c.in[3]), n, A(a.f("lr")), A(mom),
+        has_buf ? static_cast<D*>(c.out[1].data_ptr()) : nullptr, flag_ptr(c.in[3]), scalar_ptr(c.in[4]), n, A(mom),
         A(1 - a.f("dampening")), A(a.f("weight_decay")), a.b("nesterov"), a.b("first_step"));
     REEL_CUDA_LAUNCH_CHECK();
   });
@@ -176,6 +190,12 @@ void clamp_scalar(const KernelCall& c) {
   });
 }
 
+void lr_schedule(const KernelCall& c) {
+  lr_schedule_kernel<<<1, 1, 0, stream_of(c.in[0])>>>(scalar_ptr(c.in[0]), c.out[0].data<double>(),
+                                                      math::lr_schedule_params(c.attrs));
+  REEL_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 }  // namespace cuda
 
@@ -186,6 +206,7 @@ void register_optim_cuda_kernels() {
   register_kernel(gpu, OpKind::UnscaleCheck, cuda::unscale_check);
   register_kernel(gpu, OpKind::ScalerUpdate, cuda::scaler_update);
   register_kernel(gpu, OpKind::ClampScalar, cuda::clamp_scalar);
+  register_kernel(gpu, OpKind::LrSchedule, cuda::lr_schedule);
 }
 
 }  // namespace reel

@@ -1,15 +1,18 @@
-// Schemas of the optimizer and mixed-precision ops. All but clamp_scalar update their tensors in
-// place: they run through dispatch_out with outputs that alias inputs, and nothing reads a device
-// value on the host, so a whole optimizer step can be traced and captured. Updated tensors must be
-// contiguous (parameters, gradients and optimizer state always are). A 0-dim flag `found_inf` (f32,
-// 0 or 1) lets every kernel skip on the device.
+// Schemas of the optimizer and mixed-precision ops. All but clamp_scalar and lr_schedule update
+// their tensors in place: they run through dispatch_out with outputs that alias inputs, and nothing
+// reads a device value on the host, so a whole optimizer step can be traced and captured. Updated
+// tensors must be contiguous (parameters, gradients and optimizer state always are). A 0-dim flag
+// `found_inf` (f32, 0 or 1) lets every kernel skip on the device. The per-step hyper-parameters —
+// the learning rate and AdamW's step count — are 0-dim f64 device tensors, not attrs, so that a
+// replayed step reads the values its own lr_schedule and counter ops produced instead of frozen ones.
 //
-//   adamw_step (param, grad, exp_avg, exp_avg_sq, found_inf?) -> (param, exp_avg, exp_avg_sq)
-//       attrs lr beta1 beta2 eps weight_decay step (1-based); exactly torch.optim.AdamW:
+//   adamw_step (param, grad, exp_avg, exp_avg_sq, found_inf?, lr, step) -> (param, exp_avg, exp_avg_sq)
+//       lr, step: 0-dim f64; step is the 1-based count of applied updates (t, >= 1: a device value,
+//       so not checked here); attrs beta1 beta2 eps weight_decay; exactly torch.optim.AdamW:
 //       p -= lr wd p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //       p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps);   nothing changes if found_inf != 0
-//   sgd_step (param, grad, momentum_buf?, found_inf?) -> (param, momentum_buf if given)
-//       attrs lr momentum dampening weight_decay nesterov first_step; torch.optim.SGD:
+//   sgd_step (param, grad, momentum_buf?, found_inf?, lr) -> (param, momentum_buf if given)
+//       lr: 0-dim f64; attrs momentum dampening weight_decay nesterov first_step; torch.optim.SGD:
 //       d = g + wd p;  buf = first_step ? d : momentum buf + (1 - dampening) d;
 //       d = nesterov ? d + momentum buf : buf (when momentum != 0);  p -= lr d
 //   unscale_check (g0, ..., gk, inv_scale, found_inf) -> (g0, ..., gk, found_inf)
@@ -20,9 +23,15 @@
 //       found_inf: scale *= backoff, tracker = 0; else tracker += 1, and at growth_interval
 //       scale *= growth (when the result is finite), tracker = 0. scale f32; tracker f32 or i64.
 //   clamp_scalar (x) -> y = min(max(x, min), max)      attrs min max (either may be +-inf); NaN stays NaN
+//   lr_schedule (step) -> lr          step, lr: 0-dim f64 (step = optimizer steps completed, 0 first)
+//       attrs kind (0 constant, 1 warmup_cosine) base_lr, and for warmup_cosine warmup_steps
+//       total_steps min_lr; the formulas of optim/schedule.h (kernels/lr_schedule_math.h):
+//       constant: lr = base_lr;  warmup_cosine: s < W: base_lr (s + 1) / W, else
+//       min_lr + (base_lr - min_lr) (1 + cos(pi min(1, (s - W) / max(1, S - W)))) / 2
 #include <cmath>
 #include <initializer_list>
 
+#include "kernels/lr_schedule_math.h"
 #include "kernels/schema/schema_util.h"
 
 namespace reel {
@@ -36,6 +45,13 @@ void require_attrs(const Attrs& a, std::initializer_list<const char*> names) {
 void expect_flag(OpKind op, const Tensor& t, const char* what) {
   REEL_CHECK(t.numel() == 1 && t.dim() == 0 && t.dtype() == DType::f32, op_name(op), ": ", what,
              " must be a 0-dim f32 tensor, got ", schema::desc(t));
+}
+
+// A per-step hyper-parameter held on the device: lr or a step count.
+void expect_f64_scalar(OpKind op, const Tensor& t, const char* what) {
+  schema::expect_defined(op, t, what);
+  REEL_CHECK(t.dim() == 0 && t.dtype() == DType::f64, op_name(op), ": ", what,
+             " must be a 0-dim f64 tensor, got ", schema::desc(t));
 }
 
 // `t` must match `ref` (the parameter) in shape, dtype and be contiguous: it is updated in place.
@@ -55,30 +71,32 @@ void expect_param(OpKind op, const Tensor& p) {
 
 std::vector<TensorMeta> infer_adamw(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::AdamWStep;
-  schema::expect_inputs(op, in, 5);
+  schema::expect_inputs(op, in, 7);
   expect_param(op, in[0]);
   expect_like_param(op, in[1], in[0], "grad");
   expect_like_param(op, in[2], in[0], "exp_avg");
   expect_like_param(op, in[3], in[0], "exp_avg_sq");
   if (in[4].defined()) expect_flag(op, in[4], "found_inf");
-  REEL_CHECK(a.i("step") >= 1, "adamw_step: step must be >= 1 (it is 1-based), got ", a.i("step"));
+  expect_f64_scalar(op, in[5], "lr");
+  expect_f64_scalar(op, in[6], "step");
   double b1 = a.f("beta1"), b2 = a.f("beta2");
   REEL_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, "adamw_step: betas must lie in [0, 1), got (", b1, ", ", b2,
              ")");
-  require_attrs(a, {"lr", "eps", "weight_decay"});
+  require_attrs(a, {"eps", "weight_decay"});
   return {schema::meta_like(in[0]), schema::meta_like(in[2]), schema::meta_like(in[3])};
 }
 
 std::vector<TensorMeta> infer_sgd(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::SgdStep;
-  schema::expect_inputs(op, in, 4);
+  schema::expect_inputs(op, in, 5);
   expect_param(op, in[0]);
   expect_like_param(op, in[1], in[0], "grad");
   if (in[2].defined()) expect_like_param(op, in[2], in[0], "momentum_buf");
   if (in[3].defined()) expect_flag(op, in[3], "found_inf");
+  expect_f64_scalar(op, in[4], "lr");
   double momentum = a.f("momentum");
   REEL_CHECK(in[2].defined() || momentum == 0, "sgd_step: momentum ", momentum, " needs a momentum_buf");
-  require_attrs(a, {"lr", "dampening", "weight_decay", "nesterov", "first_step"});
+  require_attrs(a, {"dampening", "weight_decay", "nesterov", "first_step"});
   std::vector<TensorMeta> out{schema::meta_like(in[0])};
   if (in[2].defined()) out.push_back(schema::meta_like(in[2]));
   return out;
@@ -132,6 +150,28 @@ std::vector<TensorMeta> infer_clamp(const std::vector<Tensor>& in, const Attrs& 
   return {schema::meta_like(in[0])};
 }
 
+// Attrs usually come from LrSchedule::device_attrs, but the op is public: bad values are user errors.
+void check_lr_schedule_attrs(const Attrs& a) {
+  const int64_t kind = a.i("kind");
+  REEL_CHECK(kind == int64_t(math::LrScheduleKind::constant) || kind == int64_t(math::LrScheduleKind::warmup_cosine),
+             "lr_schedule: kind must be 0 (constant) or 1 (warmup_cosine), got ", kind);
+  const double base_lr = a.f("base_lr");
+  REEL_CHECK(std::isfinite(base_lr) && base_lr >= 0, "lr_schedule: base_lr must be finite and >= 0, got ", base_lr);
+  if (kind == int64_t(math::LrScheduleKind::constant)) return;
+  const int64_t w = a.i("warmup_steps"), total = a.i("total_steps");
+  REEL_CHECK(w >= 0 && total >= w, "lr_schedule: need 0 <= warmup_steps (", w, ") <= total_steps (", total, ")");
+  const double min_lr = a.f("min_lr");
+  REEL_CHECK(std::isfinite(min_lr) && min_lr >= 0, "lr_schedule: min_lr must be finite and >= 0, got ", min_lr);
+}
+
+std::vector<TensorMeta> infer_lr_schedule(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::LrSchedule;
+  schema::expect_inputs(op, in, 1);
+  expect_f64_scalar(op, in[0], "step");
+  check_lr_schedule_attrs(a);
+  return {schema::meta_like(in[0])};
+}
+
 }  // namespace
 
 void register_optim_schemas() {
@@ -140,6 +180,7 @@ void register_optim_schemas() {
   register_schema(OpKind::UnscaleCheck, infer_unscale);
   register_schema(OpKind::ScalerUpdate, infer_scaler_update);
   register_schema(OpKind::ClampScalar, infer_clamp);
+  register_schema(OpKind::LrSchedule, infer_lr_schedule);
 }
 
 }  // namespace reel
