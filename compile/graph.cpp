@@ -21,6 +21,14 @@ std::string ref_str(const TensorRef& r) {
   return os.str();
 }
 
+Tensor view_of(const std::shared_ptr<Storage>& storage, size_t byte_offset, const TensorRef& r) {
+  REEL_ASSERT(storage != nullptr, "compile: buffer b", r.buffer, " has no memory");
+  const size_t es = dtype_size(r.dtype);
+  REEL_ASSERT(byte_offset % es == 0, "compile: buffer b", r.buffer, " is misaligned for ", dtype_name(r.dtype));
+  Tensor base = Tensor::from_storage(storage, {int64_t(storage->nbytes() / es)}, r.dtype);
+  return Tensor::make_view(base, r.shape, r.strides, int64_t(byte_offset / es) + r.offset);
+}
+
 std::string Graph::str() const {
   std::ostringstream os;
   for (size_t i = 0; i < nodes.size(); ++i) {

@@ -45,6 +45,15 @@ struct TensorRef {
   size_t nbytes() const { return size_t(numel_of(shape)) * dtype_size(dtype); }
 };
 
+// A kernel made by a pass (a fused elementwise chain, say): run on the bound inputs and outputs of its
+// node instead of the op's registered kernel. Implementations live beside their pass.
+class FusedKernel {
+ public:
+  virtual ~FusedKernel() = default;
+  virtual void run(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) = 0;
+  virtual std::string name() const = 0;
+};
+
 struct Node {
   OpKind op;
   Attrs attrs;
@@ -52,6 +61,7 @@ struct Node {
   std::vector<TensorRef> outputs;
   bool in_place = false;       // outputs existed before the op (dispatch_out)
   std::vector<std::string> fused;  // ops merged into this node by passes (for `reel plan`)
+  std::shared_ptr<FusedKernel> kernel;  // set by a pass: runs instead of op's kernel
 };
 
 struct Graph {
@@ -65,7 +75,10 @@ struct Graph {
   std::string str() const;
 };
 
-// "b12[(16, 256, 512) f32 +0]" — a ref as plans print it.
+// "b12(16, 256, 512) f32 +3" — a ref as plans print it.
 std::string ref_str(const TensorRef& r);
+
+// The tensor `r` describes, over `storage` with the buffer starting `byte_offset` bytes in.
+Tensor view_of(const std::shared_ptr<Storage>& storage, size_t byte_offset, const TensorRef& r);
 
 }  // namespace reel::compile

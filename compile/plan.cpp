@@ -21,7 +21,20 @@ Mode parse_mode(const std::string& name) {
   throw Error("compile: unknown mode '" + name + "' (expected default, reduce-overhead or max-autotune)");
 }
 
-Plan::Plan(Graph graph, Mode mode) : graph_(std::move(graph)), mode_(mode), memory_(plan_memory(graph_)) {
+namespace {
+
+Graph optimized(Graph g, PassStats& stats) {
+  stats.traced = g.nodes.size();
+  eliminate_dead_code(g, stats);
+  fold_constants(g, stats);
+  stats.kernels = g.nodes.size();
+  return g;
+}
+
+}  // namespace
+
+Plan::Plan(Graph graph, Mode mode)
+    : graph_(optimized(std::move(graph), stats_)), mode_(mode), memory_(plan_memory(graph_)) {
   const size_t nb = graph_.buffers.size();
   storage_.resize(nb);
   byte_offset_.assign(nb, 0);
@@ -43,19 +56,12 @@ Plan::Plan(Graph graph, Mode mode) : graph_(std::move(graph)), mode_(mode), memo
 
 Plan::~Plan() = default;
 
-Tensor Plan::bind(const TensorRef& r) const {
-  const std::shared_ptr<Storage>& s = storage_[r.buffer];
-  REEL_ASSERT(s != nullptr, "compile: buffer b", r.buffer, " has no memory (never touched by a node?)");
-  const size_t es = dtype_size(r.dtype);
-  REEL_ASSERT(byte_offset_[r.buffer] % es == 0, "compile: misaligned buffer b", r.buffer);
-  Tensor base = Tensor::from_storage(s, {int64_t(s->nbytes() / es)}, r.dtype);
-  return Tensor::make_view(base, r.shape, r.strides, int64_t(byte_offset_[r.buffer] / es) + r.offset);
-}
+Tensor Plan::bind(const TensorRef& r) const { return view_of(storage_[r.buffer], byte_offset_[r.buffer], r); }
 
 void Plan::build_steps() {
   steps_.clear();
   for (const Node& n : graph_.nodes) {
-    Step s{n.op, &n.attrs, {}, {}, true};
+    Step s{n.op, &n.attrs, n.kernel.get(), {}, {}, true};
     for (const auto& r : n.inputs) {
       s.in.push_back(r ? bind(*r) : Tensor());
       if (r) s.on_gpu = s.on_gpu && graph_.buffers[r->buffer].device.is_cuda();
@@ -97,7 +103,11 @@ std::vector<GraphBreak> Plan::host_nodes() const {
 }
 
 void Plan::run_steps(size_t begin, size_t end) {
-  for (size_t i = begin; i < end; ++i) run_kernel(steps_[i].op, steps_[i].in, steps_[i].out, *steps_[i].attrs);
+  for (size_t i = begin; i < end; ++i) {
+    const Step& s = steps_[i];
+    if (s.kernel) s.kernel->run(s.in, s.out);
+    else run_kernel(s.op, s.in, s.out, *s.attrs);
+  }
 }
 
 std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) {

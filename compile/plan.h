@@ -20,6 +20,7 @@
 
 #include "compile/graph.h"
 #include "compile/memory_plan.h"
+#include "compile/passes.h"
 #include "compile/trace.h"
 #include "tensor/cuda.h"
 
@@ -40,6 +41,7 @@ class Plan {
 
   const Graph& graph() const { return graph_; }
   const MemoryPlan& memory() const { return memory_; }
+  const PassStats& stats() const { return stats_; }
   Mode mode() const { return mode_; }
   size_t kernels() const { return steps_.size(); }
   size_t graphs() const;                 // CUDA graphs captured so far
@@ -49,6 +51,7 @@ class Plan {
   struct Step {
     OpKind op;
     const Attrs* attrs;
+    FusedKernel* kernel;  // a pass's kernel, or nullptr for op's registered one
     std::vector<Tensor> in, out;
     bool on_gpu;  // every tensor it touches is on a GPU: it can be captured
   };
@@ -63,6 +66,7 @@ class Plan {
   void build_segments();
   void run_steps(size_t begin, size_t end);
 
+  PassStats stats_;  // before graph_: the passes fill it while graph_ is initialised
   Graph graph_;
   Mode mode_;
   MemoryPlan memory_;

@@ -68,7 +68,7 @@ void Tracer::on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std
   if (is_view_op(op)) return;  // its output is a TensorRef of the input's buffer
   std::string reason = break_reason(op, inputs, outputs);
   if (!reason.empty()) breaks_.push_back({op_name(op), reason});
-  Node n{op, attrs, {}, {}, into_given, {}};
+  Node n{op, attrs, {}, {}, into_given, {}, nullptr};
   for (const Tensor& t : inputs) {
     if (t.defined()) n.inputs.push_back(ref_of(t, BufferKind::External));
     else n.inputs.push_back(std::nullopt);

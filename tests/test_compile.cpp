@@ -38,7 +38,7 @@ compile::Graph graph_with_buffers(const std::vector<size_t>& sizes) {
 compile::TensorRef whole(int buffer, int64_t floats) { return {buffer, {floats}, {1}, 0, DType::f32}; }
 
 compile::Node node(std::vector<int> in, std::vector<int> out) {
-  compile::Node n{OpKind::Add, Attrs(), {}, {}, false, {}};
+  compile::Node n{OpKind::Add, Attrs(), {}, {}, false, {}, nullptr};
   for (int b : in) n.inputs.push_back(whole(b, 256));
   for (int b : out) n.outputs.push_back(whole(b, 256));
   return n;

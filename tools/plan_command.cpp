@@ -55,8 +55,9 @@ int plan_command(int argc, char** argv) {
   std::printf("%s step, %s, %s, micro-batch x %lld (ACCUM %lld)\n", model.c_str(), precision.c_str(),
               device.str().c_str(), (long long)w.micro[0].first.size(0), (long long)accum);
   std::printf("%s\n", compile::plan_summary(*plan).c_str());
-  std::printf("kernels per step: %zu traced ops -> %zu kernels after fusion\n", plan->graph().nodes.size(),
-              plan->kernels());
+  const compile::PassStats& st = plan->stats();
+  std::printf("kernels per step: %zu traced -> %zu (dead code %zu, constants folded %zu, fused away %zu)\n", st.traced,
+              plan->kernels(), st.dead, st.folded, st.fused);
   if (m != compile::Mode::Default) std::printf("CUDA graphs: %zu\n", plan->graphs());
   std::printf("%s\n", compile::memory_summary(*plan).c_str());
   for (const compile::GraphBreak& b : step.graph_breaks())

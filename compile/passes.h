@@ -1,0 +1,26 @@
+// Graph passes, run on a trace before its memory is planned (compile/plan.h):
+//   dead-code elimination  a node whose every output is an Internal buffer that nothing later reads
+//                          (and that is not a graph output) is dropped, iterated to a fixed point;
+//   constant folding       a node with no inputs, or only constant ones, whose outputs are Internal
+//                          buffers written by no other node (position ids, causal masks, their casts)
+//                          runs once at build time; its outputs become External constants;
+//   elementwise fusion     (compile/fuse_elementwise.h) chains of elementwise nodes become one kernel.
+#pragma once
+#include <cstddef>
+
+#include "compile/graph.h"
+
+namespace reel::compile {
+
+struct PassStats {
+  size_t traced = 0;  // nodes as traced
+  size_t dead = 0;    // removed by dead-code elimination
+  size_t folded = 0;  // run once at build time
+  size_t fused = 0;   // nodes merged into fused kernels (a chain of k nodes counts k - 1)
+  size_t kernels = 0; // nodes left: kernels per replay
+};
+
+void eliminate_dead_code(Graph& g, PassStats& stats);
+void fold_constants(Graph& g, PassStats& stats);
+
+}  // namespace reel::compile

@@ -1,0 +1,170 @@
+// compile/ on the GPU: eager vs compiled training steps in every mode and precision, including the
+// fp16 GradScaler inside a replayed CUDA graph. The plan runs the same kernels in the same order as
+// eager, so the default and reduce-overhead modes must match eager to the bit. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "compile/compile.h"
+#include "compile/train_step.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "tensor/cuda.h"
+
+using namespace reel;
+
+#define REEL_REQUIRE_GPU() \
+  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason()
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+std::shared_ptr<nn::Module> small_gpt() {
+  Generator gen(3);
+  nn::GptConfig cfg{32, 16, 32, 2, 2};
+  auto m = nn::gpt(cfg, &gen);
+  m->to(kGpu);
+  return m;
+}
+
+std::shared_ptr<nn::Module> small_cnn() {
+  Generator gen(4);
+  auto m = std::make_shared<nn::Sequential>();
+  m->push_back(std::make_shared<nn::Conv2d>(3, 8, 3, 1, 1, false, &gen));
+  m->push_back(std::make_shared<nn::BatchNorm2d>(8));
+  m->push_back(std::make_shared<nn::ReLU>());
+  m->push_back(std::make_shared<nn::Conv2d>(8, 16, 3, 2, 1, false, &gen));
+  m->push_back(std::make_shared<nn::GroupNorm>(4, 16));
+  m->push_back(std::make_shared<nn::ReLU>());
+  m->push_back(std::make_shared<nn::GlobalAvgPool2d>());
+  m->push_back(std::make_shared<nn::Linear>(16, 10, true, &gen));
+  m->to(kGpu);
+  return m;
+}
+
+std::vector<optim::MicroBatch> token_batches(int accum) {
+  std::vector<optim::MicroBatch> micro;
+  for (int i = 0; i < accum; ++i) {
+    std::vector<int64_t> x(4 * 16), y(4 * 16);
+    for (size_t k = 0; k < x.size(); ++k) {
+      x[k] = int64_t((k * 7 + i * 3) % 32);
+      y[k] = int64_t((k * 5 + i * 11 + 1) % 32);
+    }
+    micro.push_back({tensor_i64(x, {4, 16}, kGpu), tensor_i64(y, {4, 16}, kGpu)});
+  }
+  return micro;
+}
+
+std::vector<optim::MicroBatch> image_batches(int accum) {
+  Generator gen(12);
+  std::vector<optim::MicroBatch> micro;
+  for (int i = 0; i < accum; ++i)
+    micro.push_back({randn({4, 3, 8, 8}, {DType::f32, kGpu}, &gen), tensor_i64({i % 10, 3, 7, (i + 5) % 10}, {4}, kGpu)});
+  return micro;
+}
+
+struct Outcome {
+  std::vector<double> losses, scales;
+  std::vector<std::vector<double>> params, buffers;
+};
+
+// `steps` steps in `mode` ("eager" or a compile mode) under `precision`; `poison(s)` may replace the
+// micro-batches of step s (a planted overflow).
+Outcome run(std::shared_ptr<nn::Module> (*make)(), std::vector<optim::MicroBatch> (*data)(int), const std::string& mode,
+            const std::string& precision, int steps, int poisoned_step = -1) {
+  AutocastGuard amp(PrecisionPolicy::parse(precision));
+  auto model = make();
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions(3e-3).weight_decay(0.01));
+  opt.set_accum_steps(3).set_max_grad_norm(1.0);
+  opt.set_schedule(std::make_shared<optim::LinearWarmupCosine>(2, steps));
+  if (autocast_policy().needs_grad_scaler()) opt.set_grad_scaler(std::make_shared<optim::GradScaler>());
+  nn::Module* m = model.get();
+  auto loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
+  std::optional<compile::CompiledFunction> step;
+  if (mode != "eager") step.emplace(compile::compile_train_step(opt, loss_fn, {compile::parse_mode(mode)}));
+  std::vector<optim::MicroBatch> clean = data(3);
+  Outcome o;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<optim::MicroBatch> micro = clean;
+    if (s == poisoned_step) {
+      Tensor x = micro[1].inputs.to(DType::f32);  // images only: a copy, with one value made inf
+      std::vector<float> v = x.to_vector<float>();
+      v[0] = std::numeric_limits<float>::infinity();
+      micro[1].inputs = Tensor::from_vector<float>(v, x.shape()).to(kGpu);
+    }
+    if (step) {
+      std::vector<Tensor> out = (*step)(compile::flatten_micro(micro));
+      o.losses.push_back(out[0].item());
+      o.scales.push_back(out[3].item());
+    } else {
+      Tensor mean_loss;
+      optim::StepResult r = optim::train_step(opt, loss_fn, micro, &mean_loss);
+      o.losses.push_back(mean_loss.item());
+      o.scales.push_back(r.scale.defined() ? r.scale.item() : 1.0);
+    }
+  }
+  if (step) {
+    EXPECT_EQ(step->replays(), steps - 2) << mode;
+    EXPECT_TRUE(step->graph_breaks().empty()) << mode;
+  }
+  for (const Tensor& p : model->parameters()) o.params.push_back(p.to_vector<double>());
+  for (auto& [name, b] : model->named_buffers()) o.buffers.push_back(b.to_vector<double>());
+  return o;
+}
+
+void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {
+  EXPECT_EQ(a.losses, b.losses) << what;
+  EXPECT_EQ(a.scales, b.scales) << what;
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i) EXPECT_EQ(a.params[i], b.params[i]) << what << ": parameter " << i;
+  for (size_t i = 0; i < a.buffers.size(); ++i) EXPECT_EQ(a.buffers[i], b.buffers[i]) << what << ": buffer " << i;
+}
+
+}  // namespace
+
+TEST(CompileCuda, GptMatchesEagerToTheBitInEveryModeAndPrecision) {
+  REEL_REQUIRE_GPU();
+  for (const char* prec : {"fp32", "bf16", "fp16"}) {
+    Outcome eager = run(small_gpt, token_batches, "eager", prec, 20);
+    for (const char* mode : {"default", "reduce-overhead"})
+      expect_same(eager, run(small_gpt, token_batches, mode, prec, 20), std::string(prec) + " " + mode);
+  }
+}
+
+TEST(CompileCuda, CnnWithBatchNormMatchesEagerToTheBit) {
+  REEL_REQUIRE_GPU();
+  for (const char* prec : {"fp32", "bf16"}) {
+    Outcome eager = run(small_cnn, image_batches, "eager", prec, 12);
+    for (const char* mode : {"default", "reduce-overhead"})
+      expect_same(eager, run(small_cnn, image_batches, mode, prec, 12), std::string(prec) + " " + mode);
+  }
+}
+
+TEST(CompileCuda, Fp16OverflowInsideTheGraphSkipsTheStepAndHalvesTheScale) {
+  REEL_REQUIRE_GPU();
+  // Step 5 is a replay of the captured graph; its inputs hold an inf.
+  Outcome eager = run(small_cnn, image_batches, "eager", "fp16", 8, 5);
+  Outcome graphed = run(small_cnn, image_batches, "reduce-overhead", "fp16", 8, 5);
+  ASSERT_EQ(graphed.scales.size(), 8u);
+  EXPECT_EQ(graphed.scales[5], graphed.scales[4] / 2) << "the overflow halves the scale";
+  EXPECT_EQ(graphed.scales[6], graphed.scales[5]);
+  EXPECT_TRUE(std::isinf(graphed.losses[5]) || std::isnan(graphed.losses[5]));
+  expect_same(eager, graphed, "fp16 with a planted overflow");
+}
+
+TEST(CompileCuda, ReduceOverheadCapturesOneGraph) {
+  REEL_REQUIRE_GPU();
+  auto model = small_gpt();
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-3));
+  opt.set_accum_steps(3);
+  nn::Module* m = model.get();
+  auto step = compile::compile_train_step(opt, [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); },
+                                          {compile::Mode::ReduceOverhead});
+  auto in = compile::flatten_micro(token_batches(3));
+  for (int i = 0; i < 4; ++i) step(in);
+  ASSERT_NE(step.last_plan(), nullptr);
+  EXPECT_EQ(step.last_plan()->graphs(), 1u);
+  EXPECT_TRUE(step.last_plan()->host_nodes().empty());
+}
