@@ -96,7 +96,7 @@ struct CompiledFunction::State {
       log("graph_breaks", "this signature runs eagerly from now on");
       return out;
     }
-    e.plan = std::make_unique<Plan>(std::move(g), options.mode);
+    e.plan = std::make_unique<Plan>(std::move(g), options.mode, PassOptions{options.fuse});
     for (const GraphBreak& b : e.plan->host_nodes()) breaks.push_back(b);
     if (log_enabled("plan")) log("plan", plan_summary(*e.plan));
     if (log_enabled("memory")) log("memory", memory_summary(*e.plan));

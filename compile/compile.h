@@ -33,6 +33,7 @@ namespace reel::compile {
 struct CompileOptions {
   Mode mode = Mode::Default;
   int cache_limit = 8;  // plans kept per function (one per input signature)
+  bool fuse = true;     // fusion passes (off: the plan runs eager's kernels, bit for bit)
 };
 
 using StepFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs)>;

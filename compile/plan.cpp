@@ -23,18 +23,21 @@ Mode parse_mode(const std::string& name) {
 
 namespace {
 
-Graph optimized(Graph g, PassStats& stats) {
+Graph optimized(Graph g, const PassOptions& options, PassStats& stats) {
   stats.traced = g.nodes.size();
   eliminate_dead_code(g, stats);
   fold_constants(g, stats);
+  if (options.fuse) {
+    // Fusion passes go here, each as one call: pass(g, stats);
+  }
   stats.kernels = g.nodes.size();
   return g;
 }
 
 }  // namespace
 
-Plan::Plan(Graph graph, Mode mode)
-    : graph_(optimized(std::move(graph), stats_)), mode_(mode), memory_(plan_memory(graph_)) {
+Plan::Plan(Graph graph, Mode mode, PassOptions passes)
+    : graph_(optimized(std::move(graph), passes, stats_)), mode_(mode), memory_(plan_memory(graph_)) {
   const size_t nb = graph_.buffers.size();
   storage_.resize(nb);
   byte_offset_.assign(nb, 0);

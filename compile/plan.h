@@ -30,9 +30,14 @@ enum class Mode { Default, ReduceOverhead, MaxAutotune };
 const char* mode_name(Mode m);
 Mode parse_mode(const std::string& name);  // "default" | "reduce-overhead" | "max-autotune"
 
+// Which passes run (all by default; tests turn fusion off to compare with eager to the bit).
+struct PassOptions {
+  bool fuse = true;
+};
+
 class Plan {
  public:
-  Plan(Graph graph, Mode mode);
+  Plan(Graph graph, Mode mode, PassOptions passes = {});
   ~Plan();
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
