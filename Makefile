@@ -2,7 +2,7 @@
 #   make          library (build/libreel.a) and the `reel` tool (build/reel)
 #   make test     builds and runs every GoogleTest suite (build/reel_tests)
 #   make bench    builds and runs the Google Benchmark suites (build/reel_bench)
-#   make run      trains the default example (see README)
+#   make run      trains the default example, its step compiled (see README)
 # Missing Debian packages are installed on first build (tools/install_deps.sh).
 
 BUILD    ?= build
@@ -82,7 +82,7 @@ bench: $(BENCH)
 
 # The main job: the Fashion-MNIST CNN with micro-batches and gradient accumulation (GPU if visible).
 run: $(TOOL)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)} $(TOOL) train
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)} $(TOOL) train --compile reduce-overhead
 
 # The binaries (and Google Benchmark's shared library) in one folder that travels to a GPU machine,
 # where tools/gpu_check.sh runs them.

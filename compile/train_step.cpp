@@ -24,7 +24,7 @@ CompiledFunction compile_train_step(optim::Optimizer& opt, optim::LossFn loss_fn
     Tensor mean_loss;
     optim::StepResult r = optim::train_step(*o, loss_fn, micro, &mean_loss);
     Tensor scale = r.scale.defined() ? r.scale : ones({}, TensorOptions{DType::f32, mean_loss.device()});
-    return {mean_loss, r.grad_norm, r.found_inf, scale};
+    return {mean_loss, r.grad_norm, r.found_inf, scale, r.lr_tensor};
   };
   return compile(std::move(fn), options);
 }

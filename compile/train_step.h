@@ -3,8 +3,8 @@
 // graph under reduce-overhead).
 //
 //   inputs   x_0, y_0, x_1, y_1, ..., x_{A-1}, y_{A-1}     (A = the optimizer's ACCUM)
-//   outputs  mean loss over the micro-batches, grad norm (before clipping), found_inf, loss scale
-//            (all 0-dim device tensors; the scale is 1 without a GradScaler)
+//   outputs  mean loss over the micro-batches, grad norm (before clipping), found_inf, loss scale,
+//            the lr the update used (all 0-dim device tensors; the scale is 1 without a GradScaler)
 // The optimizer must keep its lr, step count and scaler state on the device (reel's do), and the
 // loss function must be the same on every call.
 #pragma once

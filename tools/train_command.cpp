@@ -4,7 +4,9 @@
 //
 // The step is MODELS.md's: for each of ACCUM micro-batches, loss = model_loss(model(x), y) and
 // backward(opt.scale_loss(loss)); then opt.micro_step() unscales, clips, steps AdamW, advances the
-// schedule and zeroes the gradients at the accumulation boundary.
+// schedule and zeroes the gradients at the accumulation boundary. With --compile MODE the ACCUM
+// micro-batches of a step go through compile::compile_train_step instead: warm-up, trace, then the
+// plan replayed (one CUDA graph under reduce-overhead); an epoch's tail runs eagerly.
 #include <unistd.h>
 
 #include <chrono>
@@ -12,7 +14,9 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 
+#include "compile/train_step.h"
 #include "data/data.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
@@ -93,6 +97,25 @@ std::unique_ptr<optim::AdamW> make_optimizer(const TrainOptions& o, nn::Module& 
   return opt;
 }
 
+// One micro-batch eagerly: forward, backward of the scaled loss, and the optimizer's micro_step
+// (which, at the accumulation boundary, unscales, clips, updates and zeroes).
+optim::StepResult eager_micro_batch(nn::Module& model, optim::Optimizer& opt, const Tensor& x, const Tensor& y,
+                                    StepLoss& step_loss) {
+  Tensor loss = nn::model_loss(model, x, y);
+  opt.scale_loss(loss).backward();
+  step_loss.add(loss);
+  return opt.micro_step();
+}
+
+// The compiled step of --compile MODE (none: eager), with the same loss and optimizer.
+std::optional<compile::CompiledFunction> compiled_step(const TrainOptions& o, nn::Module& model,
+                                                       optim::Optimizer& opt) {
+  if (o.compile == "none") return std::nullopt;
+  nn::Module* m = &model;
+  return compile::compile_train_step(
+      opt, [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); }, {compile::parse_mode(o.compile)});
+}
+
 // Fraction of `data` whose arg-max logit is the label.
 double accuracy(nn::Module& model, const data::ImageDataset& test, Device device) {
   model.eval();
@@ -152,6 +175,7 @@ int train_images(const TrainOptions& o, Device device) {
               (long long)train.size(), (long long)test.size());
   opt->print_setup(std::cout);
   auto policy = o.remainder == "step" ? optim::RemainderPolicy::Step : optim::RemainderPolicy::Drop;
+  std::optional<compile::CompiledFunction> compiled = compiled_step(o, *model, *opt);
   Clock::time_point start = Clock::now();
   double acc = 0, last_loss = 0;
   for (int64_t epoch = 0; epoch < o.epochs; ++epoch) {
@@ -159,16 +183,27 @@ int train_images(const TrainOptions& o, Device device) {
     Progress progress(steps_per_epoch, "img");
     int64_t items = 0, step = 0;
     StepLoss step_loss;
+    std::vector<optim::MicroBatch> pending;  // the compiled path's micro-batches of the next step
     for (const data::Batch& b : loader) {
-      Tensor loss = nn::model_loss(*model, b.inputs, b.targets);
-      opt->scale_loss(loss).backward();
-      step_loss.add(loss);
       items += b.size();
-      optim::StepResult r = opt->micro_step();
+      if (compiled && b.size() == o.micro_batch) {
+        pending.push_back({b.inputs, b.targets});
+        if (int64_t(pending.size()) < o.accum) continue;
+        std::vector<Tensor> out = (*compiled)(compile::flatten_micro(pending));
+        pending.clear();
+        last_loss = out[0].item();
+        progress.update(++step, last_loss, items, out[4].item());
+        continue;
+      }
+      for (const optim::MicroBatch& p : pending) eager_micro_batch(*model, *opt, p.inputs, p.targets, step_loss);
+      pending.clear();
+      optim::StepResult r = eager_micro_batch(*model, *opt, b.inputs, b.targets, step_loss);
       if (!r.stepped) continue;
       last_loss = step_loss.take();
       progress.update(++step, last_loss, items, r.lr);
     }
+    // An epoch's tail that does not fill a step runs eagerly, so the remainder policy applies to it.
+    for (const optim::MicroBatch& p : pending) eager_micro_batch(*model, *opt, p.inputs, p.targets, step_loss);
     opt->finish_epoch(policy);
     progress.end_line();
     acc = accuracy(*model, test, device);
@@ -228,13 +263,23 @@ int train_text(const TrainOptions& o, Device device) {
   int64_t items = 0, step = 0;
   double last_loss = 0;
   StepLoss step_loss;
+  std::optional<compile::CompiledFunction> compiled = compiled_step(o, *model, *opt);
   while (step < o.steps) {
+    if (compiled) {
+      std::vector<optim::MicroBatch> micro;
+      for (int64_t i = 0; i < o.accum; ++i) {
+        data::TextBatch b = sampler.next(o.micro_batch, device);
+        micro.push_back({b.inputs, b.targets});
+        items += b.inputs.numel();
+      }
+      std::vector<Tensor> out = (*compiled)(compile::flatten_micro(micro));
+      last_loss = out[0].item();
+      progress.update(++step, last_loss, items, out[4].item());
+      continue;
+    }
     data::TextBatch b = sampler.next(o.micro_batch, device);
-    Tensor loss = nn::model_loss(*model, b.inputs, b.targets);
-    opt->scale_loss(loss).backward();
-    step_loss.add(loss);
     items += b.inputs.numel();
-    optim::StepResult r = opt->micro_step();
+    optim::StepResult r = eager_micro_batch(*model, *opt, b.inputs, b.targets, step_loss);
     if (!r.stepped) continue;
     last_loss = step_loss.take();
     progress.update(++step, last_loss, items, r.lr);

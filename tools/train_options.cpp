@@ -41,6 +41,7 @@ const char* train_usage() {
          "  --micro-batch N      items per micro-batch (default 64)\n"
          "  --accum N            micro-batches per optimizer step (default 2)\n"
          "  --precision fp32|bf16|fp16 (default fp32)\n"
+         "  --compile none|default|reduce-overhead|max-autotune   the step as a compiled plan (default none)\n"
          "  --lr X  --schedule constant|cosine  --warmup N  --clip X (<= 0: none)\n"
          "  --remainder drop|step   an epoch's partial accumulation (default drop)\n"
          "  --seed N  --limit N (first N training items)  --checkpoint PATH  --sample-bytes N\n";
@@ -58,6 +59,7 @@ TrainOptions parse_train_options(int argc, char** argv) {
       {"--micro-batch", [&](const std::string& v) { o.micro_batch = to_int("--micro-batch", v); }},
       {"--accum", [&](const std::string& v) { o.accum = to_int("--accum", v); }},
       {"--precision", [&](const std::string& v) { o.precision = v; }},
+      {"--compile", [&](const std::string& v) { o.compile = v; }},
       {"--lr", [&](const std::string& v) { o.lr = to_double("--lr", v); }},
       {"--schedule", [&](const std::string& v) { o.schedule = v; }},
       {"--warmup", [&](const std::string& v) { o.warmup = to_int("--warmup", v); }},
@@ -81,6 +83,9 @@ TrainOptions parse_train_options(int argc, char** argv) {
              o.remainder);
   REEL_CHECK(o.schedule == "constant" || o.schedule == "cosine", "train: --schedule must be constant or cosine, got ",
              o.schedule);
+  REEL_CHECK(o.compile == "none" || o.compile == "default" || o.compile == "reduce-overhead" ||
+                 o.compile == "max-autotune",
+             "train: --compile must be none, default, reduce-overhead or max-autotune, got ", o.compile);
   if (o.dataset.empty()) o.dataset = o.model == "fashion-cnn" ? "fashion-mnist"
                                      : o.model.rfind("gpt", 0) == 0 ? "text" : "random";
   return o;

@@ -16,6 +16,7 @@ struct TrainOptions {
   int64_t micro_batch = 64;
   int64_t accum = 2;
   std::string precision = "fp32";     // fp32 | bf16 | fp16
+  std::string compile = "none";       // none | default | reduce-overhead | max-autotune
   double lr = 2e-3;
   std::string schedule = "cosine";    // constant | cosine (linear warm-up then cosine)
   int64_t warmup = 50;                // optimizer steps of warm-up
