@@ -5,6 +5,7 @@
 
 #include "compile/describe.h"
 #include "compile/log.h"
+#include "kernels/autotune.h"
 
 namespace reel::compile {
 
@@ -109,6 +110,8 @@ CompiledFunction::CompiledFunction(StepFn fn, CompileOptions options) : s_(std::
   REEL_CHECK(options.cache_limit >= 1, "compile: cache_limit must be >= 1, got ", options.cache_limit);
   s_->fn = std::move(fn);
   s_->options = options;
+  // max-autotune: kernels time their candidate algorithms on each shape's first (eager) use.
+  if (options.mode == Mode::MaxAutotune) set_autotune(true);
 }
 
 CompiledFunction::~CompiledFunction() = default;

@@ -22,8 +22,9 @@
 // and rounded again (the CPU adds the bias in f32 and rounds once): a difference of at most about
 // one 16-bit ulp. f32 and f64 add the bias in their own type, exactly as the CPU.
 //
-// Algorithms: chosen ONCE per (op, dtype, device, shapes, stride, padding) by cuDNN's heuristics
-// (cudnnGet*Algorithm_v7: the best-ranked supported candidate; for f32 never a tensor-op one, and
+// Algorithms: chosen ONCE per (op, dtype, device, shapes, stride, padding) by cuDNN's heuristics —
+// or, with autotuning on (kernels/autotune.h), by timing the candidates (cudnnFind*AlgorithmEx) on
+// the first call's tensors — (the best-ranked supported candidate; for f32 never a tensor-op one, and
 // for f32/f64 only GEMM-like direct sums, no FFT or Winograd, whose transforms cost accuracy), and
 // cached together with the descriptors and the workspace size in a process-wide map. The
 // heuristics run no device work and never synchronise, so even a first call inside a CUDA graph
@@ -39,6 +40,7 @@
 #include <mutex>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/autotune.h"
 #include "kernels/cuda/device_copy.h"
 
 namespace reel::cuda {
@@ -199,8 +201,29 @@ const Perf* pick(const Perf* perf, int count, DType dt) {
   return nullptr;
 }
 
-// Asks cuDNN's heuristics for op's algorithm and sets p.algo and p.workspace_bytes.
-void choose_algorithm(ConvPlan& p, ConvOp op, cudnnHandle_t h, DType dt) {
+// The tensors of the call that first needs a plan: autotuning times candidates on them (the output is
+// overwritten by the real call right after).
+struct ConvData {
+  const void* a;  // forward: x;  backward data: w;  backward filter: x
+  const void* b;  // forward: w;  backward data: dy; backward filter: dy
+  void* out;      // forward: y;  backward data: dx; backward filter: dw
+};
+
+// Scratch for timing candidates: algorithms needing more report an allocation failure and are skipped.
+constexpr size_t kTuningWorkspace = size_t(256) << 20;
+
+bool capturing(cudnnHandle_t h) {
+  cudaStream_t s = nullptr;
+  REEL_CUDNN_CHECK(cudnnGetStream(h, &s));
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  REEL_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Sets p.algo and p.workspace_bytes: cuDNN's heuristic ranking, or (tune) the candidates timed on
+// `d`, fastest first; either way filtered by pick()'s precision contract.
+void choose_algorithm(ConvPlan& p, ConvOp op, cudnnHandle_t h, DType dt, bool tune, const ConvData& d,
+                      Device device) {
   constexpr int kMax = 32;  // more than cuDNN returns: each algorithm at most once per math type
   int n = 0;
   const char* what = op == ConvOp::Forward        ? "conv2d"
@@ -213,21 +236,35 @@ void choose_algorithm(ConvPlan& p, ConvOp op, cudnnHandle_t h, DType dt) {
     // f16/bf16 and f64 run in the math type the heuristic assumed; f32 keeps CUDNN_FMA_MATH.
     if (dt != DType::f32) REEL_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, best->mathType));
   };
+  Tensor scratch = tune ? workspace(kTuningWorkspace, device) : Tensor();
+  void* ws = tune ? scratch.data_ptr() : nullptr;
   if (op == ConvOp::Forward) {
     cudnnConvolutionFwdAlgoPerf_t perf[kMax];
-    REEL_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, kMax, &n, perf));
+    if (tune)
+      REEL_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x, d.a, p.w, d.b, p.conv, p.y, d.out, kMax, &n, perf,
+                                                              ws, kTuningWorkspace));
+    else
+      REEL_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, kMax, &n, perf));
     use(pick(perf, n, dt));
     REEL_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y,
                                                              cudnnConvolutionFwdAlgo_t(p.algo), &p.workspace_bytes));
   } else if (op == ConvOp::BackwardData) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
-    REEL_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, kMax, &n, perf));
+    if (tune)
+      REEL_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, p.w, d.a, p.y, d.b, p.conv, p.x, d.out, kMax, &n,
+                                                                   perf, ws, kTuningWorkspace));
+    else
+      REEL_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, kMax, &n, perf));
     use(pick(perf, n, dt));
     REEL_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
         h, p.w, p.y, p.conv, p.x, cudnnConvolutionBwdDataAlgo_t(p.algo), &p.workspace_bytes));
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[kMax];
-    REEL_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w, kMax, &n, perf));
+    if (tune)
+      REEL_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, p.x, d.a, p.y, d.b, p.conv, p.w, d.out, kMax,
+                                                                     &n, perf, ws, kTuningWorkspace));
+    else
+      REEL_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w, kMax, &n, perf));
     use(pick(perf, n, dt));
     REEL_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
         h, p.x, p.y, p.conv, p.w, cudnnConvolutionBwdFilterAlgo_t(p.algo), &p.workspace_bytes));
@@ -235,18 +272,19 @@ void choose_algorithm(ConvPlan& p, ConvOp op, cudnnHandle_t h, DType dt) {
 }
 
 // The cached plan for (op, dtype, device, geometry), made on first use. Plans live until exit.
-const ConvPlan& conv_plan(ConvOp op, const ConvGeom& g, DType dt, Device device, cudnnHandle_t h) {
-  using Key = std::array<int64_t, 16>;
+const ConvPlan& conv_plan(ConvOp op, const ConvGeom& g, DType dt, Device device, cudnnHandle_t h, const ConvData& d) {
+  using Key = std::array<int64_t, 17>;
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<ConvPlan>> plans;
+  const bool tune = autotune_enabled() && !capturing(h);
   const Key key{int64_t(op), int64_t(dt), device.index, g.N, g.C, g.H, g.W, g.O, g.kH, g.kW, g.Ho, g.Wo,
-                g.sh, g.sw, g.ph, g.pw};
+                g.sh, g.sw, g.ph, g.pw, int64_t(autotune_enabled())};
   std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<ConvPlan>& slot = plans[key];
   if (!slot) {
     auto plan = std::make_unique<ConvPlan>();
     set_descriptors(*plan, g, cudnn_types(dt));
-    choose_algorithm(*plan, op, h, dt);
+    choose_algorithm(*plan, op, h, dt, tune, d, device);
     slot = std::move(plan);  // only a complete plan enters the cache (a throw above leaves it empty)
   }
   return *slot;
@@ -287,7 +325,7 @@ void conv2d_fwd_cudnn_kernel(const KernelCall& c) {
     Tensor x = dense_for_cudnn(c.in[0]), w = dense_for_cudnn(c.in[1]);
     const ConvGeom g = make_geom(x.shape(), w.shape(), y.shape(), c.attrs);
     cudnnHandle_t h = cudnn_handle(y.device());
-    const ConvPlan& p = conv_plan(ConvOp::Forward, g, y.dtype(), y.device(), h);
+    const ConvPlan& p = conv_plan(ConvOp::Forward, g, y.dtype(), y.device(), h, {x.data_ptr(), w.data_ptr(), y.data_ptr()});
     const Blend blend(y.dtype());
     Workspace ws(p.workspace_bytes, y.device());
     REEL_CUDNN_CHECK(cudnnConvolutionForward(h, blend.alpha(), p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv,
@@ -306,7 +344,8 @@ void conv2d_bwd_input_cudnn_kernel(const KernelCall& c) {
   Tensor g = dense_for_cudnn(c.in[0]), w = dense_for_cudnn(c.in[1]);
   const ConvGeom geo = make_geom(dx.shape(), w.shape(), g.shape(), c.attrs);
   cudnnHandle_t h = cudnn_handle(dx.device());
-  const ConvPlan& p = conv_plan(ConvOp::BackwardData, geo, dx.dtype(), dx.device(), h);
+  const ConvPlan& p =
+      conv_plan(ConvOp::BackwardData, geo, dx.dtype(), dx.device(), h, {w.data_ptr(), g.data_ptr(), dx.data_ptr()});
   const Blend blend(dx.dtype());
   Workspace ws(p.workspace_bytes, dx.device());
   REEL_CUDNN_CHECK(cudnnConvolutionBackwardData(h, blend.alpha(), p.w, w.data_ptr(), p.y, g.data_ptr(), p.conv,
@@ -326,7 +365,8 @@ void conv2d_bwd_weight_cudnn_kernel(const KernelCall& c) {
     Tensor g = dense_for_cudnn(c.in[0]), x = dense_for_cudnn(c.in[1]);
     const ConvGeom geo = make_geom(x.shape(), dw.shape(), g.shape(), c.attrs);
     cudnnHandle_t h = cudnn_handle(dw.device());
-    const ConvPlan& p = conv_plan(ConvOp::BackwardFilter, geo, dw.dtype(), dw.device(), h);
+    const ConvPlan& p = conv_plan(ConvOp::BackwardFilter, geo, dw.dtype(), dw.device(), h,
+                                  {x.data_ptr(), g.data_ptr(), dw.data_ptr()});
     const Blend blend(dw.dtype());
     Workspace ws(p.workspace_bytes, dw.device());
     REEL_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, blend.alpha(), p.x, x.data_ptr(), p.y, g.data_ptr(), p.conv,
