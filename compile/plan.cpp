@@ -1,6 +1,7 @@
 // Plan (see plan.h).
 #include "compile/plan.h"
 
+#include "compile/fuse_gemm_epilogue.h"
 #include "kernels/dispatch.h"
 
 namespace reel::compile {
@@ -28,6 +29,7 @@ Graph optimized(Graph g, const PassOptions& options, PassStats& stats) {
   eliminate_dead_code(g, stats);
   fold_constants(g, stats);
   if (options.fuse) {
+    fuse_gemm_epilogue(g, stats);  // first: it needs the add after a matmul before elementwise fusion takes it
     // Fusion passes go here, each as one call: pass(g, stats);
   }
   stats.kernels = g.nodes.size();
