@@ -155,6 +155,46 @@ TEST(CompileCuda, Fp16OverflowInsideTheGraphSkipsTheStepAndHalvesTheScale) {
   expect_same(eager, graphed, "fp16 with a planted overflow");
 }
 
+TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
+  REEL_REQUIRE_GPU();
+  for (const char* prec : {"fp32", "bf16"}) {
+    AutocastGuard amp(PrecisionPolicy::parse(prec));
+    auto eager_model = small_gpt(), fused_model = small_gpt();
+    optim::AdamW opt_e(eager_model->parameters(), optim::AdamWOptions(1e-3)), opt_f(fused_model->parameters(), optim::AdamWOptions(1e-3));
+    opt_e.set_accum_steps(3).set_max_grad_norm(1.0);
+    opt_f.set_accum_steps(3).set_max_grad_norm(1.0);
+    nn::Module* me = eager_model.get();
+    nn::Module* mf = fused_model.get();
+    auto loss_e = [me](const Tensor& x, const Tensor& y) { return nn::model_loss(*me, x, y); };
+    auto step = compile::compile_train_step(opt_f, [mf](const Tensor& x, const Tensor& y) { return nn::model_loss(*mf, x, y); },
+                                            {compile::Mode::ReduceOverhead});
+    auto micro = token_batches(3);
+    const double tol = std::string(prec) == "fp32" ? 1e-4 : 3e-2;
+    for (int s = 0; s < 20; ++s) {
+      Tensor mean_loss;
+      optim::train_step(opt_e, loss_e, micro, &mean_loss);
+      double fused_loss = step(compile::flatten_micro(micro))[0].item();
+      EXPECT_NEAR(fused_loss, mean_loss.item(), tol * std::abs(mean_loss.item())) << prec << " step " << s;
+    }
+    ASSERT_NE(step.last_plan(), nullptr);
+    bool epilogue = false;
+    for (const compile::Node& n : step.last_plan()->graph().nodes)
+      epilogue = epilogue || (!n.fused.empty() && n.fused.front() == "matmul");
+    EXPECT_TRUE(epilogue) << prec << ": no GEMM took its bias add as an epilogue";
+    EXPECT_GT(step.last_plan()->stats().fused, 0u);
+    auto pe = eager_model->parameters(), pf = fused_model->parameters();
+    for (size_t i = 0; i < pe.size(); ++i) {
+      std::vector<double> a = pe[i].to_vector<double>(), b = pf[i].to_vector<double>();
+      double num = 0, den = 0;
+      for (size_t k = 0; k < a.size(); ++k) {
+        num += (a[k] - b[k]) * (a[k] - b[k]);
+        den += a[k] * a[k];
+      }
+      EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), tol) << prec << " parameter " << i;
+    }
+  }
+}
+
 TEST(CompileCuda, ReduceOverheadCapturesOneGraph) {
   REEL_REQUIRE_GPU();
   auto model = small_gpt();
