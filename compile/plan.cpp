@@ -2,6 +2,7 @@
 #include "compile/plan.h"
 
 #include "compile/fuse_gemm_epilogue.h"
+#include "compile/fuse_optimizer.h"
 #include "kernels/dispatch.h"
 
 namespace reel::compile {
@@ -31,6 +32,7 @@ Graph optimized(Graph g, const PassOptions& options, PassStats& stats) {
   if (options.fuse) {
     fuse_gemm_epilogue(g, stats);  // first: it needs the add after a matmul before elementwise fusion takes it
     // Fusion passes go here, each as one call: pass(g, stats);
+    fuse_optimizer(g, stats);  // one multi-tensor kernel per run of optimizer updates
   }
   stats.kernels = g.nodes.size();
   return g;

@@ -2,7 +2,8 @@
 //
 // The in-place updates walk contiguous buffers (the schema checks this) in the accumulation type A
 // (f64 for f64, f32 otherwise): each element is loaded once, updated, and stored once, so 16-bit
-// parameters round once per step. found_inf, lr and the step count are read here on the CPU, which
+// parameters round once per step. The AdamW and SGD element formulas live in kernels/optim_math.h,
+// shared with the CUDA kernels and the compiler's multi-tensor (fused) optimizer kernels. found_inf, lr and the step count are read here on the CPU, which
 // is their device: the host never reads a GPU value (kernels/cuda/optim.cu reads them inside the
 // kernels).
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
 #include "kernels/lr_schedule_math.h"
+#include "kernels/optim_math.h"
 
 namespace reel {
 namespace {
@@ -24,26 +26,21 @@ double scalar_of(const Tensor& t) { return *t.data<double>(); }
 void adamw_kernel(const KernelCall& c) {
   if (flag_set(c.in[4])) return;
   const Attrs& a = c.attrs;
-  const double b1 = a.f("beta1"), b2 = a.f("beta2"), eps = a.f("eps"), wd = a.f("weight_decay");
   const double lr = scalar_of(c.in[5]), t = scalar_of(c.in[6]);
-  const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
   visit_float_dtype(c.in[0].dtype(), "adamw_step", [&]<typename T>() {
     using A = AccType<T>;
     T* p = c.out[0].data<T>();
     const T* g = c.in[1].data<T>();
     T* m = c.out[1].data<T>();
     T* v = c.out[2].data<T>();
-    const A Ab1 = A(b1), Ab2 = A(b2), Aeps = A(eps), decay = A(1 - lr * wd);
-    const A step_size = A(lr / bc1), Abc2_sqrt = A(std::sqrt(bc2));  // as the CUDA kernel rounds them
+    const math::AdamWScalars<A> s =
+        math::adamw_scalars<A>(a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay"), lr, t);
     const int64_t n = c.in[0].numel();
 #pragma omp parallel for if (n >= cpu::kParallelGrain)
     for (int64_t i = 0; i < n; ++i) {
-      A gi = load(g[i]);
-      A mi = Ab1 * load(m[i]) + (A(1) - Ab1) * gi;
-      A vi = Ab2 * load(v[i]) + (A(1) - Ab2) * gi * gi;
-      // torch: denom = sqrt(v) / sqrt(bc2) + eps; p -= (lr / bc1) * m / denom
-      A denom = std::sqrt(vi) / Abc2_sqrt + Aeps;
-      p[i] = store<T>(load(p[i]) * decay - step_size * mi / denom);
+      A pi = load(p[i]), mi = load(m[i]), vi = load(v[i]);
+      math::adamw_update(pi, load(g[i]), mi, vi, s);
+      p[i] = store<T>(pi);
       m[i] = store<T>(mi);
       v[i] = store<T>(vi);
     }
@@ -54,27 +51,22 @@ void adamw_kernel(const KernelCall& c) {
 void sgd_kernel(const KernelCall& c) {
   if (flag_set(c.in[3])) return;
   const Attrs& a = c.attrs;
-  const double lr = scalar_of(c.in[4]), mom = a.f("momentum"), damp = a.f("dampening"), wd = a.f("weight_decay");
-  const bool nesterov = a.b("nesterov"), first = a.b("first_step");
-  const bool has_buf = c.in[2].defined() && mom != 0;
+  const bool has_buf = c.in[2].defined() && a.f("momentum") != 0;
   visit_float_dtype(c.in[0].dtype(), "sgd_step", [&]<typename T>() {
     using A = AccType<T>;
     T* p = c.out[0].data<T>();
     const T* g = c.in[1].data<T>();
     T* buf = has_buf ? c.out[1].data<T>() : nullptr;
-    const A Alr = A(lr), Amom = A(mom), Adamp = A(1 - damp), Awd = A(wd);
+    const math::SgdScalars<A> s = math::sgd_scalars<A>(scalar_of(c.in[4]), a.f("momentum"), a.f("dampening"),
+                                                       a.f("weight_decay"), a.b("nesterov"), a.b("first_step"));
     const int64_t n = c.in[0].numel();
 #pragma omp parallel for if (n >= cpu::kParallelGrain)
     for (int64_t i = 0; i < n; ++i) {
       A pi = load(p[i]);
-      A d = load(g[i]);
-      if (wd != 0) d += Awd * pi;
-      if (buf) {
-        A b = first ? d : Amom * load(buf[i]) + Adamp * d;
-        buf[i] = store<T>(b);
-        d = nesterov ? d + Amom * b : b;
-      }
-      p[i] = store<T>(pi - Alr * d);
+      A bi = buf ? load(buf[i]) : A(0);
+      math::sgd_update(pi, load(g[i]), buf != nullptr, bi, s);
+      p[i] = store<T>(pi);
+      if (buf) buf[i] = store<T>(bi);
     }
   });
 }

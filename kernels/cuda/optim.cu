@@ -6,6 +6,8 @@
 // GradScaler skip can be captured in a CUDA graph and replayed with those values advancing. Each
 // thread of adamw_step derives the bias corrections from lr and t once, in double, as the CPU does,
 // before its grid-stride loop. A kernel that sees found_inf != 0 returns before touching anything.
+// The AdamW and SGD element formulas are kernels/optim_math.h's, shared with the CPU and with the
+// multi-tensor kernels the compiler fuses an optimizer step into (kernels/cuda/multi_tensor_optim.cu).
 // unscale_check's threads may all store 1.0f to found_inf at once; the race is benign (every writer
 // stores the same value).
 // Arithmetic runs in A = Acc<D> (f32 for f32/f16/bf16, f64 for f64), as on the CPU.
@@ -14,6 +16,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/lr_schedule_math.h"
+#include "kernels/optim_math.h"
 
 namespace reel {
 namespace cuda {
@@ -24,19 +27,14 @@ __device__ __forceinline__ bool flag_set(const float* found_inf) { return found_
 // param, grad, exp_avg, exp_avg_sq: (n) contiguous; lr, step: 0-dim f64 (step = t, 1-based).
 template <typename D, typename A = Acc<D>>
 __global__ void adamw_step_kernel(D* p, const D* g, D* m, D* v, const float* found_inf, const double* lr_ptr,
-                                  const double* step_ptr, int64_t n, double beta1, double beta2, double eps_d,
+                                  const double* step_ptr, int64_t n, double beta1, double beta2, double eps,
                                   double wd) {
   if (flag_set(found_inf)) return;
-  const double lr = *lr_ptr, t = *step_ptr;
-  // torch: denom = sqrt(v) / sqrt(1 - b2^t) + eps; p -= (lr / (1 - b1^t)) * m / denom
-  const A decay = A(1 - lr * wd), step_size = A(lr / (1 - pow(beta1, t))), bc2_sqrt = A(sqrt(1 - pow(beta2, t)));
-  const A b1 = A(beta1), b2 = A(beta2), eps = A(eps_d);
+  const math::AdamWScalars<A> s = math::adamw_scalars<A>(beta1, beta2, eps, wd, *lr_ptr, *step_ptr);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    A gi = to_acc(g[i]);
-    A mi = b1 * to_acc(m[i]) + (A(1) - b1) * gi;
-    A vi = b2 * to_acc(v[i]) + (A(1) - b2) * gi * gi;
-    A denom = sqrt(vi) / bc2_sqrt + eps;
-    p[i] = from_acc<D>(A(to_acc(p[i]) * decay - step_size * mi / denom));
+    A pi = to_acc(p[i]), mi = to_acc(m[i]), vi = to_acc(v[i]);
+    math::adamw_update(pi, to_acc(g[i]), mi, vi, s);
+    p[i] = from_acc<D>(pi);
     m[i] = from_acc<D>(mi);
     v[i] = from_acc<D>(vi);
   }
@@ -45,18 +43,15 @@ __global__ void adamw_step_kernel(D* p, const D* g, D* m, D* v, const float* fou
 // param, grad, buf (or null): (n) contiguous; lr: 0-dim f64.
 template <typename D, typename A = Acc<D>>
 __global__ void sgd_step_kernel(D* p, const D* g, D* buf, const float* found_inf, const double* lr_ptr, int64_t n,
-                                A mom, A damp1, A wd, bool nesterov, bool first) {
+                                double mom, double damp, double wd, bool nesterov, bool first) {
   if (flag_set(found_inf)) return;
-  const A lr = A(*lr_ptr);
+  const math::SgdScalars<A> s = math::sgd_scalars<A>(*lr_ptr, mom, damp, wd, nesterov, first);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     A pi = to_acc(p[i]);
-    A d = to_acc(g[i]) + wd * pi;
-    if (buf) {
-      A b = first ? d : A(mom * to_acc(buf[i]) + damp1 * d);
-      buf[i] = from_acc<D>(b);
-      d = nesterov ? A(d + mom * b) : b;
-    }
-    p[i] = from_acc<D>(A(pi - lr * d));
+    A bi = buf ? to_acc(buf[i]) : A(0);
+    math::sgd_update(pi, to_acc(g[i]), buf != nullptr, bi, s);
+    if (buf) buf[i] = from_acc<D>(bi);
+    p[i] = from_acc<D>(pi);
   }
 }
 
@@ -132,11 +127,10 @@ void sgd_step(const KernelCall& c) {
   const int64_t n = c.in[0].numel();
   if (n == 0) return;
   visit_float(c.in[0].dtype(), "sgd_step", [&]<typename D>() {
-    using A = Acc<D>;
     sgd_step_kernel<D><<<blocks_for(n), 256, 0, stream_of(c.in[0])>>>(
         static_cast<D*>(c.out[0].data_ptr()), static_cast<const D*>(c.in[1].data_ptr()),
-        has_buf ? static_cast<D*>(c.out[1].data_ptr()) : nullptr, flag_ptr(c.in[3]), scalar_ptr(c.in[4]), n, A(mom),
-        A(1 - a.f("dampening")), A(a.f("weight_decay")), a.b("nesterov"), a.b("first_step"));
+        has_buf ? static_cast<D*>(c.out[1].data_ptr()) : nullptr, flag_ptr(c.in[3]), scalar_ptr(c.in[4]), n, mom,
+        a.f("dampening"), a.f("weight_decay"), a.b("nesterov"), a.b("first_step"));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }

@@ -1,0 +1,183 @@
+// Multi-tensor AdamW and SGD kernels (see kernels/cuda/multi_tensor_optim.h): one launch updates every
+// tensor of a table, as PyTorch's multi_tensor_apply / _foreach kernels do.
+//
+// Work split: tensor k of a launch is cut into chunks of kChunk elements; chunk c of tensor k is the
+// virtual block first_block[k] + c, so first_block is the prefix sum of the chunk counts. Physical
+// blocks walk the virtual blocks with a grid stride; a block finds its tensor by a binary search over
+// first_block (the index is uniform across the block, so every probe is one broadcast read of the
+// argument table), and its threads walk the chunk's elements with a block stride (coalesced).
+// Each thread derives the step's coefficients once, before its loop (kernels/optim_math.h: in
+// double from lr and t, then rounded to A), exactly as the per-tensor kernels of
+// kernels/cuda/optim.cu do, and each element goes through the same formula: bit-identical results.
+//
+// The table is a __grid_constant__ kernel argument: it lives in the launch's parameter space, is
+// read without a local copy, and becomes part of the kernel node when a stream is captured.
+// Arithmetic runs in A = Acc<D> (f32 for f32/f16/bf16, f64 for f64); a kernel that sees
+// found_inf != 0 returns before touching anything (the GradScaler's skipped step).
+#include "kernels/cuda/multi_tensor_optim.h"
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/optim_math.h"
+
+namespace reel::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kChunk = 4 * kThreads;  // elements per virtual block
+constexpr int kBlocksPerSm = 16;          // physical blocks per SM: enough to hide memory latency
+
+// One launch's tensors, all of one dtype, each with numel > 0.
+struct LaunchTable {
+  void* param[kMaxTensorsPerLaunch];
+  const void* grad[kMaxTensorsPerLaunch];
+  void* state0[kMaxTensorsPerLaunch];
+  void* state1[kMaxTensorsPerLaunch];
+  int64_t numel[kMaxTensorsPerLaunch];
+  int64_t first_block[kMaxTensorsPerLaunch + 1];  // first_block[count] = the launch's virtual blocks
+  int count;
+};
+// CUDA 12.1+ accepts up to 32764 bytes of kernel arguments on sm_70 and newer.
+static_assert(sizeof(LaunchTable) + 256 <= 32764, "multi-tensor table too large for the kernel arguments");
+
+__device__ __forceinline__ bool flag_set(const float* found_inf) { return found_inf && *found_inf != 0.f; }
+
+// The tensor that virtual block b belongs to: the last k with first_block[k] <= b.
+__device__ __forceinline__ int tensor_of_block(const LaunchTable& t, int64_t b) {
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.first_block[mid] <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// p, g, m, v of each tensor: (numel) contiguous; lr, step: 0-dim f64 (step = t, 1-based).
+template <typename D, typename A = Acc<D>>
+__global__ void adamw_multi_tensor_kernel(const __grid_constant__ LaunchTable table, const float* found_inf,
+                                          const double* lr, const double* step, AdamWHyper h) {
+  if (flag_set(found_inf)) return;
+  const math::AdamWScalars<A> s = math::adamw_scalars<A>(h.beta1, h.beta2, h.eps, h.weight_decay, *lr, *step);
+  const int64_t blocks = table.first_block[table.count];
+  for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const int k = tensor_of_block(table, b);
+    const int64_t begin = (b - table.first_block[k]) * kChunk;
+    const int64_t end = begin + kChunk < table.numel[k] ? begin + kChunk : table.numel[k];
+    D* p = static_cast<D*>(table.param[k]);
+    const D* g = static_cast<const D*>(table.grad[k]);
+    D* m = static_cast<D*>(table.state0[k]);
+    D* v = static_cast<D*>(table.state1[k]);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      A pi = to_acc(p[i]), mi = to_acc(m[i]), vi = to_acc(v[i]);
+      math::adamw_update(pi, to_acc(g[i]), mi, vi, s);
+      p[i] = from_acc<D>(pi);
+      m[i] = from_acc<D>(mi);
+      v[i] = from_acc<D>(vi);
+    }
+  }
+}
+
+// p, g, buf (state0; null without momentum) of each tensor: (numel) contiguous; lr: 0-dim f64.
+template <typename D, typename A = Acc<D>>
+__global__ void sgd_multi_tensor_kernel(const __grid_constant__ LaunchTable table, const float* found_inf,
+                                        const double* lr, SgdHyper h) {
+  if (flag_set(found_inf)) return;
+  const math::SgdScalars<A> s =
+      math::sgd_scalars<A>(*lr, h.momentum, h.dampening, h.weight_decay, h.nesterov, h.first_step);
+  const int64_t blocks = table.first_block[table.count];
+  for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const int k = tensor_of_block(table, b);
+    const int64_t begin = (b - table.first_block[k]) * kChunk;
+    const int64_t end = begin + kChunk < table.numel[k] ? begin + kChunk : table.numel[k];
+    D* p = static_cast<D*>(table.param[k]);
+    const D* g = static_cast<const D*>(table.grad[k]);
+    D* buf = static_cast<D*>(table.state0[k]);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      A pi = to_acc(p[i]);
+      A bi = buf ? to_acc(buf[i]) : A(0);
+      math::sgd_update(pi, to_acc(g[i]), buf != nullptr, bi, s);
+      if (buf) buf[i] = from_acc<D>(bi);
+      p[i] = from_acc<D>(pi);
+    }
+  }
+}
+
+}  // namespace
+
+struct MultiTensorList::Impl {
+  struct Launch {
+    DType dtype;
+    unsigned grid;
+    LaunchTable table;
+  };
+  int device = 0;
+  std::vector<Launch> launches;
+  unsigned max_grid = 1;
+
+  // Appends tensor t to launch `open` (an index; -1: none yet), opening a new one when it is full.
+  void add(const OptimTensor& t, int& open) {
+    if (open < 0 || launches[open].table.count == kMaxTensorsPerLaunch) {
+      launches.push_back(Launch{t.dtype, 0, LaunchTable{}});
+      open = int(launches.size()) - 1;
+    }
+    LaunchTable& tb = launches[open].table;
+    const int k = tb.count++;
+    tb.param[k] = t.param;
+    tb.grad[k] = t.grad;
+    tb.state0[k] = t.state0;
+    tb.state1[k] = t.state1;
+    tb.numel[k] = t.numel;
+    tb.first_block[k + 1] = tb.first_block[k] + (t.numel + kChunk - 1) / kChunk;
+  }
+};
+
+MultiTensorList::MultiTensorList(int device, const std::vector<OptimTensor>& tensors, const char* op)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->device = device;
+  int sms = 0;
+  REEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  impl_->max_grid = unsigned(std::max(1, sms * kBlocksPerSm));
+  // One dtype at a time, in the order the dtypes first appear; the tables' order within a dtype is
+  // the tensors' order (any order would give the same bits: every element is independent).
+  std::vector<DType> seen;
+  for (const OptimTensor& t : tensors) {
+    REEL_CHECK(is_floating(t.dtype), op, ": dtype ", dtype_name(t.dtype), " of a ", t.numel,
+               "-element parameter is not supported (expected f32, f64, f16 or bf16)");
+    if (std::find(seen.begin(), seen.end(), t.dtype) == seen.end()) seen.push_back(t.dtype);
+  }
+  for (DType d : seen) {
+    int open = -1;
+    for (const OptimTensor& t : tensors)
+      if (t.dtype == d && t.numel > 0) impl_->add(t, open);
+  }
+  for (Impl::Launch& l : impl_->launches)
+    l.grid = unsigned(std::min<int64_t>(l.table.first_block[l.table.count], impl_->max_grid));
+}
+
+MultiTensorList::~MultiTensorList() = default;
+
+size_t MultiTensorList::launches() const { return impl_->launches.size(); }
+
+void MultiTensorList::adamw(const float* found_inf, const double* lr, const double* step, const AdamWHyper& h) const {
+  cudaStream_t stream = stream_of(Device::cuda(impl_->device));
+  for (const Impl::Launch& l : impl_->launches) {
+    visit_float(l.dtype, "adamw_step", [&]<typename D>() {
+      adamw_multi_tensor_kernel<D><<<l.grid, kThreads, 0, stream>>>(l.table, found_inf, lr, step, h);
+      REEL_CUDA_LAUNCH_CHECK();
+    });
+  }
+}
+
+void MultiTensorList::sgd(const float* found_inf, const double* lr, const SgdHyper& h) const {
+  cudaStream_t stream = stream_of(Device::cuda(impl_->device));
+  for (const Impl::Launch& l : impl_->launches) {
+    visit_float(l.dtype, "sgd_step", [&]<typename D>() {
+      sgd_multi_tensor_kernel<D><<<l.grid, kThreads, 0, stream>>>(l.table, found_inf, lr, h);
+      REEL_CUDA_LAUNCH_CHECK();
+    });
+  }
+}
+
+}  // namespace reel::cuda

@@ -1,0 +1,70 @@
+// Multi-tensor (horizontally fused) optimizer updates on the GPU: one kernel launch applies AdamW or
+// SGD to many tensors, instead of one launch per parameter. The compiler's optimizer-fusion pass
+// (compile/fuse_optimizer.cpp) uses it for a traced step's run of adamw_step / sgd_step nodes.
+//
+// The math is the per-tensor kernels' (kernels/optim_math.h): every element sees the same formula and
+// the same coefficients, so the results are bit-identical to one adamw_step / sgd_step per tensor.
+//
+// Conventions: plain C++ types only (this header is included by host code built without nvcc).
+// Pointers are device pointers of contiguous tensors; found_inf (0-dim f32, may be null), lr and step
+// (0-dim f64) are device pointers read inside the kernel, so a launch can be captured in a CUDA graph
+// and replayed with the values advancing. A MultiTensorList is built once per set of tensors (the plan
+// binds its buffers once): it groups the tensors by dtype and cuts them into launches of at most
+// kMaxTensorsPerLaunch tensors, whose tables of pointers, sizes and block offsets travel to the GPU as
+// kernel arguments. No device memory is allocated and nothing is copied, so launching is legal while
+// a stream is being captured (the table is part of the captured kernel node). Launches go to reel's
+// current stream of the list's device; nothing synchronises with the host.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tensor/dtype.h"
+
+namespace reel::cuda {
+
+// One tensor of a multi-tensor update. AdamW: state0 = exp_avg, state1 = exp_avg_sq. SGD: state0 =
+// the momentum buffer (null without momentum), state1 unused.
+struct OptimTensor {
+  DType dtype = DType::f32;
+  int64_t numel = 0;
+  void* param = nullptr;
+  const void* grad = nullptr;
+  void* state0 = nullptr;
+  void* state1 = nullptr;
+};
+
+struct AdamWHyper {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+};
+
+struct SgdHyper {
+  double momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false, first_step = false;
+};
+
+class MultiTensorList {
+ public:
+  // Throws reel::Error naming `op` for a dtype other than f32, f64, f16 or bf16.
+  MultiTensorList(int device, const std::vector<OptimTensor>& tensors, const char* op);
+  ~MultiTensorList();
+  MultiTensorList(const MultiTensorList&) = delete;
+  MultiTensorList& operator=(const MultiTensorList&) = delete;
+
+  // p, m, v of every tensor updated in place (torch.optim.AdamW); nothing changes if *found_inf != 0.
+  void adamw(const float* found_inf, const double* lr, const double* step, const AdamWHyper& h) const;
+  // p and the momentum buffers updated in place (torch.optim.SGD); nothing changes if *found_inf != 0.
+  void sgd(const float* found_inf, const double* lr, const SgdHyper& h) const;
+
+  size_t launches() const;  // kernels per call: one per dtype and per kMaxTensorsPerLaunch tensors
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Tensors one launch carries in its argument table (the table stays under CUDA's kernel-argument limit).
+constexpr int kMaxTensorsPerLaunch = 128;
+
+}  // namespace reel::cuda

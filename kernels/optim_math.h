@@ -1,0 +1,81 @@
+// The optimizer updates as scalar formulas, shared by every kernel that applies them: the per-tensor
+// adamw_step / sgd_step kernels of the CPU (kernels/cpu/optim.cpp) and CUDA (kernels/cuda/optim.cu),
+// and the multi-tensor kernels the compiler fuses a whole optimizer step into
+// (compile/fuse_optimizer.cpp, kernels/cuda/multi_tensor_optim.cu). One formula means one rounding
+// sequence, so a fused update is bit-identical to the per-tensor one.
+//
+//   AdamW (torch.optim.AdamW), t = the 1-based update count:
+//     p = p (1 - lr wd);  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//     p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+//   SGD (torch.optim.SGD):
+//     d = g + wd p (only when wd != 0);  buf = first ? d : momentum buf + (1 - dampening) d;
+//     d = nesterov ? d + momentum buf : buf (when there is a buffer);  p -= lr d
+//
+// Conventions: A is the accumulation type (f64 for f64 tensors, f32 otherwise); callers load each
+// element into A, call the update, and store the results back once. The per-step scalars are derived
+// from the double hyper-parameters once per thread (in double, then rounded to A), exactly as the
+// per-tensor kernels always have, so every kernel sees the same A-valued coefficients.
+#pragma once
+#include <cmath>
+
+#include "tensor/rng.h"  // REEL_HOST_DEVICE
+
+namespace reel::math {
+
+// AdamW's coefficients for one step, in the accumulation type.
+template <typename A>
+struct AdamWScalars {
+  A beta1, beta2, eps;
+  A decay;      // 1 - lr wd (decoupled weight decay)
+  A step_size;  // lr / (1 - b1^t)
+  A bc2_sqrt;   // sqrt(1 - b2^t)
+};
+
+// lr and t are the step's device values (0-dim f64 tensors), read by the caller on their device.
+template <typename A>
+REEL_HOST_DEVICE AdamWScalars<A> adamw_scalars(double beta1, double beta2, double eps, double weight_decay, double lr,
+                                               double t) {
+  using std::pow;
+  using std::sqrt;
+  return {A(beta1), A(beta2), A(eps), A(1 - lr * weight_decay), A(lr / (1 - pow(beta1, t))),
+          A(sqrt(1 - pow(beta2, t)))};
+}
+
+// One element: p, m, v updated in place from gradient g.
+template <typename A>
+REEL_HOST_DEVICE void adamw_update(A& p, A g, A& m, A& v, const AdamWScalars<A>& s) {
+  using std::sqrt;
+  m = s.beta1 * m + (A(1) - s.beta1) * g;
+  v = s.beta2 * v + (A(1) - s.beta2) * g * g;
+  // torch: denom = sqrt(v) / sqrt(bc2) + eps; p -= (lr / bc1) * m / denom
+  const A denom = sqrt(v) / s.bc2_sqrt + s.eps;
+  p = A(p * s.decay - s.step_size * m / denom);
+}
+
+// SGD's coefficients for one step, in the accumulation type.
+template <typename A>
+struct SgdScalars {
+  A lr, momentum, dampening1, weight_decay;  // dampening1 = 1 - dampening
+  bool decay, nesterov, first_step;           // decay: weight_decay != 0 (torch skips the term at 0)
+};
+
+template <typename A>
+REEL_HOST_DEVICE SgdScalars<A> sgd_scalars(double lr, double momentum, double dampening, double weight_decay,
+                                           bool nesterov, bool first_step) {
+  return {A(lr), A(momentum), A(1 - dampening), A(weight_decay), weight_decay != 0, nesterov, first_step};
+}
+
+// One element: p updated in place from gradient g; `buf` (the momentum buffer's value) is read and
+// written only when the step has one (has_buf).
+template <typename A>
+REEL_HOST_DEVICE void sgd_update(A& p, A g, bool has_buf, A& buf, const SgdScalars<A>& s) {
+  A d = g;
+  if (s.decay) d = A(d + s.weight_decay * p);
+  if (has_buf) {
+    buf = s.first_step ? d : A(s.momentum * buf + s.dampening1 * d);
+    d = s.nesterov ? A(d + s.momentum * buf) : buf;
+  }
+  p = A(p - s.lr * d);
+}
+
+}  // namespace reel::math
