@@ -1,6 +1,7 @@
 // Plan (see plan.h).
 #include "compile/plan.h"
 
+#include "compile/fuse_elementwise.h"
 #include "compile/fuse_gemm_epilogue.h"
 #include "compile/fuse_optimizer.h"
 #include "kernels/dispatch.h"
@@ -31,7 +32,7 @@ Graph optimized(Graph g, const PassOptions& options, PassStats& stats) {
   fold_constants(g, stats);
   if (options.fuse) {
     fuse_gemm_epilogue(g, stats);  // first: it needs the add after a matmul before elementwise fusion takes it
-    // Fusion passes go here, each as one call: pass(g, stats);
+    fuse_elementwise(g, stats);
     fuse_optimizer(g, stats);  // one multi-tensor kernel per run of optimizer updates
   }
   stats.kernels = g.nodes.size();

@@ -1,0 +1,33 @@
+// CUDA C source of a fused elementwise kernel, generated from its FusedExpr and FusedLoop, for NVRTC
+// (compile/nvrtc.h compiles and launches it). Plain string building: no CUDA headers needed, so the
+// generator is tested on machines without the CUDA toolchain too.
+//
+// The kernel (always named kFusedKernelName, one per program):
+//   extern "C" __global__ void fused_elementwise_kernel(const T0* in0, ..., U0* out0, ...)
+//   grid-stride loop over element e of the loop (kFusedBlockThreads threads a block):
+//     the merged dims' indices from e by constant divisions (shapes and strides are specialised as
+//     constants: the index math compiles to multiply-shifts), each input read at sum_d i_d * stride_d
+//     (an input laid out like the outputs is read at e), the instructions as `const A rK = ...;`,
+//     each output written at e.
+//   Index math is 32-bit (unsigned) when the element count and every operand's largest offset are
+//   below 2^31, else 64-bit. Views' element offsets are not in the source: they are in the pointers.
+// The device formulas are compile/nvrtc_math.h's text; 16-bit values are converted with the
+// cvt.f32.f16 / cvt.rn.f16.f32 PTX instructions and bf16's bit arithmetic (round to nearest even),
+// as cuda_fp16.h and the host's BFloat16 do, so the program needs no header at all.
+#pragma once
+#include <string>
+
+#include "compile/fused_expr.h"
+
+namespace reel::compile {
+
+constexpr const char* kFusedKernelName = "fused_elementwise_kernel";
+constexpr int kFusedBlockThreads = 256;
+
+// True when the loop's element count and every operand's offsets fit 32-bit index math.
+bool fused_loop_fits_32bit(const FusedLoop& loop);
+
+// The whole NVRTC program; `label` (the fused ops, say) becomes a comment at its top.
+std::string cuda_fused_source(const FusedExpr& expr, const FusedLoop& loop, const std::string& label);
+
+}  // namespace reel::compile

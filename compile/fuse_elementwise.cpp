@@ -1,0 +1,252 @@
+// Elementwise fusion (see fuse_elementwise.h).
+#include "compile/fuse_elementwise.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "compile/fused_expr.h"
+#include "compile/log.h"
+#include "compile/nvrtc.h"
+#include "tensor/cuda.h"
+
+namespace reel::compile {
+
+namespace {
+
+// Long chains spill registers on the GPU and gain little more; 32 nodes is far beyond the chains a
+// training step has (bias + activation, residual adds, gradient accumulations, scalar updates).
+constexpr size_t kMaxGroupNodes = 32;
+
+bool same_ref(const TensorRef& a, const TensorRef& b) {
+  return a.buffer == b.buffer && a.shape == b.shape && a.strides == b.strides && a.offset == b.offset &&
+         a.dtype == b.dtype;
+}
+
+// Row-major strides on every dim of size > 1 (as Tensor::is_contiguous).
+bool contiguous(const TensorRef& r) {
+  int64_t expected = 1;
+  for (size_t d = r.shape.size(); d-- > 0;) {
+    if (r.shape[d] == 1) continue;
+    if (r.strides[d] != expected) return false;
+    expected *= r.shape[d];
+  }
+  return true;
+}
+
+// `in` broadcasts to `out` (NumPy rules).
+bool broadcasts_to(const Shape& in, const Shape& out) {
+  if (in.size() > out.size()) return false;
+  for (size_t d = 0; d < in.size(); ++d) {
+    const int64_t s = in[in.size() - 1 - d], t = out[out.size() - 1 - d];
+    if (s != t && s != 1) return false;
+  }
+  return true;
+}
+
+// Could `n` be a member of a group at all? (Membership also needs GroupState::accepts.)
+bool fusable_node(const Graph& g, const Node& n) {
+  if (n.kernel || n.outputs.size() != 1) return false;
+  const int arity = n.op == OpKind::Copy ? 1 : fusable_arity(n.op);
+  if (arity == 0 || int(n.inputs.size()) != arity) return false;
+  const TensorRef& out = n.outputs[0];
+  if (numel_of(out.shape) == 0 || !contiguous(out)) return false;
+  const Device device = g.buffers[out.buffer].device;
+  if (device.is_cuda() && !cuda::is_built()) return false;
+  for (const auto& r : n.inputs)
+    if (!r || !(g.buffers[r->buffer].device == device) || !broadcasts_to(r->shape, out.shape)) return false;
+  return true;
+}
+
+// The buffers a group touches: the distinct refs of each, and whether the group writes it.
+class GroupState {
+ public:
+  GroupState(const Graph& g, const Node& first)
+      : shape_(first.outputs[0].shape), device_(g.buffers[first.outputs[0].buffer].device) {}
+
+  // Same shape and device, room left, and every written buffer still seen through one ref.
+  bool accepts(const Graph& g, const Node& n) const {
+    if (nodes_ >= kMaxGroupNodes || n.outputs[0].shape != shape_ || !(g.buffers[n.outputs[0].buffer].device == device_))
+      return false;
+    std::unordered_map<int, Use> touched;  // the node's buffers as they would be after adding it
+    auto note = [&](const TensorRef& r, bool write) {
+      auto it = touched.find(r.buffer);
+      if (it == touched.end()) {
+        auto known = uses_.find(r.buffer);
+        it = touched.emplace(r.buffer, known == uses_.end() ? Use{} : known->second).first;
+      }
+      it->second.add(r, write);
+    };
+    for (const auto& r : n.inputs) note(*r, false);
+    note(n.outputs[0], true);
+    for (const auto& [buffer, use] : touched)
+      if (use.written && use.refs.size() > 1) return false;
+    return true;
+  }
+
+  void add(const Node& n) {
+    for (const auto& r : n.inputs) uses_[r->buffer].add(*r, false);
+    uses_[n.outputs[0].buffer].add(n.outputs[0], true);
+    ++nodes_;
+  }
+
+ private:
+  struct Use {
+    std::vector<TensorRef> refs;  // distinct
+    bool written = false;
+    void add(const TensorRef& r, bool write) {
+      written = written || write;
+      for (const TensorRef& q : refs)
+        if (same_ref(q, r)) return;
+      refs.push_back(r);
+    }
+  };
+  Shape shape_;
+  Device device_;
+  size_t nodes_ = 0;
+  std::unordered_map<int, Use> uses_;
+};
+
+// One past the last node of the group that starts at node i (i + 1: no group).
+size_t group_end(const Graph& g, size_t i) {
+  if (!fusable_node(g, g.nodes[i])) return i + 1;
+  GroupState s(g, g.nodes[i]);
+  if (!s.accepts(g, g.nodes[i])) return i + 1;  // an in-place update through another view of its buffer
+  s.add(g.nodes[i]);
+  size_t j = i + 1;
+  while (j < g.nodes.size() && fusable_node(g, g.nodes[j]) && s.accepts(g, g.nodes[j])) s.add(g.nodes[j++]);
+  return j;
+}
+
+// The op's scalar attrs as the instruction's p0, p1.
+std::pair<double, double> scalar_attrs(const Node& n) {
+  switch (n.op) {
+    case OpKind::PowScalar: return {n.attrs.f("exponent"), 0.0};
+    case OpKind::AddScalar: case OpKind::MulScalar: case OpKind::MaskedFill: return {n.attrs.f("value"), 0.0};
+    case OpKind::ClampScalar: return {n.attrs.f("min", -INFINITY), n.attrs.f("max", INFINITY)};
+    default: return {0.0, 0.0};
+  }
+}
+
+// Who reads each buffer, so that a group knows which of its values anyone after it needs.
+struct Readers {
+  std::vector<int> count;         // reading refs per buffer, over the whole graph
+  std::vector<bool> graph_output;
+  Readers(const Graph& g) : count(g.buffers.size(), 0), graph_output(g.buffers.size(), false) {
+    for (const Node& n : g.nodes)
+      for (const auto& r : n.inputs)
+        if (r) count[size_t(r->buffer)] += 1;
+    for (const TensorRef& r : g.outputs) graph_output[size_t(r.buffer)] = true;
+  }
+};
+
+struct Fused {
+  FusedExpr expr;
+  std::vector<TensorRef> inputs, outputs;
+};
+
+// The expression of nodes [i, j): loads of every ref first read from memory, the ops in order (a
+// ref written earlier in the group is its register), stores of the written refs someone else needs.
+Fused build_expr(const Graph& g, size_t i, size_t j, const Readers& readers) {
+  Fused f;
+  std::vector<std::pair<TensorRef, int>> value;  // the register holding each ref's current value
+  auto find = [&](const TensorRef& r) {
+    for (auto& v : value)
+      if (same_ref(v.first, r)) return &v;
+    return static_cast<std::pair<TensorRef, int>*>(nullptr);
+  };
+  std::vector<TensorRef> written;
+  std::vector<int> reads_inside(g.buffers.size(), 0);
+  for (size_t k = i; k < j; ++k) {
+    const Node& n = g.nodes[k];
+    std::vector<int> args;
+    for (const auto& r : n.inputs) {
+      reads_inside[size_t(r->buffer)] += 1;
+      auto* v = find(*r);
+      if (!v) {
+        f.inputs.push_back(*r);
+        value.emplace_back(*r, f.expr.load(int(f.inputs.size()) - 1, r->dtype));
+        v = &value.back();
+      }
+      args.push_back(v->second);
+    }
+    const TensorRef& w = n.outputs[0];
+    auto [p0, p1] = scalar_attrs(n);
+    const int reg = n.op == OpKind::Copy ? f.expr.cast(args[0], w.dtype) : f.expr.op(n.op, args, w.dtype, p0, p1);
+    if (auto* v = find(w)) v->second = reg;
+    else value.emplace_back(w, reg);
+    if (std::none_of(written.begin(), written.end(), [&](const TensorRef& q) { return same_ref(q, w); }))
+      written.push_back(w);
+  }
+  auto needed = [&](const TensorRef& w) {
+    const size_t b = size_t(w.buffer);
+    return g.buffers[b].kind != BufferKind::Internal || readers.graph_output[b] || readers.count[b] > reads_inside[b];
+  };
+  for (const TensorRef& w : written) {
+    // Dead-code elimination ran first, so the last value is always needed; keep one output regardless.
+    if (!needed(w) && !(&w == &written.back() && f.outputs.empty())) continue;
+    f.outputs.push_back(w);
+    f.expr.store(int(f.outputs.size()) - 1, find(w)->second, w.dtype);
+  }
+  return f;
+}
+
+class CpuFusedKernel : public FusedKernel {
+ public:
+  CpuFusedKernel(FusedExpr expr, FusedLoop loop, std::string label)
+      : expr_(std::move(expr)), loop_(std::move(loop)), label_(std::move(label)) {}
+  void run(const std::vector<Tensor>& in, const std::vector<Tensor>& out) override { run_fused_cpu(expr_, loop_, in, out); }
+  std::string name() const override { return "fused elementwise (cpu): " + label_; }
+
+ private:
+  FusedExpr expr_;
+  FusedLoop loop_;
+  std::string label_;
+};
+
+Node fuse_group(const Graph& g, size_t i, size_t j, const Readers& readers) {
+  Fused f = build_expr(g, i, j, readers);
+  const Node& last = g.nodes[j - 1];
+  const Shape& shape = last.outputs[0].shape;
+  Node n{last.op, last.attrs, {}, f.outputs, false, {}, nullptr};
+  std::string label;
+  for (size_t k = i; k < j; ++k) {
+    n.fused.push_back(op_name(g.nodes[k].op));
+    label += (k > i ? " " : "") + n.fused.back();
+    n.in_place = n.in_place || g.nodes[k].in_place;
+  }
+  std::vector<std::vector<int64_t>> strides;
+  for (const TensorRef& r : f.inputs) {
+    n.inputs.emplace_back(r);
+    strides.push_back(broadcast_strides(r.shape, r.strides, shape));
+  }
+  FusedLoop loop = make_fused_loop(shape, strides);
+  const Device device = g.buffers[last.outputs[0].buffer].device;
+  if (device.is_cuda()) n.kernel = make_cuda_fused_kernel(f.expr, loop, device, label);
+  else n.kernel = std::make_shared<CpuFusedKernel>(f.expr, std::move(loop), label);
+  if (log_enabled("fusion"))
+    log("fusion", detail::cat("fused ", label, " over ", shape_str(shape), " on ", device.str(), ": ", f.inputs.size(),
+                              " inputs, ", f.outputs.size(), " outputs\n", f.expr.str()));
+  return n;
+}
+
+}  // namespace
+
+void fuse_elementwise(Graph& g, PassStats& stats) {
+  const Readers readers(g);
+  std::vector<Node> out;
+  out.reserve(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size();) {
+    const size_t j = group_end(g, i);
+    if (j - i >= 2) {
+      out.push_back(fuse_group(g, i, j, readers));
+      stats.fused += j - i - 1;
+    } else {
+      out.push_back(std::move(g.nodes[i]));
+    }
+    i = j;
+  }
+  g.nodes = std::move(out);
+}
+
+}  // namespace reel::compile
