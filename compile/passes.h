@@ -4,6 +4,9 @@
 //   constant folding       a node with no inputs, or only constant ones, whose outputs are Internal
 //                          buffers written by no other node (position ids, causal masks, their casts)
 //                          runs once at build time; its outputs become External constants;
+//   common subexpressions  a node that repeats an earlier one — same op, attrs and input refs, none
+//                          of whose inputs was written in between (autocast's cast of each weight,
+//                          once per micro-batch) — is dropped and its outputs read from the first's;
 //   elementwise fusion     (compile/fuse_elementwise.h) chains of elementwise nodes become one kernel.
 #pragma once
 #include <cstddef>
@@ -16,11 +19,13 @@ struct PassStats {
   size_t traced = 0;  // nodes as traced
   size_t dead = 0;    // removed by dead-code elimination
   size_t folded = 0;  // run once at build time
+  size_t deduplicated = 0;  // common subexpressions removed
   size_t fused = 0;   // nodes merged into fused kernels (a chain of k nodes counts k - 1)
   size_t kernels = 0; // nodes left: kernels per replay
 };
 
 void eliminate_dead_code(Graph& g, PassStats& stats);
 void fold_constants(Graph& g, PassStats& stats);
+void eliminate_common_subexpressions(Graph& g, PassStats& stats);
 
 }  // namespace reel::compile

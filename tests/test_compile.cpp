@@ -274,3 +274,34 @@ TEST(CompilePlan, OutputsStayValidAndTheArenaReusesMemory) {
   EXPECT_NE(compile::plan_summary(*plan).find("kernels"), std::string::npos);
   EXPECT_NE(compile::plan_dot(*plan).find("digraph plan"), std::string::npos);
 }
+
+TEST(CompilePasses, RepeatedPureOpsAreComputedOnceUnlessAnInputChangedBetween) {
+  Tensor w = arange(6).reshape({2, 3});
+  auto f = compile::compile([&](const std::vector<Tensor>& in) {
+    Tensor a = to_dtype(w, DType::f64) * in[0];  // the cast of w ...
+    Tensor b = to_dtype(w, DType::f64) + in[0];  // ... repeated: computed once
+    return std::vector<Tensor>{a + b};
+  });
+  Tensor x = full({2, 3}, 2.0, {DType::f64});
+  Tensor w64 = to_dtype(w, DType::f64);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(f({x})[0].to_vector<double>(), (w64 * x + (w64 + x)).to_vector<double>());
+  ASSERT_NE(f.last_plan(), nullptr);
+  EXPECT_EQ(f.last_plan()->stats().deduplicated, 1u);
+
+  Tensor v = ones({3});
+  auto g = compile::compile([&](const std::vector<Tensor>& in) {
+    Tensor a = v * 2.0;
+    {
+      NoGradGuard no_grad;
+      add_(v, in[0]);  // v changes between the two identical-looking ops
+    }
+    Tensor b = v * 2.0;
+    return std::vector<Tensor>{a, b};
+  });
+  Tensor one = ones({3});
+  for (int i = 0; i < 3; ++i) {
+    std::vector<Tensor> r = g({one});
+    EXPECT_EQ(r[1].to_vector<float>()[0] - r[0].to_vector<float>()[0], 2.0f) << "call " << i;
+  }
+  EXPECT_EQ(g.last_plan()->stats().deduplicated, 0u);
+}

@@ -56,8 +56,8 @@ int plan_command(int argc, char** argv) {
               device.str().c_str(), (long long)w.micro[0].first.size(0), (long long)accum);
   std::printf("%s\n", compile::plan_summary(*plan).c_str());
   const compile::PassStats& st = plan->stats();
-  std::printf("kernels per step: %zu traced -> %zu (dead code %zu, constants folded %zu, fused away %zu)\n", st.traced,
-              plan->kernels(), st.dead, st.folded, st.fused);
+  std::printf("kernels per step: %zu traced -> %zu (dead code %zu, constants folded %zu, repeats %zu, fused away %zu)\n",
+              st.traced, plan->kernels(), st.dead, st.folded, st.deduplicated, st.fused);
   if (m != compile::Mode::Default) std::printf("CUDA graphs: %zu\n", plan->graphs());
   std::printf("%s\n", compile::memory_summary(*plan).c_str());
   for (const compile::GraphBreak& b : step.graph_breaks())
