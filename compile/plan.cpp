@@ -1,6 +1,8 @@
 // Plan (see plan.h).
 #include "compile/plan.h"
 
+#include <chrono>
+
 #include "compile/fuse_elementwise.h"
 #include "compile/fuse_gemm_epilogue.h"
 #include "compile/fuse_optimizer.h"
@@ -30,6 +32,7 @@ Graph optimized(Graph g, const PassOptions& options, PassStats& stats) {
   stats.traced = g.nodes.size();
   eliminate_dead_code(g, stats);
   fold_constants(g, stats);
+  eliminate_common_subexpressions(g, stats);
   if (options.fuse) {
     fuse_gemm_epilogue(g, stats);  // first: it needs the add after a matmul before elementwise fusion takes it
     fuse_elementwise(g, stats);
@@ -151,6 +154,44 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) {
     out.push_back(fresh);
   }
   return out;
+}
+
+}  // namespace reel::compile
+
+namespace reel::compile {
+
+std::vector<Plan::KernelTime> Plan::profile(const std::vector<Tensor>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) run_kernel(OpKind::Copy, {inputs[i]}, {input_views_[i]}, Attrs());
+  std::vector<KernelTime> times;
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Node& n = graph_.nodes[i];
+    const Device device = steps_[i].out.empty() ? Device::cpu() : steps_[i].out[0].device();
+    std::string label = op_name(n.op);
+    if (!n.fused.empty()) {
+      label = "fused[";
+      for (size_t k = 0; k < n.fused.size(); ++k) label += (k ? "+" : "") + n.fused[k];
+      label += "]";
+    }
+    std::string key = label;
+    for (const auto& r : n.inputs)
+      if (r) key += " " + shape_str(r->shape);
+    if (!n.outputs.empty()) key += std::string(" ") + dtype_name(n.outputs[0].dtype);
+    double ms = 0;
+    if (device.is_cuda()) {
+      cuda::synchronize(device.index);
+      cuda::EventLog log(device.index);
+      log.mark();
+      run_steps(i, i + 1);
+      log.mark();
+      ms = log.intervals_ms()[0];
+    } else {
+      auto t0 = std::chrono::steady_clock::now();
+      run_steps(i, i + 1);
+      ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+    times.push_back({label, key, ms});
+  }
+  return times;
 }
 
 }  // namespace reel::compile

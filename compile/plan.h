@@ -46,6 +46,16 @@ class Plan {
 
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
 
+  // One call run kernel by kernel, outside any graph, with the device idle around each kernel so that
+  // its time is its own (CUDA events; the host clock on the CPU): what `reel bench --profile` shows of
+  // a compiled step. The call's results are discarded; parameters are updated as by run().
+  struct KernelTime {
+    std::string label;  // op name, or "fused[op+op+...]"
+    std::string key;    // label, input shapes and dtype
+    double ms;
+  };
+  std::vector<KernelTime> profile(const std::vector<Tensor>& inputs);
+
   const Graph& graph() const { return graph_; }
   const MemoryPlan& memory() const { return memory_; }
   const PassStats& stats() const { return stats_; }

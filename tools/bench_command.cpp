@@ -146,7 +146,17 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
   r.min_ms = ms.front();
   r.host_ms = host_ms[host_ms.size() / 2];
   if (device.is_cuda()) r.peak_mib = double(cuda::memory_stats(device.index).peak_allocated_bytes) / (1 << 20);
-  if (o.profile_steps > 0 && !compiled) {  // a replayed plan bypasses the dispatch door
+  if (o.profile_steps > 0 && compiled && compiled_step->last_plan()) {
+    // A replayed plan bypasses the dispatch door: the plan times its own kernels, one at a time.
+    OpProfiler prof(device);
+    compile::Plan& plan = const_cast<compile::Plan&>(*compiled_step->last_plan());
+    for (int64_t i = 0; i < o.profile_steps; ++i)
+      for (const compile::Plan::KernelTime& k : plan.profile(flat)) prof.record(k.label, k.key, k.ms);
+    std::printf("profile of %s %s %s on %s (%lld steps, kernel by kernel: device time without launch gaps):\n",
+                name.c_str(), prec.c_str(), mode.c_str(), device.str().c_str(), (long long)o.profile_steps);
+    print_profile(prof, o.profile_steps, r.median_ms, 25);
+  }
+  if (o.profile_steps > 0 && !compiled) {
     sync();
     OpProfiler prof(device);
     for (int64_t i = 0; i < o.profile_steps; ++i) {

@@ -88,6 +88,16 @@ void OpProfiler::end() {
   pending_.clear();
 }
 
+void OpProfiler::record(const std::string& op, const std::string& kernel, double ms) {
+  for (auto [table, key] : {std::pair{&ops_, &op}, std::pair{&kernels_, &kernel}}) {
+    Row& r = (*table)[*key];
+    r.key = *key;
+    r.calls += 1;
+    r.ms += ms;
+  }
+  total_ms_ += ms;
+}
+
 std::vector<OpProfiler::Row> OpProfiler::by_op() const { return sorted(ops_); }
 std::vector<OpProfiler::Row> OpProfiler::by_kernel() const { return sorted(kernels_); }
 

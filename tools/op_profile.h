@@ -33,6 +33,9 @@ class OpProfiler : public DispatchObserver {
     int64_t calls = 0;
     double ms = 0;
   };
+  // Charges `ms` to an op and a kernel key directly (a compiled plan's kernels, timed by the plan).
+  void record(const std::string& op, const std::string& kernel, double ms);
+
   // Accumulated over every begin()/end() window, heaviest first.
   std::vector<Row> by_op() const;      // keyed by op name
   std::vector<Row> by_kernel() const;  // keyed by op name, input shapes and dtype
