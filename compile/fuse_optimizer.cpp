@@ -331,7 +331,8 @@ void fuse_optimizer(Graph& g, PassStats& stats) {
     Run run;
     add_to_run(g, run, g.nodes[i]);
     size_t j = i + 1;
-    while (j < g.nodes.size() && candidate(g, g.nodes[j]) && joins(g, run, g.nodes[j])) add_to_run(g, run, g.nodes[j++]);
+    while (j < g.nodes.size() && candidate(g, g.nodes[j]) && joins(g, run, g.nodes[j]))
+      add_to_run(g, run, g.nodes[j++]);
     if (j - i == 1) {
       out.push_back(std::move(g.nodes[i++]));
       continue;

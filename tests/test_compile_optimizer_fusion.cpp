@@ -61,6 +61,15 @@ struct HandGraph {
     n.outputs = {f32(p, offset), f32(m, offset), f32(v, offset)};
     g.nodes.push_back(n);
   }
+  // sgd_step with momentum on (p, g, buf), reading lr.
+  void sgd(int p, int gr, int buf, int lr) {
+    Attrs a;
+    a.set("momentum", 0.9).set("dampening", 0.0).set("weight_decay", 0.0).set("nesterov", false).set("first_step", false);
+    compile::Node n{OpKind::SgdStep, a, {}, {}, true, {}, nullptr};
+    n.inputs = {f32(p, 0), f32(gr, 0), f32(buf, 0), std::nullopt, f64(lr)};
+    n.outputs = {f32(p, 0), f32(buf, 0)};
+    g.nodes.push_back(n);
+  }
   void other(int in, int out) {
     compile::Node n{OpKind::Add, Attrs(), {f32(in, 0), f32(in, 0)}, {f32(out, 0)}, false, {}, nullptr};
     g.nodes.push_back(n);
@@ -156,6 +165,7 @@ struct Outcome {
   size_t optimizer_nodes = 0;  // adamw_step and sgd_step nodes of the plan
   size_t largest_fused = 0;    // the most ops one of them fused
   size_t stats_fused = 0;
+  size_t graphs = 0;           // CUDA graphs the plan captured
 };
 
 std::vector<std::vector<double>> snapshot(const std::vector<Tensor>& params) {
@@ -200,6 +210,7 @@ Outcome run(const MakeTrainee& make, Path path, compile::Mode mode, const std::v
     if (!plan) return o;
     count_optimizer_nodes(plan->graph(), o);
     o.stats_fused = compiled ? plan->stats().fused : only->stats().fused;
+    o.graphs = plan->graphs();
   }
   return o;
 }
@@ -244,7 +255,9 @@ MakeTrainee gpt_trainee(Device d, bool sgd, int steps, bool scaler = false) {
     t.model = nn::gpt(nn::GptConfig{16, 8, 16, 2, 2}, &gen);
     t.model->to(d);
     t.params = t.model->parameters();
-    if (sgd) t.opt = std::make_unique<optim::SGD>(t.params, optim::SGDOptions(0.05).momentum(0.9).dampening(0.1).weight_decay(1e-3));
+    if (sgd)
+      t.opt = std::make_unique<optim::SGD>(t.params,
+                                           optim::SGDOptions(0.05).momentum(0.9).dampening(0.1).weight_decay(1e-3));
     else t.opt = std::make_unique<optim::AdamW>(t.params, optim::AdamWOptions(3e-3).weight_decay(0.01));
     t.opt->set_accum_steps(2).set_max_grad_norm(1.0);
     t.opt->set_schedule(std::make_shared<optim::LinearWarmupCosine>(2, steps));
@@ -274,7 +287,9 @@ MakeTrainee zoo_trainee(Device d, bool sgd, int f32_tensors, bool huge, bool mix
     for (int i = 0; mixed && i < 12; ++i)
       t.params.push_back(randn({sizes[i % 7], 2}, TensorOptions().with_dtype(others[i % 3]).with_device(d), &gen));
     for (Tensor& p : t.params) p.set_requires_grad(true);
-    if (sgd) t.opt = std::make_unique<optim::SGD>(t.params, optim::SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-2));
+    if (sgd)
+      t.opt = std::make_unique<optim::SGD>(t.params,
+                                           optim::SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-2));
     else t.opt = std::make_unique<optim::AdamW>(t.params, optim::AdamWOptions(1e-2).weight_decay(0.05));
     t.opt->set_schedule(std::make_shared<optim::LinearWarmupCosine>(3, 12));
     t.opt->set_skip_nonfinite(true);
@@ -313,10 +328,12 @@ TEST(FuseOptimizerPass, ConsecutiveUpdatesSharingTheStepTensorsBecomeOneNode) {
   h.adamw(b[20], b[25], b[26], b[27], lr, step, 0.01, 8);  // other half of b[20]: disjoint, joins
   h.adamw(b[28], b[20], b[30], b[31], lr, step);           // reads b[20] that the run writes: a new run
   h.adamw(b[32], b[33], b[34], b[35], lr, step);
+  h.sgd(b[36], b[37], b[38], lr);  // another op: a run of its own
+  h.sgd(b[39], b[1], b[2], lr);
   compile::PassStats stats;
   compile::fuse_optimizer(h.g, stats);
-  EXPECT_EQ(h.run_sizes(), (std::vector<size_t>{3, 1, 1, 1, 2, 2}));
-  EXPECT_EQ(stats.fused, 4u);
+  EXPECT_EQ(h.run_sizes(), (std::vector<size_t>{3, 1, 1, 1, 2, 2, 2}));
+  EXPECT_EQ(stats.fused, 5u);
   const compile::Node& first = h.g.nodes[0];
   EXPECT_TRUE(first.in_place);
   ASSERT_NE(first.kernel, nullptr);
@@ -328,6 +345,11 @@ TEST(FuseOptimizerPass, ConsecutiveUpdatesSharingTheStepTensorsBecomeOneNode) {
   EXPECT_EQ(first.inputs[13]->buffer, lr);
   EXPECT_EQ(first.outputs[8].buffer, b[11]);
   EXPECT_EQ(h.g.nodes[1].kernel, nullptr) << "a single update stays the op's own kernel";
+  const compile::Node& sgd = h.g.nodes.back();
+  ASSERT_NE(sgd.kernel, nullptr);
+  EXPECT_EQ(sgd.kernel->name(), "multi_tensor_sgd (2 tensors)");
+  EXPECT_EQ(sgd.inputs.size(), 2u * 3 + 2);  // p g buf of each, then found_inf? lr
+  EXPECT_EQ(sgd.outputs.size(), 2u * 2);     // p buf of each
 }
 
 TEST(FuseOptimizerCpu, GptAdamWStepIsOneKernelAndMatchesUnfusedAndEagerToTheBit) {
@@ -386,7 +408,7 @@ TEST(FuseOptimizerCpu, ANonFiniteGradientSkipsTheFusedStep) {
 
 TEST(FuseOptimizerCuda, GptMatchesEagerToTheBitInEveryModeAndPrecision) {
   REEL_REQUIRE_GPU();
-  auto micro = token_batches(2, 4, 16, 16, kGpu);
+  auto micro = token_batches(2, 4, 8, 16, kGpu);
   for (const char* prec : {"fp32", "bf16", "fp16"}) {
     AutocastGuard amp(PrecisionPolicy::parse(prec));
     for (bool sgd : {false, true}) {
@@ -396,6 +418,9 @@ TEST(FuseOptimizerCuda, GptMatchesEagerToTheBitInEveryModeAndPrecision) {
         const std::string what = std::string(prec) + (sgd ? " sgd " : " adamw ") + compile::mode_name(mode);
         Outcome fused = run(make, Path::OptimizerOnly, mode, micro, 12);
         expect_one_optimizer_node(fused, what);
+        if (mode == compile::Mode::ReduceOverhead) {
+          EXPECT_EQ(fused.graphs, 1u) << what;
+        }
         expect_same(eager, fused, what);
       }
     }
@@ -427,7 +452,8 @@ TEST(FuseOptimizerCuda, Fp16OverflowInsideTheGraphSkipsTheStep) {
   Generator gen(12);
   std::vector<optim::MicroBatch> clean;
   for (int i = 0; i < 2; ++i)
-    clean.push_back({randn({4, 3, 8, 8}, TensorOptions().with_device(kGpu), &gen), tensor_i64({i, 3, 7, 5}, {4}, kGpu)});
+    clean.push_back(
+        {randn({4, 3, 8, 8}, TensorOptions().with_device(kGpu), &gen), tensor_i64({i, 3, 7, 5}, {4}, kGpu)});
   std::vector<optim::MicroBatch> poison = clean;
   std::vector<float> v = clean[1].inputs.to_vector<float>();
   v[0] = std::numeric_limits<float>::infinity();
@@ -467,8 +493,9 @@ TEST(FuseOptimizerCuda, MixedDtypesAndMoreTensorsThanOneLaunchHolds) {
 
 TEST(FuseOptimizerCuda, TheWholePipelineCapturesOneOptimizerKernel) {
   REEL_REQUIRE_GPU();
-  auto micro = token_batches(2, 4, 16, 16, kGpu);
+  auto micro = token_batches(2, 4, 8, 16, kGpu);
   Outcome fused = run(gpt_trainee(kGpu, false, 6), Path::Fused, compile::Mode::ReduceOverhead, micro, 6);
   expect_one_optimizer_node(fused, "gpt adamw, every pass");
+  EXPECT_EQ(fused.graphs, 1u);
   for (double loss : fused.losses) EXPECT_TRUE(std::isfinite(loss));
 }

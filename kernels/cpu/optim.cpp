@@ -2,10 +2,10 @@
 //
 // The in-place updates walk contiguous buffers (the schema checks this) in the accumulation type A
 // (f64 for f64, f32 otherwise): each element is loaded once, updated, and stored once, so 16-bit
-// parameters round once per step. The AdamW and SGD element formulas live in kernels/optim_math.h,
-// shared with the CUDA kernels and the compiler's multi-tensor (fused) optimizer kernels. found_inf, lr and the step count are read here on the CPU, which
+// parameters round once per step. found_inf, lr and the step count are read here on the CPU, which
 // is their device: the host never reads a GPU value (kernels/cuda/optim.cu reads them inside the
-// kernels).
+// kernels). The AdamW and SGD element formulas live in kernels/optim_math.h, shared with the CUDA
+// kernels and with the compiler's multi-tensor (fused) optimizer kernels.
 #include <cmath>
 
 #include "kernels/cpu/loops.h"
