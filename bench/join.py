@@ -2,10 +2,11 @@
 """Joins reel's and the PyTorch peer's JSON lines (same field names) into one table.
 
 usage: bench/join.py reel.jsonl peer1.jsonl [peer2.jsonl ...] > joined.md
-Each row is one (model, prec): reel's eager step time beside every peer configuration measured in the
-same run, with the ratio reel/peer (below 1: reel is faster), and peak memory of each. A peer line with
+Each row is one reel configuration (model, prec, micro-batch, mode): its step time beside every peer
+configuration of the same model, precision and micro-batch measured in the same run, with the ratio reel/peer (below 1: reel is faster), and peak memory of each. A peer line with
 an "error" field (e.g. reduce-overhead failing with accumulation) is shown as the error's first words.
-Also writes joined.json and joined.dat (items/s per configuration, for bench/plot.gp) beside the
+Also writes joined.json, joined.dat (items/s per row) and throughput.dat (items/s per model and
+precision, a column per reel mode and per peer configuration: what bench/plot.gp draws) beside the
 first argument.
 """
 import json
@@ -52,16 +53,16 @@ def main(argv):
     for p in peers:
         if peer_label(p) not in labels:
             labels.append(peer_label(p))
-    head = ["model", "prec", "B", "reel eager ms", "reel peak MiB", "reel ops/step"]
+    head = ["model", "prec", "B", "reel mode", "reel ms", "reel peak MiB", "reel kernels/step"]
     for label in labels:
         head += [f"torch {label} ms", "reel/torch", "torch peak MiB"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     joined = []
     for r in reel:
-        row = [r["model"], r["prec"], str(r.get("B", "default")), f'{r["step_ms_median"]:.2f}',
+        row = [r["model"], r["prec"], str(r.get("B", "default")), r.get("mode", "eager"), f'{r["step_ms_median"]:.2f}',
                str(r.get("peak_mib") or "-"), f'{r.get("kernels_per_step", 0):.0f}']
-        entry = dict(model=r["model"], prec=r["prec"], B=str(r.get("B", "default")), reel_ms=r["step_ms_median"], reel_items_per_s=r["items_per_s"],
+        entry = dict(model=r["model"], prec=r["prec"], B=str(r.get("B", "default")), mode=r.get("mode", "eager"), reel_ms=r["step_ms_median"], reel_items_per_s=r["items_per_s"],
                      peers={})
         for label in labels:
             match = [p for p in peers if peer_label(p) == label and same_config(p, r)]
@@ -80,14 +81,35 @@ def main(argv):
     folder = os.path.dirname(os.path.abspath(argv[1]))
     with open(os.path.join(folder, "joined.json"), "w") as f:
         json.dump(joined, f, indent=1)
+    write_pivot(folder, joined, labels)
     with open(os.path.join(folder, "joined.dat"), "w") as f:  # items/s; "-" where a peer has none
-        names = ["reel_eager"] + ["torch_" + label.replace(" ", "_").replace(",", "") for label in labels]
+        names = ["reel"] + ["torch_" + label.replace(" ", "_").replace(",", "") for label in labels]
         f.write("config " + " ".join(names) + "\n")
         for e in joined:
             cols = [str(e["reel_items_per_s"])] + [str(e["peers"][l]["items_per_s"]) if l in e["peers"] else "-"
                                                     for l in labels]
             b = "" if e["B"] == "default" else f"/B{e['B']}"
-            f.write(f'{e["model"]}/{e["prec"]}{b} ' + " ".join(cols) + "\n")
+            f.write(f'{e["model"]}/{e["prec"]}{b}/{e["mode"]} ' + " ".join(cols) + "\n")
+
+
+def write_pivot(folder, joined, labels):
+    """throughput.dat: one row per (model, prec, B), items/s of each reel mode and each peer config."""
+    modes = []
+    for e in joined:
+        if e["mode"] not in modes:
+            modes.append(e["mode"])
+    rows = {}
+    for e in joined:
+        key = f'{e["model"]}/{e["prec"]}' + ("" if e["B"] == "default" else f'/B{e["B"]}')
+        row = rows.setdefault(key, {})
+        row["reel_" + e["mode"]] = e["reel_items_per_s"]
+        for label, p in e["peers"].items():
+            row["torch_" + label.replace(" ", "_").replace(",", "")] = p["items_per_s"]
+    names = ["reel_" + m for m in modes] + ["torch_" + l.replace(" ", "_").replace(",", "") for l in labels]
+    with open(os.path.join(folder, "throughput.dat"), "w") as f:
+        f.write("config " + " ".join(names) + "\n")
+        for key, row in rows.items():
+            f.write(key + " " + " ".join(str(row.get(n, "-")) for n in names) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 #   bench/side_by_side.sh PHASE...      logs and JSON lines under $OUT/PHASE (or ./bench-out/PHASE)
 # Phases (each runs reel and the peer one after the other, so each ratio is taken in one run):
 #   eager     reel eager on the GPU vs torch eager (fp32, bf16, fp16) and the whole-step CUDA graph
-#   compiled  reel eager on the GPU vs torch.compile default and reduce-overhead with CUDA-graph trees off
+#   compiled  reel eager and compiled (default, reduce-overhead) on the GPU vs torch.compile default,
+#             reduce-overhead with CUDA-graph trees off, and the whole-step CUDA graph
 #   scaling   micro-batch 8, 32, 128 for cnn-small and gpt-tiny, reel vs torch eager
 #   cpu       the CPU, 2 threads each, cnn-small and gpt-tiny fp32
 #   profile   torch's kernel profile of gpt-small (bench/torch_profile.py), to set beside reel's
@@ -32,13 +33,15 @@ for phase in "$@"; do
       ATTN=sdpa python3 .peer/torch_graphed.py "$models" bf16 > "$out/torch_graphed.jsonl" 2> "$out/torch_graphed.err"
       join "$out" "$out/torch_eager.jsonl" "$out/torch_graphed.jsonl" ;;
     compiled)
-      "$reel" bench --models "$models" --precisions "$precs" --json "$out/reel.jsonl" > "$out/reel.txt" 2>&1
+      "$reel" bench --models "$models" --precisions "$precs" --compile eager,default,reduce-overhead \
+        --json "$out/reel.jsonl" > "$out/reel.txt" 2>&1
+      ATTN=sdpa python3 .peer/torch_graphed.py "$models" bf16 > "$out/torch_graphed.jsonl" 2> "$out/torch_graphed.err"
       # 16-bit only: each compiled configuration costs tens of seconds of compilation, and a device
       # call is limited to 10 minutes (MODELS.md's table also gives these modes in 16-bit).
       python3 .peer/torch_anchor.py cuda "$models" default bf16,fp16 > "$out/torch_default.jsonl" 2> "$out/torch_default.err"
       CG_TREES=0 python3 .peer/torch_anchor.py cuda "$models" reduce-overhead bf16,fp16 \
         > "$out/torch_trees_off.jsonl" 2> "$out/torch_trees_off.err"
-      join "$out" "$out/torch_default.jsonl" "$out/torch_trees_off.jsonl" ;;
+      join "$out" "$out/torch_default.jsonl" "$out/torch_trees_off.jsonl" "$out/torch_graphed.jsonl" ;;
     scaling)
       : > "$out/reel.jsonl"; : > "$out/torch_eager.jsonl"
       for b in 8 32 128; do
