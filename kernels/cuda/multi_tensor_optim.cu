@@ -56,8 +56,8 @@ __device__ __forceinline__ int tensor_of_block(const LaunchTable& t, int64_t b) 
 
 // p, g, m, v of each tensor: (numel) contiguous; lr, step: 0-dim f64 (step = t, 1-based).
 template <typename D, typename A = Acc<D>>
-__global__ void adamw_multi_tensor_kernel(const __grid_constant__ LaunchTable table, const float* found_inf,
-                                          const double* lr, const double* step, AdamWHyper h) {
+__global__ void adamw_step_multi_tensor_kernel(const __grid_constant__ LaunchTable table, const float* found_inf,
+                                               const double* lr, const double* step, AdamWHyper h) {
   if (flag_set(found_inf)) return;
   const math::AdamWScalars<A> s = math::adamw_scalars<A>(h.beta1, h.beta2, h.eps, h.weight_decay, *lr, *step);
   const int64_t blocks = table.first_block[table.count];
@@ -81,8 +81,8 @@ __global__ void adamw_multi_tensor_kernel(const __grid_constant__ LaunchTable ta
 
 // p, g, buf (state0; null without momentum) of each tensor: (numel) contiguous; lr: 0-dim f64.
 template <typename D, typename A = Acc<D>>
-__global__ void sgd_multi_tensor_kernel(const __grid_constant__ LaunchTable table, const float* found_inf,
-                                        const double* lr, SgdHyper h) {
+__global__ void sgd_step_multi_tensor_kernel(const __grid_constant__ LaunchTable table, const float* found_inf,
+                                             const double* lr, SgdHyper h) {
   if (flag_set(found_inf)) return;
   const math::SgdScalars<A> s =
       math::sgd_scalars<A>(*lr, h.momentum, h.dampening, h.weight_decay, h.nesterov, h.first_step);
@@ -164,7 +164,7 @@ void MultiTensorList::adamw(const float* found_inf, const double* lr, const doub
   cudaStream_t stream = stream_of(Device::cuda(impl_->device));
   for (const Impl::Launch& l : impl_->launches) {
     visit_float(l.dtype, "adamw_step", [&]<typename D>() {
-      adamw_multi_tensor_kernel<D><<<l.grid, kThreads, 0, stream>>>(l.table, found_inf, lr, step, h);
+      adamw_step_multi_tensor_kernel<D><<<l.grid, kThreads, 0, stream>>>(l.table, found_inf, lr, step, h);
       REEL_CUDA_LAUNCH_CHECK();
     });
   }
@@ -174,7 +174,7 @@ void MultiTensorList::sgd(const float* found_inf, const double* lr, const SgdHyp
   cudaStream_t stream = stream_of(Device::cuda(impl_->device));
   for (const Impl::Launch& l : impl_->launches) {
     visit_float(l.dtype, "sgd_step", [&]<typename D>() {
-      sgd_multi_tensor_kernel<D><<<l.grid, kThreads, 0, stream>>>(l.table, found_inf, lr, h);
+      sgd_step_multi_tensor_kernel<D><<<l.grid, kThreads, 0, stream>>>(l.table, found_inf, lr, h);
       REEL_CUDA_LAUNCH_CHECK();
     });
   }
