@@ -52,8 +52,15 @@ std::string plan_listing(const Plan& p, size_t max_kernels) {
     size_t bytes = 0;
     os << "  k" << i << " " << op_name(n.op);
     if (!n.fused.empty()) {
+      // Runs of one op (a multi-tensor optimizer holds one per parameter) print as "op x53".
       os << " [fused:";
-      for (const std::string& f : n.fused) os << " " << f;
+      for (size_t k = 0; k < n.fused.size();) {
+        size_t j = k;
+        while (j < n.fused.size() && n.fused[j] == n.fused[k]) ++j;
+        os << " " << n.fused[k];
+        if (j - k > 1) os << " x" << j - k;
+        k = j;
+      }
       os << "]";
     }
     os << "  in:";
