@@ -15,6 +15,18 @@ std::string bytes_str(size_t bytes) {
   return buf;
 }
 
+std::string fused_str(const std::vector<std::string>& ops, const char* sep) {
+  std::string out;
+  for (size_t k = 0; k < ops.size();) {
+    size_t j = k;
+    while (j < ops.size() && ops[j] == ops[k]) ++j;
+    out += (k ? sep : "") + ops[k];
+    if (j - k > 1) out += " x" + std::to_string(j - k);
+    k = j;
+  }
+  return out;
+}
+
 std::string plan_summary(const Plan& p) {
   const Graph& g = p.graph();
   size_t kinds[3] = {0, 0, 0};
@@ -51,18 +63,7 @@ std::string plan_listing(const Plan& p, size_t max_kernels) {
     const Node& n = g.nodes[i];
     size_t bytes = 0;
     os << "  k" << i << " " << op_name(n.op);
-    if (!n.fused.empty()) {
-      // Runs of one op (a multi-tensor optimizer holds one per parameter) print as "op x53".
-      os << " [fused:";
-      for (size_t k = 0; k < n.fused.size();) {
-        size_t j = k;
-        while (j < n.fused.size() && n.fused[j] == n.fused[k]) ++j;
-        os << " " << n.fused[k];
-        if (j - k > 1) os << " x" << j - k;
-        k = j;
-      }
-      os << "]";
-    }
+    if (!n.fused.empty()) os << " [fused: " << fused_str(n.fused, " ") << "]";
     os << "  in:";
     for (const auto& r : n.inputs) {
       if (!r) continue;

@@ -17,5 +17,7 @@ std::string plan_listing(const Plan& p, size_t max_kernels = SIZE_MAX);
 std::string plan_dot(const Plan& p);
 
 std::string bytes_str(size_t bytes);  // "1.5 MiB"
+// The ops of a fused node, runs of one op counted: "add+gelu", "adamw_step x53".
+std::string fused_str(const std::vector<std::string>& ops, const char* sep = "+");
 
 }  // namespace reel::compile

@@ -3,6 +3,7 @@
 
 #include <chrono>
 
+#include "compile/describe.h"
 #include "compile/fuse_elementwise.h"
 #include "compile/fuse_gemm_epilogue.h"
 #include "compile/fuse_optimizer.h"
@@ -167,11 +168,7 @@ std::vector<Plan::KernelTime> Plan::profile(const std::vector<Tensor>& inputs) {
     const Node& n = graph_.nodes[i];
     const Device device = steps_[i].out.empty() ? Device::cpu() : steps_[i].out[0].device();
     std::string label = op_name(n.op);
-    if (!n.fused.empty()) {
-      label = "fused[";
-      for (size_t k = 0; k < n.fused.size(); ++k) label += (k ? "+" : "") + n.fused[k];
-      label += "]";
-    }
+    if (!n.fused.empty()) label = "fused[" + fused_str(n.fused) + "]";
     std::string key = label;
     for (const auto& r : n.inputs)
       if (r) key += " " + shape_str(r->shape);
