@@ -38,8 +38,10 @@ for phase in "$@"; do
       ATTN=sdpa python3 .peer/torch_graphed.py "$models" bf16 > "$out/torch_graphed.jsonl" 2> "$out/torch_graphed.err"
       # 16-bit only: each compiled configuration costs tens of seconds of compilation, and a device
       # call is limited to 10 minutes (MODELS.md's table also gives these modes in 16-bit).
-      python3 .peer/torch_anchor.py cuda "$models" default bf16,fp16 > "$out/torch_default.jsonl" 2> "$out/torch_default.err"
-      CG_TREES=0 python3 .peer/torch_anchor.py cuda "$models" reduce-overhead bf16,fp16 \
+      # PEER_PRECS narrows them further when a call's time is short.
+      python3 .peer/torch_anchor.py cuda "$models" default "${PEER_PRECS:-bf16,fp16}" > "$out/torch_default.jsonl" \
+        2> "$out/torch_default.err"
+      CG_TREES=0 python3 .peer/torch_anchor.py cuda "$models" reduce-overhead "${PEER_PRECS:-bf16,fp16}" \
         > "$out/torch_trees_off.jsonl" 2> "$out/torch_trees_off.err"
       join "$out" "$out/torch_default.jsonl" "$out/torch_trees_off.jsonl" "$out/torch_graphed.jsonl" ;;
     scaling)
