@@ -29,8 +29,16 @@ constexpr const char* kExtension = ".reelk";
 std::atomic<uint64_t> compilations{0}, disk_hits{0}, memory_hits{0};
 std::atomic<uint64_t> temp_counter{0};
 
-std::mutex memory_mu;
-std::unordered_map<std::string, std::shared_ptr<void>> memory_cache;
+// Never destroyed: unloading CUDA libraries from a static destructor would race the runtime's own
+// teardown at exit. (Loaded kernels a process keeps are released by the OS, as PyTorch's are.)
+struct MemoryCache {
+  std::mutex mu;
+  std::unordered_map<std::string, std::shared_ptr<void>> entries;
+};
+MemoryCache& memory_cache() {
+  static MemoryCache* cache = new MemoryCache();
+  return *cache;
+}
 
 std::string hex64(uint64_t v) {
   char buf[17];
@@ -94,8 +102,9 @@ size_t clear_kernel_cache() {
 }
 
 void clear_kernel_memory_cache() {
-  std::lock_guard<std::mutex> lock(memory_mu);
-  memory_cache.clear();
+  MemoryCache& c = memory_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.entries.clear();
 }
 
 uint64_t fnv1a64(const std::string& text) {
@@ -151,16 +160,18 @@ void kernel_cache_store(const std::string& identity, const std::string& code) {
 }
 
 std::shared_ptr<void> kernel_memory_cache_find(const std::string& key) {
-  std::lock_guard<std::mutex> lock(memory_mu);
-  auto it = memory_cache.find(key);
-  if (it == memory_cache.end()) return nullptr;
+  MemoryCache& c = memory_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.entries.find(key);
+  if (it == c.entries.end()) return nullptr;
   memory_hits.fetch_add(1);
   return it->second;
 }
 
 void kernel_memory_cache_put(const std::string& key, std::shared_ptr<void> value) {
-  std::lock_guard<std::mutex> lock(memory_mu);
-  memory_cache[key] = std::move(value);
+  MemoryCache& c = memory_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.entries[key] = std::move(value);
 }
 
 void count_kernel_compilation() { compilations.fetch_add(1); }

@@ -1,0 +1,358 @@
+// Elementwise fusion (compile/fuse_elementwise.h), its CPU executor, CUDA source generation and the
+// kernel caches — everything that runs without a GPU:
+//   - the pass groups what it should: a traced add -> gelu -> mul chain becomes one node; nodes that
+//     are not consecutive, change shape, or read a value written in the group through another
+//     geometry end a group; intermediates nobody else reads are not written;
+//   - a fused plan computes what the unfused one does: to the bit in f32 and f64 (the same formulas
+//     in the same types), within a tolerance in f16/bf16 (intermediates stay in float);
+//   - a compiled GPT step with fusion follows eager for 20 steps, with fewer kernels;
+//   - the NVRTC formulas (compile/nvrtc_math.h) equal kernels/elementwise_math.h bit for bit;
+//   - the generated CUDA source has the expected shape and (where the CUDA backend is built; no GPU
+//     needed) compiles with NVRTC, through a disk cache that serves the second compilation.
+// GPU execution is tested in test_compile_fusion_cuda.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "compile/codegen_cuda.h"
+#include "compile/compile.h"
+#include "compile/fuse_elementwise.h"
+#include "compile/kernel_cache.h"
+#include "compile/nvrtc.h"
+#include "compile/nvrtc_math.h"
+#include "compile/train_step.h"
+#include "kernels/dispatch.h"
+#include "kernels/elementwise_math.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "tensor/cuda.h"
+#include "test_util.h"
+
+using namespace reel;
+
+namespace reel::fusion_test {
+
+// Inputs of elementwise_chain: x, y (3, 5, 7), a bias z (7,) and w (7, 5, 3) (read transposed).
+std::vector<Tensor> chain_inputs(DType dt, Device device) {
+  Generator gen(21);
+  auto make = [&](const Shape& s) { return randn(s, {DType::f32}, &gen).to(dt).to(device); };
+  return {make({3, 5, 7}), make({3, 5, 7}), make({7}), make({7, 5, 3})};
+}
+
+// Every fusable op, all iterating (3, 5, 7): broadcast, strided and 0-dim-free inputs, the scalar
+// attrs, comparisons on the inputs (so 16-bit rounding cannot flip them), casts through f32.
+std::vector<Tensor> elementwise_chain(const std::vector<Tensor>& in) {
+  auto d = [](OpKind op, const std::vector<Tensor>& a, const Attrs& at = Attrs()) { return dispatch1(op, a, at); };
+  auto v = [](double x) { return Attrs().set("value", x); };
+  const Tensor &x = in[0], &y = in[1], &z = in[2];
+  const Tensor wt = in[3].permute({2, 1, 0});
+  const DType dt = x.dtype();
+  Tensor c = d(OpKind::Mul, {d(OpKind::Gelu, {d(OpKind::Add, {x, z})}), wt});
+  Tensor p = d(OpKind::AddScalar, {d(OpKind::Abs, {y})}, v(0.5));
+  Tensor l = d(OpKind::Log, {p}), s = d(OpKind::Sqrt, {p}), r = d(OpKind::Rsqrt, {p});
+  Tensor pw = d(OpKind::PowScalar, {p}, Attrs().set("exponent", 1.5));
+  Tensor e = d(OpKind::Exp, {d(OpKind::MulScalar, {c}, v(-0.5))});
+  Tensor t = d(OpKind::Tanh, {c}), sg = d(OpKind::Sigmoid, {c}), rl = d(OpKind::Relu, {c}), ng = d(OpKind::Neg, {c});
+  Tensor wh = d(OpKind::Where, {d(OpKind::Gt, {x, y}), l, s});
+  Tensor mf = d(OpKind::MaskedFill, {r, d(OpKind::Lt, {x, y})}, v(2.0));
+  Tensor cl = d(OpKind::ClampScalar, {pw}, Attrs().set("min", -1.0).set("max", 1.2));
+  Tensor gb = d(OpKind::GeluBackward, {t, c}), rb = d(OpKind::ReluBackward, {sg, rl});
+  Tensor tb = d(OpKind::TanhBackward, {ng, t}), sb = d(OpKind::SigmoidBackward, {e, sg});
+  Tensor cmp = d(OpKind::Add, {d(OpKind::Eq, {x, x}), d(OpKind::Ne, {x, y})});
+  cmp = d(OpKind::Sub, {cmp, d(OpKind::Mul, {d(OpKind::Le, {x, y}), d(OpKind::Ge, {x, y})})});
+  Tensor sum = d(OpKind::Add, {d(OpKind::Add, {gb, rb}), d(OpKind::Sub, {tb, sb})});
+  sum = d(OpKind::Div, {d(OpKind::Add, {sum, d(OpKind::Mul, {wh, mf})}), p});
+  Tensor f32 = d(OpKind::Copy, {d(OpKind::Add, {sum, cl})}, Attrs().set("dtype", DType::f32));
+  Tensor out = d(OpKind::Copy, {d(OpKind::MulScalar, {f32}, v(0.25))}, Attrs().set("dtype", dt));
+  return {d(OpKind::Add, {out, cmp}), c};  // c: an intermediate that is also a result
+}
+
+}  // namespace reel::fusion_test
+
+namespace {
+
+using compile::BufferKind;
+using compile::Graph;
+using compile::Node;
+using compile::TensorRef;
+
+// ---- hand-made graphs -----------------------------------------------------------------------
+
+int add_buffer(Graph& g, BufferKind kind, int64_t floats) {
+  compile::Buffer b;
+  b.id = int(g.buffers.size());
+  b.kind = kind;
+  b.nbytes = size_t(floats) * 4;
+  b.device = Device::cpu();
+  g.buffers.push_back(b);
+  return b.id;
+}
+
+TensorRef ref(int buffer, const Shape& shape, Shape strides = {}, int64_t offset = 0) {
+  if (strides.empty()) strides = contiguous_strides(shape);
+  return TensorRef{buffer, shape, strides, offset, DType::f32};
+}
+
+Node node(OpKind op, std::vector<TensorRef> in, TensorRef out, bool in_place = false) {
+  Node n{op, Attrs(), {}, {std::move(out)}, in_place, {}, nullptr};
+  for (TensorRef& r : in) n.inputs.emplace_back(std::move(r));
+  return n;
+}
+
+struct NoKernel : compile::FusedKernel {
+  void run(const std::vector<Tensor>&, const std::vector<Tensor>&) override {}
+  std::string name() const override { return "none"; }
+};
+
+size_t fuse(Graph& g) {
+  compile::PassStats st;
+  compile::fuse_elementwise(g, st);
+  return st.fused;
+}
+
+TEST(FusionPass, ChainWritesOnlyWhatOthersRead) {
+  Graph g;
+  const int x = add_buffer(g, BufferKind::Input, 12), t = add_buffer(g, BufferKind::Internal, 12),
+            u = add_buffer(g, BufferKind::Internal, 12), y = add_buffer(g, BufferKind::Internal, 12);
+  g.nodes = {node(OpKind::Add, {ref(x, {3, 4}), ref(x, {3, 4})}, ref(t, {3, 4})),
+             node(OpKind::Relu, {ref(t, {3, 4})}, ref(u, {3, 4})),
+             node(OpKind::Mul, {ref(u, {3, 4}), ref(t, {3, 4})}, ref(y, {3, 4}))};
+  g.outputs = {ref(y, {3, 4})};
+  EXPECT_EQ(fuse(g), 2u);
+  ASSERT_EQ(g.nodes.size(), 1u);
+  const Node& n = g.nodes[0];
+  EXPECT_EQ(n.fused, std::vector<std::string>({"add", "relu", "mul"}));
+  EXPECT_EQ(n.op, OpKind::Mul);
+  ASSERT_NE(n.kernel, nullptr);
+  ASSERT_EQ(n.inputs.size(), 1u) << "x is loaded once, t and u come from registers";
+  EXPECT_EQ(n.inputs[0]->buffer, x);
+  ASSERT_EQ(n.outputs.size(), 1u) << "t and u are read by nobody else: not written";
+  EXPECT_EQ(n.outputs[0].buffer, y);
+}
+
+TEST(FusionPass, IntermediateReadLaterIsStillWritten) {
+  Graph g;
+  const int x = add_buffer(g, BufferKind::Input, 4), t = add_buffer(g, BufferKind::Internal, 4),
+            u = add_buffer(g, BufferKind::Internal, 4), s = add_buffer(g, BufferKind::Internal, 1);
+  g.nodes = {node(OpKind::Exp, {ref(x, {4})}, ref(t, {4})), node(OpKind::Neg, {ref(t, {4})}, ref(u, {4})),
+             node(OpKind::Sum, {ref(t, {4})}, ref(s, {}))};
+  g.outputs = {ref(u, {4}), ref(s, {})};
+  EXPECT_EQ(fuse(g), 1u);
+  ASSERT_EQ(g.nodes.size(), 2u);
+  ASSERT_EQ(g.nodes[0].outputs.size(), 2u);
+  EXPECT_EQ(g.nodes[0].outputs[0].buffer, t);  // sum reads it after the group
+  EXPECT_EQ(g.nodes[0].outputs[1].buffer, u);
+  EXPECT_EQ(g.nodes[1].op, OpKind::Sum);
+}
+
+TEST(FusionPass, GroupsEndWhereTheRewriteWouldBeUnsafe) {
+  Graph g;
+  const int x = add_buffer(g, BufferKind::Input, 16), t = add_buffer(g, BufferKind::Internal, 16),
+            u = add_buffer(g, BufferKind::Internal, 16), s = add_buffer(g, BufferKind::Internal, 1),
+            w = add_buffer(g, BufferKind::Internal, 16), o = add_buffer(g, BufferKind::External, 16);
+  g.nodes = {
+      node(OpKind::Exp, {ref(x, {4, 4})}, ref(t, {4, 4})),
+      node(OpKind::Sum, {ref(x, {4, 4})}, ref(s, {})),               // not elementwise: exp and neg are not consecutive
+      node(OpKind::Neg, {ref(t, {4, 4})}, ref(u, {4, 4})),
+      node(OpKind::Add, {ref(u, {4, 4}, {1, 4}), ref(x, {4, 4})}, ref(w, {4, 4})),  // reads u transposed
+      node(OpKind::Relu, {ref(w, {16})}, ref(o, {16})),               // another shape
+      node(OpKind::Add, {ref(o, {4}), ref(x, {16})}, ref(o, {16}), true),  // o read broadcast, then written
+  };
+  g.outputs = {ref(s, {}), ref(o, {16})};
+  EXPECT_EQ(fuse(g), 0u) << g.str();
+  EXPECT_EQ(g.nodes.size(), 6u);
+}
+
+TEST(FusionPass, InPlaceUpdatesOfOneGeometryFuseAndKeepTheirOutputs) {
+  // Gradient accumulation: g1 += a; g2 += b, both External and updated through the same ref.
+  Graph g;
+  const int g1 = add_buffer(g, BufferKind::External, 8), a = add_buffer(g, BufferKind::Internal, 8),
+            g2 = add_buffer(g, BufferKind::External, 8), b = add_buffer(g, BufferKind::Internal, 8);
+  g.nodes = {node(OpKind::Add, {ref(g1, {8}), ref(a, {8})}, ref(g1, {8}), true),
+             node(OpKind::Add, {ref(g2, {8}), ref(b, {8})}, ref(g2, {8}), true)};
+  EXPECT_EQ(fuse(g), 1u);
+  ASSERT_EQ(g.nodes.size(), 1u);
+  EXPECT_TRUE(g.nodes[0].in_place);
+  EXPECT_EQ(g.nodes[0].inputs.size(), 4u);
+  ASSERT_EQ(g.nodes[0].outputs.size(), 2u);
+  EXPECT_EQ(g.nodes[0].outputs[0].buffer, g1);
+  EXPECT_EQ(g.nodes[0].outputs[1].buffer, g2);
+}
+
+TEST(FusionPass, NodesWithAKernelAndCrossDeviceCopiesAreLeftAlone) {
+  Graph g;
+  const int x = add_buffer(g, BufferKind::Input, 4), t = add_buffer(g, BufferKind::Internal, 4),
+            u = add_buffer(g, BufferKind::Internal, 4);
+  g.nodes = {node(OpKind::Exp, {ref(x, {4})}, ref(t, {4})), node(OpKind::Neg, {ref(t, {4})}, ref(u, {4}))};
+  g.nodes[1].kernel = std::make_shared<NoKernel>();
+  g.outputs = {ref(u, {4})};
+  EXPECT_EQ(fuse(g), 0u);
+  // A copy to another device is a transfer, not an elementwise kernel.
+  Graph h;
+  const int a = add_buffer(h, BufferKind::Input, 4), b = add_buffer(h, BufferKind::Internal, 4),
+            c = add_buffer(h, BufferKind::Internal, 4);
+  h.buffers[size_t(c)].device = Device::cuda(0);
+  h.nodes = {node(OpKind::Exp, {ref(a, {4})}, ref(b, {4})), node(OpKind::Copy, {ref(b, {4})}, ref(c, {4}))};
+  h.outputs = {ref(c, {4})};
+  EXPECT_EQ(fuse(h), 0u);
+}
+
+// ---- traced functions: grouping and results ---------------------------------------------------
+
+compile::CompiledFunction compiled(compile::StepFn fn, bool fuse) {
+  return compile::compile(std::move(fn), {compile::Mode::Default, 8, fuse});
+}
+
+std::vector<Tensor> run3(compile::CompiledFunction& f, const std::vector<Tensor>& in) {
+  f(in);
+  f(in);
+  return f(in);  // the first replay of the plan
+}
+
+TEST(FusionTrace, AddGeluMulBecomesOneKernel) {
+  Tensor bias = full({8}, 0.25), scale = full({4, 8}, -1.5);
+  auto fn = [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{gelu(in[0] + bias) * scale}; };
+  auto f = compiled(fn, true);
+  Generator gen(5);
+  Tensor x = randn({4, 8}, {}, &gen);
+  std::vector<Tensor> out = run3(f, {x});
+  const compile::Plan* plan = f.last_plan();
+  ASSERT_NE(plan, nullptr);
+  EXPECT_EQ(plan->stats().fused, 2u);
+  ASSERT_EQ(plan->kernels(), 1u) << plan->graph().str();
+  EXPECT_EQ(plan->graph().nodes[0].fused, std::vector<std::string>({"add", "gelu", "mul"}));
+  EXPECT_EQ(out[0].to_vector<double>(), fn({x})[0].to_vector<double>());
+}
+
+TEST(FusionTrace, NonConsecutiveAndRegeometrisedChainsStayApart) {
+  auto fn = [](const std::vector<Tensor>& in) {
+    Tensor a = exp(in[0]);
+    Tensor s = in[0].sum();     // a reduction between exp and the mul that reads exp's result
+    Tensor b = a * s;
+    Tensor c = b.t() + in[0];   // reads b transposed: same shape, another geometry
+    return std::vector<Tensor>{c};
+  };
+  auto f = compiled(fn, true);
+  Tensor x = arange(16).reshape({4, 4}) * 0.1;
+  std::vector<Tensor> out = run3(f, {x});
+  ASSERT_NE(f.last_plan(), nullptr);
+  EXPECT_EQ(f.last_plan()->stats().fused, 0u) << f.last_plan()->graph().str();
+  EXPECT_EQ(out[0].to_vector<double>(), fn({x})[0].to_vector<double>());
+}
+
+std::vector<double> rel_errors(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  std::vector<double> out;
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::vector<double> x = a[i].to_vector<double>(), y = b[i].to_vector<double>();
+    double num = 0, den = 0;
+    for (size_t k = 0; k < x.size(); ++k) {
+      num += (x[k] - y[k]) * (x[k] - y[k]);
+      den += y[k] * y[k];
+    }
+    out.push_back(std::sqrt(num / std::max(den, 1e-30)));
+  }
+  return out;
+}
+
+TEST(FusionTrace, EveryOpMatchesTheUnfusedPlanBitForBitInF32AndF64) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    std::vector<Tensor> in = fusion_test::chain_inputs(dt, Device::cpu());
+    auto fused = compiled(fusion_test::elementwise_chain, true), plain = compiled(fusion_test::elementwise_chain, false);
+    std::vector<Tensor> a = run3(fused, in), b = run3(plain, in);
+    const compile::Plan* plan = fused.last_plan();
+    ASSERT_NE(plan, nullptr);
+    EXPECT_GT(plan->stats().fused, 30u) << dtype_name(dt);
+    EXPECT_LE(plan->kernels(), 3u) << plan->graph().str();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].to_vector<double>(), b[i].to_vector<double>()) << dtype_name(dt) << " output " << i;
+  }
+}
+
+TEST(FusionTrace, SixteenBitChainsKeepIntermediatesInFloat) {
+  for (DType dt : {DType::f16, DType::bf16}) {
+    std::vector<Tensor> in = fusion_test::chain_inputs(dt, Device::cpu());
+    auto fused = compiled(fusion_test::elementwise_chain, true), plain = compiled(fusion_test::elementwise_chain, false);
+    std::vector<Tensor> a = run3(fused, in), b = run3(plain, in);
+    ASSERT_NE(fused.last_plan(), nullptr);
+    EXPECT_GT(fused.last_plan()->stats().fused, 30u);
+    // The unfused plan rounds every intermediate to 16 bits; the fused one only what it stores.
+    const double tol = dt == DType::f16 ? 2e-3 : 1e-2;
+    for (double e : rel_errors(a, b)) EXPECT_LT(e, tol) << dtype_name(dt);
+  }
+}
+
+TEST(FusionTrace, LargeStridedLoopsSplitAcrossThreadsGiveTheSameBits) {
+  Generator gen(8);
+  Tensor x = randn({64, 33, 17}, {}, &gen), bias = randn({17}, {}, &gen), w = randn({17, 33, 64}, {}, &gen);
+  auto fn = [&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{tanh(gelu(in[0] + bias) * w.permute({2, 1, 0})) - in[0]};
+  };
+  auto fused = compiled(fn, true), plain = compiled(fn, false);
+  std::vector<Tensor> a = run3(fused, {x}), b = run3(plain, {x});
+  ASSERT_NE(fused.last_plan(), nullptr);
+  EXPECT_EQ(fused.last_plan()->kernels(), 1u);
+  EXPECT_EQ(a[0].to_vector<double>(), b[0].to_vector<double>());
+}
+
+// ---- a training step ----------------------------------------------------------------------------
+
+std::vector<optim::MicroBatch> token_batches(int accum, int64_t B, int64_t T, int64_t vocab) {
+  uint64_t state = 17;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return int64_t((state >> 33) % uint64_t(vocab));
+  };
+  std::vector<optim::MicroBatch> micro;
+  for (int i = 0; i < accum; ++i) {
+    std::vector<int64_t> x(size_t(B * T)), y(size_t(B * T));
+    for (auto& v : x) v = next();
+    for (auto& v : y) v = next();
+    micro.push_back({tensor_i64(x, {B, T}), tensor_i64(y, {B, T})});
+  }
+  return micro;
+}
+
+TEST(FusionTraining, GptStepWithFusionFollowsEagerWithFewerKernels) {
+  nn::GptConfig cfg{16, 8, 16, 2, 2};
+  auto make = [&] {
+    Generator gen(3);
+    return nn::gpt(cfg, &gen);
+  };
+  auto eager_model = make(), fused_model = make();
+  auto setup = [](optim::AdamW& opt) {
+    opt.set_accum_steps(2).set_max_grad_norm(1.0);
+    opt.set_schedule(std::make_shared<optim::LinearWarmupCosine>(2, 20));
+  };
+  optim::AdamW opt_e(eager_model->parameters(), optim::AdamWOptions(3e-3).weight_decay(0.01));
+  optim::AdamW opt_f(fused_model->parameters(), optim::AdamWOptions(3e-3).weight_decay(0.01));
+  setup(opt_e);
+  setup(opt_f);
+  nn::Module* me = eager_model.get();
+  nn::Module* mf = fused_model.get();
+  auto loss_e = [me](const Tensor& x, const Tensor& y) { return nn::model_loss(*me, x, y); };
+  auto step = compile::compile_train_step(opt_f, [mf](const Tensor& x, const Tensor& y) { return nn::model_loss(*mf, x, y); },
+                                          {compile::Mode::Default, 8, true});
+  auto micro = token_batches(2, 2, 8, 16);
+  for (int s = 0; s < 20; ++s) {
+    Tensor mean_loss;
+    optim::train_step(opt_e, loss_e, micro, &mean_loss);
+    const double fused_loss = step(compile::flatten_micro(micro))[0].item();
+    EXPECT_NEAR(fused_loss, mean_loss.item(), 1e-5 * std::abs(mean_loss.item())) << "step " << s;
+  }
+  const compile::Plan* plan = step.last_plan();
+  ASSERT_NE(plan, nullptr);
+  EXPECT_GT(plan->stats().fused, 0u);
+  EXPECT_LT(plan->kernels(), plan->stats().traced - plan->stats().dead - plan->stats().folded);
+  bool bias_gelu = false;
+  for (const Node& n : plan->graph().nodes)
+    bias_gelu = bias_gelu || n.fused == std::vector<std::string>({"add", "gelu"});
+  EXPECT_TRUE(bias_gelu) << "the MLP's bias add and gelu were not fused";
+  auto pe = eager_model->parameters(), pf = fused_model->parameters();
+  for (size_t i = 0; i < pe.size(); ++i)
+    EXPECT_LT(testing_util::max_abs_diff(pf[i].to_vector<double>(), pe[i].to_vector<double>()), 1e-5) << "parameter " << i;
+}
+
+}  // namespace

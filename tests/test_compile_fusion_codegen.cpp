@@ -1,0 +1,285 @@
+// Code generation for fused elementwise kernels, without a GPU:
+//   - the NVRTC formulas (compile/nvrtc_math.h, compiled here on the host) equal the shared ones of
+//     kernels/elementwise_math.h bit for bit in f32 and f64, and every fusable op has one;
+//   - the generated CUDA source: constant index math over merged dims, 32- or 64-bit, 16-bit
+//     conversions, exact constants (infinities included);
+//   - where the CUDA backend is built: NVRTC compiles a program using every op in every dtype for
+//     sm_90 (no device needed), the disk cache serves the second compilation and survives a
+//     corrupted file, compile errors carry NVRTC's log, the cache directory follows the environment.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+
+#include "compile/codegen_cuda.h"
+#include "compile/kernel_cache.h"
+#include "compile/nvrtc.h"
+#include "compile/nvrtc_math.h"
+#include "kernels/elementwise_math.h"
+#include "tensor/cuda.h"
+#include "test_util.h"
+
+using namespace reel;
+using compile::FusedExpr;
+using compile::FusedLoop;
+namespace fm = reel::compile::nvrtc_math;
+
+namespace {
+
+template <typename A>
+bool same_bits(A a, A b) {
+  return std::memcmp(&a, &b, sizeof(A)) == 0;
+}
+
+template <typename A>
+void expect_unary_formulas() {
+  const std::vector<A> xs = {A(-20), A(-5), A(-2.5), A(-1), A(-0.3), A(-1e-3), A(0), A(1e-4), A(0.2), A(0.7),
+                             A(1), A(1.7), A(3), A(8.5), A(20), std::numeric_limits<A>::infinity()};
+  auto check = [](const char* op, A x, A got, A want) {
+    EXPECT_TRUE(same_bits(got, want)) << op << "(" << x << "): " << got << " vs " << want;
+  };
+  for (A x : xs) {
+    check("neg", x, fm::op_neg(x), math::unary<OpKind::Neg, A>(x, A(0)));
+    check("abs", x, fm::op_abs(x), math::unary<OpKind::Abs, A>(x, A(0)));
+    check("exp", x, fm::op_exp(x), math::unary<OpKind::Exp, A>(x, A(0)));
+    check("log", x, fm::op_log(x), math::unary<OpKind::Log, A>(x, A(0)));
+    check("sqrt", x, fm::op_sqrt(x), math::unary<OpKind::Sqrt, A>(x, A(0)));
+    check("rsqrt", x, fm::op_rsqrt(x), math::unary<OpKind::Rsqrt, A>(x, A(0)));
+    check("tanh", x, fm::op_tanh(x), math::unary<OpKind::Tanh, A>(x, A(0)));
+    check("sigmoid", x, fm::op_sigmoid(x), math::unary<OpKind::Sigmoid, A>(x, A(0)));
+    check("relu", x, fm::op_relu(x), math::unary<OpKind::Relu, A>(x, A(0)));
+    check("gelu", x, fm::op_gelu(x), math::unary<OpKind::Gelu, A>(x, A(0)));
+    for (A p : {A(1.5), A(2), A(-0.5), A(0.3)}) {
+      check("pow_scalar", x, fm::op_pow_scalar(x, p), math::unary<OpKind::PowScalar, A>(x, p));
+      check("add_scalar", x, fm::op_add_scalar(x, p), math::unary<OpKind::AddScalar, A>(x, p));
+      check("mul_scalar", x, fm::op_mul_scalar(x, p), math::unary<OpKind::MulScalar, A>(x, p));
+    }
+  }
+}
+
+template <typename A>
+void expect_binary_formulas() {
+  const std::vector<A> xs = {A(-7), A(-1.25), A(-0.1), A(0), A(0.3), A(1), A(2.5), A(9)};
+  auto check = [](const char* op, A a, A b, A got, A want) {
+    EXPECT_TRUE(same_bits(got, want)) << op << "(" << a << ", " << b << "): " << got << " vs " << want;
+  };
+  for (A a : xs)
+    for (A b : xs) {
+      check("add", a, b, fm::op_add(a, b), math::binary<OpKind::Add, A>(a, b));
+      check("sub", a, b, fm::op_sub(a, b), math::binary<OpKind::Sub, A>(a, b));
+      check("mul", a, b, fm::op_mul(a, b), math::binary<OpKind::Mul, A>(a, b));
+      check("div", a, b, fm::op_div(a, b), math::binary<OpKind::Div, A>(a, b));
+      check("eq", a, b, fm::op_eq(a, b), math::binary<OpKind::Eq, A>(a, b));
+      check("ne", a, b, fm::op_ne(a, b), math::binary<OpKind::Ne, A>(a, b));
+      check("lt", a, b, fm::op_lt(a, b), math::binary<OpKind::Lt, A>(a, b));
+      check("le", a, b, fm::op_le(a, b), math::binary<OpKind::Le, A>(a, b));
+      check("gt", a, b, fm::op_gt(a, b), math::binary<OpKind::Gt, A>(a, b));
+      check("ge", a, b, fm::op_ge(a, b), math::binary<OpKind::Ge, A>(a, b));
+      check("relu_backward", a, b, fm::op_relu_backward(a, b), math::binary<OpKind::ReluBackward, A>(a, b));
+      check("tanh_backward", a, b, fm::op_tanh_backward(a, b), math::binary<OpKind::TanhBackward, A>(a, b));
+      check("sigmoid_backward", a, b, fm::op_sigmoid_backward(a, b), math::binary<OpKind::SigmoidBackward, A>(a, b));
+      check("gelu_backward", a, b, fm::op_gelu_backward(a, b), math::binary<OpKind::GeluBackward, A>(a, b));
+      // The kernels' own expressions (kernels/cpu/elementwise.cpp, optim.cpp).
+      check("where", a, b, fm::op_where(a, b, A(4)), a != A(0) ? b : A(4));
+      check("masked_fill", a, b, fm::op_masked_fill(a, b, A(-3)), b != A(0) ? A(-3) : a);
+      check("clamp_scalar", a, b, fm::op_clamp_scalar(a, b, A(2)), a < b ? b : (a > A(2) ? A(2) : a));
+    }
+}
+
+TEST(NvrtcMath, FormulasEqualTheSharedOnesBitForBit) {
+  expect_unary_formulas<float>();
+  expect_unary_formulas<double>();
+  expect_binary_formulas<float>();
+  expect_binary_formulas<double>();
+}
+
+TEST(NvrtcMath, EveryFusableOpHasADeviceFormula) {
+  const std::string text = compile::kNvrtcMathSource;
+  int n = 0;
+  for (int k = 0; k < kNumOps; ++k) {
+    const OpKind op = static_cast<OpKind>(k);
+    if (!compile::is_fusable_op(op)) continue;
+    ++n;
+    EXPECT_NE(text.find(std::string("op_") + op_name(op) + "("), std::string::npos) << op_name(op);
+  }
+  EXPECT_EQ(n, 30);  // kernels/ops.def's elementwise family (29 ops) and clamp_scalar
+  EXPECT_EQ(text.find('#'), std::string::npos) << "the stringized text must hold no preprocessor line";
+}
+
+// ---- generated source -----------------------------------------------------------------------
+
+// A program with every op `dt` allows, a broadcast and a transposed input, and casts to every dtype.
+FusedExpr every_op_expr(DType dt) {
+  FusedExpr e;
+  const int x = e.load(0, dt), y = e.load(1, dt);
+  int acc = e.op(OpKind::Add, {x, y}, dt);
+  const bool floating = dt != DType::i64;
+  for (OpKind op : {OpKind::Neg, OpKind::Abs, OpKind::AddScalar, OpKind::MulScalar}) acc = e.op(op, {acc}, dt, 0.5);
+  if (floating)
+    for (OpKind op : {OpKind::Exp, OpKind::Log, OpKind::Sqrt, OpKind::Rsqrt, OpKind::Tanh, OpKind::Sigmoid, OpKind::Relu,
+                      OpKind::Gelu, OpKind::PowScalar})
+      acc = e.op(op, {acc}, dt, 1.5);
+  for (OpKind op : {OpKind::Sub, OpKind::Mul, OpKind::Eq, OpKind::Ne, OpKind::Lt, OpKind::Le, OpKind::Gt, OpKind::Ge})
+    acc = e.op(op, {acc, y}, dt);
+  if (floating)
+    for (OpKind op : {OpKind::Div, OpKind::ReluBackward, OpKind::GeluBackward, OpKind::TanhBackward, OpKind::SigmoidBackward})
+      acc = e.op(op, {acc, x}, dt);
+  acc = e.op(OpKind::Where, {x, acc, y}, dt);
+  acc = e.op(OpKind::MaskedFill, {acc, y}, dt, -2.0);
+  if (floating) acc = e.op(OpKind::ClampScalar, {acc}, dt, -1.0, std::numeric_limits<double>::infinity());
+  e.store(0, acc, dt);
+  int k = 1;
+  for (DType to : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64}) e.store(k++, e.cast(acc, to), to);
+  return e;
+}
+
+// (6, 5, 4): input 0 read transposed from a (4, 5, 6) buffer, input 1 a (5, 4) broadcast.
+FusedLoop test_loop() { return compile::make_fused_loop({6, 5, 4}, {{1, 6, 30}, {0, 4, 1}}); }
+
+TEST(CudaCodegen, BroadcastBiasAndGeluCompileToConstantIndexMath) {
+  FusedExpr e;
+  const int x = e.load(0, DType::f32), b = e.load(1, DType::f32);
+  e.store(0, e.op(OpKind::Gelu, {e.op(OpKind::Add, {x, b}, DType::f32)}, DType::f32), DType::f32);
+  FusedLoop loop = compile::make_fused_loop({2, 128, 1024}, {{131072, 1024, 1}, {0, 0, 1}});
+  EXPECT_EQ(loop.sizes, std::vector<int64_t>({256, 1024}));
+  const std::string src = compile::cuda_fused_source(e, loop, "add gelu");
+  for (const char* part : {"extern \"C\" __global__ void __launch_bounds__(256) fused_elementwise_kernel(const float* in0, "
+                           "const float* in1, float* out0)",
+                           "typedef unsigned int index_t;", "const index_t n = 262144u;",
+                           "const index_t i1 = rest % 1024u; rest /= 1024u;", "const float r0 = in0[e];",
+                           "const float r1 = in1[i1];", "const float r2 = op_add(r0, r1);", "const float r3 = op_gelu(r2);",
+                           "out0[e] = r3;", "// reel fused elementwise kernel: add gelu"})
+    EXPECT_NE(src.find(part), std::string::npos) << part << "\n" << src;
+  EXPECT_NE(src.find(compile::kNvrtcMathSource), std::string::npos);
+}
+
+TEST(CudaCodegen, StridesSixteenBitTypesAndConstants) {
+  const std::string src = compile::cuda_fused_source(every_op_expr(DType::f16), test_loop(), "every op");
+  for (const char* part : {"const unsigned short* in0", "unsigned short* out0", "reel_load_f16(in0[i0 + i1 * 6u + i2 * 30u])",
+                           "reel_load_f16(in1[i1 * 4u + i2])", "out0[e] = reel_store_f16(",
+                           "__longlong_as_double(0x7ff0000000000000LL)", "reel_load_bf16(reel_store_bf16((float)(double)r"})
+    EXPECT_NE(src.find(part), std::string::npos) << part << "\n" << src;
+  EXPECT_TRUE(compile::fused_loop_fits_32bit(test_loop()));
+  FusedLoop huge = compile::make_fused_loop({int64_t(1) << 16, int64_t(1) << 16}, {{0, 1}});
+  EXPECT_FALSE(compile::fused_loop_fits_32bit(huge));
+  FusedExpr e;
+  e.store(0, e.op(OpKind::Neg, {e.load(0, DType::f32)}, DType::f32), DType::f32);
+  const std::string big = compile::cuda_fused_source(e, huge, "neg");
+  EXPECT_NE(big.find("typedef long long index_t;"), std::string::npos) << big;
+  EXPECT_NE(big.find("const index_t n = 4294967296LL;"), std::string::npos) << big;
+}
+
+// ---- NVRTC and the disk cache (CUDA backend built; no device needed) ------------------------------
+
+// Points REEL_CACHE_DIR at a fresh directory for a test's lifetime.
+class TempCacheDir {
+ public:
+  TempCacheDir() {
+    char tmpl[] = "/tmp/reel-kernel-cache-XXXXXX";
+    REEL_ASSERT(mkdtemp(tmpl) != nullptr, "mkdtemp failed");
+    dir_ = tmpl;
+    if (const char* old = std::getenv("REEL_CACHE_DIR")) old_ = old;
+    setenv("REEL_CACHE_DIR", dir_.c_str(), 1);
+  }
+  ~TempCacheDir() {
+    if (old_) setenv("REEL_CACHE_DIR", old_->c_str(), 1);
+    else unsetenv("REEL_CACHE_DIR");
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  std::optional<std::string> old_;
+};
+
+#define REEL_REQUIRE_CUDA_BUILD() \
+  if (!cuda::is_built()) GTEST_SKIP() << "reel was built without the CUDA backend (no NVRTC)"
+
+TEST(Nvrtc, ProgramsWithEveryOpCompileForSm90InEveryDtype) {
+  REEL_REQUIRE_CUDA_BUILD();
+  TempCacheDir cache;
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64}) {
+    const std::string src = compile::cuda_fused_source(every_op_expr(dt), test_loop(), "every op");
+    std::string code;
+    EXPECT_NO_THROW(code = compile::nvrtc_compile_cached(src, "sm_90", "every op")) << dtype_name(dt);
+    EXPECT_GT(code.size(), 1000u) << dtype_name(dt);
+  }
+  FusedExpr e;
+  e.store(0, e.op(OpKind::Neg, {e.load(0, DType::f32)}, DType::f32), DType::f32);
+  FusedLoop huge = compile::make_fused_loop({int64_t(1) << 16, int64_t(1) << 16}, {{1, int64_t(1) << 16}});
+  EXPECT_NO_THROW(compile::nvrtc_compile_cached(compile::cuda_fused_source(e, huge, "neg"), "sm_90", "neg"));
+  // PTX for a virtual architecture (what an unknown, newer GPU gets): text the driver can load.
+  const std::string ptx = compile::nvrtc_compile_cached(compile::cuda_fused_source(e, test_loop(), "neg"), "compute_90", "neg");
+  EXPECT_NE(ptx.find(".entry fused_elementwise_kernel"), std::string::npos);
+}
+
+TEST(Nvrtc, TheDiskCacheServesTheSecondCompilation) {
+  REEL_REQUIRE_CUDA_BUILD();
+  TempCacheDir cache;
+  EXPECT_EQ(compile::kernel_cache_dir(), cache.dir());
+  const std::string src = compile::cuda_fused_source(every_op_expr(DType::f32), test_loop(), "every op");
+  const compile::KernelCacheStats s0 = compile::kernel_cache_stats();
+  const std::string first = compile::nvrtc_compile_cached(src, "sm_90", "every op");
+  const compile::KernelCacheStats s1 = compile::kernel_cache_stats();
+  EXPECT_EQ(s1.compilations, s0.compilations + 1);
+  EXPECT_EQ(s1.disk_hits, s0.disk_hits);
+  EXPECT_EQ(compile::nvrtc_compile_cached(src, "sm_90", "every op"), first);
+  const compile::KernelCacheStats s2 = compile::kernel_cache_stats();
+  EXPECT_EQ(s2.compilations, s1.compilations) << "the second compilation should be a disk hit";
+  EXPECT_EQ(s2.disk_hits, s1.disk_hits + 1);
+  // Another architecture is another kernel.
+  compile::nvrtc_compile_cached(src, "sm_80", "every op");
+  EXPECT_EQ(compile::kernel_cache_stats().compilations, s2.compilations + 1);
+  // A damaged entry is a miss (and is replaced), never the wrong code.
+  std::vector<std::filesystem::path> files;
+  for (const auto& f : std::filesystem::directory_iterator(cache.dir())) files.push_back(f.path());
+  ASSERT_EQ(files.size(), 2u);
+  for (const auto& f : files) std::filesystem::resize_file(f, std::filesystem::file_size(f) - 7);
+  EXPECT_EQ(compile::nvrtc_compile_cached(src, "sm_90", "every op"), first);
+  EXPECT_EQ(compile::kernel_cache_stats().compilations, s2.compilations + 2);
+  EXPECT_EQ(compile::clear_kernel_cache(), 2u);
+  EXPECT_TRUE(std::filesystem::is_empty(cache.dir()));
+}
+
+TEST(Nvrtc, CompileErrorsCarryTheLog) {
+  REEL_REQUIRE_CUDA_BUILD();
+  TempCacheDir cache;
+  testing_util::expect_error(
+      [] { compile::nvrtc_compile_cached("extern \"C\" __global__ void k() { undeclared_name(); }", "sm_90", "broken"); },
+      {"NVRTC could not compile the fused kernel (broken) for sm_90", "undeclared_name", "nvrtc.cpp:"});
+  EXPECT_TRUE(std::filesystem::is_empty(cache.dir())) << "a failed compilation must not be cached";
+}
+
+TEST(KernelCache, DirectoryFollowsTheEnvironment) {
+  auto saved = [](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    return v ? std::optional<std::string>(v) : std::nullopt;
+  };
+  const auto reel = saved("REEL_CACHE_DIR"), xdg = saved("XDG_CACHE_HOME"), home = saved("HOME");
+  setenv("REEL_CACHE_DIR", "/r/k", 1);
+  setenv("XDG_CACHE_HOME", "/x", 1);
+  setenv("HOME", "/h", 1);
+  EXPECT_EQ(compile::kernel_cache_dir(), "/r/k");
+  unsetenv("REEL_CACHE_DIR");
+  EXPECT_EQ(compile::kernel_cache_dir(), "/x/reel/kernels");
+  unsetenv("XDG_CACHE_HOME");
+  EXPECT_EQ(compile::kernel_cache_dir(), "/h/.cache/reel/kernels");
+  auto restore = [](const char* name, const std::optional<std::string>& v) {
+    if (v) setenv(name, v->c_str(), 1);
+    else unsetenv(name);
+  };
+  restore("REEL_CACHE_DIR", reel);
+  restore("XDG_CACHE_HOME", xdg);
+  restore("HOME", home);
+}
+
+}  // namespace

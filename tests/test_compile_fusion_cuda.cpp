@@ -1,0 +1,223 @@
+// Elementwise fusion on the GPU: NVRTC kernels against the CPU, inside captured CUDA graphs, in a
+// training step, and the kernel caches across "starts". Every test skips without a GPU.
+//   - every fusable op in f32/f64/f16/bf16 (test_compile_fusion.cpp's chain) against CPU eager and
+//     the CPU's fused executor, within tolerances set by dtype (the device's libm differs by ulps);
+//   - strided, broadcast and many-dimensional loops (the generated index math);
+//   - reduce-overhead replays the same kernels as default, to the bit;
+//   - a GPT trained 20 steps under reduce-overhead with fusion follows eager;
+//   - a second build after dropping the in-memory kernels compiles nothing: the disk serves it.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+
+#include "compile/compile.h"
+#include "compile/kernel_cache.h"
+#include "compile/train_step.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "tensor/cuda.h"
+
+using namespace reel;
+
+#define REEL_REQUIRE_GPU() \
+  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason()
+
+namespace reel::fusion_test {  // defined in test_compile_fusion.cpp
+std::vector<Tensor> chain_inputs(DType dt, Device device);
+std::vector<Tensor> elementwise_chain(const std::vector<Tensor>& in);
+}  // namespace reel::fusion_test
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+double rel_l2(const Tensor& a, const Tensor& b) {
+  std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+  if (x.size() != y.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t k = 0; k < x.size(); ++k) {
+    if (std::isnan(x[k]) || std::isnan(y[k])) return INFINITY;
+    num += (x[k] - y[k]) * (x[k] - y[k]);
+    den += y[k] * y[k];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+compile::CompiledFunction compiled(compile::StepFn fn, compile::Mode mode = compile::Mode::Default, bool fuse = true) {
+  return compile::compile(std::move(fn), {mode, 8, fuse});
+}
+
+std::vector<Tensor> run3(compile::CompiledFunction& f, const std::vector<Tensor>& in) {
+  f(in);
+  f(in);
+  return f(in);
+}
+
+size_t nvrtc_kernels(const compile::Plan& p) {
+  size_t n = 0;
+  for (const compile::Node& node : p.graph().nodes)
+    n += node.kernel && node.kernel->name().find("NVRTC") != std::string::npos;
+  return n;
+}
+
+// Points REEL_CACHE_DIR at a fresh directory for a test's lifetime.
+class TempCacheDir {
+ public:
+  TempCacheDir() {
+    char tmpl[] = "/tmp/reel-kernel-cache-XXXXXX";
+    REEL_ASSERT(mkdtemp(tmpl) != nullptr, "mkdtemp failed");
+    dir_ = tmpl;
+    if (const char* old = std::getenv("REEL_CACHE_DIR")) old_ = old;
+    setenv("REEL_CACHE_DIR", dir_.c_str(), 1);
+  }
+  ~TempCacheDir() {
+    if (old_) setenv("REEL_CACHE_DIR", old_->c_str(), 1);
+    else unsetenv("REEL_CACHE_DIR");
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+ private:
+  std::string dir_;
+  std::optional<std::string> old_;
+};
+
+TEST(FusionCuda, EveryOpInEveryDtypeMatchesTheCpu) {
+  REEL_REQUIRE_GPU();
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    std::vector<Tensor> in_gpu = fusion_test::chain_inputs(dt, kGpu), in_cpu = fusion_test::chain_inputs(dt, Device::cpu());
+    auto gpu = compiled(fusion_test::elementwise_chain), cpu = compiled(fusion_test::elementwise_chain);
+    std::vector<Tensor> out = run3(gpu, in_gpu), cpu_fused = run3(cpu, in_cpu);
+    std::vector<Tensor> eager = fusion_test::elementwise_chain(in_cpu);
+    ASSERT_NE(gpu.last_plan(), nullptr);
+    EXPECT_GT(gpu.last_plan()->stats().fused, 30u);
+    EXPECT_GE(nvrtc_kernels(*gpu.last_plan()), 2u) << gpu.last_plan()->graph().str();
+    // Against the CPU's fused executor (both keep 16-bit intermediates in float): only the libm
+    // differs. Against eager (16-bit: every intermediate rounded): the rounding differs too.
+    const double same_math = dt == DType::f64 ? 1e-7 : dt == DType::f32 ? 1e-5 : dt == DType::f16 ? 2e-3 : 1.5e-2;
+    const double vs_eager = dt == DType::f16 ? 1e-2 : dt == DType::bf16 ? 5e-2 : same_math;
+    ASSERT_EQ(out.size(), eager.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      EXPECT_TRUE(out[i].device().is_cuda());
+      EXPECT_LT(rel_l2(out[i], cpu_fused[i]), same_math) << "output " << i;
+      EXPECT_LT(rel_l2(out[i], eager[i]), vs_eager) << "output " << i;
+    }
+  }
+}
+
+TEST(FusionCuda, StridedBroadcastAndManyDimensionalLoops) {
+  REEL_REQUIRE_GPU();
+  Generator gen(31);
+  Tensor x = randn({5, 6, 7, 8}, {}, &gen), b = randn({6, 1, 8}, {}, &gen), w = randn({8, 6, 5, 7}, {}, &gen);
+  Tensor big = randn({64, 33, 17}, {}, &gen), bias = randn({17}, {}, &gen);
+  auto fn = [](const std::vector<Tensor>& in) {
+    Tensor wt = in[2].permute({2, 1, 3, 0});  // (5, 6, 7, 8) read through strides no dim merges
+    Tensor a = tanh(sigmoid(in[0] + in[1]) * wt) + 1.0;  // b broadcast over dims 0 and 2
+    Tensor c = (gelu(in[3] + in[4]) - in[3]) * 0.5;      // odd sizes: every division by a constant
+    return std::vector<Tensor>{a, c};
+  };
+  std::vector<Tensor> cpu_in{x, b, w, big, bias}, gpu_in;
+  for (const Tensor& t : cpu_in) gpu_in.push_back(t.to(kGpu));
+  auto f = compiled(fn);
+  std::vector<Tensor> out = run3(f, gpu_in), ref = fn(cpu_in);
+  ASSERT_NE(f.last_plan(), nullptr);
+  EXPECT_EQ(nvrtc_kernels(*f.last_plan()), 2u) << f.last_plan()->graph().str();
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_LT(rel_l2(out[i], ref[i]), 1e-5) << "output " << i;
+}
+
+TEST(FusionCuda, CapturedGraphsReplayTheSameKernels) {
+  REEL_REQUIRE_GPU();
+  std::vector<Tensor> in = fusion_test::chain_inputs(DType::f32, kGpu);
+  auto eager_launch = compiled(fusion_test::elementwise_chain, compile::Mode::Default);
+  auto graphed = compiled(fusion_test::elementwise_chain, compile::Mode::ReduceOverhead);
+  std::vector<Tensor> a = run3(eager_launch, in), b = run3(graphed, in);
+  std::vector<Tensor> c = graphed(in);  // a replay of the captured graph
+  ASSERT_NE(graphed.last_plan(), nullptr);
+  EXPECT_EQ(graphed.last_plan()->graphs(), 1u);
+  EXPECT_TRUE(graphed.last_plan()->host_nodes().empty());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].to_vector<double>(), b[i].to_vector<double>()) << "output " << i;
+    EXPECT_EQ(a[i].to_vector<double>(), c[i].to_vector<double>()) << "output " << i;
+  }
+}
+
+std::vector<optim::MicroBatch> token_batches(int accum) {
+  std::vector<optim::MicroBatch> micro;
+  for (int i = 0; i < accum; ++i) {
+    std::vector<int64_t> x(4 * 16), y(4 * 16);
+    for (size_t k = 0; k < x.size(); ++k) {
+      x[k] = int64_t((k * 7 + size_t(i) * 3) % 32);
+      y[k] = int64_t((k * 5 + size_t(i) * 11 + 1) % 32);
+    }
+    micro.push_back({tensor_i64(x, {4, 16}, kGpu), tensor_i64(y, {4, 16}, kGpu)});
+  }
+  return micro;
+}
+
+TEST(FusionCuda, ReduceOverheadGptWithFusionFollowsEager) {
+  REEL_REQUIRE_GPU();
+  auto make = [] {
+    Generator gen(3);
+    auto m = nn::gpt(nn::GptConfig{32, 16, 32, 2, 2}, &gen);
+    m->to(kGpu);
+    return m;
+  };
+  auto eager_model = make(), fused_model = make();
+  optim::AdamW opt_e(eager_model->parameters(), optim::AdamWOptions(1e-3));
+  optim::AdamW opt_f(fused_model->parameters(), optim::AdamWOptions(1e-3));
+  opt_e.set_accum_steps(3).set_max_grad_norm(1.0);
+  opt_f.set_accum_steps(3).set_max_grad_norm(1.0);
+  nn::Module* me = eager_model.get();
+  nn::Module* mf = fused_model.get();
+  auto loss_e = [me](const Tensor& x, const Tensor& y) { return nn::model_loss(*me, x, y); };
+  auto step = compile::compile_train_step(opt_f, [mf](const Tensor& x, const Tensor& y) { return nn::model_loss(*mf, x, y); },
+                                          {compile::Mode::ReduceOverhead, 8, true});
+  auto micro = token_batches(3);
+  for (int s = 0; s < 20; ++s) {
+    Tensor mean_loss;
+    optim::train_step(opt_e, loss_e, micro, &mean_loss);
+    const double fused_loss = step(compile::flatten_micro(micro))[0].item();
+    EXPECT_NEAR(fused_loss, mean_loss.item(), 1e-4 * std::abs(mean_loss.item())) << "step " << s;
+  }
+  const compile::Plan* plan = step.last_plan();
+  ASSERT_NE(plan, nullptr);
+  EXPECT_GE(plan->graphs(), 1u);
+  EXPECT_GT(nvrtc_kernels(*plan), 10u) << "elementwise chains of the step were not fused";
+  auto pe = eager_model->parameters(), pf = fused_model->parameters();
+  for (size_t i = 0; i < pe.size(); ++i) EXPECT_LT(rel_l2(pf[i], pe[i]), 1e-4) << "parameter " << i;
+}
+
+TEST(FusionCuda, ASecondStartCompilesNothing) {
+  REEL_REQUIRE_GPU();
+  TempCacheDir cache;
+  compile::clear_kernel_memory_cache();
+  std::vector<Tensor> in = fusion_test::chain_inputs(DType::f32, kGpu);
+  auto build_and_run = [&] {
+    auto f = compiled(fusion_test::elementwise_chain);
+    std::vector<Tensor> out = run3(f, in);
+    EXPECT_NE(f.last_plan(), nullptr);
+    return out[0].to_vector<double>();
+  };
+  const compile::KernelCacheStats s0 = compile::kernel_cache_stats();
+  const std::vector<double> first = build_and_run();
+  const compile::KernelCacheStats s1 = compile::kernel_cache_stats();
+  EXPECT_GE(s1.compilations, s0.compilations + 2) << "a fresh cache directory: every kernel compiles";
+  compile::clear_kernel_memory_cache();  // as a new process would start
+  EXPECT_EQ(build_and_run(), first);
+  const compile::KernelCacheStats s2 = compile::kernel_cache_stats();
+  EXPECT_EQ(s2.compilations, s1.compilations) << "the second start compiled again";
+  EXPECT_GE(s2.disk_hits, s1.disk_hits + 2);
+  EXPECT_EQ(build_and_run(), first);  // same process: loaded kernels are reused
+  const compile::KernelCacheStats s3 = compile::kernel_cache_stats();
+  EXPECT_EQ(s3.compilations, s2.compilations);
+  EXPECT_EQ(s3.disk_hits, s2.disk_hits);
+  EXPECT_GE(s3.memory_hits, s2.memory_hits + 2);
+}
+
+}  // namespace
