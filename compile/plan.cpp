@@ -6,6 +6,7 @@
 #include "compile/describe.h"
 #include "compile/fuse_elementwise.h"
 #include "compile/fuse_gemm_epilogue.h"
+#include "compile/fuse_matmul_cast.h"
 #include "compile/fuse_optimizer.h"
 #include "kernels/dispatch.h"
 
@@ -36,6 +37,7 @@ Graph optimized(Graph g, const PassOptions& options, PassStats& stats) {
   eliminate_common_subexpressions(g, stats);
   if (options.fuse) {
     fuse_gemm_epilogue(g, stats);  // first: it needs the add after a matmul before elementwise fusion takes it
+    fuse_matmul_cast(g, stats);    // then the remaining GEMMs whose 16-bit result is only cast back to f32
     fuse_elementwise(g, stats);
     fuse_optimizer(g, stats);  // one multi-tensor kernel per run of optimizer updates
   }

@@ -198,6 +198,12 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
     for (const compile::Node& n : step.last_plan()->graph().nodes)
       epilogue = epilogue || (!n.fused.empty() && n.fused.front() == "matmul");
     EXPECT_TRUE(epilogue) << prec << ": no GEMM took its bias add as an epilogue";
+    if (std::string(prec) == "bf16") {
+      bool cast_in_gemm = false;  // a GEMM writing f32 straight from bf16 operands (attention, backward)
+      for (const compile::Node& n : step.last_plan()->graph().nodes)
+        cast_in_gemm = cast_in_gemm || n.fused == std::vector<std::string>{"matmul", "copy"};
+      EXPECT_TRUE(cast_in_gemm) << "no GEMM took autocast's cast of its result";
+    }
     EXPECT_GT(step.last_plan()->stats().fused, 0u);
     auto pe = eager_model->parameters(), pf = fused_model->parameters();
     for (size_t i = 0; i < pe.size(); ++i) {

@@ -38,6 +38,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/matmul_into.h"
 #include "kernels/matrix_layout.h"
 #include "kernels/schema/views.h"
 
@@ -83,9 +84,12 @@ struct GemmShape {
   GemmOperand a, b;
 };
 
-void gemm_strided_batched(const Tensor& out, const GemmShape& g, const void* a, int64_t stride_a, const void* b,
-                          int64_t stride_b, void* c, int64_t stride_c, int64_t batch) {
-  const GemmTypes t = gemm_types(out.dtype());
+void gemm_strided_batched(const Tensor& out, DType in_dtype, const GemmShape& g, const void* a, int64_t stride_a,
+                          const void* b, int64_t stride_b, void* c, int64_t stride_c, int64_t batch) {
+  // Operands in in_dtype; the result in out's dtype: the same, or f32 from 16-bit operands (the
+  // compiler's fusion of autocast's cast into the GEMM: one rounding fewer).
+  const GemmTypes t = gemm_types(in_dtype);
+  const cudaDataType c_type = gemm_types(out.dtype()).data;
   cublasHandle_t h = cublas_handle(out.device());  // created with TF32 off and f32 split-K reductions
   const float one_f = 1.0f, zero_f = 0.0f;
   const double one_d = 1.0, zero_d = 0.0;
@@ -94,7 +98,7 @@ void gemm_strided_batched(const Tensor& out, const GemmShape& g, const void* a, 
   const void* beta = f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
   // C^T (N, M) = B^T (N, K) @ A^T (K, M): b is cuBLAS's first operand.
   REEL_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(h, g.b.op, g.a.op, g.N, g.M, g.K, alpha, b, t.data, g.b.ld,
-                                                  stride_b, a, t.data, g.a.ld, stride_a, beta, c, t.data, g.N,
+                                                  stride_b, a, t.data, g.a.ld, stride_a, beta, c, c_type, g.N,
                                                   stride_c, batch, t.compute, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -113,7 +117,7 @@ bool matmul_folded(const Tensor& a, const Tensor& b, const Tensor& out) {
   std::optional<MatLayout> lb = matrix_layout(K, N, b.strides()[nb - 2], b.strides()[nb - 1]);
   if (!la || !lb) return false;
   const GemmShape g{rows, N, K, gemm_operand(*la), gemm_operand(*lb)};
-  gemm_strided_batched(out, g, a.data_ptr(), 0, b.data_ptr(), 0, out.data_ptr(), 0, 1);
+  gemm_strided_batched(out, a.dtype(), g, a.data_ptr(), 0, b.data_ptr(), 0, out.data_ptr(), 0, 1);
   return true;
 }
 
@@ -178,7 +182,7 @@ void matmul_dense(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
     inner = *largest;
     dims.erase(largest);
   }
-  const size_t es = out.element_size();
+  const size_t es = out.element_size(), es_in = a.element_size();
   std::vector<int64_t> idx(dims.size(), 0);
   for (;;) {
     int64_t oa = 0, ob = 0, oc = 0;
@@ -187,8 +191,8 @@ void matmul_dense(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
       ob += idx[d] * dims[d].sb;
       oc += idx[d] * dims[d].sc;
     }
-    gemm_strided_batched(out, g, at(a.data_ptr(), oa, es), inner.sa, at(b.data_ptr(), ob, es), inner.sb,
-                         at(out.data_ptr(), oc, es), inner.sc, inner.size);
+    gemm_strided_batched(out, a.dtype(), g, at(a.data_ptr(), oa, es_in), inner.sa, at(b.data_ptr(), ob, es_in),
+                         inner.sb, at(out.data_ptr(), oc, es), inner.sc, inner.size);
     // Odometer over the outer dims, innermost fastest.
     int64_t d = int64_t(dims.size()) - 1;
     while (d >= 0 && ++idx[d] == dims[d].size) idx[d--] = 0;
@@ -209,6 +213,19 @@ void matmul_kernel(const KernelCall& c) {
 }
 
 }  // namespace
+
+void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out) {
+  REEL_CHECK(a.dtype() == b.dtype() && (out.dtype() == a.dtype() || out.dtype() == DType::f32) && out.is_contiguous(),
+             "matmul_into: operands ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()), ", result ",
+             dtype_name(out.dtype()), (out.is_contiguous() ? "" : " (not contiguous)"),
+             ": expected equal operand dtypes and a contiguous result in theirs or f32");
+  if (out.numel() == 0) return;
+  if (a.shape().back() == 0) {
+    REEL_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), stream_of(out)));
+    return;
+  }
+  matmul_dense(a, b, out);
+}
 
 void register_matmul_cuda_kernel() { register_kernel(DeviceType::CUDA, OpKind::Matmul, matmul_kernel); }
 

@@ -1,0 +1,19 @@
+// Fusion of autocast's cast into the GEMM that precedes it:
+//
+//   y = matmul(a, b)          16-bit operands and result              (node i)
+//   ...                       nodes that touch neither y nor z
+//   z = copy(y) to f32        the cast back to f32, contiguous         (node j > i)
+//
+// becomes one GEMM at node i that writes z directly in f32 from its f32 accumulator
+// (kernels/cuda/matmul_into.h): one kernel and one round trip through memory fewer, and one
+// rounding to 16 bits fewer. Applies when y is an Internal buffer read only by the copy (and not a
+// graph output) and z's buffer is Internal and written only by the copy — then no node between i and
+// j can see the difference. CUDA tensors only; everything else is left as traced.
+#pragma once
+#include "compile/passes.h"
+
+namespace reel::compile {
+
+void fuse_matmul_cast(Graph& g, PassStats& stats);
+
+}  // namespace reel::compile
