@@ -53,8 +53,11 @@ bool fusable_node(const Graph& g, const Node& n) {
   if (numel_of(out.shape) == 0 || !contiguous(out)) return false;
   const Device device = g.buffers[out.buffer].device;
   if (device.is_cuda() && !cuda::is_built()) return false;
-  for (const auto& r : n.inputs)
+  for (const auto& r : n.inputs) {
     if (!r || !(g.buffers[r->buffer].device == device) || !broadcasts_to(r->shape, out.shape)) return false;
+    // Elementwise ops compute in their output's dtype (the schemas do not promote); only a copy casts.
+    if (n.op != OpKind::Copy && r->dtype != out.dtype) return false;
+  }
   return true;
 }
 

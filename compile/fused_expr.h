@@ -8,6 +8,9 @@
 //   cast   r = as_dtype(r_a)               a copy's conversion: through double, then rounded to the
 //                                           target dtype (16-bit targets are rounded, then widened)
 //   store  out_k[e] = narrow(r_a)
+// Scalar attrs (an exponent, a fill value, clamp bounds) travel in the op instruction (p0, p1)
+// rather than as separate constants: the CPU converts them to the op's type as its kernel does, and
+// the CUDA source spells them as exact bit patterns.
 //
 // Conventions:
 //   - registers are SSA: instruction i defines register i (a store defines none);

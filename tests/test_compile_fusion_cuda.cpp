@@ -188,7 +188,7 @@ TEST(FusionCuda, ReduceOverheadGptWithFusionFollowsEager) {
   const compile::Plan* plan = step.last_plan();
   ASSERT_NE(plan, nullptr);
   EXPECT_GE(plan->graphs(), 1u);
-  EXPECT_GT(nvrtc_kernels(*plan), 10u) << "elementwise chains of the step were not fused";
+  EXPECT_GE(nvrtc_kernels(*plan), 5u) << "elementwise chains of the step were not fused";
   auto pe = eager_model->parameters(), pf = fused_model->parameters();
   for (size_t i = 0; i < pe.size(); ++i) EXPECT_LT(rel_l2(pf[i], pe[i]), 1e-4) << "parameter " << i;
 }
