@@ -1,4 +1,4 @@
-// Fusion of autocast's cast into the GEMM that precedes it:
+// Fusions into a GEMM's output. First, autocast's cast into the GEMM that precedes it:
 //
 //   y = matmul(a, b)          16-bit operands and result              (node i)
 //   ...                       nodes that touch neither y nor z
@@ -15,5 +15,14 @@
 namespace reel::compile {
 
 void fuse_matmul_cast(Graph& g, PassStats& stats);
+
+// Weight gradients written by their GEMM: a 2-D GEMM's result y, read only by the node that puts it
+// into a parameter's gradient — the first micro-batch's copy (AccumulateGrad's private copy) or a
+// later one's in-place add (params +=), possibly through a transposed view (a Linear's W^T) — is
+// computed straight into the gradient, transposed operands swapped (z = (a b)^T = b^T a^T), with
+// beta = 1 for the add. Applies when no node between the GEMM and that copy/add touches the
+// gradient, which then is simply written earlier. Run after fuse_matmul_cast (so 16-bit GEMMs that
+// now write f32 qualify). CUDA tensors only.
+void fuse_matmul_accumulate(Graph& g, PassStats& stats);
 
 }  // namespace reel::compile

@@ -38,6 +38,7 @@ Graph optimized(Graph g, const PassOptions& options, PassStats& stats) {
   if (options.fuse) {
     fuse_gemm_epilogue(g, stats);  // first: it needs the add after a matmul before elementwise fusion takes it
     fuse_matmul_cast(g, stats);    // then the remaining GEMMs whose 16-bit result is only cast back to f32
+    fuse_matmul_accumulate(g, stats);  // and weight gradients written (or accumulated) by their GEMM
     fuse_elementwise(g, stats);
     fuse_optimizer(g, stats);  // one multi-tensor kernel per run of optimizer updates
   }

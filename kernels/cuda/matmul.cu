@@ -85,7 +85,8 @@ struct GemmShape {
 };
 
 void gemm_strided_batched(const Tensor& out, DType in_dtype, const GemmShape& g, const void* a, int64_t stride_a,
-                          const void* b, int64_t stride_b, void* c, int64_t stride_c, int64_t batch) {
+                          const void* b, int64_t stride_b, void* c, int64_t stride_c, int64_t batch,
+                          bool accumulate = false) {
   // Operands in in_dtype; the result in out's dtype: the same, or f32 from 16-bit operands (the
   // compiler's fusion of autocast's cast into the GEMM: one rounding fewer).
   const GemmTypes t = gemm_types(in_dtype);
@@ -95,7 +96,8 @@ void gemm_strided_batched(const Tensor& out, DType in_dtype, const GemmShape& g,
   const double one_d = 1.0, zero_d = 0.0;
   const bool f64 = t.compute == CUBLAS_COMPUTE_64F;
   const void* alpha = f64 ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
-  const void* beta = f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
+  const void* beta = f64 ? static_cast<const void*>(accumulate ? &one_d : &zero_d)
+                         : static_cast<const void*>(accumulate ? &one_f : &zero_f);  // out += a @ b
   // C^T (N, M) = B^T (N, K) @ A^T (K, M): b is cuBLAS's first operand.
   REEL_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(h, g.b.op, g.a.op, g.N, g.M, g.K, alpha, b, t.data, g.b.ld,
                                                   stride_b, a, t.data, g.a.ld, stride_a, beta, c, c_type, g.N,
@@ -107,7 +109,7 @@ void* at(void* p, int64_t elems, size_t esize) { return static_cast<char*>(p) + 
 
 // a (..., M, K) with a shared b (K, N): one GEMM (rows, K) @ (K, N) with rows = a's batch times M.
 // Returns false (having done nothing) when b is batched or a's batch does not merge with its rows.
-bool matmul_folded(const Tensor& a, const Tensor& b, const Tensor& out) {
+bool matmul_folded(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate = false) {
   if (a.dim() <= 2 || numel_of(Shape(b.shape().begin(), b.shape().end() - 2)) != 1) return false;
   const int64_t K = a.shape().back(), N = b.shape().back(), nb = b.dim();
   const int64_t rows = a.numel() / K;
@@ -117,7 +119,7 @@ bool matmul_folded(const Tensor& a, const Tensor& b, const Tensor& out) {
   std::optional<MatLayout> lb = matrix_layout(K, N, b.strides()[nb - 2], b.strides()[nb - 1]);
   if (!la || !lb) return false;
   const GemmShape g{rows, N, K, gemm_operand(*la), gemm_operand(*lb)};
-  gemm_strided_batched(out, a.dtype(), g, a.data_ptr(), 0, b.data_ptr(), 0, out.data_ptr(), 0, 1);
+  gemm_strided_batched(out, a.dtype(), g, a.data_ptr(), 0, b.data_ptr(), 0, out.data_ptr(), 0, 1, accumulate);
   return true;
 }
 
@@ -146,8 +148,8 @@ std::vector<BatchDim> merged_batch(const Shape& batch, const std::vector<int64_t
 }
 
 // out (..., M, N) contiguous = a @ b, all of out's dtype, K >= 1 and out non-empty.
-void matmul_dense(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
-  if (matmul_folded(a_in, b_in, out)) return;
+void matmul_dense(const Tensor& a_in, const Tensor& b_in, const Tensor& out, bool accumulate = false) {
+  if (matmul_folded(a_in, b_in, out, accumulate)) return;
   const int64_t nd = out.dim();
   const int64_t M = out.shape()[nd - 2], N = out.shape()[nd - 1], K = a_in.shape().back();
   Tensor a = gemm_readable(a_in), b = gemm_readable(b_in);
@@ -192,7 +194,7 @@ void matmul_dense(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
       oc += idx[d] * dims[d].sc;
     }
     gemm_strided_batched(out, a.dtype(), g, at(a.data_ptr(), oa, es_in), inner.sa, at(b.data_ptr(), ob, es_in),
-                         inner.sb, at(out.data_ptr(), oc, es), inner.sc, inner.size);
+                         inner.sb, at(out.data_ptr(), oc, es), inner.sc, inner.size, accumulate);
     // Odometer over the outer dims, innermost fastest.
     int64_t d = int64_t(dims.size()) - 1;
     while (d >= 0 && ++idx[d] == dims[d].size) idx[d--] = 0;
@@ -214,17 +216,17 @@ void matmul_kernel(const KernelCall& c) {
 
 }  // namespace
 
-void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out) {
+void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   REEL_CHECK(a.dtype() == b.dtype() && (out.dtype() == a.dtype() || out.dtype() == DType::f32) && out.is_contiguous(),
              "matmul_into: operands ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()), ", result ",
              dtype_name(out.dtype()), (out.is_contiguous() ? "" : " (not contiguous)"),
              ": expected equal operand dtypes and a contiguous result in theirs or f32");
   if (out.numel() == 0) return;
   if (a.shape().back() == 0) {
-    REEL_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), stream_of(out)));
+    if (!accumulate) REEL_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), stream_of(out)));
     return;
   }
-  matmul_dense(a, b, out);
+  matmul_dense(a, b, out, accumulate);
 }
 
 void register_matmul_cuda_kernel() { register_kernel(DeviceType::CUDA, OpKind::Matmul, matmul_kernel); }

@@ -8,6 +8,7 @@
 
 namespace reel::cuda {
 
-void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out);
+// accumulate: out += a @ b (cuBLAS's beta = 1), as weight gradients accumulate over micro-batches.
+void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate = false);
 
 }  // namespace reel::cuda
