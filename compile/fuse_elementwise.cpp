@@ -135,7 +135,7 @@ std::pair<double, double> scalar_attrs(const Node& n) {
 struct Readers {
   std::vector<int> count;         // reading refs per buffer, over the whole graph
   std::vector<bool> graph_output;
-  Readers(const Graph& g) : count(g.buffers.size(), 0), graph_output(g.buffers.size(), false) {
+  explicit Readers(const Graph& g) : count(g.buffers.size(), 0), graph_output(g.buffers.size(), false) {
     for (const Node& n : g.nodes)
       for (const auto& r : n.inputs)
         if (r) count[size_t(r->buffer)] += 1;
