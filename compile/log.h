@@ -3,6 +3,8 @@
 //   graph_breaks  ops a replay cannot honour, with the reason
 //   plan          each plan built: kernels, graphs, buffers
 //   memory        each plan's memory: arena bytes per device against no reuse
+//   fusion        each elementwise group the fusion pass forms
+//   kernels       NVRTC compilations, disk-cache hits and writes of generated kernels
 // ("all" turns every topic on). Lines go to stderr as "[reel:<topic>] ...".
 #pragma once
 #include <string>
