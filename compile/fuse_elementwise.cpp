@@ -18,22 +18,6 @@ namespace {
 // training step has (bias + activation, residual adds, gradient accumulations, scalar updates).
 constexpr size_t kMaxGroupNodes = 32;
 
-bool same_ref(const TensorRef& a, const TensorRef& b) {
-  return a.buffer == b.buffer && a.shape == b.shape && a.strides == b.strides && a.offset == b.offset &&
-         a.dtype == b.dtype;
-}
-
-// Row-major strides on every dim of size > 1 (as Tensor::is_contiguous).
-bool contiguous(const TensorRef& r) {
-  int64_t expected = 1;
-  for (size_t d = r.shape.size(); d-- > 0;) {
-    if (r.shape[d] == 1) continue;
-    if (r.strides[d] != expected) return false;
-    expected *= r.shape[d];
-  }
-  return true;
-}
-
 // `in` broadcasts to `out` (NumPy rules).
 bool broadcasts_to(const Shape& in, const Shape& out) {
   if (in.size() > out.size()) return false;
@@ -50,7 +34,7 @@ bool fusable_node(const Graph& g, const Node& n) {
   const int arity = n.op == OpKind::Copy ? 1 : fusable_arity(n.op);
   if (arity == 0 || int(n.inputs.size()) != arity) return false;
   const TensorRef& out = n.outputs[0];
-  if (numel_of(out.shape) == 0 || !contiguous(out)) return false;
+  if (numel_of(out.shape) == 0 || !is_contiguous(out)) return false;
   const Device device = g.buffers[out.buffer].device;
   if (device.is_cuda() && !cuda::is_built()) return false;
   for (const auto& r : n.inputs) {

@@ -13,13 +13,6 @@ namespace reel::compile {
 #ifdef REEL_CUDA
 namespace {
 
-bool same_ref(const TensorRef& a, const TensorRef& b) {
-  return a.buffer == b.buffer && a.shape == b.shape && a.strides == b.strides && a.offset == b.offset &&
-         a.dtype == b.dtype;
-}
-
-bool contiguous(const TensorRef& r) { return r.strides == contiguous_strides(r.shape); }
-
 // A ref with its leading dims folded into rows: (..., C) -> (rows, C), when the strides allow.
 std::optional<TensorRef> as_matrix(const TensorRef& r) {
   if (r.shape.size() < 2) return std::nullopt;
@@ -62,7 +55,7 @@ std::optional<Node> match(const Graph& g, size_t i, const std::vector<int>& read
   std::vector<std::string> fused{"matmul"};
   if (j < g.nodes.size() && g.nodes[j].op == OpKind::Copy && !g.nodes[j].in_place && g.nodes[j].inputs[0] &&
       same_ref(*g.nodes[j].inputs[0], y) && g.nodes[j].outputs[0].dtype == DType::f32 &&
-      g.nodes[j].outputs[0].shape == y.shape && contiguous(g.nodes[j].outputs[0]) &&
+      g.nodes[j].outputs[0].shape == y.shape && is_contiguous(g.nodes[j].outputs[0]) &&
       private_internal(g.nodes[j].outputs[0])) {
     y = g.nodes[j].outputs[0];
     fused.push_back("copy");
@@ -75,8 +68,8 @@ std::optional<Node> match(const Graph& g, size_t i, const std::vector<int>& read
     return std::nullopt;
   const TensorRef& bias = *add.inputs[1];
   const TensorRef& z = add.outputs[0];
-  if (bias.shape.size() != 1 || bias.shape[0] != wt.shape[1] || !contiguous(bias) || z.shape != y.shape ||
-      !contiguous(z) || z.dtype != y.dtype)
+  if (bias.shape.size() != 1 || bias.shape[0] != wt.shape[1] || !is_contiguous(bias) || z.shape != y.shape ||
+      !is_contiguous(z) || z.dtype != y.dtype)
     return std::nullopt;
   for (const TensorRef* r : {&x, &wt, &bias, &z})
     if (!g.buffers[r->buffer].device.is_cuda() || !g.buffers[r->buffer].storage) return std::nullopt;

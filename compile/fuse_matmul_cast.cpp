@@ -35,11 +35,6 @@ class MatmulIntoGradKernel : public FusedKernel {
   bool transposed_, accumulate_;
 };
 
-bool same_geometry(const TensorRef& a, const TensorRef& b) {
-  return a.buffer == b.buffer && a.shape == b.shape && a.strides == b.strides && a.offset == b.offset &&
-         a.dtype == b.dtype;
-}
-
 // Whether `r` reads all of `y` as stored (0) or transposed (1); -1 otherwise. Both 2-D.
 int reading(const TensorRef& r, const TensorRef& y) {
   if (r.buffer != y.buffer || r.offset != y.offset || r.dtype != y.dtype || r.shape.size() != 2 || y.shape.size() != 2)
@@ -81,7 +76,7 @@ void fuse_matmul_accumulate(Graph& g, PassStats& stats) {
     const Node& c = g.nodes[j];
     const bool copy = c.op == OpKind::Copy && !c.in_place && c.inputs.size() == 1;
     const bool add = c.op == OpKind::Add && c.in_place && c.inputs.size() == 2 && c.inputs[0] &&
-                     same_geometry(*c.inputs[0], c.outputs[0]);
+                     same_ref(*c.inputs[0], c.outputs[0]);
     if (c.kernel || !(copy || add) || !c.inputs.back()) continue;
     const TensorRef& r = *c.inputs.back();
     const TensorRef& z = c.outputs[0];
@@ -144,7 +139,7 @@ void fuse_matmul_cast(Graph& g, PassStats& stats) {
     if (i < 0 || drop[size_t(i)]) continue;
     Node& m = g.nodes[size_t(i)];
     const bool sixteen = y.dtype == DType::bf16 || y.dtype == DType::f16;
-    if (m.op != OpKind::Matmul || m.kernel || m.in_place || !same_geometry(m.outputs[0], y) || !sixteen ||
+    if (m.op != OpKind::Matmul || m.kernel || m.in_place || !same_ref(m.outputs[0], y) || !sixteen ||
         z.dtype != DType::f32 || z.shape != y.shape || z.strides != contiguous_strides(z.shape) || z.offset != 0)
       continue;
     const Buffer& yb = g.buffers[y.buffer];

@@ -203,11 +203,6 @@ void MultiTensorStep::run_cuda(const Tensor& found_inf, const Tensor& lr, const 
 // ---------------------------------------------------------------------------------------------
 // The pass.
 
-bool same_ref(const TensorRef& a, const TensorRef& b) {
-  return a.buffer == b.buffer && a.shape == b.shape && a.strides == b.strides && a.offset == b.offset &&
-         a.dtype == b.dtype;
-}
-
 bool same_ref(const std::optional<TensorRef>& a, const std::optional<TensorRef>& b) {
   return a.has_value() == b.has_value() && (!a || same_ref(*a, *b));
 }

@@ -14,6 +14,21 @@ const char* buffer_kind_name(BufferKind k) {
   return "?";
 }
 
+bool same_ref(const TensorRef& a, const TensorRef& b) {
+  return a.buffer == b.buffer && a.shape == b.shape && a.strides == b.strides && a.offset == b.offset &&
+         a.dtype == b.dtype;
+}
+
+bool is_contiguous(const TensorRef& r) {
+  int64_t expected = 1;
+  for (size_t d = r.shape.size(); d-- > 0;) {
+    if (r.shape[d] == 1) continue;
+    if (r.strides[d] != expected) return false;
+    expected *= r.shape[d];
+  }
+  return true;
+}
+
 std::string ref_str(const TensorRef& r) {
   std::ostringstream os;
   os << "b" << r.buffer << shape_str(r.shape) << " " << dtype_name(r.dtype);

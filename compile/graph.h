@@ -75,6 +75,11 @@ struct Graph {
   std::string str() const;
 };
 
+// The same view: buffer, shape, strides, offset and dtype.
+bool same_ref(const TensorRef& a, const TensorRef& b);
+// Row-major strides on every dim of size > 1 (as Tensor::is_contiguous).
+bool is_contiguous(const TensorRef& r);
+
 // "b12(16, 256, 512) f32 +3" — a ref as plans print it.
 std::string ref_str(const TensorRef& r);
 
