@@ -198,6 +198,10 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
     for (const compile::Node& n : step.last_plan()->graph().nodes)
       epilogue = epilogue || (!n.fused.empty() && n.fused.front() == "matmul");
     EXPECT_TRUE(epilogue) << prec << ": no GEMM took its bias add as an epilogue";
+    bool masked_softmax = false;  // attention's mask and softmax as one kernel
+    for (const compile::Node& n : step.last_plan()->graph().nodes)
+      masked_softmax = masked_softmax || (n.fused.size() >= 2 && n.fused[0] == "masked_fill" && n.fused[1] == "softmax");
+    EXPECT_TRUE(masked_softmax) << prec << ": mask and softmax were not fused";
     bool grad_by_gemm = false;  // weight gradients accumulated by their GEMM (beta = 1)
     for (const compile::Node& n : step.last_plan()->graph().nodes)
       grad_by_gemm = grad_by_gemm || (n.in_place && !n.fused.empty() && n.fused.front() == "matmul" && n.fused.back() == "add");
