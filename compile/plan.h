@@ -14,7 +14,7 @@
 //                  touching the host run between them (each reported as a graph break);
 //   MaxAutotune    ReduceOverhead, with kernels' autotuning turned on process-wide (kernels/autotune.h:
 //                  cuDNN convolution algorithms timed on each shape's first, eager, use; the choice
-//                  cached). GEMMs keep cuBLAS's heuristic choice.
+//                  cached). GEMMs likewise: cuBLASLt's candidates timed against cuBLAS's default.
 #pragma once
 #include <memory>
 #include <string>

@@ -30,14 +30,22 @@
 // (kernels/cuda/register.cu) also sets CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION so that split-K
 // partial sums of 16-bit GEMMs are reduced in f32, not in the 16-bit output type. i64 is refused by the schema.
 //
+// Algorithms: cuBLAS's heuristic choice (CUBLAS_GEMM_DEFAULT). With autotuning on (kernels/autotune.h,
+// compile's max-autotune) every GEMM goes through gemm_autotune.h instead: the first eager call of
+// each distinct problem times cuBLASLt's heuristic candidates (same precision contract) against
+// that default path on its own operands and caches the fastest; later calls, captures included,
+// reuse the choice without timing.
+//
 // Empty cases: an empty output launches nothing; K == 0 writes zeros (an empty sum), as the CPU.
 // Outputs from dispatch are contiguous; a strided output from dispatch_out is computed into a
 // contiguous temporary and copied into place.
 #include <optional>
 #include <vector>
 
+#include "kernels/autotune.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/gemm_autotune.h"
 #include "kernels/cuda/matmul_into.h"
 #include "kernels/matrix_layout.h"
 #include "kernels/schema/views.h"
@@ -99,9 +107,18 @@ void gemm_strided_batched(const Tensor& out, DType in_dtype, const GemmShape& g,
   const void* beta = f64 ? static_cast<const void*>(accumulate ? &one_d : &zero_d)
                          : static_cast<const void*>(accumulate ? &one_f : &zero_f);  // out += a @ b
   // C^T (N, M) = B^T (N, K) @ A^T (K, M): b is cuBLAS's first operand.
-  REEL_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(h, g.b.op, g.a.op, g.N, g.M, g.K, alpha, b, t.data, g.b.ld,
-                                                  stride_b, a, t.data, g.a.ld, stride_a, beta, c, c_type, g.N,
-                                                  stride_c, batch, t.compute, CUBLAS_GEMM_DEFAULT));
+  auto run_default = [&](void* dst) {
+    REEL_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(h, g.b.op, g.a.op, g.N, g.M, g.K, alpha, b, t.data, g.b.ld,
+                                                    stride_b, a, t.data, g.a.ld, stride_a, beta, dst, c_type, g.N,
+                                                    stride_c, batch, t.compute, CUBLAS_GEMM_DEFAULT));
+  };
+  if (!autotune_enabled()) return run_default(c);
+  const GemmProblem p{.m = g.N, .n = g.M, .k = g.K,  // the same GEMM in the same cuBLAS terms: b first
+                      .trans_a = g.b.op == CUBLAS_OP_T, .trans_b = g.a.op == CUBLAS_OP_T,
+                      .lda = g.b.ld, .ldb = g.a.ld, .ldc = g.N,
+                      .stride_a = stride_b, .stride_b = stride_a, .stride_c = stride_c, .batch = batch,
+                      .in = in_dtype, .out = out.dtype(), .accumulate = accumulate, .device = out.device()};
+  gemm_autotuned(p, b, a, c, run_default);
 }
 
 // Element `elems` of an untyped device pointer whose elements are `esize` bytes.
