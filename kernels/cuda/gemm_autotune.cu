@@ -1,5 +1,5 @@
-// GEMM autotuning on cuBLASLt (see gemm_autotune.h): max-autotune's counterpart for matmuls of
-// cudnn.benchmark for convolutions.
+// GEMM autotuning on cuBLASLt (see gemm_autotune.h): for max-autotune's matmuls what cudnn.benchmark
+// is for convolutions.
 //
 //   C_i (m, n) = op(A_i) (m, k) @ op(B_i) (k, n) (+ C_i)      cuBLAS's column-major terms, i < batch
 //
@@ -9,10 +9,12 @@
 //   1. cuBLASLt's heuristics propose up to kCandidates algorithms for a descriptor in the same
 //      precision as the untuned path, within our workspace and the call's alignments;
 //   2. each candidate, and the untuned cublasGemmStridedBatchedEx (CUBLAS_GEMM_DEFAULT), runs once
-//      to warm up and kTimedRuns times between two CUDA events on the current stream, all on the
+//      to warm up and kTimedRuns times between two CUDA events on the current stream (device time,
+//      not launch overhead: see time_ms), all on the
 //      call's own operands but into a scratch output (with accumulate the candidates then add into
 //      the scratch, never into the caller's result, which the real call writes afterwards);
-//   3. the fastest is cached; ties keep the untuned path.
+//   3. the fastest is cached; ties keep the untuned path (as does a problem without candidates,
+//      untimed).
 // Tuning synchronises with the stream (the events); a cached choice never does, so captures and
 // replays only look it up. Candidates that fail to launch are skipped, not reported.
 //
@@ -44,7 +46,8 @@ namespace reel::cuda {
 namespace {
 
 constexpr int kCandidates = 8;                             // heuristic proposals timed per problem
-constexpr int kTimedRuns = 3;                              // after one warm-up run
+constexpr int kTimedRuns = 5;                              // after one warm-up run
+constexpr int kSpinMicroseconds = 100;                     // see time_ms
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;     // as the cuBLAS handle's
 constexpr int kMaxDevices = 16;
 
@@ -163,8 +166,7 @@ struct Candidate {
 
 // cuBLASLt's heuristic candidates for the plan's problem that fit our workspace, the alignments
 // and (for a 16-bit result) the reduction-precision rule. No device work.
-std::vector<Candidate> lt_candidates(const LtPlan& plan, Device device, const Alignments& al,
-                                                bool out16) {
+std::vector<Candidate> lt_candidates(const LtPlan& plan, Device device, const Alignments& al, bool out16) {
   Preference owner;
   const cublasLtMatmulPreference_t pref = owner.p;
   uint64_t ws = kLtWorkspaceBytes;
@@ -221,12 +223,21 @@ struct Event {
   Event& operator=(const Event&) = delete;
 };
 
+// Keeps the stream busy for about `us` microseconds.
+__global__ void spin_kernel(int us) {
+  for (int i = 0; i < us; ++i) __nanosleep(1000);
+}
+
 // Mean device time (ms) of run() over kTimedRuns after one warm-up (which also loads the kernel);
-// nullopt when run() reports a failure to launch.
+// nullopt when run() reports a failure to launch. A spin kernel ahead of the timed runs lets the
+// host enqueue them all before the device reaches them, so small GEMMs are timed back to back as
+// in a graph replay, not paced by launch overhead.
 std::optional<float> time_ms(Device device, const std::function<bool()>& run) {
   const cudaStream_t s = stream_of(device);
   Event start, stop;
   if (!run()) return std::nullopt;
+  spin_kernel<<<1, 1, 0, s>>>(kSpinMicroseconds);
+  REEL_CUDA_LAUNCH_CHECK();
   REEL_CUDA_CHECK(cudaEventRecord(start.e, s));
   for (int i = 0; i < kTimedRuns; ++i)
     if (!run()) return std::nullopt;
@@ -253,6 +264,7 @@ std::unique_ptr<LtPlan> tune(const GemmProblem& p, const void* a, const void* b,
   void* c = scratch.data_ptr();
   al.c = std::min(al.c, alignment(c, p.stride_c, p.batch, es_out));
   const std::vector<Candidate> algos = lt_candidates(*plan, p.device, al, is_16bit(p.out));
+  if (algos.empty()) return nullptr;  // nothing to compare the untuned path with
   lt_workspace(p.device);  // allocated now, eagerly, for the calls that replay the choice
 
   std::optional<float> best = time_ms(p.device, [&] { run_default(c); return true; });
@@ -266,7 +278,6 @@ std::unique_ptr<LtPlan> tune(const GemmProblem& p, const void* a, const void* b,
       best_i = int(i);
     }
   }
-  tunings.fetch_add(1);
   if (best_i < 0) return nullptr;
   plan->algo = algos[size_t(best_i)].algo;
   return plan;
@@ -303,6 +314,7 @@ void gemm_autotuned(const GemmProblem& p, const void* a, const void* b, void* c,
     if (it == choices.end()) {
       if (capturing(p.device)) return run_default(c);  // no timing inside a capture; tune later
       it = choices.emplace(key, tune(p, a, b, al, run_default)).first;  // a throw caches nothing
+      tunings.fetch_add(1);
     }
     plan = it->second.get();
   }

@@ -37,7 +37,7 @@ struct GemmProblem {
 void gemm_autotuned(const GemmProblem& p, const void* a, const void* b, void* c,
                     const std::function<void(void* dst)>& run_default);
 
-// How many problems have been timed so far (process-wide; each is timed once).
+// How many problems have been tuned so far (process-wide; each once, when its choice is cached).
 int64_t gemm_tunings();
 
 }  // namespace reel::cuda
