@@ -110,16 +110,32 @@ CompiledFunction::CompiledFunction(StepFn fn, CompileOptions options) : s_(std::
   REEL_CHECK(options.cache_limit >= 1, "compile: cache_limit must be >= 1, got ", options.cache_limit);
   s_->fn = std::move(fn);
   s_->options = options;
-  // max-autotune: kernels time their candidate algorithms on each shape's first (eager) use.
-  if (options.mode == Mode::MaxAutotune) set_autotune(true);
 }
 
 CompiledFunction::~CompiledFunction() = default;
 CompiledFunction::CompiledFunction(CompiledFunction&&) noexcept = default;
 CompiledFunction& CompiledFunction::operator=(CompiledFunction&&) noexcept = default;
 
+namespace {
+
+// max-autotune: kernels time their candidate algorithms on each shape's first (eager) use — for this
+// function's calls only, so that other code keeps the heuristic choices (and their cache entries).
+class AutotuneScope {
+ public:
+  explicit AutotuneScope(bool on) : prev_(autotune_enabled()) { set_autotune(on || prev_); }
+  ~AutotuneScope() { set_autotune(prev_); }
+  AutotuneScope(const AutotuneScope&) = delete;
+  AutotuneScope& operator=(const AutotuneScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
+}  // namespace
+
 std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& inputs) {
   State& s = *s_;
+  AutotuneScope autotune(s.options.mode == Mode::MaxAutotune);
   Signature sig = signature_of(inputs);
   State::Entry* e = nullptr;
   for (State::Entry& c : s.entries)

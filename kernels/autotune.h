@@ -2,9 +2,9 @@
 // GEMMs, kernels/cuda/gemm_autotune.h) times the candidates on the shape's first use and keeps the
 // fastest that meets its precision contract, instead of taking the library's heuristic ranking —
 // PyTorch's cudnn.benchmark. Choices are cached per shape (and apart from the untuned ones).
-// Process-wide; compile's max-autotune mode turns it on. Timing runs work on the device and
-// synchronises, so it is skipped (heuristics used) when the first use of a shape happens inside a
-// CUDA-graph capture.
+// Process-wide; compile's max-autotune mode turns it on for its function's calls. Timing runs work
+// on the device and synchronises, so it is skipped (heuristics used) when the first use of a shape
+// happens inside a CUDA-graph capture.
 #pragma once
 
 namespace reel {
