@@ -12,7 +12,7 @@
 //   ReduceOverhead the nodes captured once into CUDA graphs and replayed: one graph for each maximal
 //                  run of nodes whose tensors are all on the GPU (normally the whole step); nodes
 //                  touching the host run between them (each reported as a graph break);
-//   MaxAutotune    ReduceOverhead, with kernels' autotuning turned on process-wide (kernels/autotune.h:
+//   MaxAutotune    ReduceOverhead, with kernels' autotuning on during the function's calls (kernels/autotune.h:
 //                  cuDNN convolution algorithms timed on each shape's first, eager, use; the choice
 //                  cached). GEMMs likewise: cuBLASLt's candidates timed against cuBLAS's default.
 #pragma once
