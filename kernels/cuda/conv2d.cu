@@ -24,9 +24,10 @@
 //
 // Algorithms: chosen ONCE per (op, dtype, device, shapes, stride, padding) by cuDNN's heuristics —
 // or, with autotuning on (kernels/autotune.h), by timing the candidates (cudnnFind*AlgorithmEx) on
-// the first call's tensors — (the best-ranked supported candidate; for f32 never a tensor-op one, and
-// for f32/f64 only GEMM-like direct sums, no FFT or Winograd, whose transforms cost accuracy), and
-// cached together with the descriptors and the workspace size in a process-wide map. The
+// the first call's tensors — as the best-ranked supported candidate that is deterministic (some
+// backward-filter algorithms accumulate with atomics), for f32 never a tensor-op one, and for
+// f32/f64 a GEMM-like direct sum (no FFT or Winograd, whose transforms cost accuracy); cached
+// together with the descriptors and the workspace size in a process-wide map. The
 // heuristics run no device work and never synchronise, so even a first call inside a CUDA graph
 // capture is safe; still, as for every op, the first call for a shape should happen eagerly before
 // capture (compile's warm-up call does), so that the cache and the workspace pool are filled.
@@ -182,19 +183,24 @@ bool direct_sum(cudnnConvolutionBwdFilterAlgo_t a) {
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
 }
 
-// The heuristics' best usable candidate: supported; for f32 never a tensor-op (TF32) one; for f32
-// and f64 a direct-sum one (exact-f32/f64 parity with the CPU) unless the heuristics offer none,
-// then any. f16/bf16 take the heuristics' first choice, Winograd included (within 16-bit round-off).
+// The heuristics' (or the timing's) best usable candidate: supported; for f32 never a tensor-op (TF32)
+// one; deterministic (no atomics: the same inputs give the same bits every run, which a compiled
+// replay's parity with eager relies on) unless none is; for f32 and f64 a direct-sum one (exact
+// parity with the CPU) unless none is. f16/bf16 otherwise take the first choice, Winograd included
+// (within 16-bit round-off). Passes relax the wishes in that order.
 template <typename Perf>
 const Perf* pick(const Perf* perf, int count, DType dt) {
   const bool exact = dt == DType::f32 || dt == DType::f64;
-  for (int pass = exact ? 0 : 1; pass < 2; ++pass) {
+  // pass 0: deterministic and (exact types) direct sum; 1: deterministic; 2: direct sum; 3: any.
+  for (int pass = 0; pass < 4; ++pass) {
+    const bool want_deterministic = pass < 2, want_direct = exact && (pass == 0 || pass == 2);
     for (int i = 0; i < count; ++i) {
       if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
       const bool tensor_op =
           perf[i].mathType == CUDNN_TENSOR_OP_MATH || perf[i].mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
       if (dt == DType::f32 && tensor_op) continue;
-      if (pass == 0 && !direct_sum(perf[i].algo)) continue;
+      if (want_deterministic && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
+      if (want_direct && !direct_sum(perf[i].algo)) continue;
       return &perf[i];
     }
   }
