@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "compile/train_step.h"
+#include "kernels/autotune.h"
 #include "kernels/dispatch.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
@@ -63,9 +64,10 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--micro-batch") o.micro_batch = std::stoll(v);
     else if (k == "--json") o.json_path = v;
     else if (k == "--profile") o.profile_steps = std::stoll(v);
+    else if (k == "--deterministic") set_deterministic_algorithms(v != "0");
     else throw Error("bench: unknown option " + k +
                      " (expected --models, --precisions, --compile, --device, --steps, --warmup, --micro-batch, --json, "
-                     "--profile)");
+                     "--profile, --deterministic 0|1)");
   }
   REEL_CHECK(o.steps > 0 && o.warmup >= 0 && o.profile_steps >= 0,
              "bench: --steps must be positive, --warmup and --profile non-negative");

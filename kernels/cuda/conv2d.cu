@@ -25,10 +25,10 @@
 // Algorithms: chosen ONCE per (op, dtype, device, shapes, stride, padding) by cuDNN's heuristics —
 // or, with autotuning on (kernels/autotune.h), by timing the candidates (cudnnFind*AlgorithmEx) on
 // the first call's tensors — as the best-ranked supported candidate that is deterministic (some
-// backward-filter algorithms accumulate with atomics), for f32 never a tensor-op one, and for
-// f32/f64 a GEMM-like direct sum (no FFT or Winograd, whose transforms cost accuracy); cached
-// together with the descriptors and the workspace size in a process-wide map. The
-// heuristics run no device work and never synchronise, so even a first call inside a CUDA graph
+// backward-filter algorithms accumulate with atomics; kernels/autotune.h's switch allows them), for
+// f32 never a tensor-op one, and for f32/f64 a GEMM-like direct sum (no FFT or Winograd, whose
+// transforms cost accuracy); cached together with the descriptors and the workspace size in a
+// process-wide map. The heuristics run no device work and never synchronise, so even a first call inside a CUDA graph
 // capture is safe; still, as for every op, the first call for a shape should happen eagerly before
 // capture (compile's warm-up call does), so that the cache and the workspace pool are filled.
 // Workspaces come from the caching allocator (workspace(bytes, device)).
@@ -192,7 +192,8 @@ template <typename Perf>
 const Perf* pick(const Perf* perf, int count, DType dt) {
   const bool exact = dt == DType::f32 || dt == DType::f64;
   // pass 0: deterministic and (exact types) direct sum; 1: deterministic; 2: direct sum; 3: any.
-  for (int pass = 0; pass < 4; ++pass) {
+  // With deterministic_algorithms() off, the first two passes are skipped.
+  for (int pass = deterministic_algorithms() ? 0 : 2; pass < 4; ++pass) {
     const bool want_deterministic = pass < 2, want_direct = exact && (pass == 0 || pass == 2);
     for (int i = 0; i < count; ++i) {
       if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
@@ -284,7 +285,7 @@ const ConvPlan& conv_plan(ConvOp op, const ConvGeom& g, DType dt, Device device,
   static std::map<Key, std::unique_ptr<ConvPlan>> plans;
   const bool tune = autotune_enabled() && !capturing(h);
   const Key key{int64_t(op), int64_t(dt), device.index, g.N, g.C, g.H, g.W, g.O, g.kH, g.kW, g.Ho, g.Wo,
-                g.sh, g.sw, g.ph, g.pw, int64_t(autotune_enabled())};
+                g.sh, g.sw, g.ph, g.pw, int64_t(autotune_enabled()) + 2 * int64_t(deterministic_algorithms())};
   std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<ConvPlan>& slot = plans[key];
   if (!slot) {
