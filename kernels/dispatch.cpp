@@ -29,6 +29,21 @@ void ensure_registered() {
 DispatchObserver* observer = nullptr;
 std::atomic<uint64_t> n_dispatch{0};
 std::atomic<uint64_t> n_kernels{0};
+// Per thread: a planner tracing on one thread must not turn another thread's dispatches into no-ops.
+thread_local bool meta_active = false;
+
+// An output of a meta-mode dispatch: the right size and device, no memory.
+Tensor meta_output(const TensorMeta& m) {
+  auto storage = std::make_shared<Storage>(Storage::Meta{}, size_t(numel_of(m.shape)) * dtype_size(m.dtype), m.device);
+  return Tensor::from_storage(std::move(storage), m.shape, m.dtype);
+}
+
+// A host read of a device value has nothing to read in meta mode; say so where it starts.
+void check_meta_host_read(OpKind op, Device in_device, Device out_device) {
+  REEL_CHECK(!(op == OpKind::Copy && in_device.is_cuda() && out_device.is_cpu()), "copy from ", in_device.str(),
+             " to the host in meta mode: a traced-without-running step has no values to read (.item(), "
+             "to_vector() and printing are not available while planning)");
+}
 
 Device common_device(OpKind op, const std::vector<Tensor>& inputs) {
   const Tensor* first = nullptr;
@@ -115,10 +130,16 @@ std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const
     REEL_ASSERT(metas.size() == 1, "view op ", op_name(op), " must have one output");
     outputs.push_back(e.view(inputs[0], attrs));
   } else {
-    KernelFn k = kernel_for(op, e, kernel_device(op, device, metas.empty() ? device : metas[0].device));
-    for (const TensorMeta& m : metas) outputs.push_back(Tensor::empty(m.shape, m.dtype, m.device));
-    k(KernelCall{op, inputs, outputs, attrs});
-    n_kernels.fetch_add(1, std::memory_order_relaxed);
+    const Device out_device = metas.empty() ? device : metas[0].device;
+    KernelFn k = kernel_for(op, e, kernel_device(op, device, out_device));
+    if (meta_active) {
+      check_meta_host_read(op, device, out_device);
+      for (const TensorMeta& m : metas) outputs.push_back(meta_output(m));
+    } else {
+      for (const TensorMeta& m : metas) outputs.push_back(Tensor::empty(m.shape, m.dtype, m.device));
+      k(KernelCall{op, inputs, outputs, attrs});
+      n_kernels.fetch_add(1, std::memory_order_relaxed);
+    }
   }
   notify(op, inputs, outputs, attrs, false);
   return outputs;
@@ -149,13 +170,19 @@ void dispatch_out(OpKind op, const std::vector<Tensor>& inputs, const std::vecto
                o.device().str(), " but the inputs are on ", metas[i].device.str());
   }
   Device out_device = outputs.empty() ? Device::cpu() : outputs[0].device();
-  kernel_for(op, e, kernel_device(op, in_device, out_device))(KernelCall{op, inputs, outputs, attrs});
-  n_kernels.fetch_add(1, std::memory_order_relaxed);
+  KernelFn k = kernel_for(op, e, kernel_device(op, in_device, out_device));
+  if (meta_active) {
+    check_meta_host_read(op, in_device, out_device);  // the outputs keep their old contents
+  } else {
+    k(KernelCall{op, inputs, outputs, attrs});
+    n_kernels.fetch_add(1, std::memory_order_relaxed);
+  }
   notify(op, inputs, outputs, attrs, true);
 }
 
 void run_kernel(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                 const Attrs& attrs) {
+  REEL_CHECK(!meta_active, op_name(op), ": a plan's kernel cannot run in meta mode (nothing is allocated to run on)");
   const OpEntry& e = checked_entry(op);
   Device in_device = common_device(op, inputs);
   Device out_device = outputs.empty() ? in_device : outputs[0].device();
@@ -173,6 +200,10 @@ DispatchObserver* set_dispatch_observer(DispatchObserver* o) {
   observer = o;
   return prev;
 }
+
+MetaModeGuard::MetaModeGuard() : previous_(meta_active) { meta_active = true; }
+MetaModeGuard::~MetaModeGuard() { meta_active = previous_; }
+bool meta_mode() { return meta_active; }
 
 uint64_t dispatch_count() { return n_dispatch.load(std::memory_order_relaxed); }
 uint64_t kernel_count() { return n_kernels.load(std::memory_order_relaxed); }

@@ -10,6 +10,14 @@
 //   dispatch_out(op, inputs, outputs, attrs) does the same into caller-given outputs (in-place
 //   updates such as grad += g, or a copy into a view); their shapes and dtypes must match.
 //
+// Meta mode (MetaModeGuard): steps 1, 2 and 5 as usual (a kernel must still exist for the device),
+// but no kernel runs and no memory is allocated: fresh outputs get meta Storage (a size and a device,
+// no data; tensor/storage.h) and outputs given to dispatch_out are left unwritten. The observer sees
+// the same calls, so the compiler's tracer records a step without running it — what the memory-budget
+// planner needs to plan a step that would not fit. Inputs may be real or meta. A copy from a GPU to
+// the host (how .item() and to_vector() read a device value) throws in meta mode, and reading a meta
+// tensor's data on the host throws from Tensor::data_ptr, rather than returning garbage.
+//
 // Kernels are registered per device type; supports(op, device) tells whether one exists, so that the
 // compiler can report a graph break instead of failing.
 #pragma once
@@ -71,6 +79,19 @@ void run_kernel(OpKind op, const std::vector<Tensor>& inputs, const std::vector<
                 const Attrs& attrs);
 // The registered kernel of op on `device` (nullptr when there is none).
 KernelFn find_kernel(OpKind op, DeviceType device);
+
+// While alive, dispatch runs in meta mode (see the top of this file). Nests; per thread.
+class MetaModeGuard {
+ public:
+  MetaModeGuard();
+  ~MetaModeGuard();
+  MetaModeGuard(const MetaModeGuard&) = delete;
+  MetaModeGuard& operator=(const MetaModeGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+bool meta_mode();
 
 // Counts every dispatch since start-up (cheap; used by tests).
 uint64_t dispatch_count();

@@ -57,8 +57,11 @@ Storage::Storage(size_t nbytes, Device device, Allocator& allocator)
   data_ = allocator_->allocate(nbytes, device);
 }
 
+// No allocator: a meta block never owns memory, and it is valid for a device that has none here.
+Storage::Storage(Meta, size_t nbytes, Device device) : nbytes_(nbytes), device_(device), meta_(true) {}
+
 Storage::~Storage() {
-  if (data_) allocator_->deallocate(data_, nbytes_, device_);
+  if (data_ && !meta_) allocator_->deallocate(data_, nbytes_, device_);
 }
 
 Device Device::parse(const std::string& s) {

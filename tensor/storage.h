@@ -3,6 +3,11 @@
 // Many tensors (views: reshape, transpose, slice, expand) share one Storage through shared_ptr;
 // the block goes back to its Allocator when the last view dies. Allocators are per device type:
 // the CPU one here, the CUDA caching allocator registered by the CUDA backend.
+//
+// A meta Storage (Storage(Storage::Meta{}, nbytes, device)) has a size and a device but no memory:
+// data() is nullptr, no allocator is asked and none is given anything back. Dispatch makes them in
+// meta mode (kernels/dispatch.h) so that a step can be traced, and its memory planned, without the
+// memory; Tensor::data_ptr refuses them.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -29,12 +34,15 @@ class Storage {
   Storage(size_t nbytes, Device device);
   // Memory from a specific allocator (e.g. pinned host memory) rather than the device's default.
   Storage(size_t nbytes, Device device, Allocator& allocator);
+  struct Meta {};
+  Storage(Meta, size_t nbytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
+  bool is_meta() const { return meta_; }
   Device device() const { return device_; }
 
  private:
@@ -42,6 +50,7 @@ class Storage {
   size_t nbytes_ = 0;
   Device device_;
   Allocator* allocator_ = nullptr;
+  bool meta_ = false;
 
  public:
   Allocator* allocator() const { return allocator_; }

@@ -69,6 +69,8 @@ bool Tensor::is_contiguous() const {
 }
 
 void* Tensor::data_ptr() const {
+  REEL_CHECK(!storage()->is_meta(), "data_ptr: meta tensor of shape ", shape_str(shape()), " ", dtype_name(dtype()),
+             " on ", device().str(), " has no data (it was made in meta mode, to plan a step without running it)");
   return static_cast<char*>(storage()->data()) + offset() * int64_t(element_size());
 }
 

@@ -1,0 +1,277 @@
+// The memory-budget planner (compile/memory_budget.h) and the meta mode it rests on, on the CPU.
+//   - meta mode runs no kernel and allocates nothing (a counting allocator), yet the tracer records
+//     the same graph as a real trace of the same step: the same ops, buffer kinds and sizes, and so
+//     the same memory plan (the planned arena of the real step and the meta one are equal);
+//   - reads of values refuse meta tensors with a clear error; the model and its optimizer are left
+//     without meta tensors (no .grad, no state) after planning;
+//   - planned peaks grow with the micro-batch; pick_micro_batch on hand-made lists (exact fit,
+//     nothing fits, the remainder rule: N = 100 with 32 -> ACCUM 4, a last micro-batch of 4);
+//   - the SIZE parser and the out-of-memory advice text.
+#include <gtest/gtest.h>
+
+#include "compile/memory_budget.h"
+#include "compile/memory_plan.h"
+#include "kernels/dispatch.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "test_util.h"
+
+using namespace reel;
+using reel::testing_util::expect_error;
+
+namespace {
+
+// Wraps the CPU allocator and counts what passes through it.
+class CountingAllocator : public Allocator {
+ public:
+  explicit CountingAllocator(Allocator* inner) : inner_(inner) {}
+  void* allocate(size_t nbytes, Device device) override {
+    ++allocations;
+    return inner_->allocate(nbytes, device);
+  }
+  void deallocate(void* ptr, size_t nbytes, Device device) override { inner_->deallocate(ptr, nbytes, device); }
+  int64_t allocations = 0;
+
+ private:
+  Allocator* inner_;
+};
+
+class CountAllocations {
+ public:
+  CountAllocations() : counting_(&allocator_for(Device::cpu())) { previous_ = set_allocator(DeviceType::CPU, &counting_); }
+  ~CountAllocations() { set_allocator(DeviceType::CPU, previous_); }
+  int64_t count() const { return counting_.allocations; }
+
+ private:
+  CountingAllocator counting_;
+  Allocator* previous_ = nullptr;
+};
+
+// A small Fashion-MNIST CNN (BatchNorm included) with AdamW, clipping: the CLI's setup in miniature.
+struct SmallSetup {
+  std::shared_ptr<nn::Module> model;
+  compile::BudgetSetup setup;
+};
+
+SmallSetup small_cnn(int64_t effective_batch) {
+  Generator gen(3);
+  SmallSetup s{nn::fashion_cnn(&gen, 4), {}};
+  nn::Module* m = s.model.get();
+  s.setup.device = Device::cpu();
+  s.setup.effective_batch = effective_batch;
+  s.setup.loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
+  s.setup.make_optimizer = [m]() -> std::unique_ptr<optim::Optimizer> {
+    auto opt = std::make_unique<optim::AdamW>(m->parameters(), optim::AdamWOptions(1e-3));
+    opt->set_max_grad_norm(1.0);
+    return opt;
+  };
+  s.setup.make_micro = [](int64_t B, int64_t count) {
+    std::vector<optim::MicroBatch> micro;
+    for (int64_t i = 0; i < count; ++i)
+      micro.push_back({full({B, 1, 28, 28}, 0.5), full({B}, 3.0, {DType::i64})});
+    return micro;
+  };
+  return s;
+}
+
+compile::BudgetCandidate hand_made(int64_t micro_batch, size_t peak) {
+  compile::BudgetCandidate c;
+  c.micro_batch = micro_batch;
+  c.arena_bytes = peak / 2;
+  c.external_bytes = peak - peak / 2;
+  return c;
+}
+
+}  // namespace
+
+TEST(MetaMode, RunsNoKernelAndAllocatesNothing) {
+  Generator gen(1);
+  auto model = nn::fashion_cnn(&gen, 4);
+  const uint64_t kernels_before = kernel_count();
+  int64_t allocations = 0;
+  {
+    CountAllocations counter;
+    MetaModeGuard meta;
+    Tensor x = full({8, 1, 28, 28}, 1.0), y = full({8}, 2.0, {DType::i64});
+    EXPECT_TRUE(x.storage()->is_meta());
+    Tensor loss = nn::model_loss(*model, x, y);
+    loss.backward();
+    EXPECT_EQ(loss.shape(), Shape{});
+    EXPECT_TRUE(loss.storage()->is_meta());
+    allocations = counter.count();
+  }
+  EXPECT_EQ(kernel_count(), kernels_before);
+  EXPECT_EQ(allocations, 0);
+  for (const Tensor& p : model->parameters()) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_TRUE(p.grad().storage()->is_meta());
+    EXPECT_FALSE(p.storage()->is_meta());  // the real parameters stay real
+  }
+}
+
+TEST(MetaMode, ReadingAMetaTensorIsAClearError) {
+  MetaModeGuard meta;
+  Tensor x = full({2, 3}, 1.0);
+  Tensor v = x.reshape({3, 2});  // views work unchanged
+  EXPECT_TRUE(v.storage()->is_meta());
+  EXPECT_EQ(v.shape(), (Shape{3, 2}));
+  expect_error([&] { x.sum().item(); }, {"meta tensor", "no data"});
+  expect_error([&] { x.to_vector<float>(); }, {"meta tensor"});
+  expect_error([&] { x.data_ptr(); }, {"data_ptr", "meta tensor", "(2, 3)"});
+}
+
+TEST(MetaMode, GuardNestsAndRestores) {
+  EXPECT_FALSE(meta_mode());
+  {
+    MetaModeGuard a;
+    {
+      MetaModeGuard b;
+      EXPECT_TRUE(meta_mode());
+    }
+    EXPECT_TRUE(meta_mode());
+  }
+  EXPECT_FALSE(meta_mode());
+  EXPECT_FALSE(full({2}, 1.0).storage()->is_meta());
+}
+
+TEST(MemoryBudget, MetaTraceHasTheRealTraceShapeAndPlan) {
+  SmallSetup real = small_cnn(16), meta = small_cnn(16);
+  compile::Graph gr = compile::trace_step_graph(real.setup, 8, 2, false);
+  compile::Graph gm = compile::trace_step_graph(meta.setup, 8, 2, true);
+  ASSERT_EQ(gr.nodes.size(), gm.nodes.size());
+  for (size_t i = 0; i < gr.nodes.size(); ++i) {
+    EXPECT_EQ(gr.nodes[i].op, gm.nodes[i].op) << "node " << i;
+    ASSERT_EQ(gr.nodes[i].outputs.size(), gm.nodes[i].outputs.size());
+    for (size_t k = 0; k < gr.nodes[i].outputs.size(); ++k)
+      EXPECT_EQ(gr.nodes[i].outputs[k].shape, gm.nodes[i].outputs[k].shape) << "node " << i;
+  }
+  ASSERT_EQ(gr.buffers.size(), gm.buffers.size());
+  for (size_t b = 0; b < gr.buffers.size(); ++b) {
+    EXPECT_EQ(gr.buffers[b].nbytes, gm.buffers[b].nbytes) << "buffer " << b;
+    EXPECT_EQ(gr.buffers[b].kind, gm.buffers[b].kind) << "buffer " << b;
+  }
+  // The planned arena of the real step is what the meta trace predicts (within 5%: here, exactly).
+  compile::MemoryPlan pr = compile::plan_memory(gr), pm = compile::plan_memory(gm);
+  ASSERT_NE(pr.arena_for(Device::cpu()), nullptr);
+  ASSERT_NE(pm.arena_for(Device::cpu()), nullptr);
+  const size_t real_bytes = pr.arena_for(Device::cpu())->bytes, meta_bytes = pm.arena_for(Device::cpu())->bytes;
+  EXPECT_GT(real_bytes, 0u);
+  EXPECT_EQ(real_bytes, meta_bytes);
+  EXPECT_NEAR(double(meta_bytes), double(real_bytes), 0.05 * double(real_bytes));
+}
+
+TEST(MemoryBudget, PlanningLeavesNoMetaTensorsAndKeepsGradients) {
+  SmallSetup s = small_cnn(16);
+  std::vector<Tensor> params = s.model->parameters();
+  Tensor g0 = full(params[0].shape(), 0.25);
+  params[0].set_grad(g0);  // a caller's pending gradient survives planning
+  std::vector<double> before = params[1].to_vector<double>();
+  const uint64_t kernels_before = kernel_count();
+  compile::plan_candidate(s.setup, 8);
+  EXPECT_LE(kernel_count() - kernels_before, 8u);  // the fresh optimizer's counters only
+  ASSERT_TRUE(params[0].grad().defined());
+  EXPECT_TRUE(params[0].grad().is_same(g0));
+  for (size_t i = 1; i < params.size(); ++i) EXPECT_FALSE(params[i].grad().defined()) << "param " << i;
+  for (const Tensor& p : params) EXPECT_FALSE(p.storage()->is_meta());
+  EXPECT_EQ(params[1].to_vector<double>(), before);  // no update ran
+  for (const auto& [name, t] : s.model->named_buffers()) EXPECT_FALSE(t.storage()->is_meta()) << name;
+}
+
+TEST(MemoryBudget, PeaksGrowWithTheMicroBatch) {
+  SmallSetup s = small_cnn(64);
+  std::vector<compile::BudgetCandidate> cands = compile::plan_candidates(s.setup);
+  ASSERT_EQ(cands.size(), 7u);  // 1 2 4 8 16 32 64
+  for (size_t i = 1; i < cands.size(); ++i) {
+    EXPECT_GT(cands[i].arena_bytes, cands[i - 1].arena_bytes) << "micro-batch " << cands[i].micro_batch;
+    EXPECT_EQ(cands[i].external_bytes, cands[0].external_bytes);  // parameters and state do not grow
+  }
+  // External: the parameters and AdamW's two moments at least.
+  size_t param_bytes = 0;
+  for (const Tensor& p : s.model->parameters()) param_bytes += p.nbytes();
+  EXPECT_GE(cands[0].external_bytes, 3 * param_bytes);
+  EXPECT_EQ(cands[0].workspace_bytes, 0u);  // none on the CPU
+  EXPECT_EQ(cands.back().input_bytes, size_t(64) * (28 * 28 * 4 + 8));
+  EXPECT_EQ(cands[0].input_bytes, cands.back().input_bytes);  // the whole batch, in 64 micro-batches
+}
+
+TEST(MemoryBudget, CandidatesArePowersOfTwoAndN) {
+  EXPECT_EQ(compile::candidate_micro_batches(100), (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 100}));
+  EXPECT_EQ(compile::candidate_micro_batches(64), (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64}));
+  EXPECT_EQ(compile::candidate_micro_batches(1), (std::vector<int64_t>{1}));
+  expect_error([] { compile::candidate_micro_batches(0); }, {"effective batch", "0"});
+}
+
+TEST(MemoryBudget, PicksTheLargestThatFitsExactly) {
+  std::vector<compile::BudgetCandidate> c{hand_made(1, 100), hand_made(2, 200), hand_made(4, 400), hand_made(8, 800)};
+  compile::BudgetChoice choice = compile::pick_micro_batch(c, 8, 400);  // 400 <= 400: fits
+  EXPECT_EQ(choice.choice().micro_batch, 4);
+  EXPECT_EQ(choice.choice().accum, 2);
+  EXPECT_EQ(choice.choice().last_micro_batch, 4);
+  EXPECT_FALSE(choice.counts_items());
+  EXPECT_TRUE(choice.candidates[2].fits);
+  EXPECT_FALSE(choice.candidates[3].fits);
+  EXPECT_EQ(compile::pick_micro_batch(c, 8, 399).choice().micro_batch, 2);
+  EXPECT_EQ(compile::pick_micro_batch(c, 8, 1u << 30).choice().micro_batch, 8);
+  std::string table = compile::budget_table(choice);
+  EXPECT_NE(table.find("micro-batch"), std::string::npos) << table;
+  EXPECT_NE(table.find("<- chosen"), std::string::npos) << table;
+  EXPECT_NE(table.find("micro-batch 4 x ACCUM 2"), std::string::npos) << table;
+  EXPECT_EQ(table.find("remainder"), std::string::npos) << table;
+}
+
+TEST(MemoryBudget, NothingFitsNamesTheBudgetAndTheSmallestPeak) {
+  compile::BudgetCandidate small = hand_made(1, 3 << 20);
+  small.arena_bytes = 1 << 20;
+  small.external_bytes = 2 << 20;
+  std::vector<compile::BudgetCandidate> c{hand_made(2, 5 << 20), small};
+  expect_error([&] { compile::pick_micro_batch(c, 2, 1 << 20); },
+               {"nothing fits 1.0 MiB", "1048576 bytes", "micro-batch 1 x ACCUM 2", "3.0 MiB",
+                "parameters and optimizer state", "2.0 MiB"});
+}
+
+TEST(MemoryBudget, RemainderCountsItems) {
+  std::vector<compile::BudgetCandidate> c;
+  for (int64_t m : compile::candidate_micro_batches(100)) c.push_back(hand_made(m, size_t(m) * 1000));
+  compile::BudgetChoice choice = compile::pick_micro_batch(c, 100, 40000);
+  const compile::BudgetCandidate& k = choice.choice();
+  EXPECT_EQ(k.micro_batch, 32);
+  EXPECT_EQ(k.accum, 4);
+  EXPECT_EQ(k.last_micro_batch, 4);  // 32 + 32 + 32 + 4 = 100
+  EXPECT_TRUE(choice.counts_items());
+  std::string table = compile::budget_table(choice);
+  EXPECT_NE(table.find("the last micro-batch has 4 items"), std::string::npos) << table;
+  EXPECT_NE(table.find("counts items (100 per step)"), std::string::npos) << table;
+  // An optimizer counting 100 items per step reaches its boundary after exactly those four.
+  Tensor w = full({2}, 1.0);
+  w.set_requires_grad(true);
+  optim::SGD opt({w}, optim::SGDOptions(0.1));
+  opt.set_items_per_step(100);
+  for (int64_t i = 0; i < k.accum; ++i) {
+    int64_t items = i + 1 < k.accum ? k.micro_batch : k.last_micro_batch;
+    opt.scale_loss((w * w).sum(), items).backward();
+    EXPECT_EQ(opt.micro_step().stepped, i + 1 == k.accum) << "micro-batch " << i;
+  }
+}
+
+TEST(MemoryBudget, ParsesSizesStrictly) {
+  EXPECT_EQ(compile::parse_memory_size("512MiB"), size_t(512) << 20);
+  EXPECT_EQ(compile::parse_memory_size("1GiB"), size_t(1) << 30);
+  EXPECT_EQ(compile::parse_memory_size("2.5GB"), size_t(2500000000));
+  EXPECT_EQ(compile::parse_memory_size("1.5 gib"), size_t(3) << 29);
+  EXPECT_EQ(compile::parse_memory_size("300MB"), size_t(300000000));
+  EXPECT_EQ(compile::parse_memory_size("4096"), size_t(4096));
+  EXPECT_EQ(compile::parse_memory_size("64KiB"), size_t(65536));
+  EXPECT_EQ(compile::parse_memory_size("8B"), size_t(8));
+  for (const char* bad : {"", "GiB", "1.2.3GiB", "-1GiB", "1e9", "12 parsecs", "1GiBB", "0", "0.5", "1.5B", " 1GiB", "1G"})
+    expect_error([&] { compile::parse_memory_size(bad); }, {"memory size: cannot parse", "e.g. 512MiB"});
+}
+
+TEST(MemoryBudget, OutOfMemoryAdvice) {
+  std::vector<compile::BudgetCandidate> c{hand_made(16, 100 << 20), hand_made(32, 300 << 20), hand_made(64, 900 << 20)};
+  compile::BudgetChoice choice = compile::pick_micro_batch(c, 128, size_t(1) << 30);
+  EXPECT_EQ(compile::budget_advice(choice),
+            "the planner would choose micro-batch 64 x ACCUM 2 for budget 1.00 GiB (planned peak 900.0 MiB; "
+            "reel train --effective-batch 128 --memory-budget SIZE)");
+  EXPECT_TRUE(compile::is_out_of_memory(Error("cuda allocator: out of memory on cuda:0 asking for 2 GiB")));
+  EXPECT_FALSE(compile::is_out_of_memory(Error("matmul: shapes (4, 3) and (5, 2) cannot be multiplied")));
+}
