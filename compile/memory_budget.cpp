@@ -119,8 +119,10 @@ BudgetCandidate plan_candidate(const BudgetSetup& setup, int64_t micro_batch) {
   const Arena* arena = plan.arena_for(setup.device);
   c.arena_bytes = arena ? arena->bytes : 0;
   c.external_bytes = bytes_of_kind(g, BufferKind::External, setup.device);
-  // Every micro-batch's inputs are bound at once by a compiled step; the trace holds `traced` of them.
-  c.input_bytes = bytes_of_kind(g, BufferKind::Input, setup.device) / size_t(traced) * size_t(c.accum);
+  // A compiled step binds all of a step's micro-batches at once (and a loader batch split into them
+  // holds them too): the inputs of N items, from the traced micro-batches' bytes per item.
+  c.input_bytes = bytes_of_kind(g, BufferKind::Input, setup.device) * size_t(setup.effective_batch) /
+                  (size_t(traced) * size_t(micro_batch));
   c.workspace_bytes = library_workspace_bytes(setup.device);
   return c;
 }

@@ -8,7 +8,8 @@
 //                              activations, gradients and temporaries, reused by liveness;
 //             + external       parameters, optimizer state, scaler state, constants: buffers that outlive
 //                              the step (the trace's External buffers);
-//             + inputs(m)      ACCUM micro-batches of inputs and targets (a compiled step binds them all);
+//             + inputs         the step's N items of inputs and targets (a compiled step binds all its
+//                              micro-batches at once), scaled from the traced micro-batches;
 //             + workspaces     the libraries' fixed workspaces: on CUDA one cuBLAS and one cuBLASLt
 //                              workspace of 32 MiB each per device (kernels/cuda/register.cu,
 //                              gemm_epilogue.cu); nothing on the CPU. cuDNN's per-call workspaces come

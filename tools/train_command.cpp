@@ -7,6 +7,13 @@
 // schedule and zeroes the gradients at the accumulation boundary. With --compile MODE the ACCUM
 // micro-batches of a step go through compile::compile_train_step instead: warm-up, trace, then the
 // plan replayed (one CUDA graph under reduce-overhead); an epoch's tail runs eagerly.
+//
+// With --effective-batch N --memory-budget SIZE the micro-batch is chosen first: the step is planned
+// in meta mode for micro-batches 1, 2, 4, ..., N (compile/memory_budget.h), the table printed, and
+// training runs with the largest that fits and ACCUM = ceil(N / micro-batch). When that micro-batch
+// does not divide N, each step's last micro-batch is smaller and the optimizer counts items (N per
+// step); such steps run eagerly (a compiled step's inputs carry no item counts). An out-of-memory
+// error during training is rethrown with the planner's advice.
 #include <unistd.h>
 
 #include <chrono>
@@ -16,6 +23,7 @@
 #include <memory>
 #include <optional>
 
+#include "compile/memory_budget.h"
 #include "compile/train_step.h"
 #include "data/data.h"
 #include "nn/nn.h"
@@ -87,9 +95,19 @@ class Progress {
   Clock::time_point start_ = Clock::now();
 };
 
+// A planned micro-batch that does not divide the effective batch: each step ends with a smaller one.
+bool counts_items(const TrainOptions& o) {
+  return o.effective_batch > 0 && o.micro_batch * o.accum != o.effective_batch;
+}
+// Items in micro-batch `index` (0-based) of a step.
+int64_t micro_batch_size(const TrainOptions& o, int64_t index) {
+  return counts_items(o) && index == o.accum - 1 ? o.effective_batch - o.micro_batch * (o.accum - 1) : o.micro_batch;
+}
+
 std::unique_ptr<optim::AdamW> make_optimizer(const TrainOptions& o, nn::Module& model, int64_t total_steps) {
   auto opt = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions(o.lr));
   opt->set_accum_steps(o.accum).set_micro_batch(o.micro_batch).set_max_grad_norm(o.clip);
+  if (counts_items(o)) opt->set_items_per_step(o.effective_batch);  // the smaller last micro-batch weighs its share
   if (autocast_policy().needs_grad_scaler()) opt->set_grad_scaler(std::make_shared<optim::GradScaler>());
   if (o.schedule == "cosine")
     opt->set_schedule(std::make_shared<optim::LinearWarmupCosine>(std::min(o.warmup, total_steps / 4), total_steps,
@@ -100,9 +118,9 @@ std::unique_ptr<optim::AdamW> make_optimizer(const TrainOptions& o, nn::Module& 
 // One micro-batch eagerly: forward, backward of the scaled loss, and the optimizer's micro_step
 // (which, at the accumulation boundary, unscales, clips, updates and zeroes).
 optim::StepResult eager_micro_batch(nn::Module& model, optim::Optimizer& opt, const Tensor& x, const Tensor& y,
-                                    StepLoss& step_loss) {
+                                    StepLoss& step_loss, int64_t items = -1) {
   Tensor loss = nn::model_loss(model, x, y);
-  opt.scale_loss(loss).backward();
+  opt.scale_loss(loss, items).backward();
   step_loss.add(loss);
   return opt.micro_step();
 }
@@ -111,9 +129,59 @@ optim::StepResult eager_micro_batch(nn::Module& model, optim::Optimizer& opt, co
 std::optional<compile::CompiledFunction> compiled_step(const TrainOptions& o, nn::Module& model,
                                                        optim::Optimizer& opt) {
   if (o.compile == "none") return std::nullopt;
+  if (counts_items(o)) {
+    std::printf("--compile %s: steps with a smaller last micro-batch run eagerly\n", o.compile.c_str());
+    return std::nullopt;
+  }
   nn::Module* m = &model;
   return compile::compile_train_step(
       opt, [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); }, {compile::parse_mode(o.compile)});
+}
+
+// What the planner needs: micro-batches of meta inputs shaped as the data's (one item: `input_item`,
+// `target_item`), the loss, and a fresh optimizer configured as the run's, whose state it plans.
+compile::BudgetSetup budget_setup(const TrainOptions& o, nn::Module& model, Device device, Shape input_item,
+                                  DType input_dtype, Shape target_item) {
+  compile::BudgetSetup s;
+  nn::Module* m = &model;
+  s.device = device;
+  s.effective_batch = o.effective_batch;
+  s.loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
+  s.make_optimizer = [o, m]() -> std::unique_ptr<optim::Optimizer> { return make_optimizer(o, *m, 1); };
+  s.make_micro = [=](int64_t B, int64_t count) {
+    Shape xs{B}, ys{B};
+    xs.insert(xs.end(), input_item.begin(), input_item.end());
+    ys.insert(ys.end(), target_item.begin(), target_item.end());
+    std::vector<optim::MicroBatch> micro;
+    for (int64_t i = 0; i < count; ++i)
+      micro.push_back({zeros(xs, {input_dtype, device}), zeros(ys, {DType::i64, device})});
+    return micro;
+  };
+  return s;
+}
+
+// Plans the candidates, prints the table and sets o's micro-batch and ACCUM from the choice. Returns
+// the advice an out-of-memory error during training will carry.
+std::string choose_micro_batch(TrainOptions& o, const compile::BudgetSetup& setup) {
+  compile::BudgetChoice c =
+      compile::pick_micro_batch(compile::plan_candidates(setup), o.effective_batch, o.memory_budget);
+  std::printf("%s", compile::budget_table(c).c_str());
+  o.micro_batch = c.choice().micro_batch;
+  o.accum = c.choice().accum;
+  return compile::budget_advice(c) + "; the step took more than planned (allocator rounding, per-call "
+         "workspaces): lower --memory-budget";
+}
+
+// One loader batch of the effective batch cut into the step's micro-batches (the last may be smaller);
+// slices along dim 0 are views, no copy.
+std::vector<optim::MicroBatch> split_batch(const data::Batch& b, const TrainOptions& o) {
+  std::vector<optim::MicroBatch> micro;
+  for (int64_t start = 0, i = 0; start < b.size(); ++i) {
+    int64_t end = std::min(b.size(), start + micro_batch_size(o, i));
+    micro.push_back({b.inputs.slice(0, start, end), b.targets.slice(0, start, end), end - start});
+    start = end;
+  }
+  return micro;
 }
 
 // Fraction of `data` whose arg-max logit is the label.
@@ -150,7 +218,7 @@ data::ImageDataset random_images(int64_t n, uint64_t seed) {
   return d;
 }
 
-int train_images(const TrainOptions& o, Device device) {
+int train_images(TrainOptions o, Device device, std::string& oom_advice) {
   Generator gen(o.seed);
   std::shared_ptr<nn::Module> model;
   data::ImageDataset train, test;
@@ -167,8 +235,18 @@ int train_images(const TrainOptions& o, Device device) {
     test = random_images(512, o.seed + 7);
   }
   model->to(device);
-  data::DataLoader loader(train, data::DataLoaderOptions().with_batch_size(o.micro_batch).with_seed(o.seed).with_device(device));
-  const int64_t steps_per_epoch = loader.num_batches() / o.accum;
+  if (o.effective_batch > 0) {
+    Shape item(train.images.shape().begin() + 1, train.images.shape().end());
+    oom_advice = choose_micro_batch(o, budget_setup(o, *model, device, item, DType::f32, {}));
+  }
+  // With a smaller last micro-batch, the loader yields whole effective batches and split_batch cuts them.
+  const bool split = counts_items(o);
+  data::DataLoader loader(train, data::DataLoaderOptions()
+                                     .with_batch_size(split ? o.effective_batch : o.micro_batch)
+                                     .with_seed(o.seed)
+                                     .with_device(device));
+  const int64_t steps_per_epoch =
+      std::max<int64_t>(1, split ? loader.items_per_epoch() / o.effective_batch : loader.num_batches() / o.accum);
   auto opt = make_optimizer(o, *model, o.epochs * steps_per_epoch);
   std::printf("model %s: %lld parameters on %s, %s | data %s: %lld train, %lld test\n", o.model.c_str(),
               (long long)model->num_parameters(), device.str().c_str(), autocast_policy().name(), o.dataset.c_str(),
@@ -186,6 +264,15 @@ int train_images(const TrainOptions& o, Device device) {
     std::vector<optim::MicroBatch> pending;  // the compiled path's micro-batches of the next step
     for (const data::Batch& b : loader) {
       items += b.size();
+      if (split) {
+        optim::StepResult r;
+        for (const optim::MicroBatch& m : split_batch(b, o))
+          r = eager_micro_batch(*model, *opt, m.inputs, m.targets, step_loss, m.items);
+        if (!r.stepped) continue;  // an epoch's short last batch: finish_epoch's remainder policy
+        last_loss = step_loss.take();
+        progress.update(++step, last_loss, items, r.lr);
+        continue;
+      }
       if (compiled && b.size() == o.micro_batch) {
         pending.push_back({b.inputs, b.targets});
         if (int64_t(pending.size()) < o.accum) continue;
@@ -244,11 +331,15 @@ std::string sample_text(nn::Gpt& model, int64_t n, Device device, uint64_t seed)
   return out;
 }
 
-int train_text(const TrainOptions& o, Device device) {
+int train_text(TrainOptions o, Device device, std::string& oom_advice) {
   Generator gen(o.seed);
   auto model = o.model == "gpt-small" ? nn::gpt_small(&gen) : nn::gpt_tiny(&gen);
   REEL_CHECK(o.model == "gpt-tiny" || o.model == "gpt-small", "train: unknown model ", o.model);
   model->to(device);
+  if (o.effective_batch > 0) {
+    const int64_t T = model->config().block_size;
+    oom_advice = choose_micro_batch(o, budget_setup(o, *model, device, {T}, DType::i64, {T}));
+  }
   Tensor tokens = o.text_path.empty() ? data::load_fortunes() : data::load_text_bytes(o.text_path);
   data::TextSplit split = data::split_text(tokens, 0.05);
   const int64_t T = model->config().block_size;
@@ -260,7 +351,7 @@ int train_text(const TrainOptions& o, Device device) {
   opt->print_setup(std::cout);
   Progress progress(o.steps, "tok");
   Clock::time_point start = Clock::now();
-  int64_t items = 0, step = 0;
+  int64_t items = 0, step = 0, micro_index = 0;
   double last_loss = 0;
   StepLoss step_loss;
   std::optional<compile::CompiledFunction> compiled = compiled_step(o, *model, *opt);
@@ -277,9 +368,11 @@ int train_text(const TrainOptions& o, Device device) {
       progress.update(++step, last_loss, items, out[4].item());
       continue;
     }
-    data::TextBatch b = sampler.next(o.micro_batch, device);
+    const int64_t B = micro_batch_size(o, micro_index);
+    data::TextBatch b = sampler.next(B, device);
     items += b.inputs.numel();
-    optim::StepResult r = eager_micro_batch(*model, *opt, b.inputs, b.targets, step_loss);
+    optim::StepResult r = eager_micro_batch(*model, *opt, b.inputs, b.targets, step_loss, counts_items(o) ? B : -1);
+    micro_index = r.stepped ? 0 : micro_index + 1;
     if (!r.stepped) continue;
     last_loss = step_loss.take();
     progress.update(++step, last_loss, items, r.lr);
@@ -310,8 +403,16 @@ int train_command(int argc, char** argv) {
   // matmul and conv inputs run in the policy's dtype inside the whole run (nn's layers read it);
   // master weights, norms, softmax and the loss stay f32.
   AutocastGuard amp(PrecisionPolicy::parse(o.precision));
-  if (o.dataset == "text") return train_text(o, device);
-  return train_images(o, device);
+  std::string oom_advice = "to choose a micro-batch that fits, reel train --effective-batch " +
+                           std::to_string(o.micro_batch * o.accum) +
+                           " --memory-budget SIZE plans the step for each candidate without running it";
+  try {
+    if (o.dataset == "text") return train_text(o, device, oom_advice);
+    return train_images(o, device, oom_advice);
+  } catch (const Error& e) {
+    if (!compile::is_out_of_memory(e)) throw;
+    throw Error(std::string(e.what()) + "\n" + oom_advice);
+  }
 }
 
 }  // namespace reel::tools

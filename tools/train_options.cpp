@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 
+#include "compile/memory_budget.h"
 #include "tensor/error.h"
 
 namespace reel::tools {
@@ -29,6 +30,27 @@ double to_double(const std::string& name, const std::string& v) {
   throw Error("train: " + name + " expects a number, got \"" + v + "\"");
 }
 
+size_t to_size(const std::string& name, const std::string& v) {
+  try {
+    return compile::parse_memory_size(v);
+  } catch (const Error& e) {
+    throw Error("train: " + name + ": " + e.what());
+  }
+}
+
+// --effective-batch and --memory-budget come together, and replace --micro-batch and --accum.
+void check_budget_options(const TrainOptions& o) {
+  const bool planned = o.effective_batch != 0 || o.memory_budget != 0;
+  if (!planned) return;
+  REEL_CHECK(o.effective_batch != 0 && o.memory_budget != 0,
+             "train: --effective-batch and --memory-budget go together (got only ",
+             o.effective_batch != 0 ? "--effective-batch" : "--memory-budget", ")");
+  REEL_CHECK(o.effective_batch > 0, "train: --effective-batch must be positive, got ", o.effective_batch);
+  REEL_CHECK(!o.micro_batch_given && !o.accum_given, "train: --effective-batch ", o.effective_batch,
+             " with --memory-budget chooses the micro-batch and ACCUM; drop ",
+             o.micro_batch_given ? "--micro-batch" : "--accum", " (or drop --effective-batch to choose them yourself)");
+}
+
 }  // namespace
 
 const char* train_usage() {
@@ -40,6 +62,9 @@ const char* train_usage() {
          "  --epochs N           image models (default 4)    --steps N   text models (default 200)\n"
          "  --micro-batch N      items per micro-batch (default 64)\n"
          "  --accum N            micro-batches per optimizer step (default 2)\n"
+         "  --effective-batch N --memory-budget SIZE   plan the step for micro-batches 1, 2, 4, ..., N without\n"
+         "                       running it and train with the largest that fits SIZE (512MiB, 1GiB, 2.5GB),\n"
+         "                       ACCUM = ceil(N / micro-batch); replaces --micro-batch and --accum\n"
          "  --precision fp32|bf16|fp16 (default fp32)\n"
          "  --compile none|default|reduce-overhead|max-autotune   the step as a compiled plan (default none)\n"
          "  --lr X  --schedule constant|cosine  --warmup N  --clip X (<= 0: none)\n"
@@ -56,8 +81,10 @@ TrainOptions parse_train_options(int argc, char** argv) {
       {"--device", [&](const std::string& v) { o.device = v; }},
       {"--epochs", [&](const std::string& v) { o.epochs = to_int("--epochs", v); }},
       {"--steps", [&](const std::string& v) { o.steps = to_int("--steps", v); }},
-      {"--micro-batch", [&](const std::string& v) { o.micro_batch = to_int("--micro-batch", v); }},
-      {"--accum", [&](const std::string& v) { o.accum = to_int("--accum", v); }},
+      {"--micro-batch", [&](const std::string& v) { o.micro_batch = to_int("--micro-batch", v); o.micro_batch_given = true; }},
+      {"--accum", [&](const std::string& v) { o.accum = to_int("--accum", v); o.accum_given = true; }},
+      {"--effective-batch", [&](const std::string& v) { o.effective_batch = to_int("--effective-batch", v); }},
+      {"--memory-budget", [&](const std::string& v) { o.memory_budget = to_size("--memory-budget", v); }},
       {"--precision", [&](const std::string& v) { o.precision = v; }},
       {"--compile", [&](const std::string& v) { o.compile = v; }},
       {"--lr", [&](const std::string& v) { o.lr = to_double("--lr", v); }},
@@ -78,6 +105,7 @@ TrainOptions parse_train_options(int argc, char** argv) {
   }
   REEL_CHECK(o.micro_batch > 0 && o.accum > 0, "train: --micro-batch and --accum must be positive, got ",
              o.micro_batch, " and ", o.accum);
+  check_budget_options(o);
   REEL_CHECK(o.epochs > 0 && o.steps > 0, "train: --epochs and --steps must be positive");
   REEL_CHECK(o.remainder == "drop" || o.remainder == "step", "train: --remainder must be drop or step, got ",
              o.remainder);
