@@ -47,69 +47,66 @@ int reading(const TensorRef& r, const TensorRef& y) {
 }  // namespace
 #endif
 
+#ifdef REEL_CUDA
+namespace {
+
+// Node j puts a GEMM's result into a gradient (a copy creating it, or an in-place add): the GEMM's
+// index, how it reads the result (0 as stored, 1 transposed) and whether j adds; or nullopt.
+struct GradWrite {
+  int gemm, how;
+  bool add;
+};
+
+std::optional<GradWrite> grad_write(const Graph& g, const BufferUses& u, size_t j, const std::vector<bool>& drop) {
+  const Node& c = g.nodes[j];
+  const bool copy = c.op == OpKind::Copy && !c.in_place && c.inputs.size() == 1;
+  const bool add = c.op == OpKind::Add && c.in_place && c.inputs.size() == 2 && c.inputs[0] &&
+                   same_ref(*c.inputs[0], c.outputs[0]);
+  if (c.kernel || !(copy || add) || !c.inputs.back()) return std::nullopt;
+  const TensorRef& r = *c.inputs.back();
+  const TensorRef& z = c.outputs[0];
+  const int i = u.producer(r.buffer);
+  if (i < 0 || drop[size_t(i)]) return std::nullopt;
+  const Node& m = g.nodes[size_t(i)];
+  const bool plain = !m.kernel || m.fused == std::vector<std::string>{"matmul", "copy"};
+  if (m.op != OpKind::Matmul || m.in_place || !plain || m.inputs.size() != 2 || !m.inputs[0] || !m.inputs[1] ||
+      m.inputs[0]->shape.size() != 2 || m.inputs[1]->shape.size() != 2)
+    return std::nullopt;
+  const TensorRef& y = m.outputs[0];
+  const int how = reading(r, y);
+  const Buffer& yb = g.buffers[y.buffer];
+  if (how < 0 || yb.kind != BufferKind::Internal || u.readers[y.buffer].size() != 1 || u.writers[y.buffer].size() != 1 ||
+      z.dtype != y.dtype || z.shape.size() != 2 || z.strides != contiguous_strides(z.shape) ||
+      g.buffers[z.buffer].device != yb.device || !yb.device.is_cuda() || u.touched_between(z.buffer, i, int(j)))
+    return std::nullopt;
+  if (copy && u.touches[z.buffer].front() != int(j)) return std::nullopt;  // the copy must create the gradient
+  return GradWrite{i, how, add};
+}
+
+}  // namespace
+#endif
+
 void fuse_matmul_accumulate(Graph& g, PassStats& stats) {
 #ifdef REEL_CUDA
-  const size_t nb = g.buffers.size();
-  std::vector<int> readers(nb, 0), writers(nb, 0), producer(nb, -1);
-  std::vector<std::vector<int>> touches(nb);  // node indices touching each buffer, ascending
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    for (const auto& r : g.nodes[i].inputs)
-      if (r) {
-        readers[r->buffer] += 1;
-        touches[r->buffer].push_back(int(i));
-      }
-    for (const TensorRef& r : g.nodes[i].outputs) {
-      writers[r.buffer] += 1;
-      producer[r.buffer] = int(i);
-      touches[r.buffer].push_back(int(i));
-    }
-  }
-  for (const TensorRef& r : g.outputs) readers[r.buffer] += 1;
-  // Whether any node strictly between i and j touches buffer b.
-  auto touched_between = [&](int b, int i, int j) {
-    for (int k : touches[b])
-      if (k > i && k < j) return true;
-    return false;
-  };
+  const BufferUses u = buffer_uses(g);
   std::vector<bool> drop(g.nodes.size(), false);
   for (size_t j = 0; j < g.nodes.size(); ++j) {
-    const Node& c = g.nodes[j];
-    const bool copy = c.op == OpKind::Copy && !c.in_place && c.inputs.size() == 1;
-    const bool add = c.op == OpKind::Add && c.in_place && c.inputs.size() == 2 && c.inputs[0] &&
-                     same_ref(*c.inputs[0], c.outputs[0]);
-    if (c.kernel || !(copy || add) || !c.inputs.back()) continue;
-    const TensorRef& r = *c.inputs.back();
-    const TensorRef& z = c.outputs[0];
-    const int i = producer[r.buffer];
-    if (i < 0 || drop[size_t(i)]) continue;
-    Node& m = g.nodes[size_t(i)];
-    const bool plain = !m.kernel || m.fused == std::vector<std::string>{"matmul", "copy"};
-    if (m.op != OpKind::Matmul || m.in_place || !plain || m.inputs.size() != 2 || !m.inputs[0] || !m.inputs[1] ||
-        m.inputs[0]->shape.size() != 2 || m.inputs[1]->shape.size() != 2)
-      continue;
-    const TensorRef& y = m.outputs[0];
-    const int how = reading(r, y);
-    const Buffer& yb = g.buffers[y.buffer];
-    if (how < 0 || yb.kind != BufferKind::Internal || readers[y.buffer] != 1 || writers[y.buffer] != 1 ||
-        z.dtype != y.dtype || z.shape.size() != 2 || z.strides != contiguous_strides(z.shape) ||
-        g.buffers[z.buffer].device != yb.device || !yb.device.is_cuda() || touched_between(z.buffer, i, int(j)))
-      continue;
-    if (copy && !(touches[z.buffer].front() == int(j))) continue;  // the copy must create the gradient
+    std::optional<GradWrite> w = grad_write(g, u, j, drop);
+    if (!w) continue;
+    Node& m = g.nodes[size_t(w->gemm)];
+    const TensorRef z = g.nodes[j].outputs[0];
     std::vector<std::optional<TensorRef>> in{m.inputs[0], m.inputs[1]};
-    if (add) in.push_back(z);
+    if (w->add) in.push_back(z);
     m.inputs = in;
     m.outputs = {z};
-    m.in_place = add;
-    m.kernel = std::make_shared<MatmulIntoGradKernel>(how == 1, add);
-    m.fused.push_back(add ? "add" : "copy");
+    m.in_place = w->add;
+    m.kernel = std::make_shared<MatmulIntoGradKernel>(w->how == 1, w->add);
+    m.fused.push_back(w->add ? "add" : "copy");
     if (m.fused.front() != "matmul") m.fused.insert(m.fused.begin(), "matmul");
     drop[j] = true;
     ++stats.fused;
   }
-  std::vector<Node> kept;
-  for (size_t k = 0; k < g.nodes.size(); ++k)
-    if (!drop[k]) kept.push_back(std::move(g.nodes[k]));
-  g.nodes = std::move(kept);
+  drop_nodes(g, drop);
 #else
   (void)g;
   (void)stats;
@@ -118,24 +115,14 @@ void fuse_matmul_accumulate(Graph& g, PassStats& stats) {
 
 void fuse_matmul_cast(Graph& g, PassStats& stats) {
 #ifdef REEL_CUDA
-  std::vector<int> readers(g.buffers.size(), 0), writers(g.buffers.size(), 0);
-  std::vector<int> producer(g.buffers.size(), -1);
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    for (const auto& r : g.nodes[i].inputs)
-      if (r) readers[r->buffer] += 1;
-    for (const TensorRef& r : g.nodes[i].outputs) {
-      writers[r.buffer] += 1;
-      producer[r.buffer] = int(i);
-    }
-  }
-  for (const TensorRef& r : g.outputs) readers[r.buffer] += 1;  // an output counts as a reader
+  const BufferUses u = buffer_uses(g);
   std::vector<bool> drop(g.nodes.size(), false);
   for (size_t j = 0; j < g.nodes.size(); ++j) {
     const Node& c = g.nodes[j];
     if (c.op != OpKind::Copy || c.in_place || c.kernel || c.inputs.size() != 1 || !c.inputs[0]) continue;
     const TensorRef& y = *c.inputs[0];
     const TensorRef& z = c.outputs[0];
-    const int i = producer[y.buffer];
+    const int i = u.producer(y.buffer);
     if (i < 0 || drop[size_t(i)]) continue;
     Node& m = g.nodes[size_t(i)];
     const bool sixteen = y.dtype == DType::bf16 || y.dtype == DType::f16;
@@ -144,8 +131,9 @@ void fuse_matmul_cast(Graph& g, PassStats& stats) {
       continue;
     const Buffer& yb = g.buffers[y.buffer];
     const Buffer& zb = g.buffers[z.buffer];
-    if (yb.kind != BufferKind::Internal || readers[y.buffer] != 1 || writers[y.buffer] != 1 ||
-        zb.kind != BufferKind::Internal || writers[z.buffer] != 1 || !yb.device.is_cuda() || zb.device != yb.device)
+    if (yb.kind != BufferKind::Internal || u.readers[y.buffer].size() != 1 || u.writers[y.buffer].size() != 1 ||
+        zb.kind != BufferKind::Internal || u.writers[z.buffer].size() != 1 || !yb.device.is_cuda() ||
+        zb.device != yb.device)
       continue;
     m.outputs[0] = z;
     m.kernel = std::make_shared<MatmulIntoKernel>();
@@ -153,10 +141,7 @@ void fuse_matmul_cast(Graph& g, PassStats& stats) {
     drop[j] = true;
     ++stats.fused;
   }
-  std::vector<Node> kept;
-  for (size_t k = 0; k < g.nodes.size(); ++k)
-    if (!drop[k]) kept.push_back(std::move(g.nodes[k]));
-  g.nodes = std::move(kept);
+  drop_nodes(g, drop);
 #else
   (void)g;
   (void)stats;

@@ -29,10 +29,6 @@ class MaskedSoftmaxKernel : public FusedKernel {
   bool has_f32_, has_16_;
 };
 
-struct Use {
-  std::vector<int> readers, writers, touches;  // node indices
-};
-
 bool last_dim(const Node& n, size_t rank) {
   const int64_t d = n.attrs.i("dim");
   return d == -1 || d == int64_t(rank) - 1;
@@ -45,80 +41,88 @@ bool mask_like(const TensorRef& m, const TensorRef& x) {
          m.shape[1] == x.shape.back() && m.shape[0] == x.shape[x.shape.size() - 2];
 }
 
+bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r) {
+  return g.buffers[r.buffer].kind == BufferKind::Internal && u.writers[r.buffer].size() == 1;
+}
+
+// Nodes i, i+1 as (masked_fill, softmax) or (softmax_backward, masked_fill) over one intermediate:
+// the fused kernel's inputs (x, mask or g, y, mask), or nullopt.
+std::optional<std::vector<TensorRef>> match_pair(const Graph& g, const BufferUses& u, size_t i, bool* backward) {
+  const Node& a = g.nodes[i];
+  const Node& b = g.nodes[i + 1];
+  if (a.kernel || b.kernel || a.in_place || b.in_place) return std::nullopt;
+  const bool fwd = a.op == OpKind::MaskedFill && b.op == OpKind::Softmax;
+  const bool bwd = a.op == OpKind::SoftmaxBackward && b.op == OpKind::MaskedFill;
+  if (!fwd && !bwd) return std::nullopt;
+  const TensorRef& mid = a.outputs[0];
+  if (!b.inputs[0] || !same_ref(*b.inputs[0], mid) || !internal_once(g, u, mid) ||
+      u.readers[mid.buffer] != std::vector<int>{int(i + 1)})
+    return std::nullopt;
+  const Node& mf = fwd ? a : b;
+  const Node& sm = fwd ? b : a;
+  if (!mf.inputs[1] || !mask_like(*mf.inputs[1], mid) || (bwd && mf.attrs.f("value") != 0.0) ||
+      !last_dim(sm, mid.shape.size()))
+    return std::nullopt;
+  std::vector<TensorRef> ins = fwd ? std::vector<TensorRef>{*a.inputs[0], *a.inputs[1]}
+                                   : std::vector<TensorRef>{*a.inputs[0], *a.inputs[1], *b.inputs[1]};
+  // fwd: x, mask; bwd: g, y, mask — every row tensor contiguous f32 of the result's shape.
+  const TensorRef& out = b.outputs[0];
+  bool ok = rows_f32(out) && rows_f32(mid) && mid.shape == out.shape;
+  for (size_t k = 0; k + 1 < ins.size(); ++k) ok = ok && rows_f32(ins[k]) && ins[k].shape == out.shape;
+  for (const TensorRef& r : ins) ok = ok && g.buffers[r.buffer].device.is_cuda();
+  if (!ok) return std::nullopt;
+  *backward = bwd;
+  return ins;
+}
+
+// A later cast of `out` to 16 bits, with out's own geometry, whose result nothing touches before it:
+// its node index, or -1.
+int later_cast(const Graph& g, const BufferUses& u, const TensorRef& out) {
+  for (int k : u.readers[out.buffer]) {
+    if (k >= int(g.nodes.size())) continue;
+    const Node& c = g.nodes[size_t(k)];
+    if (c.op == OpKind::Copy && !c.in_place && !c.kernel && c.inputs[0] && same_ref(*c.inputs[0], out) &&
+        (c.outputs[0].dtype == DType::bf16 || c.outputs[0].dtype == DType::f16) && is_contiguous(c.outputs[0]) &&
+        c.outputs[0].shape == out.shape && internal_once(g, u, c.outputs[0]) &&
+        u.touches[c.outputs[0].buffer].front() == k)
+      return k;
+  }
+  return -1;
+}
+
 }  // namespace
 #endif
 
 void fuse_masked_softmax(Graph& g, PassStats& stats) {
 #ifdef REEL_CUDA
-  std::vector<Use> use(g.buffers.size());
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    for (const auto& r : g.nodes[i].inputs)
-      if (r) use[r->buffer].readers.push_back(int(i)), use[r->buffer].touches.push_back(int(i));
-    for (const TensorRef& r : g.nodes[i].outputs)
-      use[r.buffer].writers.push_back(int(i)), use[r.buffer].touches.push_back(int(i));
-  }
-  for (const TensorRef& r : g.outputs) use[r.buffer].readers.push_back(int(g.nodes.size()));
-  auto internal_once = [&](const TensorRef& r) {
-    return g.buffers[r.buffer].kind == BufferKind::Internal && use[r.buffer].writers.size() == 1;
-  };
+  const BufferUses u = buffer_uses(g);
   std::vector<bool> drop(g.nodes.size(), false);
   for (size_t i = 0; i + 1 < g.nodes.size(); ++i) {
-    Node& a = g.nodes[i];
-    Node& b = g.nodes[i + 1];
-    if (a.kernel || b.kernel || a.in_place || b.in_place || drop[i]) continue;
-    const bool fwd = a.op == OpKind::MaskedFill && b.op == OpKind::Softmax;
-    const bool bwd = a.op == OpKind::SoftmaxBackward && b.op == OpKind::MaskedFill;
-    if (!fwd && !bwd) continue;
-    // The intermediate: a's output, read by b alone.
-    const TensorRef& mid = a.outputs[0];
-    const std::optional<TensorRef>& b_in = b.inputs[0];
-    if (!b_in || !same_ref(*b_in, mid) || !internal_once(mid) || use[mid.buffer].readers != std::vector<int>{int(i + 1)})
-      continue;
-    const Node& mf = fwd ? a : b;
-    if (!mf.inputs[1] || !mask_like(*mf.inputs[1], mid) || (bwd && mf.attrs.f("value") != 0.0)) continue;
-    const Node& sm = fwd ? b : a;
-    if (!last_dim(sm, mid.shape.size())) continue;
-    std::vector<TensorRef> ins = fwd ? std::vector<TensorRef>{*a.inputs[0], *a.inputs[1]}
-                                     : std::vector<TensorRef>{*a.inputs[0], *a.inputs[1], *b.inputs[1]};
+    bool bwd = false;
+    std::optional<std::vector<TensorRef>> ins = drop[i] ? std::nullopt : match_pair(g, u, i, &bwd);
+    if (!ins) continue;
+    const Node& a = g.nodes[i];
+    const Node& b = g.nodes[i + 1];
     const TensorRef out = b.outputs[0];
-    // fwd: x, mask; bwd: g, y, mask — every row tensor contiguous f32 of the result's shape.
-    bool ok = rows_f32(out) && rows_f32(mid) && mid.shape == out.shape;
-    for (size_t k = 0; k + 1 < ins.size(); ++k) ok = ok && rows_f32(ins[k]) && ins[k].shape == out.shape;
-    for (const TensorRef& r : ins) ok = ok && g.buffers[r.buffer].device.is_cuda();
-    if (!ok) continue;
-    // A later cast of the result to 16 bits (with the result's own geometry) joins the kernel.
-    int cast = -1;
-    for (int k : use[out.buffer].readers) {
-      if (k >= int(g.nodes.size())) continue;
-      const Node& c = g.nodes[size_t(k)];
-      if (c.op == OpKind::Copy && !c.in_place && !c.kernel && c.inputs[0] && same_ref(*c.inputs[0], out) &&
-          (c.outputs[0].dtype == DType::bf16 || c.outputs[0].dtype == DType::f16) && is_contiguous(c.outputs[0]) &&
-          c.outputs[0].shape == out.shape && internal_once(c.outputs[0]) &&
-          use[c.outputs[0].buffer].touches.front() == k) {
-        cast = k;
-        break;
-      }
-    }
+    const int cast = later_cast(g, u, out);
     // The f32 result is still written when anything but the cast reads it.
-    const bool keep_f32 = use[out.buffer].readers.size() > (cast >= 0 ? 1u : 0u) || !internal_once(out);
+    const bool keep_f32 = u.readers[out.buffer].size() > (cast >= 0 ? 1u : 0u) || !internal_once(g, u, out);
+    if (!keep_f32 && cast < 0) continue;
     Node fused{b.op, Attrs(), {}, {}, false, {op_name(a.op), op_name(b.op)}, nullptr};
-    for (const TensorRef& r : ins) fused.inputs.push_back(r);
+    for (const TensorRef& r : *ins) fused.inputs.push_back(r);
     if (keep_f32) fused.outputs.push_back(out);
     if (cast >= 0) {
       fused.outputs.push_back(g.nodes[size_t(cast)].outputs[0]);
       fused.fused.push_back("copy");
       drop[size_t(cast)] = true;
     }
-    if (fused.outputs.empty()) continue;
-    fused.kernel = std::make_shared<MaskedSoftmaxKernel>(bwd, fwd ? mf.attrs.f("value") : 0.0, keep_f32, cast >= 0);
+    const double fill = bwd ? 0.0 : a.attrs.f("value");
+    fused.kernel = std::make_shared<MaskedSoftmaxKernel>(bwd, fill, keep_f32, cast >= 0);
     stats.fused += cast >= 0 ? 2 : 1;
     g.nodes[i] = std::move(fused);
     drop[i + 1] = true;
   }
-  std::vector<Node> kept;
-  for (size_t k = 0; k < g.nodes.size(); ++k)
-    if (!drop[k]) kept.push_back(std::move(g.nodes[k]));
-  g.nodes = std::move(kept);
+  drop_nodes(g, drop);
 #else
   (void)g;
   (void)stats;

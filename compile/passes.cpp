@@ -10,6 +10,40 @@
 
 namespace reel::compile {
 
+BufferUses buffer_uses(const Graph& g) {
+  BufferUses u;
+  const size_t nb = g.buffers.size();
+  u.readers.resize(nb);
+  u.writers.resize(nb);
+  u.touches.resize(nb);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    for (const auto& r : g.nodes[i].inputs)
+      if (r) {
+        u.readers[r->buffer].push_back(int(i));
+        u.touches[r->buffer].push_back(int(i));
+      }
+    for (const TensorRef& r : g.nodes[i].outputs) {
+      u.writers[r.buffer].push_back(int(i));
+      u.touches[r.buffer].push_back(int(i));
+    }
+  }
+  for (const TensorRef& r : g.outputs) u.readers[r.buffer].push_back(int(g.nodes.size()));
+  return u;
+}
+
+bool BufferUses::touched_between(int buffer, int i, int j) const {
+  for (int k : touches[buffer])
+    if (k > i && k < j) return true;
+  return false;
+}
+
+void drop_nodes(Graph& g, const std::vector<bool>& drop) {
+  std::vector<Node> kept;
+  for (size_t k = 0; k < g.nodes.size(); ++k)
+    if (!drop[k]) kept.push_back(std::move(g.nodes[k]));
+  g.nodes = std::move(kept);
+}
+
 void eliminate_dead_code(Graph& g, PassStats& stats) {
   std::vector<bool> read_later(g.buffers.size(), false);
   for (const TensorRef& r : g.outputs) read_later[r.buffer] = true;

@@ -10,6 +10,7 @@
 //   elementwise fusion     (compile/fuse_elementwise.h) chains of elementwise nodes become one kernel.
 #pragma once
 #include <cstddef>
+#include <vector>
 
 #include "compile/graph.h"
 
@@ -23,6 +24,18 @@ struct PassStats {
   size_t fused = 0;   // nodes merged into fused kernels (a chain of k nodes counts k - 1)
   size_t kernels = 0; // nodes left: kernels per replay
 };
+
+// Who touches each buffer, in graph order (node indices), for the fusion passes' safety checks. A
+// graph output counts as a reader at index nodes.size().
+struct BufferUses {
+  std::vector<std::vector<int>> readers, writers, touches;
+  int producer(int buffer) const { return writers[buffer].empty() ? -1 : writers[buffer].back(); }
+  // Whether a node strictly between i and j reads or writes the buffer.
+  bool touched_between(int buffer, int i, int j) const;
+};
+BufferUses buffer_uses(const Graph& g);
+// Drops the nodes marked in `drop`, keeping the others in order.
+void drop_nodes(Graph& g, const std::vector<bool>& drop);
 
 void eliminate_dead_code(Graph& g, PassStats& stats);
 void fold_constants(Graph& g, PassStats& stats);

@@ -117,11 +117,14 @@ TEST(CompileMemoryPlan, DisjointLifetimesShareBytesOverlappingOnesNever) {
   const compile::Arena& a = plan.arenas[0];
   EXPECT_EQ(a.unplanned_bytes, 4096u);
   EXPECT_EQ(a.bytes, 2048u);
-  for (const auto& p : a.placements)
-    for (const auto& q : a.placements)
-      if (p.buffer != q.buffer && p.first <= q.last && q.first <= p.last)
+  for (const auto& p : a.placements) {
+    for (const auto& q : a.placements) {
+      if (p.buffer != q.buffer && p.first <= q.last && q.first <= p.last) {
         EXPECT_TRUE(p.offset + p.nbytes <= q.offset || q.offset + q.nbytes <= p.offset)
             << "b" << p.buffer << " and b" << q.buffer << " overlap in time and in memory";
+      }
+    }
+  }
   // An output of the graph lives to the end: it may not share with anything after it.
   g.outputs = {whole(1, 256)};
   EXPECT_EQ(compile::plan_memory(g).arenas[0].bytes, 3072u);
