@@ -6,7 +6,9 @@
 //   outputs  mean loss over the micro-batches, grad norm (before clipping), found_inf, loss scale,
 //            the lr the update used (all 0-dim device tensors; the scale is 1 without a GradScaler)
 // The optimizer must keep its lr, step count and scaler state on the device (reel's do), and the
-// loss function must be the same on every call.
+// loss function must be the same on every call. An optimizer that counts items
+// (set_items_per_step) weighs each micro-batch by its inputs' leading dim, so a smaller last
+// micro-batch (a remainder) compiles too, as a plan of its own.
 #pragma once
 #include "compile/compile.h"
 #include "optim/train_step.h"
