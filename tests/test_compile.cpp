@@ -17,8 +17,10 @@
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "test_util.h"
+#include "compile_test_util.h"
 
 using namespace reel;
+using reel::testing_util::token_batches;
 
 namespace {
 
@@ -87,22 +89,6 @@ TrainRun train(MakeModel make_model, const std::vector<optim::MicroBatch>& micro
     EXPECT_TRUE(step.graph_breaks().empty());
   }
   return run;
-}
-
-std::vector<optim::MicroBatch> token_batches(int accum, int64_t B, int64_t T, int64_t vocab) {
-  uint64_t state = 11;
-  auto next = [&] {  // a small LCG: token ids need no quality, only reproducibility
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return int64_t((state >> 33) % uint64_t(vocab));
-  };
-  std::vector<optim::MicroBatch> micro;
-  for (int i = 0; i < accum; ++i) {
-    std::vector<int64_t> x(B * T), y(B * T);
-    for (auto& v : x) v = next();
-    for (auto& v : y) v = next();
-    micro.push_back({tensor_i64(x, {B, T}), tensor_i64(y, {B, T})});
-  }
-  return micro;
 }
 
 }  // namespace

@@ -11,8 +11,10 @@
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/cuda.h"
+#include "compile_test_util.h"
 
 using namespace reel;
+using reel::testing_util::same_bits;
 
 #define REEL_REQUIRE_GPU() \
   if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason()
@@ -113,15 +115,6 @@ Outcome run(std::shared_ptr<nn::Module> (*make)(), std::vector<optim::MicroBatch
   for (const Tensor& p : model->parameters()) o.params.push_back(p.to_vector<double>());
   for (auto& [name, b] : model->named_buffers()) o.buffers.push_back(b.to_vector<double>());
   return o;
-}
-
-// Equal to the bit, NaN included (a planted overflow leaves NaN in BatchNorm's running statistics,
-// in eager as in PyTorch, and NaN != NaN).
-bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
-  return true;
 }
 
 void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {

@@ -30,8 +30,10 @@
 #include "optim/optim.h"
 #include "tensor/cuda.h"
 #include "test_util.h"
+#include "compile_test_util.h"
 
 using namespace reel;
+using reel::testing_util::token_batches;
 
 namespace reel::fusion_test {
 
@@ -299,22 +301,6 @@ TEST(FusionTrace, LargeStridedLoopsSplitAcrossThreadsGiveTheSameBits) {
 
 // ---- a training step ----------------------------------------------------------------------------
 
-std::vector<optim::MicroBatch> token_batches(int accum, int64_t B, int64_t T, int64_t vocab) {
-  uint64_t state = 17;
-  auto next = [&] {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return int64_t((state >> 33) % uint64_t(vocab));
-  };
-  std::vector<optim::MicroBatch> micro;
-  for (int i = 0; i < accum; ++i) {
-    std::vector<int64_t> x(size_t(B * T)), y(size_t(B * T));
-    for (auto& v : x) v = next();
-    for (auto& v : y) v = next();
-    micro.push_back({tensor_i64(x, {B, T}), tensor_i64(y, {B, T})});
-  }
-  return micro;
-}
-
 TEST(FusionTraining, GptStepWithFusionFollowsEagerWithFewerKernels) {
   nn::GptConfig cfg{16, 8, 16, 2, 2};
   auto make = [&] {
@@ -335,7 +321,7 @@ TEST(FusionTraining, GptStepWithFusionFollowsEagerWithFewerKernels) {
   auto loss_e = [me](const Tensor& x, const Tensor& y) { return nn::model_loss(*me, x, y); };
   auto step = compile::compile_train_step(opt_f, [mf](const Tensor& x, const Tensor& y) { return nn::model_loss(*mf, x, y); },
                                           {compile::Mode::Default, 8, true});
-  auto micro = token_batches(2, 2, 8, 16);
+  auto micro = token_batches(2, 2, 8, 16, Device::cpu(), 17);
   for (int s = 0; s < 20; ++s) {
     Tensor mean_loss;
     optim::train_step(opt_e, loss_e, micro, &mean_loss);

@@ -25,8 +25,10 @@
 #include "kernels/elementwise_math.h"
 #include "tensor/cuda.h"
 #include "test_util.h"
+#include "compile_test_util.h"
 
 using namespace reel;
+using reel::testing_util::TempCacheDir;
 using compile::FusedExpr;
 using compile::FusedLoop;
 namespace fm = reel::compile::nvrtc_math;
@@ -177,29 +179,6 @@ TEST(CudaCodegen, StridesSixteenBitTypesAndConstants) {
 }
 
 // ---- NVRTC and the disk cache (CUDA backend built; no device needed) ------------------------------
-
-// Points REEL_CACHE_DIR at a fresh directory for a test's lifetime.
-class TempCacheDir {
- public:
-  TempCacheDir() {
-    char tmpl[] = "/tmp/reel-kernel-cache-XXXXXX";
-    REEL_ASSERT(mkdtemp(tmpl) != nullptr, "mkdtemp failed");
-    dir_ = tmpl;
-    if (const char* old = std::getenv("REEL_CACHE_DIR")) old_ = old;
-    setenv("REEL_CACHE_DIR", dir_.c_str(), 1);
-  }
-  ~TempCacheDir() {
-    if (old_) setenv("REEL_CACHE_DIR", old_->c_str(), 1);
-    else unsetenv("REEL_CACHE_DIR");
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-  const std::string& dir() const { return dir_; }
-
- private:
-  std::string dir_;
-  std::optional<std::string> old_;
-};
 
 #define REEL_REQUIRE_CUDA_BUILD() \
   if (!cuda::is_built()) GTEST_SKIP() << "reel was built without the CUDA backend (no NVRTC)"

@@ -21,8 +21,10 @@
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/cuda.h"
+#include "compile_test_util.h"
 
 using namespace reel;
+using reel::testing_util::TempCacheDir;
 
 #define REEL_REQUIRE_GPU() \
   if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason()
@@ -64,28 +66,6 @@ size_t nvrtc_kernels(const compile::Plan& p) {
     n += node.kernel && node.kernel->name().find("NVRTC") != std::string::npos;
   return n;
 }
-
-// Points REEL_CACHE_DIR at a fresh directory for a test's lifetime.
-class TempCacheDir {
- public:
-  TempCacheDir() {
-    char tmpl[] = "/tmp/reel-kernel-cache-XXXXXX";
-    REEL_ASSERT(mkdtemp(tmpl) != nullptr, "mkdtemp failed");
-    dir_ = tmpl;
-    if (const char* old = std::getenv("REEL_CACHE_DIR")) old_ = old;
-    setenv("REEL_CACHE_DIR", dir_.c_str(), 1);
-  }
-  ~TempCacheDir() {
-    if (old_) setenv("REEL_CACHE_DIR", old_->c_str(), 1);
-    else unsetenv("REEL_CACHE_DIR");
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-
- private:
-  std::string dir_;
-  std::optional<std::string> old_;
-};
 
 TEST(FusionCuda, EveryOpInEveryDtypeMatchesTheCpu) {
   REEL_REQUIRE_GPU();

@@ -29,8 +29,11 @@
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/cuda.h"
+#include "compile_test_util.h"
 
 using namespace reel;
+using reel::testing_util::same_bits;
+using reel::testing_util::token_batches;
 
 #define REEL_REQUIRE_GPU() \
   if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason()
@@ -215,14 +218,6 @@ Outcome run(const MakeTrainee& make, Path path, compile::Mode mode, const std::v
   return o;
 }
 
-// Equal to the bit, NaN included (a planted overflow may leave a NaN loss, and NaN != NaN).
-bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
-  return true;
-}
-
 void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {
   EXPECT_TRUE(same_bits(a.losses, b.losses)) << what << ": losses";
   EXPECT_EQ(a.scales, b.scales) << what;
@@ -237,22 +232,6 @@ void expect_one_optimizer_node(const Outcome& o, const std::string& what) {
   EXPECT_EQ(o.optimizer_nodes, 1u) << what;
   EXPECT_EQ(o.largest_fused, o.params_with_grad) << what;
   EXPECT_GE(o.stats_fused, o.params_with_grad - 1) << what;
-}
-
-std::vector<optim::MicroBatch> token_batches(int accum, int64_t B, int64_t T, int64_t vocab, Device d) {
-  uint64_t state = 11;
-  auto next = [&] {  // a small LCG: token ids need no quality, only reproducibility
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return int64_t((state >> 33) % uint64_t(vocab));
-  };
-  std::vector<optim::MicroBatch> micro;
-  for (int i = 0; i < accum; ++i) {
-    std::vector<int64_t> x(B * T), y(B * T);
-    for (auto& v : x) v = next();
-    for (auto& v : y) v = next();
-    micro.push_back({tensor_i64(x, {B, T}, d), tensor_i64(y, {B, T}, d)});
-  }
-  return micro;
 }
 
 // A small GPT on `d` with AdamW (weight decay, clipping, warm-up/cosine) or SGD (momentum).
