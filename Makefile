@@ -1,6 +1,7 @@
 # reel — build, test, benchmark.
 #   make          library (build/libreel.a) and the `reel` tool (build/reel)
-#   make test     builds and runs every GoogleTest suite (build/reel_tests)
+#   make test     builds and runs every GoogleTest suite (build/reel_tests), then the data-parallel
+#                 suite under mpirun -np 2 (build/reel_dist_tests)
 #   make bench    builds and runs the Google Benchmark suites (build/reel_bench)
 #   make run      trains the default example, its step compiled (see README)
 # Missing Debian packages are installed on first build (tools/install_deps.sh).
@@ -10,14 +11,14 @@ CXX      ?= g++
 OPT      ?= -O2
 CXXFLAGS ?= $(OPT) -march=x86-64-v3 -g0
 CXXFLAGS += -std=c++20 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -isystem /usr/include/eigen3 -MMD -MP
-LDLIBS   := -fopenmp -lpthread -lz
+LDLIBS   := -fopenmp -lpthread -lz -ldl
 
 # The CUDA backend is built whenever nvcc is found (sm_90: H100/H200); otherwise stubs say "not built".
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
 CUDA_HOME ?= $(if $(NVCC),$(abspath $(dir $(NVCC))/..))
 CUDA_ARCH ?= sm_90
 
-LIB_DIRS := tensor kernels kernels/schema kernels/cpu autograd autograd/functions autograd/cases nn optim data compile
+LIB_DIRS := tensor kernels kernels/schema kernels/cpu autograd autograd/functions autograd/cases nn optim data compile dist
 NO_CUDA_SRCS := kernels/cuda_stub.cpp tensor/cuda_none.cpp
 CUDA_HOST_SRCS := tensor/cuda_runtime.cpp
 LIB_SRCS := $(filter-out $(NO_CUDA_SRCS) $(CUDA_HOST_SRCS),$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cpp)))
@@ -35,6 +36,7 @@ endif
 LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o) $(CU_SRCS:%.cu=$(BUILD)/%.o)
 TOOL_SRCS := $(wildcard tools/*.cpp)
 TEST_SRCS := $(wildcard tests/*.cpp)
+DIST_TEST_SRCS := $(wildcard tests/dist/*.cpp)
 BENCH_SRCS := $(wildcard bench/*.cpp)
 
 LIB   := $(BUILD)/libreel.a
@@ -43,8 +45,19 @@ TESTS := $(BUILD)/reel_tests
 BENCH := $(BUILD)/reel_bench
 DEPS_STAMP := $(BUILD)/.deps
 
-.PHONY: all test bench run clean deps gpu-bundle
-all: $(TOOL)
+# Data parallel over MPI: libreel never links libmpi (the binaries also run where libmpi.so.40 is not
+# on the loader path); the plugin does, with the C flags of Open MPI's mpicc wrapper, and libreel
+# dlopen()s it under mpirun (dist/mpi_communicator.h). Its test suite runs under mpirun -np 2.
+MPICC      ?= $(shell command -v mpicc 2>/dev/null)
+MPIRUN     ?= $(shell command -v mpirun 2>/dev/null)
+MPI_PLUGIN := $(BUILD)/libreel_mpi.so
+DIST_TESTS := $(BUILD)/reel_dist_tests
+# Open MPI refuses to start as root unless told; CI runs as root.
+MPIRUN_FLAGS ?= -np 2 --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
+
+.PHONY: all test bench run clean deps gpu-bundle mpi
+all: $(TOOL) mpi
+mpi: $(if $(MPICC),$(MPI_PLUGIN) $(DIST_TESTS))
 
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP): tools/install_deps.sh
@@ -70,12 +83,25 @@ $(TOOL): $(TOOL_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
 $(TESTS): $(TEST_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
 	$(CXX) $^ -o $@ -lgtest -lgtest_main $(LDLIBS)
 
+$(MPI_PLUGIN): dist/mpi/plugin.cpp dist/mpi_plugin_abi.h | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(OPT) -std=c++20 -Wall -Wextra -fPIC -shared -I. $(shell $(MPICC) --showme:compile 2>/dev/null) $< -o $@ $(shell $(MPICC) --showme:link 2>/dev/null)
+
+# Its own main (tests/dist/main.cpp): only rank 0 prints GoogleTest's progress.
+$(DIST_TESTS): $(DIST_TEST_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
+	$(CXX) $^ -o $@ -lgtest $(LDLIBS)
+
 # Google Benchmark is a shared library on Debian; the rpath lets a copy beside the binary be used.
 $(BENCH): $(BENCH_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
 	$(CXX) $^ -o $@ -lbenchmark -lbenchmark_main -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
 
-test: $(TESTS) $(TOOL)
+test: $(TESTS) $(TOOL) mpi
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(TESTS) --gtest_brief=1
+ifneq ($(MPICC),)
+	OMP_NUM_THREADS=1 $(MPIRUN) $(MPIRUN_FLAGS) -x OMP_NUM_THREADS $(DIST_TESTS) --gtest_brief=1
+else
+	@echo "make test: mpicc not found, the data-parallel suite (mpirun -np 2 $(DIST_TESTS)) was not built"
+endif
 
 bench: $(BENCH)
 	$(BENCH) --benchmark_counters_tabular=true
@@ -89,6 +115,7 @@ run: $(TOOL)
 gpu-bundle: $(TESTS) $(TOOL) $(BENCH)
 	@mkdir -p .gpu
 	cp $(TESTS) $(TOOL) $(BENCH) .gpu/
+	cp $(MPI_PLUGIN) $(DIST_TESTS) .gpu/ 2>/dev/null || true
 	cp -L /usr/lib/x86_64-linux-gnu/libbenchmark.so.1debian .gpu/ 2>/dev/null || true
 
 clean:

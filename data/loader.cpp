@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "autograd/ops.h"
+#include "data/distributed.h"
 #include "tensor/error.h"
 #include "tensor/rng.h"
 
@@ -60,8 +61,13 @@ DataLoader::DataLoader(Tensor inputs, Tensor targets, DataLoaderOptions options)
   targets_ = targets.contiguous();
   n_ = inputs.size(0);
   REEL_CHECK(n_ > 0, "DataLoader: the data set is empty");
-  REEL_CHECK(!(options.drop_last && n_ < options.batch_size), "DataLoader: drop_last with batch_size ",
-             options.batch_size, " and only ", n_, " items would yield no batch");
+  REEL_CHECK(options.num_replicas >= 1 && options.rank >= 0 && options.rank < options.num_replicas,
+             "DataLoader: shard rank ", options.rank, " of ", options.num_replicas, " replicas is not a rank");
+  m_ = options.num_replicas > 1 ? data::shard_size(n_, options.num_replicas, options.shard_drop_last) : n_;
+  REEL_CHECK(m_ > 0, "DataLoader: ", n_, " items over ", options.num_replicas, " ranks leave each rank none");
+  REEL_CHECK(!(options.drop_last && m_ < options.batch_size), "DataLoader: drop_last with batch_size ",
+             options.batch_size, " and only ", m_, " items", options.num_replicas > 1 ? " per rank" : "",
+             " would yield no batch");
   set_epoch(0);
 }
 
@@ -70,21 +76,25 @@ void DataLoader::set_epoch(int64_t epoch) {
   epoch_ = epoch;
   if (options_.shuffle) {
     order_ = epoch_order(n_, options_.seed, epoch);
-  } else if (int64_t(order_.size()) != n_) {
+  } else if (int64_t(order_.size()) != m_) {
     order_.resize(size_t(n_));
     std::iota(order_.begin(), order_.end(), int64_t(0));
+  } else {
+    return;  // unshuffled and already sharded: the same every epoch
   }
+  if (options_.num_replicas > 1)
+    order_ = shard_indices(order_, options_.num_replicas, options_.rank, options_.shard_drop_last);
 }
 
 int64_t DataLoader::num_batches() const {
   const int64_t b = options_.batch_size;
-  return options_.drop_last ? n_ / b : (n_ + b - 1) / b;
+  return options_.drop_last ? m_ / b : (m_ + b - 1) / b;
 }
 
 Batch DataLoader::batch(int64_t k) const {
   REEL_CHECK(k >= 0 && k < num_batches(), "DataLoader::batch: batch ", k, " is outside [0, ", num_batches(), ")");
   const int64_t begin = k * options_.batch_size;
-  const int64_t end = std::min(n_, begin + options_.batch_size);
+  const int64_t end = std::min(m_, begin + options_.batch_size);
   Batch out;
   out.indices.assign(order_.begin() + begin, order_.begin() + end);
   out.inputs = gather_rows(inputs_, out.indices);

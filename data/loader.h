@@ -11,6 +11,10 @@
 // remainder() = N mod B items: it is yielded (a short batch) unless drop_last, in which case those
 // items are skipped for that epoch (and, being shuffled, a different subset is skipped each epoch).
 //
+// Sharding (data parallel): with_shard(rank, num_replicas) keeps only this rank's shard of each
+// epoch's order (data/distributed.h: every num_replicas-th entry from `rank`, padded or cut so that all
+// ranks get the same count); batches, remainder() and num_batches() then count the shard's items.
+//
 // Gathering: rows are copied on the host (one memcpy per item) into fresh contiguous CPU tensors,
 // which are then moved to the loader's device with .to(device) (pageable memory: the driver stages
 // the copy, so the host buffer may be freed at once). The data set stays on the host.
@@ -30,11 +34,19 @@ struct DataLoaderOptions {
   uint64_t seed = 0;
   bool drop_last = false;
   Device device = Device::cpu();
+  int64_t num_replicas = 1, rank = 0;  // this rank's shard of each epoch (data/distributed.h)
+  bool shard_drop_last = false;        // cut the order to a multiple of num_replicas instead of padding
   DataLoaderOptions& with_batch_size(int64_t b) { batch_size = b; return *this; }
   DataLoaderOptions& with_shuffle(bool s) { shuffle = s; return *this; }
   DataLoaderOptions& with_seed(uint64_t s) { seed = s; return *this; }
   DataLoaderOptions& with_drop_last(bool d) { drop_last = d; return *this; }
   DataLoaderOptions& with_device(Device d) { device = d; return *this; }
+  DataLoaderOptions& with_shard(int64_t r, int64_t replicas, bool drop_last_shard = false) {
+    rank = r;
+    num_replicas = replicas;
+    shard_drop_last = drop_last_shard;
+    return *this;
+  }
 };
 
 struct Batch {
@@ -59,15 +71,17 @@ class DataLoader {
   int64_t epoch() const { return epoch_; }
 
   int64_t dataset_size() const { return n_; }
+  // Items of this rank's shard per epoch (M): N without sharding.
+  int64_t shard_size() const { return m_; }
   int64_t batch_size() const { return options_.batch_size; }
-  // Items in the last, short batch (N mod B; 0 when B divides N). Dropped per epoch when drop_last.
-  int64_t remainder() const { return n_ % options_.batch_size; }
-  // Batches per epoch: floor(N / B) with drop_last, else ceil(N / B).
+  // Items in the last, short batch (M mod B; 0 when B divides M). Dropped per epoch when drop_last.
+  int64_t remainder() const { return m_ % options_.batch_size; }
+  // Batches per epoch: floor(M / B) with drop_last, else ceil(M / B).
   int64_t num_batches() const;
-  // Items yielded per epoch: N, or N - remainder() with drop_last.
-  int64_t items_per_epoch() const { return n_ - (options_.drop_last ? remainder() : 0); }
+  // Items yielded per epoch: M, or M - remainder() with drop_last.
+  int64_t items_per_epoch() const { return m_ - (options_.drop_last ? remainder() : 0); }
   const DataLoaderOptions& options() const { return options_; }
-  // The current epoch's order of data-set rows.
+  // The current epoch's order of data-set rows (this rank's shard of it when sharded).
   const std::vector<int64_t>& order() const { return order_; }
 
   // Batch k (0 <= k < num_batches()) of the current epoch.
@@ -91,7 +105,7 @@ class DataLoader {
 
  private:
   Tensor inputs_, targets_;  // (N, ...), contiguous, CPU
-  int64_t n_ = 0;
+  int64_t n_ = 0, m_ = 0;  // items in the data set, and in this rank's shard
   DataLoaderOptions options_;
   int64_t epoch_ = 0;
   std::vector<int64_t> order_;

@@ -201,6 +201,8 @@ DispatchObserver* set_dispatch_observer(DispatchObserver* o) {
   return prev;
 }
 
+DispatchObserver* dispatch_observer() { return observer; }
+
 MetaModeGuard::MetaModeGuard() : previous_(meta_active) { meta_active = true; }
 MetaModeGuard::~MetaModeGuard() { meta_active = previous_; }
 bool meta_mode() { return meta_active; }

@@ -72,6 +72,9 @@ class DispatchObserver {
 };
 // Installs `observer` (nullptr removes it) and returns the previous one.
 DispatchObserver* set_dispatch_observer(DispatchObserver* observer);
+// The installed observer (nullptr when none): what is not an op (an MPI collective) checks it to
+// refuse being traced, since a replay would skip it.
+DispatchObserver* dispatch_observer();
 
 // Runs op's kernel for `device` on tensors that are known to be valid — a recorded op replayed by
 // the compiler's plan: no schema check, no allocation, no observer; counted by kernel_count().

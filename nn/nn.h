@@ -7,4 +7,5 @@
 #include "nn/module.h"
 #include "nn/norm_layers.h"
 #include "nn/state_dict.h"
+#include "nn/sync_batch_norm.h"
 #include "nn/workloads.h"

@@ -1,10 +1,15 @@
 // BatchNorm2d, GroupNorm, LayerNorm (formulas in norm_layers.h).
 #include "nn/norm_layers.h"
 
+#include "dist/sync_batch_norm.h"
+
 namespace reel::nn {
 
 BatchNorm2d::BatchNorm2d(int64_t channels, double eps, double momentum)
-    : Module("BatchNorm2d"), channels_(channels), eps_(eps), momentum_(momentum) {
+    : BatchNorm2d("BatchNorm2d", channels, eps, momentum) {}
+
+BatchNorm2d::BatchNorm2d(std::string type_name, int64_t channels, double eps, double momentum)
+    : Module(std::move(type_name)), channels_(channels), eps_(eps), momentum_(momentum) {
   REEL_CHECK(channels > 0, "BatchNorm2d: channels must be positive, got ", channels);
   REEL_CHECK(momentum >= 0 && momentum <= 1, "BatchNorm2d: momentum must be in [0, 1], got ", momentum);
   weight_ = &register_parameter("weight", ones({channels}));
@@ -16,6 +21,9 @@ BatchNorm2d::BatchNorm2d(int64_t channels, double eps, double momentum)
 Tensor BatchNorm2d::forward(const Tensor& x) {
   REEL_CHECK(x.dim() == 4 && x.size(1) == channels_, "BatchNorm2d: input ", shape_str(x.shape()),
              " must be (N, ", channels_, ", H, W)");
+  if (comm_)
+    return dist::sync_batch_norm(x, running_mean(), running_var(), weight(), bias(), is_training(), momentum_, eps_,
+                                 *comm_);
   return batch_norm(x, running_mean(), running_var(), weight(), bias(), is_training(), momentum_, eps_);
 }
 

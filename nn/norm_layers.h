@@ -7,8 +7,16 @@
 //     LayerNorm:    the last dim (size d)
 //   BatchNorm2d running stats, in training: r <- (1 - momentum) r + momentum * batch_stat, with the
 //   unbiased variance for running_var (batch_norm() updates the buffers in place).
+//   With a communicator (set_communicator, or SyncBatchNorm2d / convert_sync_batchnorm in
+//   nn/sync_batch_norm.h) the training statistics span every rank's batch (dist/sync_batch_norm.h).
 #pragma once
+#include <memory>
+
 #include "nn/module.h"
+
+namespace reel::dist {
+class Communicator;
+}
 
 namespace reel::nn {
 
@@ -20,11 +28,18 @@ class BatchNorm2d : public Module {
   const Tensor& bias() const { return *bias_; }
   const Tensor& running_mean() const { return *running_mean_; }
   const Tensor& running_var() const { return *running_var_; }
+  // Data parallel: batch statistics over every rank of `comm` in training; nullptr: this batch only.
+  void set_communicator(std::shared_ptr<dist::Communicator> comm) { comm_ = std::move(comm); }
+  const std::shared_ptr<dist::Communicator>& communicator() const { return comm_; }
+
+ protected:
+  BatchNorm2d(std::string type_name, int64_t channels, double eps, double momentum);
 
  private:
   int64_t channels_;
   double eps_, momentum_;
   Tensor *weight_, *bias_, *running_mean_, *running_var_;
+  std::shared_ptr<dist::Communicator> comm_;
 };
 
 class GroupNorm : public Module {

@@ -73,6 +73,7 @@ Tensor Optimizer::advance(const Tensor& found_inf, bool run_update) {
 
 void Optimizer::step() {
   NoGradGuard no_grad;
+  if (grad_sync_) grad_sync_->sync(params_, 1.0);
   advance(Tensor(), true);
 }
 
@@ -132,6 +133,13 @@ Optimizer& Optimizer::set_zero_grad_to_none(bool to_none) {
   return *this;
 }
 
+Optimizer& Optimizer::set_grad_sync(std::shared_ptr<GradSync> sync) {
+  REEL_CHECK(micro_count_ == 0, name_, ": cannot attach a gradient sync with ", micro_count_,
+             " micro-batches pending");
+  grad_sync_ = std::move(sync);
+  return *this;
+}
+
 Optimizer& Optimizer::scale_lr_from(int64_t reference_batch, LrScaling rule) {
   int64_t eff = effective_batch();
   REEL_CHECK(eff > 0, name_, ": scale_lr_from needs the effective batch: set the micro-batch or items_per_step");
@@ -171,8 +179,9 @@ StepResult Optimizer::micro_step() {
   pending_items_ = -1;
   bool boundary_reached = items_per_step_ > 0 ? items_seen_ >= items_per_step_ : micro_count_ == accum_steps_;
   if (!boundary_reached) return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr()};
-  double correction = items_per_step_ > 0 ? double(items_per_step_) / double(items_seen_) : 1.0;
-  return boundary(correction);
+  if (items_per_step_ > 0) return boundary(double(items_per_step_) / double(items_seen_),
+                                            double(items_seen_) / double(items_per_step_));
+  return boundary(1.0, 1.0);
 }
 
 StepResult Optimizer::finish_epoch(RemainderPolicy policy) {
@@ -182,9 +191,9 @@ StepResult Optimizer::finish_epoch(RemainderPolicy policy) {
     reset_counters();
     return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr()};
   }
-  double correction = items_per_step_ > 0 ? double(items_per_step_) / double(items_seen_)
-                                          : double(accum_steps_) / double(micro_count_);
-  return boundary(correction);
+  if (items_per_step_ > 0) return boundary(double(items_per_step_) / double(items_seen_),
+                                            double(items_seen_) / double(items_per_step_));
+  return boundary(double(accum_steps_) / double(micro_count_), double(micro_count_) / double(accum_steps_));
 }
 
 void Optimizer::reset_counters() {
@@ -200,17 +209,23 @@ Tensor Optimizer::nonfinite_flag(const Tensor& norm) const {
   return flag.dtype() == DType::f32 ? flag : to_dtype(flag, DType::f32);
 }
 
-StepResult Optimizer::boundary(double correction) {
+// `correction` rescales this rank's gradients to the mean over the items it saw; `weight` is its
+// share of the planned step, for the data-parallel hook (optim/grad_sync.h).
+StepResult Optimizer::boundary(double correction, double weight) {
   NoGradGuard no_grad;
   std::vector<Tensor> grads = grads_of(params_);
+  if (correction != 1.0)
+    for (const Tensor& g : grads) mul_(g, correction);
+  if (grad_sync_) {  // every rank takes part, even one whose gradients are all missing
+    grad_sync_->sync(params_, weight);
+    grads = grads_of(params_);
+  }
   StepResult r{true, Tensor(), Tensor(), Tensor(), host_lr()};
   if (grads.empty()) {  // nothing reached a parameter: nothing to update, but the schedule advances
     r.lr_tensor = advance(Tensor(), false);
     reset_counters();
     return r;
   }
-  if (correction != 1.0)
-    for (const Tensor& g : grads) mul_(g, correction);
   const bool scaled = scaler_ && scaler_->enabled();
   Tensor found;
   if (scaled) scaler_->unscale_(params_);
@@ -248,6 +263,7 @@ void Optimizer::print_setup(std::ostream& os) const {
   os << "clip: " << (max_grad_norm_ > 0 ? detail::cat("global grad norm <= ", max_grad_norm_) : std::string("off"))
      << "\n";
   os << "loss scaling: " << (scaler_ ? scaler_->describe() : std::string("off")) << "\n";
+  if (grad_sync_) os << grad_sync_->describe() << "\n";
 }
 
 }  // namespace reel::optim

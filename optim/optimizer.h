@@ -39,6 +39,12 @@
 // The host keeps a mirror of boundaries_ for the StepResult's `lr` double (its eager view);
 // step_count(), update_count() and lr() read the device counters (a host sync, outside the step).
 // All parameters must share one device (the counters live there); use one optimizer per device.
+//
+// Data parallel (set_grad_sync, optim/grad_sync.h): gradients of every micro-batch accumulate
+// locally, and the hook runs once at the boundary, after step 1's correction and before step 2, with
+// this rank's share of the planned step as its weight (1, k/A or n_seen/N); so there is one
+// synchronisation per optimizer step whatever ACCUM is (PyTorch's no_sync on all but the last
+// micro-batch). step() runs it too, with weight 1.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -47,6 +53,7 @@
 #include <vector>
 
 #include "optim/grad_scaler.h"
+#include "optim/grad_sync.h"
 #include "optim/schedule.h"
 #include "tensor/tensor.h"
 
@@ -102,6 +109,9 @@ class Optimizer {
   Optimizer& set_schedule(std::shared_ptr<LrSchedule> schedule);
   Optimizer& set_skip_nonfinite(bool skip);  // without a scaler: skip the update on a non-finite norm
   Optimizer& set_zero_grad_to_none(bool to_none);
+  // Data parallel: the gradients are synchronised across ranks at each boundary (nullptr: none).
+  Optimizer& set_grad_sync(std::shared_ptr<GradSync> sync);
+  const std::shared_ptr<GradSync>& grad_sync() const { return grad_sync_; }
   // base lr <- scale_lr(base lr, effective_batch(), reference_batch, rule); remembered for print_setup.
   Optimizer& scale_lr_from(int64_t reference_batch, LrScaling rule);
 
@@ -126,7 +136,7 @@ class Optimizer {
   virtual std::string describe() const = 0;
 
  private:
-  StepResult boundary(double correction);
+  StepResult boundary(double correction, double weight);
   Tensor nonfinite_flag(const Tensor& norm) const;
   void reset_counters();
   double host_lr() const;      // the schedule at the host's mirror of the step count
@@ -143,6 +153,7 @@ class Optimizer {
   bool skip_nonfinite_ = true, zero_to_none_ = true;
   std::shared_ptr<GradScaler> scaler_;
   std::shared_ptr<LrSchedule> schedule_;
+  std::shared_ptr<GradSync> grad_sync_;
   std::string lr_scaling_note_;
   // Progress towards the boundary.
   int64_t micro_count_ = 0, items_seen_ = 0, pending_items_ = -1;
