@@ -129,7 +129,7 @@ void check_same_tensors(Communicator& comm, const nn::NamedTensors& tensors, con
   // Phase 2 (every rank reaches it, having seen the same summary): the records of the first
   // min_count tensors, to name the first that differs.
   std::string msg = "data parallel: the ranks built different models (every rank must build the same one, whose " +
-                    what + " rank 0 then broadcasts): ";
+                    what + "s rank 0 then broadcasts): ";
   std::vector<int64_t> mine;
   for (int64_t i = 0; i < min_count; ++i) mine.insert(mine.end(), records[size_t(i)].begin(), records[size_t(i)].end());
   if (min_count > 0) {
@@ -145,7 +145,7 @@ void check_same_tensors(Communicator& comm, const nn::NamedTensors& tensors, con
       }
     }
   }
-  msg += what + " per rank:";
+  msg += what + "s per rank:";
   for (int r = 0; r < R; ++r)
     msg += detail::cat(" rank ", r, " has ", summary[size_t(3 * r)], " (", summary[size_t(3 * r + 1)], " elements)",
                        r + 1 < R ? "," : "");
@@ -154,8 +154,8 @@ void check_same_tensors(Communicator& comm, const nn::NamedTensors& tensors, con
 
 void broadcast_module(Communicator& comm, nn::Module& model, int root) {
   if (comm.world_size() == 1) return;
-  check_same_tensors(comm, model.named_parameters(), "parameters");
-  check_same_tensors(comm, model.named_buffers(), "buffers");
+  check_same_tensors(comm, model.named_parameters(), "parameter");
+  check_same_tensors(comm, model.named_buffers(), "buffer");
   std::vector<Tensor> all = model.parameters();
   for (const Tensor& b : model.buffers()) all.push_back(b);
   broadcast_tensors(comm, all, root);
@@ -225,6 +225,8 @@ void GradientBuckets::sync(const std::vector<Tensor>& params, double weight) {
     REEL_CHECK(params[i].is_same(params_[i]), "data parallel: parameter ", i, " of shape ", shape_str(params[i].shape()),
                " is not the one the gradient buckets were built for (build them after moving the model)");
   REEL_CHECK(weight > 0, "data parallel: a rank's share of the step must be positive, got ", weight);
+  // One rank: sum_r w_r g_r / sum_r w_r is g itself; a weight of 1 keeps it so to the bit.
+  if (comm_->world_size() == 1) weight = 1.0;
   NoGradGuard no_grad;
   for (Bucket& b : buckets_) reduce(b, weight);
   for (size_t k = 0; k < buffer_packs_.size(); ++k) {

@@ -8,7 +8,7 @@
 //      of the wrong size);
 //   2. at each optimizer step's accumulation boundary, before unscale/clip/update, the gradients are
 //      all-reduced once — GradientBuckets, the optimizer's GradSync (optim/grad_sync.h):
-//         bucket = [ g_1 w, g_2 w, ..., g_k w | w ]          (w: this rank's share of the step)
+//         bucket = [ g_1 w, g_2 w, ..., g_k w | w ]          (w: the items this rank's step saw)
 //         all_reduce(bucket, sum)                             (one collective per bucket)
 //         g_i   <- bucket_i / bucket[last]                    (= sum_r w_r g_r / sum_r w_r)
 //      Gradients are copied into flat buckets of at most bucket_bytes (one per dtype and device when
@@ -79,7 +79,7 @@ class GradientBuckets : public optim::GradSync {
 };
 
 // Throws reel::Error on every rank unless every rank holds tensors of the same names, shapes and
-// dtypes, in the same order (`what` names them in the message: "parameters", "buffers").
+// dtypes, in the same order (`what` names one in the message: "parameter", "buffer").
 void check_same_tensors(Communicator& comm, const nn::NamedTensors& tensors, const std::string& what);
 // Checks the model's parameters and buffers across ranks, then copies rank `root`'s into every rank.
 void broadcast_module(Communicator& comm, nn::Module& model, int root = 0);

@@ -5,13 +5,15 @@
 // The contract. When sync(params, weight) is called, each parameter's .grad holds this rank's
 // gradient of the mean loss over the items its step saw (the accumulation contract of
 // optim/optimizer.h, correction included), or is undefined when no gradient reached it on this rank.
-// `weight` is the share of the planned step this rank saw: 1 for a full step, k/ACCUM for a
-// remainder of k micro-batches, n_seen/items_per_step when counting items. Afterwards every rank's
-// .grad must hold
+// `weight` is the number of items this rank's step saw: items_seen when the optimizer counts items;
+// micro-batches x micro-batch size when it counts micro-batches (just the micro-batches when the size
+// was not given: equal micro-batches are then assumed on every rank); 1 for step(). Afterwards every
+// rank's .grad must hold
 //     g = sum_r weight_r g_r / sum_r weight_r
-// which is the gradient of the mean loss over all ranks' items: with equal micro-batches the plain
-// mean over ranks, and when the ranks saw different numbers of items each weighs by its count — the
-// item counts are summed across ranks, so the normalisation stays exact.
+// which is the gradient of the mean loss over all ranks' items: with equal shares the plain mean over
+// ranks, and when the ranks saw different numbers of items (an epoch's remainder, other micro-batch
+// sizes) each weighs by its count — the item counts are summed across ranks, so the normalisation of
+// the accumulation contract stays exact.
 // Because every rank then holds the same gradients, everything after the hook (the GradScaler's
 // found_inf, the norm and its clip coefficient, the update) is the same on every rank: an inf/NaN on
 // one rank reaches every rank's sum, so all skip the step together.

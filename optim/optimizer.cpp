@@ -179,9 +179,7 @@ StepResult Optimizer::micro_step() {
   pending_items_ = -1;
   bool boundary_reached = items_per_step_ > 0 ? items_seen_ >= items_per_step_ : micro_count_ == accum_steps_;
   if (!boundary_reached) return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr()};
-  if (items_per_step_ > 0) return boundary(double(items_per_step_) / double(items_seen_),
-                                            double(items_seen_) / double(items_per_step_));
-  return boundary(1.0, 1.0);
+  return boundary(items_per_step_ > 0 ? double(items_per_step_) / double(items_seen_) : 1.0);
 }
 
 StepResult Optimizer::finish_epoch(RemainderPolicy policy) {
@@ -191,9 +189,9 @@ StepResult Optimizer::finish_epoch(RemainderPolicy policy) {
     reset_counters();
     return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr()};
   }
-  if (items_per_step_ > 0) return boundary(double(items_per_step_) / double(items_seen_),
-                                            double(items_seen_) / double(items_per_step_));
-  return boundary(double(accum_steps_) / double(micro_count_), double(micro_count_) / double(accum_steps_));
+  double correction = items_per_step_ > 0 ? double(items_per_step_) / double(items_seen_)
+                                          : double(accum_steps_) / double(micro_count_);
+  return boundary(correction);
 }
 
 void Optimizer::reset_counters() {
@@ -209,15 +207,19 @@ Tensor Optimizer::nonfinite_flag(const Tensor& norm) const {
   return flag.dtype() == DType::f32 ? flag : to_dtype(flag, DType::f32);
 }
 
-// `correction` rescales this rank's gradients to the mean over the items it saw; `weight` is its
-// share of the planned step, for the data-parallel hook (optim/grad_sync.h).
-StepResult Optimizer::boundary(double correction, double weight) {
+double Optimizer::sync_weight() const {
+  if (items_per_step_ > 0) return double(items_seen_);
+  return double(micro_count_) * double(micro_batch_ > 0 ? micro_batch_ : 1);
+}
+
+// `correction` rescales this rank's gradients to the mean over the items it saw (step 1).
+StepResult Optimizer::boundary(double correction) {
   NoGradGuard no_grad;
   std::vector<Tensor> grads = grads_of(params_);
   if (correction != 1.0)
     for (const Tensor& g : grads) mul_(g, correction);
   if (grad_sync_) {  // every rank takes part, even one whose gradients are all missing
-    grad_sync_->sync(params_, weight);
+    grad_sync_->sync(params_, sync_weight());
     grads = grads_of(params_);
   }
   StepResult r{true, Tensor(), Tensor(), Tensor(), host_lr()};

@@ -42,7 +42,7 @@
 //
 // Data parallel (set_grad_sync, optim/grad_sync.h): gradients of every micro-batch accumulate
 // locally, and the hook runs once at the boundary, after step 1's correction and before step 2, with
-// this rank's share of the planned step as its weight (1, k/A or n_seen/N); so there is one
+// the number of items this rank's step saw as its weight (n_seen, or k x micro-batch); so there is one
 // synchronisation per optimizer step whatever ACCUM is (PyTorch's no_sync on all but the last
 // micro-batch). step() runs it too, with weight 1.
 #pragma once
@@ -136,7 +136,8 @@ class Optimizer {
   virtual std::string describe() const = 0;
 
  private:
-  StepResult boundary(double correction, double weight);
+  StepResult boundary(double correction);
+  double sync_weight() const;  // this rank's items in the step, for the GradSync
   Tensor nonfinite_flag(const Tensor& norm) const;
   void reset_counters();
   double host_lr() const;      // the schedule at the host's mirror of the step count

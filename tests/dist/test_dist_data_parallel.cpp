@@ -1,0 +1,241 @@
+// Data parallel on two ranks against one process with the doubled batch: the same parameters after
+// 10 optimizer steps (f64, relative error < 1e-10), one gradient all-reduce per step whatever ACCUM,
+// item counts summed across ranks, the start-up broadcast, buffers, the fp16 scaler's agreement, and
+// a parameter-shape mismatch as an error on both ranks.
+#include "dist/data_parallel.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "tests/dist/dist_test_util.h"
+
+namespace reel {
+namespace {
+
+using dist_test::rel_err;
+using dist_test::values;
+
+constexpr double kTol = 1e-10;
+
+std::shared_ptr<nn::Module> mlp(uint64_t seed, int64_t hidden = 8, bool extra = false) {
+  Generator gen(seed);
+  auto m = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(6, hidden, true, &gen), std::make_shared<nn::GELU>(),
+      std::make_shared<nn::Linear>(hidden, 4, true, &gen)});
+  if (extra) m->push_back(std::make_shared<nn::Linear>(4, 4, true, &gen));
+  m->to(DType::f64);
+  return m;
+}
+
+std::shared_ptr<nn::Module> tiny_gpt(uint64_t seed) {
+  Generator gen(seed);
+  nn::GptConfig c;
+  c.vocab = 256;
+  c.block_size = 8;
+  c.dim = 16;
+  c.heads = 2;
+  c.layers = 1;
+  auto m = nn::gpt(c, &gen);
+  m->to(DType::f64);
+  return m;
+}
+
+// The data of one micro-batch of the whole job: `items` rows; rank r of K takes rows
+// [r items/K, (r+1) items/K) (a contiguous block: which rows go where does not change the mean).
+struct Sample {
+  Tensor x, y;
+};
+Sample mlp_batch(Generator& g, int64_t items) {
+  Tensor x = randn({items, 6}, TensorOptions().with_dtype(DType::f64), &g);
+  Tensor u = uniform({items}, 0, 4, TensorOptions().with_dtype(DType::f64), &g);
+  std::vector<int64_t> labels;
+  for (double v : u.to_vector<double>()) labels.push_back(std::min<int64_t>(3, int64_t(v)));
+  return {x, tensor_i64(labels, {items})};
+}
+Sample gpt_batch(Generator& g, int64_t items) {
+  Tensor u = uniform({items, 9}, 0, 256, TensorOptions().with_dtype(DType::f64), &g);
+  std::vector<int64_t> tok;
+  for (double v : u.to_vector<double>()) tok.push_back(std::min<int64_t>(255, int64_t(v)));
+  Tensor all = tensor_i64(tok, {items, 9});
+  return {all.slice(1, 0, 8).contiguous(), all.slice(1, 1, 9).contiguous()};
+}
+Sample rows(const Sample& s, int64_t begin, int64_t end) {
+  return {s.x.slice(0, begin, end).contiguous(), s.y.slice(0, begin, end).contiguous()};
+}
+
+struct Run {
+  std::vector<double> params;
+  std::vector<uint64_t> collectives_per_step;
+};
+
+// `steps` optimizer steps of AdamW (clipping on) with ACCUM micro-batches of `global_items` rows, all
+// of them (comm null: one process) or this rank's block of them (data parallel over comm).
+Run train(const std::function<std::shared_ptr<nn::Module>(uint64_t)>& make,
+          const std::function<Sample(Generator&, int64_t)>& batch, int64_t accum, int64_t global_items, int steps,
+          dist::Communicator* comm) {
+  // Ranks start from different initialisations: the broadcast from rank 0 must make them equal.
+  const int rank = comm ? comm->rank() : 0, K = comm ? comm->world_size() : 1;
+  auto model = make(17 + uint64_t(rank));
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions(3e-2));
+  opt.set_accum_steps(accum).set_micro_batch(global_items / K).set_max_grad_norm(0.7);
+  std::shared_ptr<dist::GradientBuckets> sync;
+  if (comm) sync = dist::make_data_parallel(*model, opt, dist::world_ptr());
+  Generator g(5);
+  Run run;
+  for (int s = 0; s < steps; ++s) {
+    const uint64_t before = comm ? comm->collective_count() : 0;
+    for (int64_t i = 0; i < accum; ++i) {
+      Sample all = batch(g, global_items);
+      const int64_t per = global_items / K;
+      Sample mine = rows(all, rank * per, (rank + 1) * per);
+      opt.scale_loss(nn::model_loss(*model, mine.x, mine.y)).backward();
+      EXPECT_EQ(opt.micro_step().stepped, i == accum - 1);
+    }
+    if (comm) run.collectives_per_step.push_back(comm->collective_count() - before);
+  }
+  run.params = values(model->parameters());
+  return run;
+}
+
+void expect_equivalent(const std::function<std::shared_ptr<nn::Module>(uint64_t)>& make,
+                       const std::function<Sample(Generator&, int64_t)>& batch, int64_t items, const char* what) {
+  dist::Communicator& w = dist::world();
+  for (int64_t accum : {1, 4}) {
+    Run single = train(make, batch, accum, items, 10, nullptr);
+    Run parallel = train(make, batch, accum, items, 10, &w);
+    const double err = rel_err(parallel.params, single.params);
+    EXPECT_LT(err, kTol) << what << " ACCUM " << accum << ": 2 ranks vs one process with the doubled batch";
+    // (b) one all-reduce of the gradients per optimizer step, whatever ACCUM (the model has no buffers).
+    EXPECT_EQ(parallel.collectives_per_step, std::vector<uint64_t>(10, 1u)) << what << " ACCUM " << accum;
+    // Both ranks hold the same parameters, to the bit.
+    Tensor mine = tensor(parallel.params, {int64_t(parallel.params.size())}, TensorOptions().with_dtype(DType::f64));
+    std::vector<double> both = w.all_gather(mine).to_vector<double>();
+    EXPECT_TRUE(std::equal(both.begin(), both.begin() + int64_t(both.size() / 2), both.begin() + int64_t(both.size() / 2)))
+        << what << " ACCUM " << accum << ": the ranks' parameters differ";
+    if (w.rank() == 0)
+      std::printf("  %s ACCUM %lld: relative error %.2e after 10 steps, %llu all-reduce per step\n", what,
+                  (long long)accum, err, (unsigned long long)parallel.collectives_per_step[0]);
+  }
+}
+
+TEST(DistDataParallel, MlpMatchesOneProcessWithTheDoubledBatch) {
+  REEL_NEED_TWO_RANKS();
+  expect_equivalent([](uint64_t s) { return mlp(s); }, mlp_batch, 8, "mlp");
+}
+
+TEST(DistDataParallel, TinyGptMatchesOneProcessWithTheDoubledBatch) {
+  REEL_NEED_TWO_RANKS();
+  expect_equivalent(tiny_gpt, gpt_batch, 4, "gpt (1 layer, d 16)");
+}
+
+// Ranks whose micro-batches differ in size (3 and 5 items) and that count items: each weighs by its
+// items, so the result is the gradient of the mean over all 16 items of the step.
+TEST(DistDataParallel, ItemCountsAreSummedAcrossRanks) {
+  REEL_NEED_TWO_RANKS();
+  dist::Communicator& w = dist::world();
+  const int64_t sizes[2] = {3, 5};
+  auto run = [&](bool parallel) {
+    auto model = mlp(23);
+    optim::SGD opt(model->parameters(), optim::SGDOptions(0.2).momentum(0.9));
+    if (parallel) {
+      opt.set_items_per_step(2 * sizes[w.rank()]);
+      dist::make_data_parallel(*model, opt, dist::world_ptr());
+    } else {
+      opt.set_items_per_step(16);
+    }
+    Generator g(9);
+    for (int s = 0; s < 5; ++s)
+      for (int i = 0; i < 2; ++i) {
+        Sample all = mlp_batch(g, 8);
+        Sample mine = parallel ? rows(all, w.rank() == 0 ? 0 : 3, w.rank() == 0 ? 3 : 8) : all;
+        opt.scale_loss(nn::model_loss(*model, mine.x, mine.y), mine.x.size(0)).backward();
+        opt.micro_step();
+      }
+    return values(model->parameters());
+  };
+  EXPECT_LT(rel_err(run(true), run(false)), kTol);
+}
+
+TEST(DistDataParallel, ParametersAndBuffersStartFromRankZero) {
+  REEL_NEED_TWO_RANKS();
+  dist::Communicator& w = dist::world();
+  Generator gen(100 + uint64_t(w.rank()));
+  auto model = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+      std::make_shared<nn::Conv2d>(2, 3, 3, 1, 1, false, &gen), std::make_shared<nn::BatchNorm2d>(3)});
+  // Different running statistics per rank, before the broadcast.
+  model->forward(randn({2, 2, 4, 4}, {}, &gen));
+  optim::SGD opt(model->parameters(), optim::SGDOptions(0.1));
+  auto sync = dist::make_data_parallel(*model, opt, dist::world_ptr());
+  auto same_on_both = [&](const std::vector<Tensor>& ts) {
+    std::vector<double> v = values(ts);
+    std::vector<double> both = w.all_gather(tensor(v, {int64_t(v.size())}, TensorOptions().with_dtype(DType::f64)))
+                                   .to_vector<double>();
+    return std::equal(both.begin(), both.begin() + int64_t(v.size()), both.begin() + int64_t(v.size()));
+  };
+  EXPECT_TRUE(same_on_both(model->parameters()));
+  EXPECT_TRUE(same_on_both(model->buffers()));
+  // A step: each rank's BatchNorm updates its running statistics from its own batch; the boundary
+  // broadcasts rank 0's (DDP's broadcast_buffers), one collective beside the gradients' one.
+  EXPECT_EQ(sync->collectives_per_step(), 2);
+  const uint64_t before = w.collective_count();
+  opt.scale_loss(mean(model->forward(randn({2, 2, 4, 4}, {}, &gen)))).backward();
+  EXPECT_TRUE(opt.micro_step().stepped);
+  EXPECT_EQ(w.collective_count() - before, 2u);
+  EXPECT_TRUE(same_on_both(model->parameters()));
+  EXPECT_TRUE(same_on_both(model->buffers()));
+}
+
+// fp16 loss scaling: an inf in one rank's gradients reaches every rank's sum, so both skip the update
+// and halve the scale together.
+TEST(DistDataParallel, GradScalerSkipsOnEveryRankTogether) {
+  REEL_NEED_TWO_RANKS();
+  dist::Communicator& w = dist::world();
+  auto model = mlp(31);
+  model->to(DType::f32);
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-2));
+  opt.set_grad_scaler(std::make_shared<optim::GradScaler>(optim::GradScalerOptions().init_scale(1024)));
+  dist::make_data_parallel(*model, opt, dist::world_ptr());
+  const std::vector<double> before = values(model->parameters());
+  Generator g(3);
+  Sample s = mlp_batch(g, 4);
+  Tensor loss = nn::model_loss(*model, s.x.to(DType::f32), s.y);
+  if (w.rank() == 1) loss = loss * 1e38;  // x 1024 overflows f32 on this rank only
+  opt.scale_loss(loss).backward();
+  optim::StepResult r = opt.micro_step();
+  ASSERT_TRUE(r.stepped);
+  EXPECT_TRUE(r.skipped()) << "rank " << w.rank();
+  EXPECT_EQ(r.loss_scale(), 512.0);
+  EXPECT_EQ(values(model->parameters()), before);
+  // The next, clean step updates on both ranks.
+  opt.scale_loss(nn::model_loss(*model, s.x.to(DType::f32), s.y)).backward();
+  r = opt.micro_step();
+  EXPECT_FALSE(r.skipped()) << "rank " << w.rank();
+  EXPECT_NE(values(model->parameters()), before);
+}
+
+// (e) Ranks that built different models: a reel::Error on both, naming the first difference.
+TEST(DistDataParallel, ShapeMismatchIsAnErrorOnEveryRank) {
+  REEL_NEED_TWO_RANKS();
+  dist::Communicator& w = dist::world();
+  auto attempt = [&](std::shared_ptr<nn::Module> model) -> std::string {
+    optim::SGD opt(model->parameters(), optim::SGDOptions(0.1));
+    try {
+      dist::make_data_parallel(*model, opt, dist::world_ptr());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::string msg = attempt(mlp(1, w.rank() == 0 ? 8 : 9));
+  EXPECT_NE(msg.find("the ranks built different models"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("parameter 0 is 0.weight (8, 6) f64 on rank 0 but 0.weight (9, 6) f64 on rank 1"),
+            std::string::npos)
+      << msg;
+  msg = attempt(mlp(1, 8, w.rank() == 1));
+  EXPECT_NE(msg.find("parameters per rank: rank 0 has 4 (92 elements), rank 1 has 6 (112 elements)"), std::string::npos) << msg;
+  // The communicator is still in step: a collective after the errors works.
+  Tensor t = full({1}, 1.0);
+  w.all_reduce(t);
+  EXPECT_EQ(t.item(), 2.0);
+}
+
+}  // namespace
+}  // namespace reel

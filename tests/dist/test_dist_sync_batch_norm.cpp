@@ -1,0 +1,119 @@
+// SyncBatchNorm on two ranks against one BatchNorm2d over the concatenated batch (f64): outputs,
+// input gradients, parameter gradients (summed over ranks, as the loss is) and running statistics;
+// and a converted model trained data-parallel against one process.
+#include "dist/data_parallel.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "tests/dist/dist_test_util.h"
+
+namespace reel {
+namespace {
+
+using dist_test::rel_err;
+using dist_test::values;
+
+constexpr double kTol = 1e-10;
+
+// Rank r's rows [begin, end) of dim 0.
+Tensor block(const Tensor& t, int64_t begin, int64_t end) { return t.slice(0, begin, end).contiguous(); }
+
+TEST(DistSyncBatchNorm, MatchesBatchNormOnTheCombinedBatch) {
+  REEL_NEED_TWO_RANKS();
+  dist::Communicator& w = dist::world();
+  const int r = w.rank();
+  // The ranks' batches differ in size (3 and 5 samples): the statistics weigh each by its count.
+  const int64_t begin = r == 0 ? 0 : 3, end = r == 0 ? 3 : 8;
+  Generator g(42);
+  TensorOptions f64 = TensorOptions().with_dtype(DType::f64);
+  Tensor x_all = randn({8, 4, 3, 2}, f64, &g) * 2.0 + 0.5;
+  Tensor dy_all = randn({8, 4, 3, 2}, f64, &g);  // the loss is sum(y * dy_all): dL/dy = dy_all
+  Tensor w_init = randn({4}, f64, &g), b_init = randn({4}, f64, &g);
+
+  auto make = [&](bool sync) {
+    auto bn = std::make_shared<nn::BatchNorm2d>(4, 1e-5, 0.3);
+    bn->to(DType::f64);
+    NoGradGuard no_grad;
+    copy_(bn->weight(), w_init);
+    copy_(bn->bias(), b_init);
+    if (sync) bn->set_communicator(dist::world_ptr());
+    return bn;
+  };
+  // One process, the whole batch.
+  auto ref = make(false);
+  Tensor xr = x_all.detach().set_requires_grad();
+  Tensor yr = ref->forward(xr);
+  sum(yr * dy_all).backward();
+  // Two ranks, a block each.
+  auto bn = make(true);
+  Tensor x = block(x_all, begin, end).set_requires_grad();
+  const uint64_t before = w.collective_count();
+  Tensor y = bn->forward(x);
+  sum(y * block(dy_all, begin, end)).backward();
+  EXPECT_EQ(w.collective_count() - before, 2u);  // the statistics' all_gather, the backward's all_reduce
+
+  EXPECT_LT(rel_err(y.to_vector<double>(), block(yr, begin, end).to_vector<double>()), kTol) << "y";
+  EXPECT_LT(rel_err(x.grad().to_vector<double>(), block(xr.grad(), begin, end).to_vector<double>()), kTol) << "dx";
+  // Each rank holds its part of dw and db (DDP's all-reduce of the gradients adds them up).
+  Tensor dw = clone(bn->weight().grad()), db = clone(bn->bias().grad());
+  w.all_reduce(dw);
+  w.all_reduce(db);
+  EXPECT_LT(rel_err(dw.to_vector<double>(), ref->weight().grad().to_vector<double>()), kTol) << "dweight";
+  EXPECT_LT(rel_err(db.to_vector<double>(), ref->bias().grad().to_vector<double>()), kTol) << "dbias";
+  EXPECT_LT(rel_err(bn->running_mean().to_vector<double>(), ref->running_mean().to_vector<double>()), kTol);
+  EXPECT_LT(rel_err(bn->running_var().to_vector<double>(), ref->running_var().to_vector<double>()), kTol);
+  // Eval mode uses the running statistics, the same on every rank: no collective.
+  bn->eval();
+  ref->eval();
+  const uint64_t eval_before = w.collective_count();
+  Tensor ye = bn->forward(block(x_all, begin, end));
+  EXPECT_EQ(w.collective_count(), eval_before);
+  EXPECT_LT(rel_err(ye.to_vector<double>(), block(ref->forward(x_all), begin, end).to_vector<double>()), kTol);
+}
+
+// A small CNN with BatchNorm, converted and trained on two ranks (halves of each batch), against the
+// same CNN on one process with whole batches: parameters and running statistics after 5 steps.
+TEST(DistSyncBatchNorm, ConvertedModelTrainsAsOneProcess) {
+  REEL_NEED_TWO_RANKS();
+  dist::Communicator& w = dist::world();
+  auto make = [] {
+    Generator gen(8);
+    auto m = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+        std::make_shared<nn::Conv2d>(2, 4, 3, 1, 1, false, &gen), std::make_shared<nn::BatchNorm2d>(4),
+        std::make_shared<nn::ReLU>(), std::make_shared<nn::GlobalAvgPool2d>(),
+        std::make_shared<nn::Linear>(4, 3, true, &gen)});
+    m->to(DType::f64);
+    return m;
+  };
+  auto run = [&](bool parallel) {
+    auto model = make();
+    if (parallel) {
+      EXPECT_EQ(nn::convert_sync_batchnorm(*model), 1);
+    }
+    optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-2));
+    opt.set_accum_steps(2);
+    if (parallel) {
+      auto sync = dist::make_data_parallel(*model, opt, dist::world_ptr());
+      EXPECT_EQ(sync->collectives_per_step(), 2);  // the gradients, and the buffers' broadcast
+    }
+    Generator g(4);
+    for (int s = 0; s < 5; ++s)
+      for (int i = 0; i < 2; ++i) {
+        Tensor x = randn({6, 2, 5, 5}, TensorOptions().with_dtype(DType::f64), &g);
+        Tensor y = tensor_i64({0, 1, 2, 2, 1, 0}, {6});
+        if (parallel) {
+          x = block(x, 3 * w.rank(), 3 * w.rank() + 3);
+          y = block(y, 3 * w.rank(), 3 * w.rank() + 3);
+        }
+        opt.scale_loss(nn::model_loss(*model, x, y)).backward();
+        opt.micro_step();
+      }
+    std::vector<double> out = values(model->parameters());
+    std::vector<double> buf = values(model->buffers());
+    out.insert(out.end(), buf.begin(), buf.end());
+    return out;
+  };
+  EXPECT_LT(rel_err(run(true), run(false)), kTol);
+}
+
+}  // namespace
+}  // namespace reel
