@@ -191,7 +191,20 @@ class CpuFusedKernel : public FusedKernel {
   std::string label_;
 };
 
-Node fuse_group(const Graph& g, size_t i, size_t j, const Readers& readers) {
+// The kernel of a fused node in a graph that is planned, never run (PassOptions::build_kernels).
+class UnbuiltFusedKernel : public FusedKernel {
+ public:
+  explicit UnbuiltFusedKernel(std::string label) : label_(std::move(label)) {}
+  void run(const std::vector<Tensor>&, const std::vector<Tensor>&) override {
+    throw Error("compile: fused kernel '" + label_ + "' was planned without being built; it cannot run");
+  }
+  std::string name() const override { return "fused elementwise (planned only): " + label_; }
+
+ private:
+  std::string label_;
+};
+
+Node fuse_group(const Graph& g, size_t i, size_t j, const Readers& readers, bool build_kernels) {
   Fused f = build_expr(g, i, j, readers);
   const Node& last = g.nodes[j - 1];
   const Shape& shape = last.outputs[0].shape;
@@ -209,7 +222,8 @@ Node fuse_group(const Graph& g, size_t i, size_t j, const Readers& readers) {
   }
   FusedLoop loop = make_fused_loop(shape, strides);
   const Device device = g.buffers[last.outputs[0].buffer].device;
-  if (device.is_cuda()) n.kernel = make_cuda_fused_kernel(f.expr, loop, device, label);
+  if (!build_kernels) n.kernel = std::make_shared<UnbuiltFusedKernel>(label);
+  else if (device.is_cuda()) n.kernel = make_cuda_fused_kernel(f.expr, loop, device, label);
   else n.kernel = std::make_shared<CpuFusedKernel>(f.expr, std::move(loop), label);
   if (log_enabled("fusion"))
     log("fusion", detail::cat("fused ", label, " over ", shape_str(shape), " on ", device.str(), ": ", f.inputs.size(),
@@ -219,14 +233,14 @@ Node fuse_group(const Graph& g, size_t i, size_t j, const Readers& readers) {
 
 }  // namespace
 
-void fuse_elementwise(Graph& g, PassStats& stats) {
+void fuse_elementwise(Graph& g, PassStats& stats, bool build_kernels) {
   const Readers readers(g);
   std::vector<Node> out;
   out.reserve(g.nodes.size());
   for (size_t i = 0; i < g.nodes.size();) {
     const size_t j = group_end(g, i);
     if (j - i >= 2) {
-      out.push_back(fuse_group(g, i, j, readers));
+      out.push_back(fuse_group(g, i, j, readers, build_kernels));
       stats.fused += j - i - 1;
     } else {
       out.push_back(std::move(g.nodes[i]));

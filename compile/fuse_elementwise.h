@@ -26,6 +26,8 @@
 
 namespace reel::compile {
 
-void fuse_elementwise(Graph& g, PassStats& stats);
+// build_kernels false: the fused nodes carry a kernel that refuses to run (nothing is compiled); for
+// graphs that are only planned, never run.
+void fuse_elementwise(Graph& g, PassStats& stats, bool build_kernels = true);
 
 }  // namespace reel::compile

@@ -34,6 +34,9 @@ struct Buffer {
   Device device;
   std::shared_ptr<Storage> storage;  // Input/External: bound memory; Internal: the traced block (dropped once planned)
   int input_index = -1;              // Input: which call argument
+  // Internal, from the tracer: the node by whose end the traced program itself had dropped its last
+  // reference to the block (eager execution frees it there); -1: still held when the trace finished.
+  int released_after = -1;
 };
 
 struct TensorRef {

@@ -12,6 +12,7 @@
 #include "compile/trace.h"
 #include "compile/train_step.h"
 #include "kernels/dispatch.h"
+#include "tensor/storage.h"
 
 namespace reel::compile {
 
@@ -42,10 +43,26 @@ class GradsSetAside {
   std::vector<Tensor> params_, saved_;
 };
 
+// The allocator's bytes for every buffer of `kind` on `device`, each its own block.
 size_t bytes_of_kind(const Graph& g, BufferKind kind, Device device) {
   size_t n = 0;
   for (const Buffer& b : g.buffers)
-    if (b.kind == kind && b.device == device) n += b.nbytes;
+    if (b.kind == kind && b.device == device) n += allocation_bytes(device, b.nbytes);
+  return n;
+}
+
+// The step's N items of inputs and targets, one block per input tensor of each micro-batch: the
+// traced step's input buffers hold `traced` micro-batches of `micro_batch` items each.
+size_t step_input_bytes(const Graph& g, Device device, int64_t traced, const BudgetCandidate& c) {
+  const int per_micro = g.num_inputs / int(traced);
+  size_t n = 0;
+  for (int i = 0; i < per_micro; ++i) {
+    const Buffer& b = g.buffers[g.inputs[i].buffer];
+    if (b.device != device) continue;
+    const size_t per_item = b.nbytes / size_t(c.micro_batch);
+    n += size_t(c.accum - 1) * allocation_bytes(device, per_item * size_t(c.micro_batch)) +
+         allocation_bytes(device, per_item * size_t(c.last_micro_batch));
+  }
   return n;
 }
 
@@ -58,7 +75,7 @@ std::string lower(std::string s) {
 
 std::pair<const char*, size_t> BudgetCandidate::largest_part() const {
   std::pair<const char*, size_t> parts[] = {
-      {"activations, gradients and temporaries (the planned arena)", arena_bytes},
+      {"activations, gradients and temporaries (the step)", arena_bytes},
       {"parameters and optimizer state (external buffers)", external_bytes},
       {"inputs and targets", input_bytes},
       {"library workspaces", workspace_bytes}};
@@ -76,8 +93,47 @@ std::vector<int64_t> candidate_micro_batches(int64_t effective_batch) {
   return out;
 }
 
-size_t library_workspace_bytes(Device device) {
-  return device.is_cuda() ? kCublasWorkspaceBytes + kCublasLtWorkspaceBytes : 0;
+size_t library_workspace_bytes(Device device, bool compiled) {
+  if (!device.is_cuda()) return 0;
+  return allocation_bytes(device, kCublasWorkspaceBytes) + (compiled ? allocation_bytes(device, kCublasLtWorkspaceBytes) : 0);
+}
+
+namespace {
+Allocator* allocator_or_null(Device device) {
+  try {
+    return &allocator_for(device);
+  } catch (const Error&) {
+    return nullptr;  // no backend for the device in this build: plan without its rounding
+  }
+}
+}  // namespace
+
+size_t allocation_bytes(Device device, size_t nbytes) {
+  Allocator* a = allocator_or_null(device);
+  return a ? a->block_size(nbytes) : nbytes;
+}
+size_t allocated_bytes(Device device) {
+  Allocator* a = allocator_or_null(device);
+  return a ? a->allocated_bytes(device) : 0;
+}
+size_t peak_bytes(Device device) {
+  Allocator* a = allocator_or_null(device);
+  return a ? a->peak_bytes(device) : 0;
+}
+void reset_peak_bytes(Device device) {
+  if (Allocator* a = allocator_or_null(device)) a->reset_peak(device);
+}
+
+std::string compare_planned_peak(size_t planned, size_t measured, double tolerance) {
+  const double diff = planned ? (double(measured) - double(planned)) / double(planned) : 0.0;
+  char line[160];
+  std::snprintf(line, sizeof line, "memory: planned peak %s, measured %s (%+.1f%%)", bytes_str(planned).c_str(),
+                bytes_str(measured).c_str(), 100 * diff);
+  std::string out = line;
+  if (std::abs(diff) > tolerance)
+    out += "\nwarning: the measured peak differs from the plan by more than " + std::to_string(int(100 * tolerance)) +
+           "% (not planned: cuDNN's per-call workspaces, kernels' own temporaries); leave headroom in --memory-budget";
+  return out;
 }
 
 Graph trace_step_graph(const BudgetSetup& setup, int64_t micro_batch, int64_t count, bool meta) {
@@ -114,16 +170,24 @@ BudgetCandidate plan_candidate(const BudgetSetup& setup, int64_t micro_batch) {
   c.accum = (setup.effective_batch + micro_batch - 1) / micro_batch;
   c.last_micro_batch = setup.effective_batch - micro_batch * (c.accum - 1);
   const int64_t traced = std::min<int64_t>(c.accum, 2);
+  const Device device = setup.device;
   Graph g = trace_step_graph(setup, micro_batch, traced, true);
-  MemoryPlan plan = plan_memory(g);
-  const Arena* arena = plan.arena_for(setup.device);
-  c.arena_bytes = arena ? arena->bytes : 0;
-  c.external_bytes = bytes_of_kind(g, BufferKind::External, setup.device);
-  // A compiled step binds all of a step's micro-batches at once (and a loader batch split into them
-  // holds them too): the inputs of N items, from the traced micro-batches' bytes per item.
-  c.input_bytes = bytes_of_kind(g, BufferKind::Input, setup.device) * size_t(setup.effective_batch) /
-                  (size_t(traced) * size_t(micro_batch));
-  c.workspace_bytes = library_workspace_bytes(setup.device);
+  // The caller's micro-batches; a compiled plan binds all of them at once into buffers of its own.
+  c.input_bytes = step_input_bytes(g, device, traced, c) * (setup.compile_mode ? 2 : 1);
+  c.workspace_bytes = library_workspace_bytes(device, setup.compile_mode.has_value());
+  if (!setup.compile_mode) {
+    c.arena_bytes = eager_peak_bytes(g, device, [&](size_t n) { return allocation_bytes(device, n); });
+    c.external_bytes = bytes_of_kind(g, BufferKind::External, device);
+    return c;
+  }
+  // The passes of the compiled plan (outside meta mode: constant folding runs its few kernels), with
+  // no kernel built; the fused graph's arena is one block.
+  PassStats stats;
+  Graph fused = optimize_graph(std::move(g), PassOptions{true, false}, stats);
+  const MemoryPlan plan = plan_memory(fused);
+  const Arena* arena = plan.arena_for(device);
+  c.arena_bytes = arena ? allocation_bytes(device, arena->bytes) : 0;
+  c.external_bytes = bytes_of_kind(fused, BufferKind::External, device);
   return c;
 }
 
@@ -168,7 +232,7 @@ std::string budget_table(const BudgetChoice& choice) {
   os << "memory budget " << bytes_str(choice.budget) << " for an effective batch of " << choice.effective_batch
      << ": candidates planned without running\n";
   std::snprintf(line, sizeof line, "  %11s %6s %5s %12s %12s %12s %11s %13s %5s\n", "micro-batch", "ACCUM", "last",
-                "arena", "external", "inputs", "workspaces", "planned peak", "fits");
+                "step", "external", "inputs", "workspaces", "planned peak", "fits");
   os << line;
   for (size_t i = 0; i < choice.candidates.size(); ++i) {
     const BudgetCandidate& c = choice.candidates[i];
@@ -186,8 +250,9 @@ std::string budget_table(const BudgetChoice& choice) {
     os << "\nremainder: the last micro-batch has " << c.last_micro_batch << " items; the optimizer counts items ("
        << choice.effective_batch << " per step), so each micro-batch's loss is weighted by its share and the step's "
        << "gradient stays the mean over all " << choice.effective_batch;
-  os << "\nplanned peak = arena (activations, gradients, temporaries) + external (parameters, optimizer state) + "
-        "inputs + library workspaces; allocator rounding and the CUDA context are not counted\n";
+  os << "\nplanned peak = step (activations, gradients, temporaries at their most) + external (parameters, "
+        "optimizer state) + inputs + library workspaces, each as the allocator rounds it; not counted: cuDNN's "
+        "per-call workspaces, cached free blocks, the CUDA context\n";
   return os.str();
 }
 

@@ -4,20 +4,25 @@
 // For an effective batch N and each candidate micro-batch m (powers of two from 1 up to N, and N):
 //   ACCUM = ceil(N / m); the last micro-batch has N - m (ACCUM - 1) items (m when m divides N);
 //   one step is traced in meta mode (kernels/dispatch.h: no kernel, no memory) and its planned peak is
-//     peak(m) = arena(m)       the memory plan's arena on the device (compile/memory_plan.h): the step's
-//                              activations, gradients and temporaries, reused by liveness;
-//             + external       parameters, optimizer state, scaler state, constants: buffers that outlive
-//                              the step (the trace's External buffers);
-//             + inputs         the step's N items of inputs and targets (a compiled step binds all its
-//                              micro-batches at once), scaled from the traced micro-batches;
-//             + workspaces     the libraries' fixed workspaces: on CUDA one cuBLAS and one cuBLASLt
-//                              workspace of 32 MiB each per device (kernels/cuda/register.cu,
-//                              gemm_epilogue.cu); nothing on the CPU. cuDNN's per-call workspaces come
-//                              from the caching allocator and are not counted.
+//     peak(m) = step(m)        the step's activations, gradients and temporaries:
+//                              eager: the most bytes its buffers hold at once when each is allocated
+//                                at its first use and freed after its last, every size rounded as the
+//                                device's allocator rounds it (compile/memory_plan.h live_peak_bytes);
+//                              compiled (BudgetSetup::compile_mode): the fused plan's arena, one block
+//                                (the passes of compile/plan.h run on the traced graph, nothing built);
+//             + external       parameters, gradients' owners aside: optimizer state, scaler state and
+//                              folded constants, buffers that outlive the step (the trace's External
+//                              buffers), each rounded;
+//             + inputs         the step's N items of inputs and targets, one block per micro-batch
+//                              (a compiled plan also keeps its own copy of them);
+//             + workspaces     the libraries' fixed workspaces: on CUDA one cuBLAS workspace of 32 MiB
+//                              per device (kernels/cuda/register.cu), and for a compiled step the
+//                              cuBLASLt one of its GEMM epilogues (gemm_epilogue.cu); nothing on the CPU.
 // The trace holds min(ACCUM, 2) micro-batches: the second already overlaps the gradients the first
-// left, and every later one repeats it, so a longer step has the same peak. The arena is that of the
-// step as traced (unfused: what eager execution holds at most by liveness); fusion only removes
-// buffers. Not counted: the caching allocator's rounding and fragmentation, the CUDA context.
+// left, and every later one repeats it, so a longer step has the same peak. Not counted: cuDNN's
+// per-call workspaces (from the caching allocator during a convolution), cached free blocks (reserved,
+// not allocated) and the CUDA context. `reel bench --plan-memory` prints the plan beside the measured
+// peak (bench/RESULTS.md has the table); `reel train` compares them after its first step.
 //
 // pick_micro_batch takes the largest m with peak(m) <= budget. When m does not divide N, the
 // optimizer counts items (set_items_per_step(N)) so that the smaller last micro-batch is weighted by
@@ -30,10 +35,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "compile/graph.h"
+#include "compile/plan.h"
 #include "optim/train_step.h"
 
 namespace reel::compile {
@@ -50,6 +57,7 @@ struct BudgetSetup {
   OptimizerFactory make_optimizer;
   Device device;
   int64_t effective_batch = 0;
+  std::optional<Mode> compile_mode;  // unset: the step runs eagerly
 };
 
 // One candidate micro-batch and its planned peak, in parts.
@@ -57,6 +65,7 @@ struct BudgetCandidate {
   int64_t micro_batch = 0;
   int64_t accum = 0;             // ceil(N / micro_batch)
   int64_t last_micro_batch = 0;  // N - micro_batch (accum - 1)
+  // arena_bytes: the step's own part (see the top of this file: eager lifetimes, or the fused arena).
   size_t arena_bytes = 0, external_bytes = 0, input_bytes = 0, workspace_bytes = 0;
   bool fits = false;
 
@@ -78,8 +87,18 @@ struct BudgetChoice {
 
 // 1, 2, 4, ... up to N, and N itself when it is not a power of two.
 std::vector<int64_t> candidate_micro_batches(int64_t effective_batch);
-// The fixed library workspaces on `device` (see the top of this file).
-size_t library_workspace_bytes(Device device);
+// The fixed library workspaces on `device` for an eager or a compiled step (see the top of this file).
+size_t library_workspace_bytes(Device device, bool compiled = false);
+// The bytes the allocator of `device` holds for a request of `nbytes` (its rounding); `nbytes` itself
+// where this build has no allocator for the device.
+size_t allocation_bytes(Device device, size_t nbytes);
+// The allocator's bytes in live blocks on `device` now, and the most since the last reset_peak_bytes.
+size_t allocated_bytes(Device device);
+size_t peak_bytes(Device device);
+void reset_peak_bytes(Device device);
+// "planned 812.0 MiB, measured 830.5 MiB (+2.3%)", with a warning line when they differ by more than
+// `tolerance` (a fraction): what `reel train` prints after its first step.
+std::string compare_planned_peak(size_t planned, size_t measured, double tolerance = 0.05);
 // One step of `count` micro-batches of `micro_batch` items traced with a fresh optimizer: in meta mode
 // (nothing runs), or for real when `meta` is false (the step runs: parameters are updated; for tests).
 Graph trace_step_graph(const BudgetSetup& setup, int64_t micro_batch, int64_t count, bool meta = true);

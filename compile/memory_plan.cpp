@@ -50,6 +50,42 @@ size_t lowest_fit(const Placement& p, const std::vector<Placement>& placed) {
 
 }  // namespace
 
+namespace {
+
+// +size at a buffer's first node, -size after its last: the running sum's maximum.
+size_t peak_of(std::vector<std::pair<int, int64_t>> events) {
+  std::sort(events.begin(), events.end());
+  int64_t live = 0, peak = 0;
+  for (const auto& [at, delta] : events) {
+    live += delta;
+    peak = std::max(peak, live);
+  }
+  return size_t(peak);
+}
+
+}  // namespace
+
+size_t eager_peak_bytes(const Graph& g, Device device, const std::function<size_t(size_t)>& block) {
+  std::vector<int> first(g.buffers.size(), -1);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    auto see = [&](int id) {
+      if (first[id] < 0) first[id] = int(i);
+    };
+    for (const auto& r : g.nodes[i].inputs)
+      if (r) see(r->buffer);
+    for (const TensorRef& r : g.nodes[i].outputs) see(r.buffer);
+  }
+  const int end = int(g.nodes.size());
+  std::vector<std::pair<int, int64_t>> events;
+  for (const Buffer& b : g.buffers) {
+    if (b.kind != BufferKind::Internal || b.device != device || first[b.id] < 0) continue;
+    const int64_t bytes = int64_t(block(b.nbytes));
+    events.push_back({2 * first[b.id], bytes});
+    events.push_back({2 * (b.released_after < 0 ? end : std::max(b.released_after, first[b.id])) + 1, -bytes});
+  }
+  return peak_of(std::move(events));
+}
+
 const Arena* MemoryPlan::arena_for(Device d) const {
   for (const Arena& a : arenas)
     if (a.device == d) return &a;

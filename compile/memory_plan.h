@@ -8,6 +8,7 @@
 // the step's own memory; kernels' scratch (cuBLAS/cuDNN workspaces, contiguous copies) comes on top
 // from the caching allocator.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "compile/graph.h"
@@ -35,5 +36,12 @@ struct MemoryPlan {
 constexpr size_t kArenaAlignment = 256;
 
 MemoryPlan plan_memory(const Graph& g);
+
+// The most bytes the step's buffers hold at once when it runs eagerly: each Internal buffer on `device`
+// is its own allocation of block(nbytes) bytes (the allocator's rounding) from its first node to
+// Buffer::released_after (the tracer saw the program drop it; -1: to the end), so buffers the
+// program holds past their last use (tensors autograd saved for a backward that comes later, a
+// caller's variables) count as long as eager execution holds them.
+size_t eager_peak_bytes(const Graph& g, Device device, const std::function<size_t(size_t)>& block);
 
 }  // namespace reel::compile

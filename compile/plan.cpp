@@ -29,9 +29,7 @@ Mode parse_mode(const std::string& name) {
   throw Error("compile: unknown mode '" + name + "' (expected default, reduce-overhead or max-autotune)");
 }
 
-namespace {
-
-Graph optimized(Graph g, const PassOptions& options, PassStats& stats) {
+Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats) {
   stats.traced = g.nodes.size();
   eliminate_dead_code(g, stats);
   fold_constants(g, stats);
@@ -41,17 +39,16 @@ Graph optimized(Graph g, const PassOptions& options, PassStats& stats) {
     fuse_matmul_cast(g, stats);    // then the remaining GEMMs whose 16-bit result is only cast back to f32
     fuse_matmul_accumulate(g, stats);  // and weight gradients written (or accumulated) by their GEMM
     fuse_masked_softmax(g, stats);     // attention's mask + softmax (+ cast), forward and backward
-    fuse_elementwise(g, stats);
+    fuse_elementwise(g, stats, options.build_kernels);
     fuse_optimizer(g, stats);  // one multi-tensor kernel per run of optimizer updates
   }
   stats.kernels = g.nodes.size();
   return g;
 }
 
-}  // namespace
-
 Plan::Plan(Graph graph, Mode mode, PassOptions passes)
-    : graph_(optimized(std::move(graph), passes, stats_)), mode_(mode), memory_(plan_memory(graph_)) {
+    : graph_(optimize_graph(std::move(graph), passes, stats_)), mode_(mode), memory_(plan_memory(graph_)) {
+  REEL_CHECK(passes.build_kernels, "compile: a plan needs its kernels built (PassOptions::build_kernels)");
   const size_t nb = graph_.buffers.size();
   storage_.resize(nb);
   byte_offset_.assign(nb, 0);

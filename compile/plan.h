@@ -35,7 +35,14 @@ Mode parse_mode(const std::string& name);  // "default" | "reduce-overhead" | "m
 // Which passes run (all by default; tests turn fusion off to compare with eager to the bit).
 struct PassOptions {
   bool fuse = true;
+  // false: fused elementwise nodes get no compiled kernel (no NVRTC): the graph is for memory planning
+  // only (compile/memory_budget.h), and a Plan refuses it.
+  bool build_kernels = true;
 };
+
+// The passes a Plan runs on a traced graph (dead code, constants, common subexpressions, and with
+// options.fuse the fusions), in order; `stats` gets the node counts before and after.
+Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats);
 
 class Plan {
  public:

@@ -56,7 +56,28 @@ int Tracer::buffer_of(const Tensor& t, BufferKind kind_if_new) {
   b.storage = t.storage();
   graph_.buffers.push_back(b);
   ids_[s] = b.id;
+  if (b.kind == BufferKind::Internal) held_.push_back(b.id);
   return b.id;
+}
+
+void Tracer::note_releases() {
+  // Called after each recorded node: a block referenced by the tracer alone was freed by the program
+  // since the previous node. Freed while this node ran when it was one of the node's inputs (the
+  // caller held it for the call); otherwise before the node allocated its outputs.
+  const Node& n = graph_.nodes.back();
+  const int at = int(graph_.nodes.size()) - 1;
+  auto is_input = [&](int id) {
+    for (const auto& r : n.inputs)
+      if (r && r->buffer == id) return true;
+    return false;
+  };
+  size_t kept = 0;
+  for (int id : held_) {
+    Buffer& b = graph_.buffers[id];
+    if (b.storage.use_count() == 1) b.released_after = is_input(id) ? at : at - 1;
+    else held_[kept++] = id;
+  }
+  held_.resize(kept);
 }
 
 TensorRef Tracer::ref_of(const Tensor& t, BufferKind kind_if_new) {
@@ -77,6 +98,7 @@ void Tracer::on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std
   for (const Tensor& t : outputs)
     n.outputs.push_back(ref_of(t, into_given ? BufferKind::External : BufferKind::Internal));
   graph_.nodes.push_back(std::move(n));
+  note_releases();
 }
 
 Graph Tracer::finish(const std::vector<Tensor>& outputs) {
@@ -96,6 +118,7 @@ Graph Tracer::finish(const std::vector<Tensor>& outputs) {
   Graph g = std::move(graph_);
   graph_ = Graph();
   ids_.clear();
+  held_.clear();
   return g;
 }
 

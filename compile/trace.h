@@ -7,12 +7,16 @@
 // At the end, an Internal buffer still referenced from outside the step (say a gradient the
 // optimizer keeps, or a tensor saved by an autograd graph that was not run backward) is state that
 // outlives the step: it becomes External and keeps its memory on every replay.
+// It also notes when the traced program dropped its last reference to each Internal block (only the
+// tracer's own reference is left): Buffer::released_after, which gives eager execution's own lifetimes
+// (autograd holds saved tensors until their backward ran) to the memory budget's planner.
 //
 // Ops a replay cannot honour are recorded as graph breaks, with the reason:
 //   random ops (dropout, rand_*): their Philox offset is an attr, so a replay would repeat the numbers;
 //   a copy from a GPU to the host: the host reads a device value, which stops a captured graph.
 #pragma once
 #include <unordered_map>
+#include <vector>
 
 #include "compile/graph.h"
 #include "kernels/dispatch.h"
@@ -45,8 +49,11 @@ class Tracer : public DispatchObserver {
   int buffer_of(const Tensor& t, BufferKind kind_if_new);
   TensorRef ref_of(const Tensor& t, BufferKind kind_if_new);
 
+  void note_releases();
+
   Graph graph_;
   std::unordered_map<const Storage*, int> ids_;
+  std::vector<int> held_;  // Internal buffers the traced program still references
   std::vector<GraphBreak> breaks_;
   DispatchObserver* previous_ = nullptr;
   bool active_ = false;

@@ -110,10 +110,14 @@ class CachingAllocator : public Allocator {
     st.free.emplace(FreeKey{b->pool, b->stream, b->size}, b);
   }
 
-  MemoryStats stats(int device) {
+  MemoryStats stats(int device) const {
     std::lock_guard<std::mutex> lock(m_);
     return state_[device].stats;
   }
+  size_t block_size(size_t nbytes) const override { return nbytes == 0 ? 0 : round_size(nbytes); }
+  size_t allocated_bytes(Device device) const override { return stats(device.index).allocated_bytes; }
+  size_t peak_bytes(Device device) const override { return stats(device.index).peak_allocated_bytes; }
+  void reset_peak(Device device) override { reset_peak(device.index); }
   void reset_peak(int device) {
     std::lock_guard<std::mutex> lock(m_);
     state_[device].stats.peak_allocated_bytes = state_[device].stats.allocated_bytes;
@@ -219,7 +223,7 @@ class CachingAllocator : public Allocator {
     st.free.clear();
   }
 
-  std::mutex m_;
+  mutable std::mutex m_;
   bool caching_ = true;
   DeviceState state_[kMaxDevices];
   std::unordered_map<void*, Block*> live_;

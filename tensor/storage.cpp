@@ -2,6 +2,8 @@
 
 #include <malloc.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <new>
 
@@ -14,6 +16,7 @@ namespace {
 // glibc serves blocks over 32 MiB with fresh mmaps that are unmapped on free, so every large
 // activation would page-fault on first touch (a 64 MiB tensor: ~16k faults, tens of ms). Raising the
 // mmap and trim thresholds keeps freed blocks in the heap for reuse, as a caching allocator would.
+// It counts the bytes of its live blocks (64-byte rounded) and their peak, as the CUDA allocator does.
 class CpuAllocator : public Allocator {
  public:
   CpuAllocator() {
@@ -21,12 +24,25 @@ class CpuAllocator : public Allocator {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
   void* allocate(size_t nbytes, Device) override {
-    size_t rounded = (nbytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    const size_t size = block_size(nbytes);
+    void* p = std::aligned_alloc(64, size);
     REEL_CHECK(p != nullptr, "cpu allocator: out of host memory asking for ", nbytes, " bytes");
+    const size_t now = allocated_.fetch_add(size) + size;
+    size_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {}
     return p;
   }
-  void deallocate(void* ptr, size_t, Device) override { std::free(ptr); }
+  void deallocate(void* ptr, size_t nbytes, Device) override {
+    std::free(ptr);
+    allocated_.fetch_sub(block_size(nbytes));
+  }
+  size_t block_size(size_t nbytes) const override { return nbytes == 0 ? 64 : (nbytes + 63) / 64 * 64; }
+  size_t allocated_bytes(Device) const override { return allocated_.load(); }
+  size_t peak_bytes(Device) const override { return peak_.load(); }
+  void reset_peak(Device) override { peak_.store(allocated_.load()); }
+
+ private:
+  std::atomic<size_t> allocated_{0}, peak_{0};
 };
 
 CpuAllocator cpu_allocator;

@@ -6,11 +6,18 @@
 //     without meta tensors (no .grad, no state) after planning;
 //   - planned peaks grow with the micro-batch; pick_micro_batch on hand-made lists (exact fit,
 //     nothing fits, the remainder rule: N = 100 with 32 -> ACCUM 4, a last micro-batch of 4);
-//   - the SIZE parser and the out-of-memory advice text.
+//   - the SIZE parser and the out-of-memory advice text;
+//   - the prediction against reality: the planned peak of an eager and of a compiled step (a small
+//     CNN and a small GPT) against the CPU allocator's measured peak of the same step run for real;
+//     the tracer's record of when the program dropped each block; the allocator's statistics.
 #include <gtest/gtest.h>
+
+#include <optional>
 
 #include "compile/memory_budget.h"
 #include "compile/memory_plan.h"
+#include "compile/trace.h"
+#include "compile/train_step.h"
 #include "kernels/dispatch.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
@@ -72,6 +79,57 @@ SmallSetup small_cnn(int64_t effective_batch) {
     return micro;
   };
   return s;
+}
+
+// A 2-layer GPT small enough for a test step on two cores.
+SmallSetup small_gpt(int64_t effective_batch) {
+  Generator gen(5);
+  nn::GptConfig cfg;
+  cfg.block_size = 32;
+  cfg.dim = 64;
+  cfg.heads = 2;
+  cfg.layers = 2;
+  SmallSetup s{std::make_shared<nn::Gpt>(cfg, &gen), {}};
+  nn::Module* m = s.model.get();
+  s.setup.device = Device::cpu();
+  s.setup.effective_batch = effective_batch;
+  s.setup.loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
+  s.setup.make_optimizer = [m]() -> std::unique_ptr<optim::Optimizer> {
+    auto opt = std::make_unique<optim::AdamW>(m->parameters(), optim::AdamWOptions(1e-3));
+    opt->set_max_grad_norm(1.0);
+    return opt;
+  };
+  s.setup.make_micro = [](int64_t B, int64_t count) {
+    std::vector<optim::MicroBatch> micro;
+    for (int64_t i = 0; i < count; ++i)
+      micro.push_back({full({B, 32}, 7.0, {DType::i64}), full({B, 32}, 9.0, {DType::i64})});
+    return micro;
+  };
+  return s;
+}
+
+// The CPU allocator's peak over one real step in its steady state (the optimizer's state made by an
+// earlier step), counted from what the process held before the model was built: everything the step
+// touches is the test's, so this is the quantity the planner predicts.
+size_t measured_step_peak(SmallSetup (*make)(int64_t), int64_t effective_batch, int64_t micro_batch,
+                          std::optional<compile::Mode> mode) {
+  const Device cpu = Device::cpu();
+  const size_t before = compile::allocated_bytes(cpu);
+  SmallSetup s = make(effective_batch);
+  const int64_t accum = effective_batch / micro_batch;
+  std::unique_ptr<optim::Optimizer> opt = s.setup.make_optimizer();
+  opt->set_accum_steps(accum);
+  std::vector<optim::MicroBatch> micro = s.setup.make_micro(micro_batch, accum);
+  std::optional<compile::CompiledFunction> step;
+  if (mode) step.emplace(compile::compile_train_step(*opt, s.setup.loss_fn, {*mode}));
+  auto run = [&] {
+    if (step) (*step)(compile::flatten_micro(micro));
+    else optim::train_step(*opt, s.setup.loss_fn, micro);
+  };
+  for (int i = 0; i < (mode ? 3 : 1); ++i) run();  // compiled: warm-up, trace, first replay
+  compile::reset_peak_bytes(cpu);
+  run();
+  return compile::peak_bytes(cpu) - before;
 }
 
 compile::BudgetCandidate hand_made(int64_t micro_batch, size_t peak) {
@@ -190,8 +248,9 @@ TEST(MemoryBudget, PeaksGrowWithTheMicroBatch) {
   for (const Tensor& p : s.model->parameters()) param_bytes += p.nbytes();
   EXPECT_GE(cands[0].external_bytes, 3 * param_bytes);
   EXPECT_EQ(cands[0].workspace_bytes, 0u);  // none on the CPU
-  EXPECT_EQ(cands.back().input_bytes, size_t(64) * (28 * 28 * 4 + 8));
-  EXPECT_EQ(cands[0].input_bytes, cands.back().input_bytes);  // the whole batch, in 64 micro-batches
+  EXPECT_EQ(cands.back().input_bytes, size_t(64) * (28 * 28 * 4 + 8));  // one block of images, one of labels
+  // The whole batch in 64 micro-batches: each label is a block of its own, 64 bytes as allocated.
+  EXPECT_EQ(cands[0].input_bytes, size_t(64) * (28 * 28 * 4 + 64));
 }
 
 TEST(MemoryBudget, CandidatesArePowersOfTwoAndN) {
@@ -274,4 +333,81 @@ TEST(MemoryBudget, OutOfMemoryAdvice) {
             "reel train --effective-batch 128 --memory-budget SIZE)");
   EXPECT_TRUE(compile::is_out_of_memory(Error("cuda allocator: out of memory on cuda:0 asking for 2 GiB")));
   EXPECT_FALSE(compile::is_out_of_memory(Error("matmul: shapes (4, 3) and (5, 2) cannot be multiplied")));
+}
+
+TEST(MemoryBudget, PlannedPeakMatchesTheAllocatorsMeasuredPeak) {
+  struct Case {
+    const char* name;
+    SmallSetup (*make)(int64_t);
+    std::optional<compile::Mode> mode;
+  };
+  for (const Case& c : {Case{"cnn eager", small_cnn, std::nullopt}, Case{"gpt eager", small_gpt, std::nullopt},
+                        Case{"cnn compiled", small_cnn, compile::Mode::Default},
+                        Case{"gpt compiled", small_gpt, compile::Mode::Default}}) {
+    SmallSetup s = c.make(16);
+    s.setup.compile_mode = c.mode;
+    const size_t planned = compile::plan_candidate(s.setup, 8).peak();
+    const size_t measured = measured_step_peak(c.make, 16, 8, c.mode);
+    EXPECT_NEAR(double(planned), double(measured), 0.05 * double(measured))
+        << c.name << ": " << compile::compare_planned_peak(planned, measured);
+  }
+}
+
+TEST(MemoryBudget, ComparesPlannedWithMeasured) {
+  const std::string close = compile::compare_planned_peak(100 << 20, 102 << 20);
+  EXPECT_EQ(close, "memory: planned peak 100.0 MiB, measured 102.0 MiB (+2.0%)");
+  const std::string off = compile::compare_planned_peak(100 << 20, 90 << 20);
+  EXPECT_NE(off.find("(-10.0%)"), std::string::npos) << off;
+  EXPECT_NE(off.find("warning: the measured peak differs from the plan by more than 5%"), std::string::npos) << off;
+}
+
+TEST(MemoryPlan, EagerPeakFollowsTheProgramsOwnReleases) {
+  // x -> a -> b -> c -> d -> e, each 1 KiB; `hold_a` keeps a alive to the end, as a tensor saved for
+  // a backward still to come would be.
+  for (bool hold_a : {false, true}) {
+    Tensor x = full({256}, 1.0);
+    compile::Tracer tracer({x});
+    tracer.start();
+    Tensor a = x * 2.0;  // node 0
+    Tensor b = a + 1.0;  // node 1: a's last use
+    Tensor keep = hold_a ? a : Tensor();
+    a = Tensor();
+    Tensor c = b * 3.0;  // node 2: a dropped before it (unless held)
+    b = Tensor();
+    Tensor d = c + 1.0;  // node 3
+    c = Tensor();
+    Tensor e = d * 2.0;  // node 4
+    d = Tensor();
+    keep = Tensor();
+    tracer.stop();
+    compile::Graph g = tracer.finish({e});
+    auto released = [&](int node) { return g.buffers[g.nodes[node].outputs[0].buffer].released_after; };
+    EXPECT_EQ(released(0), hold_a ? -1 : 1) << "a";  // held: dropped after the last node
+    EXPECT_EQ(released(1), 2) << "b";
+    EXPECT_EQ(released(2), 3) << "c";
+    EXPECT_EQ(released(3), -1) << "d: dropped after the last node";
+    const size_t peak = compile::eager_peak_bytes(g, Device::cpu(), [](size_t n) { return n; });
+    EXPECT_EQ(peak, size_t(hold_a ? 3 * 1024 : 2 * 1024));
+  }
+}
+
+TEST(CpuAllocator, CountsLiveBlocksAndTheirPeak) {
+  const Device cpu = Device::cpu();
+  EXPECT_EQ(compile::allocation_bytes(cpu, 1000), 1024u);  // 64-byte blocks
+  EXPECT_EQ(compile::allocation_bytes(cpu, 64), 64u);
+  const size_t base = compile::allocated_bytes(cpu);
+  compile::reset_peak_bytes(cpu);
+  {
+    Tensor t = Tensor::empty({250}, DType::f32, cpu);  // 1000 bytes
+    EXPECT_EQ(compile::allocated_bytes(cpu), base + 1024);
+    {
+      Tensor u = Tensor::empty({1024}, DType::f32, cpu);
+      EXPECT_EQ(compile::allocated_bytes(cpu), base + 1024 + 4096);
+    }
+    EXPECT_EQ(compile::allocated_bytes(cpu), base + 1024);
+  }
+  EXPECT_EQ(compile::allocated_bytes(cpu), base);
+  EXPECT_EQ(compile::peak_bytes(cpu), base + 1024 + 4096);
+  compile::reset_peak_bytes(cpu);
+  EXPECT_EQ(compile::peak_bytes(cpu), base);
 }

@@ -16,6 +16,8 @@
 #include <optional>
 #include <sstream>
 
+#include "compile/describe.h"
+#include "compile/memory_budget.h"
 #include "compile/train_step.h"
 #include "kernels/autotune.h"
 #include "kernels/dispatch.h"
@@ -38,6 +40,7 @@ struct BenchOptions {
   std::string device = "auto";
   int64_t steps = 30, warmup = 5, micro_batch = -1;
   int64_t profile_steps = 0;  // > 0: profile this many extra steps op by op (tools/op_profile.h)
+  bool plan_memory = false;   // also plan each step's peak without running it (compile/memory_budget.h)
   std::string json_path;
 };
 
@@ -65,9 +68,10 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--json") o.json_path = v;
     else if (k == "--profile") o.profile_steps = std::stoll(v);
     else if (k == "--deterministic") set_deterministic_algorithms(v != "0");
+    else if (k == "--plan-memory") o.plan_memory = v != "0";
     else throw Error("bench: unknown option " + k +
                      " (expected --models, --precisions, --compile, --device, --steps, --warmup, --micro-batch, --json, "
-                     "--profile, --deterministic 0|1)");
+                     "--profile, --deterministic 0|1, --plan-memory 0|1)");
   }
   REEL_CHECK(o.steps > 0 && o.warmup >= 0 && o.profile_steps >= 0,
              "bench: --steps must be positive, --warmup and --profile non-negative");
@@ -79,6 +83,7 @@ struct Result {
   int64_t params = 0, items_per_step = 0;
   std::string micro_batch = "default";  // as the peer scripts print B
   double median_ms = 0, min_ms = 0, first_s = 0, peak_mib = -1, kernels_per_step = 0;
+  double planned_mib = -1;  // --plan-memory: the planner's peak for this step (compile/memory_budget.h)
   double host_ms = 0;  // median host time to run step() without waiting for the device: the launch cost
 };
 
@@ -117,6 +122,38 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
 
   Result r{name, prec, device.str(), mode, w.model->num_parameters(), w.items_per_step};
   if (o.micro_batch > 0) r.micro_batch = std::to_string(o.micro_batch);
+  if (o.plan_memory) {
+    // The same step planned in meta mode before it runs: the workload's shapes, a fresh AdamW like opt.
+    const int64_t B = w.micro[0].first.shape()[0];
+    compile::BudgetSetup setup;
+    setup.device = device;
+    setup.effective_batch = B * kAccum;
+    setup.loss_fn = loss_fn;
+    if (compiled) setup.compile_mode = compile::parse_mode(mode);
+    setup.make_optimizer = [&]() -> std::unique_ptr<optim::Optimizer> {
+      auto fresh = std::make_unique<optim::AdamW>(w.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
+      fresh->set_max_grad_norm(1.0);
+      if (autocast_policy().needs_grad_scaler()) fresh->set_grad_scaler(std::make_shared<optim::GradScaler>());
+      return fresh;
+    };
+    setup.make_micro = [&](int64_t b, int64_t count) {
+      std::vector<optim::MicroBatch> out;
+      for (int64_t i = 0; i < count; ++i) {
+        const Tensor& x = w.micro[0].first;
+        const Tensor& y = w.micro[0].second;
+        Shape xs = x.shape(), ys = y.shape();
+        xs[0] = ys[0] = b;
+        out.push_back({zeros(xs, {x.dtype(), device}), zeros(ys, {y.dtype(), device})});
+      }
+      return out;
+    };
+    const compile::BudgetCandidate c = compile::plan_candidate(setup, B);
+    r.planned_mib = double(c.peak()) / (1 << 20);
+    std::printf("planned %s %s %s B=%lld: step %s + external %s + inputs %s + workspaces %s = %s\n", name.c_str(),
+                prec.c_str(), mode.c_str(), (long long)B, compile::bytes_str(c.arena_bytes).c_str(),
+                compile::bytes_str(c.external_bytes).c_str(), compile::bytes_str(c.input_bytes).c_str(),
+                compile::bytes_str(c.workspace_bytes).c_str(), compile::bytes_str(c.peak()).c_str());
+  }
   // The first step: eagerly, the warm-up; compiled, until the first replay (warm-up, trace, plan and
   // capture): what a user waits before the steady state.
   auto t0 = std::chrono::steady_clock::now();
@@ -125,7 +162,7 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
   r.first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int64_t i = 0; i < o.warmup; ++i) step();
   sync();
-  if (device.is_cuda()) cuda::reset_peak_memory_stats(device.index);
+  compile::reset_peak_bytes(device);
   std::vector<double> ms, host_ms;
   uint64_t k0 = kernel_count();
   for (int64_t i = 0; i < o.steps; ++i) {
@@ -147,7 +184,7 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
   r.median_ms = ms[ms.size() / 2];
   r.min_ms = ms.front();
   r.host_ms = host_ms[host_ms.size() / 2];
-  if (device.is_cuda()) r.peak_mib = double(cuda::memory_stats(device.index).peak_allocated_bytes) / (1 << 20);
+  r.peak_mib = double(compile::peak_bytes(device)) / (1 << 20);
   if (o.profile_steps > 0 && compiled && compiled_step->last_plan()) {
     // A replayed plan bypasses the dispatch door: the plan times its own kernels, one at a time.
     OpProfiler prof(device);
@@ -174,16 +211,17 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
 }
 
 std::string to_json(const Result& r) {
-  char buf[512];
-  std::string peak = r.peak_mib < 0 ? "null" : std::to_string(std::lround(r.peak_mib * 10) / 10.0);
+  char buf[640];
+  auto mib = [](double v) { return v < 0 ? std::string("null") : std::to_string(std::lround(v * 10) / 10.0); };
+  std::string peak = mib(r.peak_mib);
   std::snprintf(buf, sizeof buf,
                 "{\"engine\": \"reel\", \"model\": \"%s\", \"mode\": \"%s\", \"prec\": \"%s\", \"dev\": \"%s\", "
                 "\"params\": %lld, \"items_per_step\": %lld, \"step_ms_median\": %.3f, \"step_ms_min\": %.3f, "
                 "\"items_per_s\": %.0f, \"first_step_s\": %.2f, \"peak_mib\": %s, \"kernels_per_step\": %.0f, "
-                "\"host_ms_median\": %.3f, \"B\": \"%s\"}",
+                "\"host_ms_median\": %.3f, \"B\": \"%s\", \"planned_peak_mib\": %s}",
                 r.model.c_str(), r.mode.c_str(), r.prec.c_str(), r.dev.c_str(), (long long)r.params, (long long)r.items_per_step,
                 r.median_ms, r.min_ms, double(r.items_per_step) / (r.median_ms / 1e3), r.first_s, peak.c_str(),
-                r.kernels_per_step, r.host_ms, r.micro_batch.c_str());
+                r.kernels_per_step, r.host_ms, r.micro_batch.c_str(), mib(r.planned_mib).c_str());
   return buf;
 }
 

@@ -12,8 +12,9 @@
 // in meta mode for micro-batches 1, 2, 4, ..., N (compile/memory_budget.h), the table printed, and
 // training runs with the largest that fits and ACCUM = ceil(N / micro-batch). When that micro-batch
 // does not divide N, each step's last micro-batch is smaller and the optimizer counts items (N per
-// step); such steps run eagerly (a compiled step's inputs carry no item counts). An out-of-memory
-// error during training is rethrown with the planner's advice.
+// step); a compiled step then weighs each micro-batch by its leading dim. After the first step (the
+// first replay when compiled) the planned peak is set beside the allocator's measured one, with a
+// warning past 5%. An out-of-memory error during training is rethrown with the planner's advice.
 #include <unistd.h>
 
 #include <chrono>
@@ -129,10 +130,6 @@ optim::StepResult eager_micro_batch(nn::Module& model, optim::Optimizer& opt, co
 std::optional<compile::CompiledFunction> compiled_step(const TrainOptions& o, nn::Module& model,
                                                        optim::Optimizer& opt) {
   if (o.compile == "none") return std::nullopt;
-  if (counts_items(o)) {
-    std::printf("--compile %s: steps with a smaller last micro-batch run eagerly\n", o.compile.c_str());
-    return std::nullopt;
-  }
   nn::Module* m = &model;
   return compile::compile_train_step(
       opt, [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); }, {compile::parse_mode(o.compile)});
@@ -146,6 +143,7 @@ compile::BudgetSetup budget_setup(const TrainOptions& o, nn::Module& model, Devi
   nn::Module* m = &model;
   s.device = device;
   s.effective_batch = o.effective_batch;
+  if (o.compile != "none") s.compile_mode = compile::parse_mode(o.compile);
   s.loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
   s.make_optimizer = [o, m]() -> std::unique_ptr<optim::Optimizer> { return make_optimizer(o, *m, 1); };
   s.make_micro = [=](int64_t B, int64_t count) {
@@ -160,17 +158,56 @@ compile::BudgetSetup budget_setup(const TrainOptions& o, nn::Module& model, Devi
   return s;
 }
 
-// Plans the candidates, prints the table and sets o's micro-batch and ACCUM from the choice. Returns
-// the advice an out-of-memory error during training will carry.
-std::string choose_micro_batch(TrainOptions& o, const compile::BudgetSetup& setup) {
+// What the memory budget decided, for the out-of-memory advice and the check after the first step.
+struct BudgetRun {
+  std::string oom_advice;
+  size_t planned_peak = 0;  // 0: no budget was asked for
+};
+
+// Plans the candidates, prints the table and sets o's micro-batch and ACCUM from the choice.
+BudgetRun choose_micro_batch(TrainOptions& o, const compile::BudgetSetup& setup) {
   compile::BudgetChoice c =
       compile::pick_micro_batch(compile::plan_candidates(setup), o.effective_batch, o.memory_budget);
   std::printf("%s", compile::budget_table(c).c_str());
   o.micro_batch = c.choice().micro_batch;
   o.accum = c.choice().accum;
-  return compile::budget_advice(c) + "; the step took more than planned (allocator rounding, per-call "
-         "workspaces): lower --memory-budget";
+  return {compile::budget_advice(c) + "; the step took more than planned (per-call workspaces, "
+          "fragmentation): lower --memory-budget",
+          c.choice().peak()};
 }
+
+// The plan's peak against the allocator's after the first step in the steady state the plan
+// describes: the second eager step (the optimizer's state appears at the end of the first), or the
+// first replay when compiled (calls 1 and 2 are the warm-up and the trace). The plan counts the model's
+// parameters but not what else the process held before training (a dataset in host memory), so that
+// is taken off the measurement.
+class PeakCheck {
+ public:
+  PeakCheck(size_t planned, const nn::Module& model, Device device, bool compiled)
+      : planned_(planned), device_(device), step_(compiled ? 2 : 1) {
+    if (!planned_) return;
+    size_t model_bytes = 0;
+    for (const Tensor& t : model.parameters()) model_bytes += compile::allocation_bytes(device, t.nbytes());
+    for (const Tensor& t : model.buffers()) model_bytes += compile::allocation_bytes(device, t.nbytes());
+    const size_t before = compile::allocated_bytes(device);
+    other_ = before > model_bytes ? before - model_bytes : 0;
+  }
+  // Call before and after each step; prints once.
+  void before_step(int64_t step) {
+    if (planned_ && step == step_) compile::reset_peak_bytes(device_);
+  }
+  void after_step(int64_t step) {
+    if (!planned_ || step != step_) return;
+    if (device_.is_cuda()) cuda::synchronize(device_.index);
+    const size_t peak = compile::peak_bytes(device_);
+    std::printf("%s\n", compile::compare_planned_peak(planned_, peak > other_ ? peak - other_ : 0).c_str());
+  }
+
+ private:
+  size_t planned_ = 0, other_ = 0;
+  Device device_;
+  int64_t step_ = 0;
+};
 
 // One loader batch of the effective batch cut into the step's micro-batches (the last may be smaller);
 // slices along dim 0 are views, no copy.
@@ -218,7 +255,7 @@ data::ImageDataset random_images(int64_t n, uint64_t seed) {
   return d;
 }
 
-int train_images(TrainOptions o, Device device, std::string& oom_advice) {
+int train_images(TrainOptions o, Device device, BudgetRun& budget) {
   Generator gen(o.seed);
   std::shared_ptr<nn::Module> model;
   data::ImageDataset train, test;
@@ -237,7 +274,7 @@ int train_images(TrainOptions o, Device device, std::string& oom_advice) {
   model->to(device);
   if (o.effective_batch > 0) {
     Shape item(train.images.shape().begin() + 1, train.images.shape().end());
-    oom_advice = choose_micro_batch(o, budget_setup(o, *model, device, item, DType::f32, {}));
+    budget = choose_micro_batch(o, budget_setup(o, *model, device, item, DType::f32, {}));
   }
   // With a smaller last micro-batch, the loader yields whole effective batches and split_batch cuts them.
   const bool split = counts_items(o);
@@ -254,6 +291,8 @@ int train_images(TrainOptions o, Device device, std::string& oom_advice) {
   opt->print_setup(std::cout);
   auto policy = o.remainder == "step" ? optim::RemainderPolicy::Step : optim::RemainderPolicy::Drop;
   std::optional<compile::CompiledFunction> compiled = compiled_step(o, *model, *opt);
+  PeakCheck peak_check(budget.planned_peak, *model, device, compiled.has_value());
+  int64_t steps_run = 0;  // over all epochs, for peak_check
   Clock::time_point start = Clock::now();
   double acc = 0, last_loss = 0;
   for (int64_t epoch = 0; epoch < o.epochs; ++epoch) {
@@ -264,11 +303,21 @@ int train_images(TrainOptions o, Device device, std::string& oom_advice) {
     std::vector<optim::MicroBatch> pending;  // the compiled path's micro-batches of the next step
     for (const data::Batch& b : loader) {
       items += b.size();
+      if (split && compiled && b.size() == o.effective_batch) {
+        peak_check.before_step(steps_run);
+        std::vector<Tensor> out = (*compiled)(compile::flatten_micro(split_batch(b, o)));
+        peak_check.after_step(steps_run++);
+        last_loss = out[0].item();
+        progress.update(++step, last_loss, items, out[4].item());
+        continue;
+      }
       if (split) {
         optim::StepResult r;
+        peak_check.before_step(steps_run);
         for (const optim::MicroBatch& m : split_batch(b, o))
           r = eager_micro_batch(*model, *opt, m.inputs, m.targets, step_loss, m.items);
         if (!r.stepped) continue;  // an epoch's short last batch: finish_epoch's remainder policy
+        peak_check.after_step(steps_run++);
         last_loss = step_loss.take();
         progress.update(++step, last_loss, items, r.lr);
         continue;
@@ -276,16 +325,20 @@ int train_images(TrainOptions o, Device device, std::string& oom_advice) {
       if (compiled && b.size() == o.micro_batch) {
         pending.push_back({b.inputs, b.targets});
         if (int64_t(pending.size()) < o.accum) continue;
+        peak_check.before_step(steps_run);
         std::vector<Tensor> out = (*compiled)(compile::flatten_micro(pending));
+        peak_check.after_step(steps_run++);
         pending.clear();
         last_loss = out[0].item();
         progress.update(++step, last_loss, items, out[4].item());
         continue;
       }
+      if (pending.empty() && opt->pending_micro_batches() == 0) peak_check.before_step(steps_run);
       for (const optim::MicroBatch& p : pending) eager_micro_batch(*model, *opt, p.inputs, p.targets, step_loss);
       pending.clear();
       optim::StepResult r = eager_micro_batch(*model, *opt, b.inputs, b.targets, step_loss);
       if (!r.stepped) continue;
+      peak_check.after_step(steps_run++);
       last_loss = step_loss.take();
       progress.update(++step, last_loss, items, r.lr);
     }
@@ -331,14 +384,14 @@ std::string sample_text(nn::Gpt& model, int64_t n, Device device, uint64_t seed)
   return out;
 }
 
-int train_text(TrainOptions o, Device device, std::string& oom_advice) {
+int train_text(TrainOptions o, Device device, BudgetRun& budget) {
   Generator gen(o.seed);
   auto model = o.model == "gpt-small" ? nn::gpt_small(&gen) : nn::gpt_tiny(&gen);
   REEL_CHECK(o.model == "gpt-tiny" || o.model == "gpt-small", "train: unknown model ", o.model);
   model->to(device);
   if (o.effective_batch > 0) {
     const int64_t T = model->config().block_size;
-    oom_advice = choose_micro_batch(o, budget_setup(o, *model, device, {T}, DType::i64, {T}));
+    budget = choose_micro_batch(o, budget_setup(o, *model, device, {T}, DType::i64, {T}));
   }
   Tensor tokens = o.text_path.empty() ? data::load_fortunes() : data::load_text_bytes(o.text_path);
   data::TextSplit split = data::split_text(tokens, 0.05);
@@ -355,15 +408,18 @@ int train_text(TrainOptions o, Device device, std::string& oom_advice) {
   double last_loss = 0;
   StepLoss step_loss;
   std::optional<compile::CompiledFunction> compiled = compiled_step(o, *model, *opt);
+  PeakCheck peak_check(budget.planned_peak, *model, device, compiled.has_value());
   while (step < o.steps) {
     if (compiled) {
       std::vector<optim::MicroBatch> micro;
       for (int64_t i = 0; i < o.accum; ++i) {
-        data::TextBatch b = sampler.next(o.micro_batch, device);
+        data::TextBatch b = sampler.next(micro_batch_size(o, i), device);
         micro.push_back({b.inputs, b.targets});
         items += b.inputs.numel();
       }
+      peak_check.before_step(step);
       std::vector<Tensor> out = (*compiled)(compile::flatten_micro(micro));
+      peak_check.after_step(step);
       last_loss = out[0].item();
       progress.update(++step, last_loss, items, out[4].item());
       continue;
@@ -371,9 +427,11 @@ int train_text(TrainOptions o, Device device, std::string& oom_advice) {
     const int64_t B = micro_batch_size(o, micro_index);
     data::TextBatch b = sampler.next(B, device);
     items += b.inputs.numel();
+    if (micro_index == 0) peak_check.before_step(step);
     optim::StepResult r = eager_micro_batch(*model, *opt, b.inputs, b.targets, step_loss, counts_items(o) ? B : -1);
     micro_index = r.stepped ? 0 : micro_index + 1;
     if (!r.stepped) continue;
+    peak_check.after_step(step);
     last_loss = step_loss.take();
     progress.update(++step, last_loss, items, r.lr);
   }
@@ -403,15 +461,15 @@ int train_command(int argc, char** argv) {
   // matmul and conv inputs run in the policy's dtype inside the whole run (nn's layers read it);
   // master weights, norms, softmax and the loss stay f32.
   AutocastGuard amp(PrecisionPolicy::parse(o.precision));
-  std::string oom_advice = "to choose a micro-batch that fits, reel train --effective-batch " +
-                           std::to_string(o.micro_batch * o.accum) +
-                           " --memory-budget SIZE plans the step for each candidate without running it";
+  BudgetRun budget{"to choose a micro-batch that fits, reel train --effective-batch " +
+                       std::to_string(o.micro_batch * o.accum) +
+                       " --memory-budget SIZE plans the step for each candidate without running it"};
   try {
-    if (o.dataset == "text") return train_text(o, device, oom_advice);
-    return train_images(o, device, oom_advice);
+    if (o.dataset == "text") return train_text(o, device, budget);
+    return train_images(o, device, budget);
   } catch (const Error& e) {
     if (!compile::is_out_of_memory(e)) throw;
-    throw Error(std::string(e.what()) + "\n" + oom_advice);
+    throw Error(std::string(e.what()) + "\n" + budget.oom_advice);
   }
 }
 
