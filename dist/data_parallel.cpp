@@ -97,9 +97,11 @@ void broadcast_tensors(Communicator& comm, const std::vector<Tensor>& ts, int ro
 }
 
 std::string bytes_str(size_t b) {
-  if (b >= (size_t(1) << 20)) return detail::cat(double(b) / double(1 << 20), " MiB");
-  if (b >= (size_t(1) << 10)) return detail::cat(double(b) / double(1 << 10), " KiB");
-  return detail::cat(b, " B");
+  char s[32];
+  if (b >= (size_t(1) << 20)) std::snprintf(s, sizeof s, "%.1f MiB", double(b) / double(1 << 20));
+  else if (b >= (size_t(1) << 10)) std::snprintf(s, sizeof s, "%.1f KiB", double(b) / double(1 << 10));
+  else std::snprintf(s, sizeof s, "%zu B", b);
+  return s;
 }
 
 }  // namespace

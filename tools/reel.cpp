@@ -7,6 +7,7 @@
 #include <iostream>
 #include <string>
 
+#include "dist/communicator.h"
 #include "tensor/error.h"
 #include "tools/commands.h"
 
@@ -39,6 +40,8 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const reel::Error& e) {
     std::cerr << "reel " << cmd << ": " << e.what() << "\n";
+    // Under mpirun the other ranks would wait in their next collective until its timeout: end the job.
+    reel::dist::abort_job(1);
     return 1;
   }
 }
