@@ -74,8 +74,16 @@ void Tracer::note_releases() {
   size_t kept = 0;
   for (int id : held_) {
     Buffer& b = graph_.buffers[id];
-    if (b.storage.use_count() == 1) b.released_after = is_input(id) ? at : at - 1;
-    else held_[kept++] = id;
+    if (b.storage.use_count() > 1) {
+      held_[kept++] = id;
+      continue;
+    }
+    b.released_after = is_input(id) ? at : at - 1;
+    // Let the memory go as eager execution would: the buffer keeps a meta block of its size (passes
+    // look only at sizes and geometry), and its address is forgotten, so a later block there is a
+    // new buffer.
+    ids_.erase(b.storage.get());
+    b.storage = std::make_shared<Storage>(Storage::Meta{}, b.nbytes, b.device);
   }
   held_.resize(kept);
 }

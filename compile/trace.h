@@ -3,7 +3,9 @@
 // Installed as the DispatchObserver while the function runs eagerly (so the traced call also
 // produces its real result), it sees every op after its kernel ran: kernel ops become Nodes, view
 // ops only become TensorRefs. Buffers are keyed by Storage; the tracer holds a reference to every
-// Storage it has seen so that none is freed and its address reused by another while tracing.
+// Storage it has seen for as long as the traced program does, and when the program drops one the
+// tracer lets it go too (keeping a meta block of its size and forgetting its address, so a later
+// Storage there is a new buffer): a traced call holds no more memory than the eager one.
 // At the end, an Internal buffer still referenced from outside the step (say a gradient the
 // optimizer keeps, or a tensor saved by an autograd graph that was not run backward) is state that
 // outlives the step: it becomes External and keeps its memory on every replay.
