@@ -163,8 +163,10 @@ class MpiCommunicator : public Communicator {
   MpiCommunicator(const reel_mpi_plugin& p, reel_mpi_comm comm, bool owned)
       : p_(p), comm_(comm), owned_(owned), rank_(p.rank(comm)), size_(p.size(comm)) {}
   ~MpiCommunicator() override {
-    nccl_.reset();
+    // The world communicator dies during static destruction, when the CUDA runtime may already be
+    // gone: its NCCL communicator is left to the process's exit rather than destroyed then.
     if (owned_) p_.free(comm_);
+    else (void)nccl_.release();
   }
 
   int rank() const override { return rank_; }

@@ -10,6 +10,7 @@
 #include "data/loader.h"
 #include "dist/data_parallel.h"
 #include "dist/mpi_communicator.h"
+#include "dist/nccl.h"
 #include "kernels/dispatch.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
@@ -86,6 +87,18 @@ TEST(DistSingle, MissingPluginIsAClearError) {
                {"cannot load the MPI plugin", "/nonexistent/libreel_mpi.so"});
   // A shared object that is not the plugin (no entry point).
   expect_error([] { dist::open_mpi_plugin("libz.so.1"); }, {"libz.so.1", "is not reel's MPI plugin", "reel_mpi_plugin_v1"});
+}
+
+// NCCL is dlopen()ed: where libnccl.so.2 is found its symbols bind and its version reads (no GPU
+// needed); elsewhere the reason names what was tried.
+TEST(DistSingle, NcclLibraryLoadsOrSaysWhy) {
+  std::string why;
+  std::string lib = dist::nccl_library(&why);
+  if (lib.empty()) {
+    EXPECT_NE(why.find("libnccl.so.2"), std::string::npos) << why;
+    GTEST_SKIP() << why;
+  }
+  EXPECT_EQ(lib.rfind("NCCL 2.", 0), 0u) << lib;
 }
 
 // ---- the optimizer's hook over one process ----
