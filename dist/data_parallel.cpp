@@ -2,6 +2,7 @@
 // (see dist/data_parallel.h).
 #include "dist/data_parallel.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "kernels/dispatch.h"
+#include "nn/sync_batch_norm.h"
 #include "tensor/cuda.h"
 #include "tensor/error.h"
 
@@ -267,8 +269,21 @@ std::shared_ptr<GradientBuckets> make_data_parallel(nn::Module& model, optim::Op
     REEL_CHECK(params[i].is_same(theirs[i]), "make_data_parallel: the optimizer's parameter ", i, " of shape ",
                shape_str(theirs[i].shape()), " is not the model's (move the model before building the optimizer)");
   broadcast_module(*comm, model, 0);
+  // Buffers to broadcast at each step: all but SyncBatchNorm's running statistics, which agree already.
   std::vector<Tensor> buffers;
-  if (options.sync_buffers) buffers = model.buffers();
+  if (options.sync_buffers) {
+    std::vector<Tensor> synced;
+    auto note = [&](nn::Module& m) {
+      if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(&m); bn && bn->communicator() && bn->communicator()->world_size() > 1) {
+        synced.push_back(bn->running_mean());
+        synced.push_back(bn->running_var());
+      }
+    };
+    note(model);
+    for (const auto& [name, child] : model.named_modules()) note(*child);
+    for (const Tensor& b : model.buffers())
+      if (std::none_of(synced.begin(), synced.end(), [&](const Tensor& t) { return t.is_same(b); })) buffers.push_back(b);
+  }
   auto sync = std::make_shared<GradientBuckets>(comm, params, options.bucket_bytes, buffers);
   opt.set_grad_sync(sync);
   return sync;
@@ -294,9 +309,10 @@ Device setup_training(Device requested, const std::string& compile_mode) {
   return device;
 }
 
-void prepare_training(nn::Module& model, optim::Optimizer& opt) {
+void prepare_training(nn::Module& model, optim::Optimizer& opt, bool sync_batchnorm) {
   std::shared_ptr<Communicator> comm = world_ptr();
   if (comm->world_size() == 1) return;
+  if (sync_batchnorm) nn::convert_sync_batchnorm(model, comm);
   make_data_parallel(model, opt, comm);
 }
 

@@ -20,7 +20,7 @@
 //      backward (no overlap with it yet).
 //   3. with sync_buffers (DDP's broadcast_buffers), floating buffers (BatchNorm's running statistics)
 //      are broadcast from rank 0 at each boundary too, one more collective per step; SyncBatchNorm
-//      (nn/sync_batch_norm.h) keeps them identical by itself.
+//      (nn/sync_batch_norm.h) keeps its running statistics identical by itself, so they are left out.
 // A parameter that received no gradient on a rank contributes zeros; every parameter gets the reduced
 // gradient on every rank (as DDP with find_unused_parameters=False assumes every parameter is used).
 // Precision: the reduction runs in the gradients' dtype (f32 master gradients; fp16 loss scaling
@@ -96,8 +96,9 @@ std::shared_ptr<GradientBuckets> make_data_parallel(nn::Module& model, optim::Op
 // With world size > 1: --compile is refused (collectives are not recorded; say so), and ranks other
 // than 0 stop printing to stdout (REEL_DIST_PRINT_ALL=1 keeps them), as each would print the same.
 Device setup_training(Device requested, const std::string& compile_mode = "none");
-// With world size > 1: make_data_parallel(model, opt) and converts nothing; prints nothing. A no-op
-// on a single process.
-void prepare_training(nn::Module& model, optim::Optimizer& opt);
+// With world size > 1: converts the model's BatchNorm2d layers to SyncBatchNorm when `sync_batchnorm`,
+// then make_data_parallel(model, opt) (check, broadcast from rank 0, gradient buckets; the optimizer's
+// print_setup then shows the data-parallel line). A no-op on a single process.
+void prepare_training(nn::Module& model, optim::Optimizer& opt, bool sync_batchnorm = false);
 
 }  // namespace reel::dist

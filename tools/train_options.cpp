@@ -69,7 +69,9 @@ const char* train_usage() {
          "  --compile none|default|reduce-overhead|max-autotune   the step as a compiled plan (default none)\n"
          "  --lr X  --schedule constant|cosine  --warmup N  --clip X (<= 0: none)\n"
          "  --remainder drop|step   an epoch's partial accumulation (default drop)\n"
-         "  --seed N  --limit N (first N training items)  --checkpoint PATH  --sample-bytes N\n";
+         "  --seed N  --limit N (first N training items)  --checkpoint PATH  --sample-bytes N\n"
+         "  --sync-bn 0|1        under mpirun: BatchNorm statistics over every rank's batch (default 0)\n"
+         "Data parallel: mpirun -np K reel train ... (micro-batch and ACCUM are per rank; README: Data parallel)\n";
 }
 
 TrainOptions parse_train_options(int argc, char** argv) {
@@ -96,6 +98,10 @@ TrainOptions parse_train_options(int argc, char** argv) {
       {"--limit", [&](const std::string& v) { o.limit = to_int("--limit", v); }},
       {"--checkpoint", [&](const std::string& v) { o.checkpoint = v; }},
       {"--sample-bytes", [&](const std::string& v) { o.sample_bytes = to_int("--sample-bytes", v); }},
+      {"--sync-bn", [&](const std::string& v) {
+         REEL_CHECK(v == "0" || v == "1", "train: --sync-bn expects 0 or 1, got \"", v, "\"");
+         o.sync_bn = v == "1";
+       }},
   };
   for (int i = 0; i < argc; ++i) {
     auto it = setters.find(argv[i]);

@@ -31,6 +31,9 @@ struct TrainOptions {
   int64_t effective_batch = 0;        // 0: not planned
   size_t memory_budget = 0;           // bytes
   bool micro_batch_given = false, accum_given = false;
+  // Under mpirun: BatchNorm statistics over every rank's batch (nn/sync_batch_norm.h) instead of each
+  // rank's own, with rank 0's running statistics broadcast at each step.
+  bool sync_bn = false;
 };
 
 // Parses argv (after the subcommand); throws reel::Error on an unknown or malformed option.
