@@ -8,6 +8,9 @@
 #   scaling   micro-batch 8, 32, 128 for cnn-small and gpt-tiny, reel vs torch eager
 #   cpu       the CPU, 2 threads each, cnn-small and gpt-tiny fp32
 #   profile   torch's kernel profile of gpt-small (bench/torch_profile.py), to set beside reel's
+#   memory    micro-batch 1..128 (powers of two), bf16: reel's planned peak (--plan-memory) beside its
+#             measured one, eager (every B) and reduce-overhead (B 1, 8, 64: each costs a compilation),
+#             and torch eager's measured peak (bench/memory_table.py joins them)
 # Needs the peer scripts copied into .peer/ (cp -r ../shared/peer .peer) and a reel binary ($REEL,
 # default .gpu/reel from `make gpu-bundle`). Prints each joined table last.
 set -uo pipefail
@@ -62,7 +65,19 @@ for phase in "$@"; do
       join "$out" "$out/torch_eager.jsonl" ;;
     profile)
       for p in fp32 bf16; do python3 bench/torch_profile.py gpt-small "$p" 25; done > "$out/torch_profile.txt" 2>&1 ;;
-    *) echo "unknown phase $phase (eager, compiled, scaling, cpu, profile)" >&2; exit 2 ;;
+    memory)
+      : > "$out/reel.jsonl"; : > "$out/torch_eager.jsonl"
+      for b in 1 2 4 8 16 32 64 128; do
+        modes=eager
+        case "$b" in 1|8|64) modes=eager,reduce-overhead ;; esac
+        "$reel" bench --models "$models" --precisions bf16 --compile "$modes" --micro-batch "$b" --steps 3 --warmup 1 \
+          --plan-memory 1 --json "$out/reel_$b.jsonl" >> "$out/reel.txt" 2>&1
+        cat "$out/reel_$b.jsonl" >> "$out/reel.jsonl"
+        B="$b" STEPS=3 python3 .peer/torch_anchor.py cuda "$models" eager bf16 >> "$out/torch_eager.jsonl" \
+          2>> "$out/torch_eager.err"
+      done
+      python3 bench/memory_table.py "$out/reel.jsonl" "$out/torch_eager.jsonl" > "$out/joined.md" ;;
+    *) echo "unknown phase $phase (eager, compiled, scaling, cpu, profile, memory)" >&2; exit 2 ;;
   esac
 done
 for phase in "$@"; do

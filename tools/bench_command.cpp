@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -85,6 +86,41 @@ struct Result {
   double median_ms = 0, min_ms = 0, first_s = 0, peak_mib = -1, kernels_per_step = 0;
   double planned_mib = -1;  // --plan-memory: the planner's peak for this step (compile/memory_budget.h)
   double host_ms = 0;  // median host time to run step() without waiting for the device: the launch cost
+};
+
+// For --plan-memory: what each op's kernel allocates for itself beyond its outputs (scratch the
+// trace does not see), measured over one eager step from the allocator's peak between ops.
+class ScratchObserver : public DispatchObserver {
+ public:
+  explicit ScratchObserver(Device device) : device_(device), last_(compile::allocated_bytes(device)) {
+    compile::reset_peak_bytes(device);
+  }
+  void on_dispatch(OpKind op, const std::vector<Tensor>&, const std::vector<Tensor>&, const Attrs&, bool) override {
+    const size_t now = compile::allocated_bytes(device_), peak = compile::peak_bytes(device_);
+    const size_t scratch = peak - std::max(last_, now);
+    if (peak > step_peak_) step_peak_ = peak, peak_op_ = op_name(op), peak_scratch_ = scratch;
+    size_t& worst = worst_[op_name(op)];
+    worst = std::max(worst, scratch);
+    last_ = now;
+    compile::reset_peak_bytes(device_);
+  }
+  void print() const {
+    std::vector<std::pair<size_t, std::string>> by;
+    for (const auto& [op, bytes] : worst_)
+      if (bytes) by.push_back({bytes, op});
+    std::sort(by.rbegin(), by.rend());
+    std::printf("scratch: the step peaked at %s during %s (%s of it the op's own scratch); largest scratch by op:",
+                compile::bytes_str(step_peak_).c_str(), peak_op_.c_str(), compile::bytes_str(peak_scratch_).c_str());
+    for (size_t i = 0; i < by.size() && i < 8; ++i)
+      std::printf(" %s %s%s", by[i].second.c_str(), compile::bytes_str(by[i].first).c_str(), i + 1 < std::min<size_t>(by.size(), 8) ? "," : "");
+    std::printf("\n");
+  }
+
+ private:
+  Device device_;
+  size_t last_ = 0, step_peak_ = 0, peak_scratch_ = 0;
+  std::string peak_op_ = "-";
+  std::map<std::string, size_t> worst_;
 };
 
 double time_step_ms(const std::function<void()>& step, Device device) {
@@ -185,6 +221,15 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
   r.min_ms = ms.front();
   r.host_ms = host_ms[host_ms.size() / 2];
   r.peak_mib = double(compile::peak_bytes(device)) / (1 << 20);
+  if (o.plan_memory && !compiled) {
+    sync();
+    ScratchObserver scratch(device);
+    DispatchObserver* previous = set_dispatch_observer(&scratch);
+    step();
+    sync();
+    set_dispatch_observer(previous);
+    scratch.print();
+  }
   if (o.profile_steps > 0 && compiled && compiled_step->last_plan()) {
     // A replayed plan bypasses the dispatch door: the plan times its own kernels, one at a time.
     OpProfiler prof(device);

@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 
+#include "compile/describe.h"
 #include "compile/memory_budget.h"
 #include "compile/train_step.h"
 #include "data/data.h"
@@ -178,13 +179,14 @@ BudgetRun choose_micro_batch(TrainOptions& o, const compile::BudgetSetup& setup)
 
 // The plan's peak against the allocator's after the first step in the steady state the plan
 // describes: the second eager step (the optimizer's state appears at the end of the first), or the
-// first replay when compiled (calls 1 and 2 are the warm-up and the trace). The plan counts the model's
+// second replay when compiled (call 0 warms up, 1 traces, 2 captures the CUDA graph as it first runs
+// the plan, and the capture's own allocations are gone by call 3). The plan counts the model's
 // parameters but not what else the process held before training (a dataset in host memory), so that
 // is taken off the measurement.
 class PeakCheck {
  public:
   PeakCheck(size_t planned, const nn::Module& model, Device device, bool compiled)
-      : planned_(planned), device_(device), step_(compiled ? 2 : 1) {
+      : planned_(planned), device_(device), step_(compiled ? 3 : 1) {
     if (!planned_) return;
     size_t model_bytes = 0;
     for (const Tensor& t : model.parameters()) model_bytes += compile::allocation_bytes(device, t.nbytes());
@@ -194,7 +196,9 @@ class PeakCheck {
   }
   // Call before and after each step; prints once.
   void before_step(int64_t step) {
-    if (planned_ && step == step_) compile::reset_peak_bytes(device_);
+    if (!planned_ || step != step_) return;
+    run_peak_ = compile::peak_bytes(device_);  // the steps before this one
+    compile::reset_peak_bytes(device_);
   }
   void after_step(int64_t step) {
     if (!planned_ || step != step_) return;
@@ -202,9 +206,17 @@ class PeakCheck {
     const size_t peak = compile::peak_bytes(device_);
     std::printf("%s\n", compile::compare_planned_peak(planned_, peak > other_ ? peak - other_ : 0).c_str());
   }
+  // The most the allocator held over the whole run, against the budget.
+  void report_run(size_t budget) const {
+    if (!planned_) return;
+    const size_t peak = std::max(run_peak_, compile::peak_bytes(device_));
+    std::printf("memory: the run's peak on %s was %s allocated (%s of it held before training), budget %s: %s\n",
+                device_.str().c_str(), compile::bytes_str(peak).c_str(), compile::bytes_str(other_).c_str(),
+                compile::bytes_str(budget).c_str(), peak - std::min(peak, other_) <= budget ? "within" : "EXCEEDED");
+  }
 
  private:
-  size_t planned_ = 0, other_ = 0;
+  size_t planned_ = 0, other_ = 0, run_peak_ = 0;
   Device device_;
   int64_t step_ = 0;
 };
@@ -350,6 +362,7 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
     std::printf("epoch %lld: test accuracy %.2f%% (%.0fs elapsed)\n", (long long)epoch + 1, 100 * acc,
                 seconds_since(start));
   }
+  peak_check.report_run(o.memory_budget);
   std::printf("done: %lld epochs in %.1fs, final loss %.4f, test accuracy %.2f%%\n", (long long)o.epochs,
               seconds_since(start), last_loss, 100 * acc);
   if (!o.checkpoint.empty()) nn::save_state_dict(*model, o.checkpoint);
@@ -442,6 +455,7 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
     data::TextBatch v = val_sampler.next(o.micro_batch, device);
     val_loss = nn::model_loss(*model, v.inputs, v.targets).item();
   }
+  peak_check.report_run(o.memory_budget);
   std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)o.steps,
               seconds_since(start), last_loss, val_loss);
   std::printf("sample:\n%s\n", sample_text(*model, o.sample_bytes, device, o.seed).c_str());
