@@ -166,6 +166,17 @@ TEST(DistSingle, SmallBucketsSplitTheGradients) {
   EXPECT_NE(os.str().find("gradients all-reduced once per optimizer step, 3 buckets"), std::string::npos) << os.str();
 }
 
+TEST(DistSingle, LibtorchStyleStepSyncsToo) {
+  auto comm = std::make_shared<dist::SingleProcessCommunicator>();
+  auto model = small_mlp(2);
+  optim::SGD opt(model->parameters(), optim::SGDOptions(0.1));
+  dist::make_data_parallel(*model, opt, comm);
+  sum(model->forward(randn({2, 6}, TensorOptions().with_dtype(DType::f64)))).backward();
+  const uint64_t before = comm->collective_count();
+  opt.step();
+  EXPECT_EQ(comm->collective_count() - before, 1u);
+}
+
 TEST(DistSingle, UnusedParameterGetsAZeroGradient) {
   auto comm = std::make_shared<dist::SingleProcessCommunicator>();
   Tensor used = ones({2}, TensorOptions().with_dtype(DType::f64).with_requires_grad());

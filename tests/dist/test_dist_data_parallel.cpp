@@ -154,6 +154,37 @@ TEST(DistDataParallel, ItemCountsAreSummedAcrossRanks) {
   EXPECT_LT(rel_err(run(true), run(false)), kTol);
 }
 
+// An epoch's remainder: 3 micro-batches of an ACCUM-4 step, stepped by finish_epoch(Step), with a
+// different share per rank (rank 1's micro-batches are twice as large and it says so).
+TEST(DistDataParallel, RemainderStepMatchesOneProcess) {
+  REEL_NEED_TWO_RANKS();
+  dist::Communicator& w = dist::world();
+  auto run = [&](bool parallel) {
+    auto model = mlp(29);
+    optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-2));
+    opt.set_accum_steps(4);
+    if (parallel) {
+      opt.set_micro_batch(w.rank() == 0 ? 2 : 4);
+      dist::make_data_parallel(*model, opt, dist::world_ptr());
+    }
+    Generator g(13);
+    // One process: micro-batches of all 6 items; their mean is not the mean over ranks' means
+    // (2 and 4 items), so the equal-share DDP average would be wrong here. The item counts carried
+    // in the bucket weigh rank 1 twice.
+    for (int step = 0; step < 2; ++step) {
+      for (int i = 0; i < 3; ++i) {
+        Sample all = mlp_batch(g, 6);
+        Sample mine = parallel ? rows(all, w.rank() == 0 ? 0 : 2, w.rank() == 0 ? 2 : 6) : all;
+        opt.scale_loss(nn::model_loss(*model, mine.x, mine.y)).backward();
+        EXPECT_FALSE(opt.micro_step().stepped);
+      }
+      EXPECT_TRUE(opt.finish_epoch(optim::RemainderPolicy::Step).stepped);
+    }
+    return values(model->parameters());
+  };
+  EXPECT_LT(rel_err(run(true), run(false)), kTol);
+}
+
 TEST(DistDataParallel, ParametersAndBuffersStartFromRankZero) {
   REEL_NEED_TWO_RANKS();
   dist::Communicator& w = dist::world();
