@@ -8,7 +8,10 @@
 
 namespace reel::autograd {
 namespace {
-std::atomic<uint64_t> next_sequence_nr{0};
+// From 1: 0 is AccumulateGrad's, which must run after every function node that is ready with it.
+// (Starting at 0 gave the process's first recorded op the same priority as the accumulators, so the
+// first backward of a process ran its ops in another order than every later one.)
+std::atomic<uint64_t> next_sequence_nr{1};
 }
 
 Grads FunctionNode::apply(const Grads& grad_outputs) {
