@@ -2,9 +2,11 @@
 // current streams, the caching allocator with its statistics and graph pools, pinned host memory.
 //
 // Caching allocator. Requests are rounded (512 B granules up to 1 MiB, 2 MiB granules above) and
-// served from per-device free lists keyed by (pool, stream, size): the smallest cached block of the
-// same pool and stream that fits and is not wastefully large. Statistics count whole blocks. Only when none fits does it call
-// cudaMalloc; on out-of-memory it returns the cache to the device and tries once more. A block freed
+// served from per-device free lists keyed by (pool, stream, size): a cached block of the same pool
+// and stream and of exactly the rounded size. A larger one would hold bytes the request cannot use,
+// which the statistics (they count whole blocks) and so the memory planner's predictions would have
+// to guess at; a training loop asks for the same sizes step after step, so after the first step
+// exact fits are the rule. Only when none is cached does it call cudaMalloc; on out-of-memory it returns the cache to the device and tries once more. A block freed
 // on a stream is reused only on that stream, so stream order alone keeps reuse safe (no events). A
 // block is never split, which keeps the code short at the price of some fragmentation.
 #include <cstdlib>
@@ -162,10 +164,8 @@ class CachingAllocator : public Allocator {
   // The smallest cached block of this pool and stream that holds `size` without wasting more than
   // the request itself (small requests) or one large granule (large ones).
   Block* take_cached(DeviceState& st, int pool, cudaStream_t stream, size_t size) {
-    auto it = st.free.lower_bound(FreeKey{pool, stream, size});
-    if (it == st.free.end() || std::get<0>(it->first) != pool || std::get<1>(it->first) != stream) return nullptr;
-    size_t limit = size <= kSmallLimit ? 2 * size : size + kLargeGranule;
-    if (it->second->size > limit) return nullptr;
+    auto it = st.free.find(FreeKey{pool, stream, size});
+    if (it == st.free.end()) return nullptr;
     Block* b = it->second;
     st.free.erase(it);
     b->pool = pool;

@@ -61,6 +61,27 @@ TEST(CudaAllocator, StatisticsTrackLiveBytesAndPeak) {
   EXPECT_EQ(cuda::memory_stats().peak_allocated_bytes, base);
 }
 
+TEST(CudaAllocator, ReusesOnlyBlocksOfTheExactRoundedSize) {
+  // A larger cached block would be counted whole for a smaller request; the allocator makes a block of
+  // the request's own size instead, so allocated bytes are always the requests' rounded sizes.
+  REEL_REQUIRE_GPU();
+  if (!cuda::caching_enabled()) GTEST_SKIP() << "REEL_CUDA_NO_CACHE is set";
+  cuda::GraphPool fresh;
+  cuda::GraphPoolGuard guard(fresh);
+  const size_t base = cuda::memory_stats().allocated_bytes;
+  void* big_ptr = nullptr;
+  {
+    Tensor big = Tensor::empty({2048}, DType::f32, kGpu);  // 8 KiB, cached when it dies
+    big_ptr = big.data_ptr();
+  }
+  Tensor small = Tensor::empty({1024}, DType::f32, kGpu);  // 4 KiB: not served by the 8 KiB block
+  EXPECT_NE(small.data_ptr(), big_ptr);
+  EXPECT_EQ(cuda::memory_stats().allocated_bytes, base + 4096);
+  Tensor again = Tensor::empty({2048}, DType::f32, kGpu);  // 8 KiB: the cached block
+  EXPECT_EQ(again.data_ptr(), big_ptr);
+  EXPECT_EQ(cuda::memory_stats().allocated_bytes, base + 4096 + 8192);
+}
+
 TEST(CudaAllocator, GraphPoolsKeepTheirBlocks) {
   REEL_REQUIRE_GPU();
   if (!cuda::caching_enabled()) GTEST_SKIP() << "REEL_CUDA_NO_CACHE is set";
