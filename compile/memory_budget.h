@@ -15,11 +15,15 @@
 //                              buffers), each rounded;
 //             + inputs         the step's N items of inputs and targets, one block per micro-batch
 //                              (a compiled plan also keeps its own copy of them);
-//             + workspaces     the libraries' fixed workspaces: on CUDA one cuBLAS workspace of 32 MiB
-//                              per device (kernels/cuda/register.cu), and for a compiled step the
-//                              cuBLASLt one of its GEMM epilogues (gemm_epilogue.cu); nothing on the CPU.
-// The trace holds min(ACCUM, 2) micro-batches: the second already overlaps the gradients the first
-// left, and every later one repeats it, so a longer step has the same peak. Not counted: cuDNN's
+//             + workspaces     the libraries' persistent workspaces (kernels/library_workspaces.h): on
+//                              CUDA one cuBLAS workspace of 32 MiB per device, for a compiled step the
+//                              cuBLASLt one of its GEMM epilogues, and any other already made (they
+//                              stay for the life of the process); nothing on the CPU.
+// An eager step is traced with min(ACCUM, 2) micro-batches: the second already overlaps the
+// gradients the first left, and every later one repeats it, so a longer step has the same peak. A
+// compiled one is traced whole (ACCUM micro-batches, the last one smaller where N asks): its arena is
+// placed over all of them. A compiled step's first two calls run eagerly (the warm-up, and the trace
+// that the plan is built from), so its planned peak is the larger of the plan's and the eager step's. Not counted: cuDNN's
 // per-call workspaces (from the caching allocator during a convolution), cached free blocks (reserved,
 // not allocated) and the CUDA context. `reel bench --plan-memory` prints the plan beside the measured
 // peak (bench/RESULTS.md has the table); `reel train` compares them after its first step.
@@ -32,6 +36,7 @@
 // AdamW's exp_avg, is made there as meta tensors and dropped with it), and the parameters' gradients
 // are set aside before and restored after, so the model and its real optimizer are left as they were.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -67,9 +72,16 @@ struct BudgetCandidate {
   int64_t last_micro_batch = 0;  // N - micro_batch (accum - 1)
   // arena_bytes: the step's own part (see the top of this file: eager lifetimes, or the fused arena).
   size_t arena_bytes = 0, external_bytes = 0, input_bytes = 0, workspace_bytes = 0;
+
+  // Compiled: the peak of its first two calls, which run eagerly (the warm-up, and the trace before
+  // the plan is built); 0 for an eager step.
+  size_t eager_calls_bytes = 0;
   bool fits = false;
 
-  size_t peak() const { return arena_bytes + external_bytes + input_bytes + workspace_bytes; }
+  // The steady state: what every step holds at most (a compiled step: each replay).
+  size_t steady_peak() const { return arena_bytes + external_bytes + input_bytes + workspace_bytes; }
+  // What the run holds at most: the steady state, or a compiled step's eager first calls if larger.
+  size_t peak() const { return std::max(steady_peak(), eager_calls_bytes); }
   // The largest part of the peak and its name ("activations and gradients (arena)", ...).
   std::pair<const char*, size_t> largest_part() const;
 };
@@ -101,7 +113,10 @@ void reset_peak_bytes(Device device);
 std::string compare_planned_peak(size_t planned, size_t measured, double tolerance = 0.05);
 // One step of `count` micro-batches of `micro_batch` items traced with a fresh optimizer: in meta mode
 // (nothing runs), or for real when `meta` is false (the step runs: parameters are updated; for tests).
-Graph trace_step_graph(const BudgetSetup& setup, int64_t micro_batch, int64_t count, bool meta = true);
+// A `last_micro_batch` other than 0 or micro_batch makes the last one that size (the optimizer then
+// counts items).
+Graph trace_step_graph(const BudgetSetup& setup, int64_t micro_batch, int64_t count, bool meta = true,
+                       int64_t last_micro_batch = 0);
 // One candidate's planned peak, from a step traced in meta mode.
 BudgetCandidate plan_candidate(const BudgetSetup& setup, int64_t micro_batch);
 // Every candidate of candidate_micro_batches(setup.effective_batch).

@@ -54,6 +54,8 @@ cudnnHandle_t cudnn_handle(Device device);
 // Device scratch memory from the caching allocator (freed when the Tensor dies; stream order keeps
 // reuse safe).
 Tensor workspace(size_t bytes, Device device);
+// A workspace kept for the life of the process, recorded by name (kernels/library_workspaces.h).
+Tensor persistent_workspace(const char* name, size_t bytes, Device device);
 
 // Host scalar type -> device scalar type.
 template <typename T> struct DeviceScalar { using type = T; };

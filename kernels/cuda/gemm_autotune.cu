@@ -200,7 +200,7 @@ std::vector<Candidate> lt_candidates(const LtPlan& plan, Device device, const Al
 
 Tensor& lt_workspace(Device device) {
   thread_local Tensor ws[kMaxDevices];
-  if (!ws[device.index].defined()) ws[device.index] = workspace(kLtWorkspaceBytes, device);
+  if (!ws[device.index].defined()) ws[device.index] = persistent_workspace("cublaslt-autotune", kLtWorkspaceBytes, device);
   return ws[device.index];
 }
 

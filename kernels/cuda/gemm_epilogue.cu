@@ -55,7 +55,7 @@ void describe(const MatLayout& l, int64_t rows, int64_t cols, cudaDataType type,
 
 Tensor& lt_workspace(Device device) {
   thread_local Tensor ws[16];
-  if (!ws[device.index].defined()) ws[device.index] = workspace(kLtWorkspaceBytes, device);
+  if (!ws[device.index].defined()) ws[device.index] = persistent_workspace("cublaslt", kLtWorkspaceBytes, device);
   return ws[device.index];
 }
 

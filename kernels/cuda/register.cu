@@ -1,10 +1,14 @@
 // register_cuda_backend(): the CUDA side of dispatch's tables, and the library handles every
 // family shares (one per thread and device, created on first use, bound to the current stream).
+#include <map>
 #include <mutex>
+#include <string>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_registry.h"
+#include "kernels/library_workspaces.h"
 #include "kernels/registry.h"
+#include "tensor/storage.h"
 
 namespace reel {
 
@@ -44,7 +48,7 @@ cublasHandle_t cublas_handle(Device device) {
     // Exact f32 GEMMs (no TF32) and f32 split-K partial sums: parity with the CPU is the contract.
     REEL_CUBLAS_CHECK(cublasSetMathMode(
         h, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-    workspaces[device.index] = workspace(kCublasWorkspaceBytes, device);
+    workspaces[device.index] = persistent_workspace("cublas", kCublasWorkspaceBytes, device);
   }
   REEL_CUBLAS_CHECK(cublasSetStream(h, stream_of(device)));
   REEL_CUBLAS_CHECK(cublasSetWorkspace(h, workspaces[device.index].data_ptr(), kCublasWorkspaceBytes));
@@ -71,6 +75,28 @@ cudnnHandle_t cudnn_handle(Device device) {
 Tensor workspace(size_t bytes, Device device) {
   return Tensor::empty({int64_t((bytes + 7) / 8)}, DType::i64, device);
 }
+
+namespace {
+std::mutex workspaces_mutex;
+std::map<std::string, size_t> persistent_workspaces[kMaxDevices];
+}  // namespace
+
+Tensor persistent_workspace(const char* name, size_t bytes, Device device) {
+  Tensor t = workspace(bytes, device);
+  std::lock_guard<std::mutex> lock(workspaces_mutex);
+  persistent_workspaces[device.index][name] += allocator_for(device).block_size(t.nbytes());
+  return t;
+}
+
+}  // namespace cuda
+
+std::map<std::string, size_t> library_workspaces(Device device) {
+  if (!device.is_cuda() || device.index < 0 || device.index >= cuda::kMaxDevices) return {};
+  std::lock_guard<std::mutex> lock(cuda::workspaces_mutex);
+  return cuda::persistent_workspaces[device.index];
+}
+
+namespace cuda {
 
 }  // namespace cuda
 }  // namespace reel
