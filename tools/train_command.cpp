@@ -28,6 +28,7 @@
 #include "compile/memory_budget.h"
 #include "compile/train_step.h"
 #include "data/data.h"
+#include "dist/data_parallel.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "reel.h"
@@ -298,10 +299,12 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
   data::DataLoader loader(train, data::DataLoaderOptions()
                                      .with_batch_size(split ? o.effective_batch : o.micro_batch)
                                      .with_seed(o.seed)
+                                     .with_shard(dist::rank(), dist::world_size())
                                      .with_device(device));
   const int64_t steps_per_epoch =
       std::max<int64_t>(1, split ? loader.items_per_epoch() / o.effective_batch : loader.num_batches() / o.accum);
   auto opt = make_optimizer(o, *model, o.epochs * steps_per_epoch);
+  dist::prepare_training(*model, *opt, o.sync_bn);  // rank 0's parameters; gradients all-reduced once a step
   std::printf("model %s: %lld parameters on %s, %s | data %s: %lld train, %lld test\n", o.model.c_str(),
               (long long)model->num_parameters(), device.str().c_str(), autocast_policy().name(), o.dataset.c_str(),
               (long long)train.size(), (long long)test.size());
@@ -370,7 +373,7 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
   peak_check.report_run(o.memory_budget);
   std::printf("done: %lld epochs in %.1fs, final loss %.4f, test accuracy %.2f%%\n", (long long)o.epochs,
               seconds_since(start), last_loss, 100 * acc);
-  if (!o.checkpoint.empty()) nn::save_state_dict(*model, o.checkpoint);
+  if (!o.checkpoint.empty() && dist::rank() == 0) nn::save_state_dict(*model, o.checkpoint);  // one writer
   return 0;
 }
 
@@ -414,8 +417,10 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
   Tensor tokens = o.text_path.empty() ? data::load_fortunes() : data::load_text_bytes(o.text_path);
   data::TextSplit split = data::split_text(tokens, 0.05);
   const int64_t T = model->config().block_size;
-  data::TextSampler sampler(split.train, T, o.seed), val_sampler(split.val, T, o.seed + 1);
+  // Each rank draws its own windows.
+  data::TextSampler sampler(split.train, T, o.seed + uint64_t(dist::rank())), val_sampler(split.val, T, o.seed + 1);
   auto opt = make_optimizer(o, *model, o.steps);
+  dist::prepare_training(*model, *opt, o.sync_bn);
   std::printf("model %s: %lld parameters on %s, %s | text: %lld bytes\n", o.model.c_str(),
               (long long)model->num_parameters(), device.str().c_str(), autocast_policy().name(),
               (long long)tokens.numel());
@@ -464,7 +469,7 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
   std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)o.steps,
               seconds_since(start), last_loss, val_loss);
   std::printf("sample:\n%s\n", sample_text(*model, o.sample_bytes, device, o.seed).c_str());
-  if (!o.checkpoint.empty()) nn::save_state_dict(*model, o.checkpoint);
+  if (!o.checkpoint.empty() && dist::rank() == 0) nn::save_state_dict(*model, o.checkpoint);  // one writer
   return 0;
 }
 
@@ -476,7 +481,8 @@ int train_command(int argc, char** argv) {
     return 0;
   }
   TrainOptions o = parse_train_options(argc, argv);
-  Device device = pick_device(o.device);
+  // Under mpirun: MPI started, this rank's GPU (its local rank), output from rank 0 only.
+  Device device = dist::setup_training(pick_device(o.device), o.compile);
   // matmul and conv inputs run in the policy's dtype inside the whole run (nn's layers read it);
   // master weights, norms, softmax and the loss stay f32.
   AutocastGuard amp(PrecisionPolicy::parse(o.precision));
