@@ -120,6 +120,21 @@ std::vector<TensorMeta> infer_outputs(OpKind op, const std::vector<Tensor>& inpu
   return e.infer(inputs, attrs);
 }
 
+namespace {
+// An op's output; an allocator that runs out of memory is named with the buffer it was asked for.
+Tensor allocate_output(OpKind op, size_t index, const TensorMeta& m) {
+  try {
+    return Tensor::empty(m.shape, m.dtype, m.device);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.find("out of memory") == std::string::npos && what.find("out of host memory") == std::string::npos) throw;
+    throw Error(detail::cat(op_name(op), ": output ", index, " ", shape_str(m.shape), " ", m.dtype, " (",
+                            numel_of(m.shape) * int64_t(dtype_size(m.dtype)), " bytes) on ", m.device.str(),
+                            ": ", what));
+  }
+}
+}  // namespace
+
 std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs) {
   const OpEntry& e = checked_entry(op);
   Device device = common_device(op, inputs);
@@ -136,7 +151,7 @@ std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const
       check_meta_host_read(op, device, out_device);
       for (const TensorMeta& m : metas) outputs.push_back(meta_output(m));
     } else {
-      for (const TensorMeta& m : metas) outputs.push_back(Tensor::empty(m.shape, m.dtype, m.device));
+      for (const TensorMeta& m : metas) outputs.push_back(allocate_output(op, outputs.size(), m));
       k(KernelCall{op, inputs, outputs, attrs});
       n_kernels.fetch_add(1, std::memory_order_relaxed);
     }

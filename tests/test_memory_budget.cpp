@@ -356,6 +356,15 @@ TEST(MemoryBudget, ParsesSizesStrictly) {
     expect_error([&] { compile::parse_memory_size(bad); }, {"memory size: cannot parse", "e.g. 512MiB"});
 }
 
+TEST(MemoryBudget, OutOfMemoryNamesTheOpAndItsBuffer) {
+  // 2^50 floats (4 PiB): no host allocator can give them; the error names the op and the buffer.
+  Tensor x = full({int64_t(1) << 25}, 1.0);
+  expect_error([&] { expand(x.reshape({1, int64_t(1) << 25}), {int64_t(1) << 25, int64_t(1) << 25}).contiguous(); },
+               {"output 0", "(33554432, 33554432)", "f32", "4503599627370496 bytes", "on cpu", "out of host memory"});
+  EXPECT_TRUE(compile::is_out_of_memory(Error("copy: output 0 (2, 2) f32 (16 bytes) on cpu: cpu allocator: out of "
+                                              "host memory asking for 16 bytes")));
+}
+
 TEST(MemoryBudget, OutOfMemoryAdvice) {
   std::vector<compile::BudgetCandidate> c{hand_made(16, 100 << 20), hand_made(32, 300 << 20), hand_made(64, 900 << 20)};
   compile::BudgetChoice choice = compile::pick_micro_batch(c, 128, size_t(1) << 30);
