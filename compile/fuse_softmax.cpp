@@ -41,10 +41,6 @@ bool mask_like(const TensorRef& m, const TensorRef& x) {
          m.shape[1] == x.shape.back() && m.shape[0] == x.shape[x.shape.size() - 2];
 }
 
-bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r) {
-  return g.buffers[r.buffer].kind == BufferKind::Internal && u.writers[r.buffer].size() == 1;
-}
-
 // Nodes i, i+1 as (masked_fill, softmax) or (softmax_backward, masked_fill) over one intermediate:
 // the fused kernel's inputs (x, mask or g, y, mask), or nullopt.
 std::optional<std::vector<TensorRef>> match_pair(const Graph& g, const BufferUses& u, size_t i, bool* backward) {
@@ -75,21 +71,6 @@ std::optional<std::vector<TensorRef>> match_pair(const Graph& g, const BufferUse
   return ins;
 }
 
-// A later cast of `out` to 16 bits, with out's own geometry, whose result nothing touches before it:
-// its node index, or -1.
-int later_cast(const Graph& g, const BufferUses& u, const TensorRef& out) {
-  for (int k : u.readers[out.buffer]) {
-    if (k >= int(g.nodes.size())) continue;
-    const Node& c = g.nodes[size_t(k)];
-    if (c.op == OpKind::Copy && !c.in_place && !c.kernel && c.inputs[0] && same_ref(*c.inputs[0], out) &&
-        (c.outputs[0].dtype == DType::bf16 || c.outputs[0].dtype == DType::f16) && is_contiguous(c.outputs[0]) &&
-        c.outputs[0].shape == out.shape && internal_once(g, u, c.outputs[0]) &&
-        u.touches[c.outputs[0].buffer].front() == k)
-      return k;
-  }
-  return -1;
-}
-
 }  // namespace
 #endif
 
@@ -104,7 +85,7 @@ void fuse_masked_softmax(Graph& g, PassStats& stats) {
     const Node& a = g.nodes[i];
     const Node& b = g.nodes[i + 1];
     const TensorRef out = b.outputs[0];
-    const int cast = later_cast(g, u, out);
+    const int cast = later_16bit_cast(g, u, out);
     // The f32 result is still written when anything but the cast reads it.
     const bool keep_f32 = u.readers[out.buffer].size() > (cast >= 0 ? 1u : 0u) || !internal_once(g, u, out);
     if (!keep_f32 && cast < 0) continue;

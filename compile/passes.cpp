@@ -44,6 +44,23 @@ void drop_nodes(Graph& g, const std::vector<bool>& drop) {
   g.nodes = std::move(kept);
 }
 
+bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r) {
+  return g.buffers[r.buffer].kind == BufferKind::Internal && u.writers[r.buffer].size() == 1;
+}
+
+int later_16bit_cast(const Graph& g, const BufferUses& u, const TensorRef& out) {
+  for (int k : u.readers[out.buffer]) {
+    if (k >= int(g.nodes.size())) continue;
+    const Node& c = g.nodes[size_t(k)];
+    if (c.op == OpKind::Copy && !c.in_place && !c.kernel && c.inputs[0] && same_ref(*c.inputs[0], out) &&
+        (c.outputs[0].dtype == DType::bf16 || c.outputs[0].dtype == DType::f16) && is_contiguous(c.outputs[0]) &&
+        c.outputs[0].shape == out.shape && internal_once(g, u, c.outputs[0]) &&
+        u.touches[c.outputs[0].buffer].front() == k)
+      return k;
+  }
+  return -1;
+}
+
 void eliminate_dead_code(Graph& g, PassStats& stats) {
   std::vector<bool> read_later(g.buffers.size(), false);
   for (const TensorRef& r : g.outputs) read_later[r.buffer] = true;

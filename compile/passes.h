@@ -36,6 +36,12 @@ struct BufferUses {
 BufferUses buffer_uses(const Graph& g);
 // Drops the nodes marked in `drop`, keeping the others in order.
 void drop_nodes(Graph& g, const std::vector<bool>& drop);
+// An Internal buffer written by exactly one node.
+bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r);
+// A later cast of `out` to 16 bits (autocast's cast for a GEMM), with out's own geometry, into a
+// contiguous Internal buffer that nothing touches before it: the cast's node index, or -1. The fusion
+// passes fold such a cast into the kernel that produces `out`.
+int later_16bit_cast(const Graph& g, const BufferUses& u, const TensorRef& out);
 
 void eliminate_dead_code(Graph& g, PassStats& stats);
 void fold_constants(Graph& g, PassStats& stats);

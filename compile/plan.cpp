@@ -7,6 +7,7 @@
 #include "compile/fuse_elementwise.h"
 #include "compile/fuse_gemm_epilogue.h"
 #include "compile/fuse_matmul_cast.h"
+#include "compile/fuse_norm_cast.h"
 #include "compile/fuse_softmax.h"
 #include "compile/fuse_optimizer.h"
 #include "kernels/dispatch.h"
@@ -39,6 +40,7 @@ Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats) {
     fuse_matmul_cast(g, stats);    // then the remaining GEMMs whose 16-bit result is only cast back to f32
     fuse_matmul_accumulate(g, stats);  // and weight gradients written (or accumulated) by their GEMM
     fuse_masked_softmax(g, stats);     // attention's mask + softmax (+ cast), forward and backward
+    fuse_norm_cast(g, stats);          // layer norms writing the 16-bit input of their GEMM
     fuse_elementwise(g, stats, options.build_kernels);
     fuse_optimizer(g, stats);  // one multi-tensor kernel per run of optimizer updates
   }

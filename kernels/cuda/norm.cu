@@ -24,6 +24,7 @@
 //     into (N, C) per-sample partials, the block combines them into mean(gw), mean(gw xhat) for dx,
 //     and the stage-2 kernel above sums the partials over N into dw, db.
 #include "kernels/cuda/cuda_registry.h"
+#include "kernels/cuda/layer_norm_cast.h"
 #include "kernels/cuda/norm_common.cuh"
 
 namespace reel {
@@ -50,14 +51,15 @@ struct RowTeam {
 
 // ---------------------------------------------------------------- layer norm
 
-// x, y: (rows, cols); w, b: (cols) or null; mean, rstd: (rows). One RowTeam per row.
-template <bool kWarp, typename D, typename A = Acc<D>>
-__global__ void layer_norm_fwd_rows_kernel(const D* x, const D* w, const D* b, D* y, A* mean, A* rstd, int64_t rows,
+// x, y: (rows, cols); w, b: (cols) or null; mean, rstd: (rows). One RowTeam per row. y is of x's dtype
+// D, or 16-bit (O) when the compiler fused autocast's cast of y into the norm (layer_norm_cast.h).
+template <bool kWarp, typename D, typename O = D, typename A = Acc<D>>
+__global__ void layer_norm_fwd_rows_kernel(const D* x, const D* w, const D* b, O* y, A* mean, A* rstd, int64_t rows,
                                            int64_t cols, A eps) {
   using Team = RowTeam<kWarp>;
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const D* xr = x + r * cols;
-    D* yr = y + r * cols;
+    O* yr = y + r * cols;
     A s = 0;
     for (int64_t j = Team::rank(); j < cols; j += Team::size()) s += to_acc(xr[j]);
     const A mu = Team::sum(s) / A(cols);  // cols == 0 gives NaN, as on the CPU
@@ -75,7 +77,7 @@ __global__ void layer_norm_fwd_rows_kernel(const D* x, const D* w, const D* b, D
       A v = (to_acc(xr[j]) - mu) * rs;
       if (w) v *= to_acc(w[j]);
       if (b) v += to_acc(b[j]);
-      yr[j] = from_acc<D>(v);
+      yr[j] = from_acc<O>(v);
     }
   }
 }
@@ -336,6 +338,25 @@ void group_norm_bwd(const KernelCall& c) {
 }
 
 }  // namespace
+
+void layer_norm_fwd_16(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps, const Tensor& y16,
+                       const Tensor& mean, const Tensor& rstd) {
+  REEL_CHECK(x_in.dtype() == DType::f32 && (y16.dtype() == DType::bf16 || y16.dtype() == DType::f16) &&
+                 y16.is_contiguous() && mean.is_contiguous() && rstd.is_contiguous() && y16.numel() == x_in.numel(),
+             "layer_norm_fwd_16: x ", shape_str(x_in.shape()), " ", x_in.dtype(), " into y ", shape_str(y16.shape()),
+             " ", y16.dtype(), ": expects f32 x and a contiguous 16-bit y of its size");
+  Tensor x = contiguous_on_device(x_in), w = contiguous_on_device(w_in), b = contiguous_on_device(b_in);
+  const int64_t rows = mean.numel(), cols = rows ? x.numel() / rows : 0;
+  if (rows == 0) return;
+  auto launch = [&]<typename O>() {
+    launch_rows(layer_norm_fwd_rows_kernel<true, float, O>, layer_norm_fwd_rows_kernel<false, float, O>, rows, cols,
+                stream_of(x), in_ptr<float>(x), in_ptr<float>(w), in_ptr<float>(b), out_ptr<O>(y16),
+                out_ptr<float>(mean), out_ptr<float>(rstd), rows, cols, float(eps));
+  };
+  if (y16.dtype() == DType::bf16) launch.template operator()<__nv_bfloat16>();
+  else launch.template operator()<__half>();
+}
+
 }  // namespace cuda
 
 void register_batch_norm_cuda_kernels();  // batch_norm.cu
