@@ -492,6 +492,41 @@ TEST(OptimCuda, OpsMatchCpu) {
   EXPECT_EQ(tracker.item(), 0);
 }
 
+TEST(OptimCuda, UnscaleCheckOverManyTensorsOfMixedDtypesMatchesTheCpu) {
+  // 300 gradients of four dtypes and sizes from 1 to 5000: more than one launch's table per dtype
+  // (256 tensors), chunks cut inside tensors; the values equal the CPU's to the bit, and a NaN in the
+  // very last gradient sets found_inf.
+  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
+  const Device gpu = Device::cuda(0);
+  const DType dts[] = {DType::f32, DType::f16, DType::bf16, DType::f64};
+  Generator gen(17);
+  for (bool plant : {false, true}) {
+    std::vector<Tensor> cpu, dev;
+    for (int j = 0; j < 300; ++j) {
+      const int64_t n = 1 + (int64_t(j) * 997) % 5000;
+      cpu.push_back(randn({n}, TensorOptions(), &gen).to(dts[j % 4]));
+    }
+    if (plant) cpu.back() = tensor({1, 2, NAN}, {3}).to(cpu.back().dtype());
+    for (const Tensor& t : cpu) dev.push_back(t.to(gpu));
+    Tensor found_cpu = zeros({}), found_dev = zeros({}).to(gpu);
+    std::vector<Tensor> in_cpu = cpu, in_dev = dev, out_cpu = cpu, out_dev = dev;
+    in_cpu.insert(in_cpu.end(), {full({}, 0.125), found_cpu});
+    in_dev.insert(in_dev.end(), {full({}, 0.125).to(gpu), found_dev});
+    out_cpu.push_back(found_cpu);
+    out_dev.push_back(found_dev);
+    dispatch_out(OpKind::UnscaleCheck, in_cpu, out_cpu);
+    dispatch_out(OpKind::UnscaleCheck, in_dev, out_dev);
+    EXPECT_EQ(found_dev.item(), plant ? 1.0 : 0.0);
+    EXPECT_EQ(found_dev.item(), found_cpu.item());
+    for (size_t j = 0; j < cpu.size(); ++j) {
+      std::vector<double> a = cpu[j].to_vector<double>(), b = dev[j].to_vector<double>();
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i)
+        if (!(std::isnan(a[i]) && std::isnan(b[i]))) ASSERT_EQ(a[i], b[i]) << "tensor " << j << " element " << i;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- precision policy
 
 TEST(OptimPrecision, AutocastMatmulRunsInComputeDtypeAndReturnsF32) {

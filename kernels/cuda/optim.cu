@@ -1,5 +1,7 @@
 // CUDA kernels of the optimizer family: the CPU's formulas (kernels/cpu/optim.cpp, documented in
-// kernels/schema/optim.cpp) as grid-stride kernels, one launch per tensor.
+// kernels/schema/optim.cpp) as grid-stride kernels, one launch per tensor; unscale_check, which takes
+// every gradient at once, as one launch per dtype over a table of them (multi_tensor_optim.cu's
+// work split: tensor k's chunks are virtual blocks first_block[k] ..).
 //
 // No host reads: the 0-dim found_inf flag, inv_scale, scale and growth tracker, and the per-step lr
 // and step count (0-dim f64) are read inside the kernels, so an optimizer step with its schedule and
@@ -11,6 +13,7 @@
 // unscale_check's threads may all store 1.0f to found_inf at once; the race is benign (every writer
 // stores the same value).
 // Arithmetic runs in A = Acc<D> (f32 for f32/f16/bf16, f64 for f64), as on the CPU.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -55,15 +58,39 @@ __global__ void sgd_step_kernel(D* p, const D* g, D* buf, const float* found_inf
   }
 }
 
-// g: (n) contiguous, updated in place; S: the inv_scale type (float or double).
+// Gradients of one dtype for one unscale_check launch: each (numel) contiguous, numel > 0. A kernel
+// argument (__grid_constant__), so a captured launch carries it.
+constexpr int kUnscaleTensors = 256;
+constexpr int kUnscaleThreads = 256;
+constexpr int64_t kUnscaleChunk = 4 * kUnscaleThreads;  // elements per virtual block
+struct UnscaleTable {
+  void* g[kUnscaleTensors];
+  int64_t numel[kUnscaleTensors];
+  int64_t first_block[kUnscaleTensors + 1];  // first_block[count]: the launch's virtual blocks
+  int count;
+};
+static_assert(sizeof(UnscaleTable) + 64 <= 32764, "unscale table too large for the kernel arguments");
+
+// g *= inv_scale in place, found_inf = 1 if any g was not finite; S: the inv_scale type (float or double).
 template <typename D, typename S, typename A = Acc<D>>
-__global__ void unscale_check_kernel(D* g, int64_t n, const S* inv_scale, float* found_inf) {
+__global__ void unscale_check_kernel(const __grid_constant__ UnscaleTable t, const S* inv_scale, float* found_inf) {
   const A s = A(*inv_scale);
   bool bad = false;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    A x = to_acc(g[i]);
-    bad = bad || !isfinite(x);
-    g[i] = from_acc<D>(A(x * s));
+  for (int64_t vb = blockIdx.x; vb < t.first_block[t.count]; vb += gridDim.x) {
+    int lo = 0, hi = t.count - 1;  // the last tensor whose first block is <= vb (uniform across the block)
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (t.first_block[mid] <= vb) lo = mid;
+      else hi = mid - 1;
+    }
+    const int k = lo;
+    D* g = static_cast<D*>(t.g[k]);
+    const int64_t begin = (vb - t.first_block[k]) * kUnscaleChunk, end = min(begin + kUnscaleChunk, t.numel[k]);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      A x = to_acc(g[i]);
+      bad = bad || !isfinite(x);
+      g[i] = from_acc<D>(A(x * s));
+    }
   }
   if (bad) *found_inf = 1.f;
 }
@@ -135,22 +162,46 @@ void sgd_step(const KernelCall& c) {
   });
 }
 
+// Physical blocks of a multi-tensor launch: 16 per SM, enough to hide memory latency.
+unsigned unscale_grid(int device, int64_t virtual_blocks) {
+  static int sms[64] = {};
+  if (device >= 0 && device < 64 && sms[device] == 0)
+    REEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms[device], cudaDevAttrMultiProcessorCount, device));
+  const int64_t max_grid = std::max(1, (device >= 0 && device < 64 ? sms[device] : 1) * 16);
+  return unsigned(std::max<int64_t>(1, std::min(virtual_blocks, max_grid)));
+}
+
 void unscale_check(const KernelCall& c) {
   const size_t k = c.in.size() - 2;
   const Tensor& inv = c.in[k];
   float* found = static_cast<float*>(c.out[k].data_ptr());
-  for (size_t j = 0; j < k; ++j) {
-    const int64_t n = c.in[j].numel();
-    if (n == 0) continue;
-    visit_float(c.in[j].dtype(), "unscale_check", [&]<typename D>() {
-      D* g = static_cast<D*>(c.out[j].data_ptr());
-      cudaStream_t s = stream_of(c.in[j]);
-      if (inv.dtype() == DType::f64)
-        unscale_check_kernel<D, double><<<blocks_for(n), 256, 0, s>>>(g, n, inv.data<double>(), found);
-      else
-        unscale_check_kernel<D, float><<<blocks_for(n), 256, 0, s>>>(g, n, inv.data<float>(), found);
-      REEL_CUDA_LAUNCH_CHECK();
-    });
+  // The gradients grouped by dtype, in order, in launches of at most kUnscaleTensors.
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    UnscaleTable t{};
+    Device device = inv.device();
+    auto flush = [&] {
+      if (t.count == 0) return;
+      visit_float(dt, "unscale_check", [&]<typename D>() {
+        cudaStream_t s = stream_of(device);
+        const unsigned grid = unscale_grid(device.index, t.first_block[t.count]);
+        if (inv.dtype() == DType::f64)
+          unscale_check_kernel<D, double><<<grid, kUnscaleThreads, 0, s>>>(t, inv.data<double>(), found);
+        else
+          unscale_check_kernel<D, float><<<grid, kUnscaleThreads, 0, s>>>(t, inv.data<float>(), found);
+        REEL_CUDA_LAUNCH_CHECK();
+      });
+      t = UnscaleTable{};
+    };
+    for (size_t j = 0; j < k; ++j) {
+      const int64_t n = c.in[j].numel();
+      if (n == 0 || c.in[j].dtype() != dt) continue;
+      device = c.in[j].device();
+      t.g[t.count] = c.out[j].data_ptr();
+      t.numel[t.count] = n;
+      t.first_block[t.count + 1] = t.first_block[t.count] + (n + kUnscaleChunk - 1) / kUnscaleChunk;
+      if (++t.count == kUnscaleTensors) flush();
+    }
+    flush();
   }
 }
 
