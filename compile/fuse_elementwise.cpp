@@ -94,6 +94,46 @@ class GroupState {
   std::unordered_map<int, Use> uses_;
 };
 
+// How far back a node may be moved to join its producer's group (a window keeps the pass linear).
+constexpr size_t kMaxHoist = 16;
+
+bool refers_to(const Node& n, int buffer) {
+  for (const auto& r : n.inputs)
+    if (r && r->buffer == buffer) return true;
+  for (const TensorRef& r : n.outputs)
+    if (r.buffer == buffer) return true;
+  return false;
+}
+
+// Moves each fusable node up to just after the last writer of its inputs when that writer is a
+// fusable node of the same shape, so that a chain split by unrelated nodes (attention scales q, then
+// copies k, then casts q) becomes consecutive and one group. Legal because nothing between the two
+// positions writes the node's inputs (the writer is their last) or touches its outputs.
+void hoist_consumers(Graph& g) {
+  std::vector<int> last_writer(g.buffers.size(), -1);
+  for (size_t j = 0; j < g.nodes.size(); ++j) {
+    Node& n = g.nodes[j];
+    int q = -1;  // the last writer of any input of n, before n
+    for (const auto& r : n.inputs)
+      if (r) q = std::max(q, last_writer[size_t(r->buffer)]);
+    const bool movable = q >= 0 && size_t(q) + 1 < j && j - size_t(q) <= kMaxHoist && fusable_node(g, n) &&
+                         fusable_node(g, g.nodes[size_t(q)]) &&
+                         g.nodes[size_t(q)].outputs[0].shape == n.outputs[0].shape;
+    bool clear = movable;
+    for (size_t k = size_t(q) + 1; clear && k < j; ++k)
+      for (const TensorRef& out : n.outputs) clear = clear && !refers_to(g.nodes[k], out.buffer);
+    if (clear) std::rotate(g.nodes.begin() + q + 1, g.nodes.begin() + int64_t(j), g.nodes.begin() + int64_t(j) + 1);
+    // Writers by position after the move: the moved node now sits at q + 1, the others one later.
+    if (clear) {
+      std::fill(last_writer.begin(), last_writer.end(), -1);
+      for (size_t k = 0; k <= j; ++k)
+        for (const TensorRef& r : g.nodes[k].outputs) last_writer[size_t(r.buffer)] = int(k);
+    } else {
+      for (const TensorRef& r : n.outputs) last_writer[size_t(r.buffer)] = int(j);
+    }
+  }
+}
+
 // One past the last node of the group that starts at node i (i + 1: no group).
 size_t group_end(const Graph& g, size_t i) {
   if (!fusable_node(g, g.nodes[i])) return i + 1;
@@ -234,6 +274,7 @@ Node fuse_group(const Graph& g, size_t i, size_t j, const Readers& readers, bool
 }  // namespace
 
 void fuse_elementwise(Graph& g, PassStats& stats, bool build_kernels) {
+  hoist_consumers(g);
   const Readers readers(g);
   std::vector<Node> out;
   out.reserve(g.nodes.size());

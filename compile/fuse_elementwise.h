@@ -3,6 +3,9 @@
 //
 //   k1: t = add(x, bias)   k2: u = gelu(t)   k3: v = mul(u, s)    ->   k: v = [add gelu mul](x, bias, s)
 //
+// First, each fusable node moves up (at most 16 places) to just after the last writer of its inputs
+// when that writer is a fusable node of its shape and nothing in between touches its outputs: a chain
+// split by unrelated nodes (attention scales q, copies k, then casts q) becomes consecutive.
 // A group is a maximal run of consecutive nodes (graph order; consecutive is what makes the rewrite
 // safe: nothing runs between its members) where every node
 //   - is an op of kernels/ops.def's elementwise family, clamp_scalar, or a copy between two tensors

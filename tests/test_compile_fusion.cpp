@@ -157,7 +157,7 @@ TEST(FusionPass, GroupsEndWhereTheRewriteWouldBeUnsafe) {
             w = add_buffer(g, BufferKind::Internal, 16), o = add_buffer(g, BufferKind::External, 16);
   g.nodes = {
       node(OpKind::Exp, {ref(x, {4, 4})}, ref(t, {4, 4})),
-      node(OpKind::Sum, {ref(x, {4, 4})}, ref(s, {})),               // not elementwise: exp and neg are not consecutive
+      node(OpKind::Sum, {ref(x, {4, 4})}, ref(t, {})),               // not elementwise, and writes t: neg stays after it
       node(OpKind::Neg, {ref(t, {4, 4})}, ref(u, {4, 4})),
       node(OpKind::Add, {ref(u, {4, 4}, {1, 4}), ref(x, {4, 4})}, ref(w, {4, 4})),  // reads u transposed
       node(OpKind::Relu, {ref(w, {16})}, ref(o, {16})),               // another shape
@@ -166,6 +166,28 @@ TEST(FusionPass, GroupsEndWhereTheRewriteWouldBeUnsafe) {
   g.outputs = {ref(s, {}), ref(o, {16})};
   EXPECT_EQ(fuse(g), 0u) << g.str();
   EXPECT_EQ(g.nodes.size(), 6u);
+}
+
+TEST(FusionPass, AConsumerMovesUpToItsProducerAcrossUnrelatedNodes) {
+  // q = x * 0.125; k = copy(y); q16 = cast(q): the cast joins the scale (attention's q), the copy of
+  // k stays between neither. Not when a node in between touches the consumer's output.
+  for (bool blocked : {false, true}) {
+    Graph g;
+    const int x = add_buffer(g, BufferKind::Input, 16), y = add_buffer(g, BufferKind::Input, 16),
+              q = add_buffer(g, BufferKind::Internal, 16), k = add_buffer(g, BufferKind::External, 16),
+              q16 = add_buffer(g, BufferKind::External, 16);
+    Node scale = node(OpKind::MulScalar, {ref(x, {4, 4})}, ref(q, {4, 4}));
+    scale.attrs.set("value", 0.125);
+    g.nodes = {scale, node(OpKind::Sum, {ref(y, {4, 4})}, ref(blocked ? q16 : k, {})),
+               node(OpKind::Copy, {ref(q, {4, 4})}, ref(q16, {4, 4}))};
+    g.outputs = {ref(k, {}), ref(q16, {4, 4})};
+    EXPECT_EQ(fuse(g), blocked ? 0u : 1u) << g.str();
+    ASSERT_EQ(g.nodes.size(), blocked ? 3u : 2u);
+    if (!blocked) {
+      EXPECT_EQ(g.nodes[0].fused, (std::vector<std::string>{"mul_scalar", "copy"}));
+      EXPECT_EQ(g.nodes[1].op, OpKind::Sum);
+    }
+  }
 }
 
 TEST(FusionPass, InPlaceUpdatesOfOneGeometryFuseAndKeepTheirOutputs) {
