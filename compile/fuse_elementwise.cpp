@@ -105,6 +105,39 @@ bool refers_to(const Node& n, int buffer) {
   return false;
 }
 
+// A contiguous ref of `r`'s buffer, offset and dtype in `shape`.
+TensorRef reshaped(const TensorRef& r, const Shape& shape) {
+  return TensorRef{r.buffer, shape, contiguous_strides(shape), r.offset, r.dtype};
+}
+
+// An elementwise node over contiguous tensors of one size (no broadcast) computes element e from
+// element e in linear order, whatever shape it is written in. When it reads the contiguous output of
+// a fusable producer traced in another shape (heads merged by a reshape: (B, T, H, hd) then
+// (B, T, H hd)), it is rewritten in the producer's shape, so that the two can form one group.
+void reshape_to_producers(Graph& g) {
+  std::vector<int> last_writer(g.buffers.size(), -1);
+  for (size_t j = 0; j < g.nodes.size(); ++j) {
+    Node& n = g.nodes[j];
+    if (fusable_node(g, n) && !n.in_place) {
+      const TensorRef& out = n.outputs[0];
+      bool dense = true;
+      for (const auto& r : n.inputs) dense = dense && is_contiguous(*r) && numel_of(r->shape) == numel_of(out.shape);
+      for (const auto& r : n.inputs) {
+        const int p = last_writer[size_t(r->buffer)];
+        if (!dense || p < 0 || !fusable_node(g, g.nodes[size_t(p)])) continue;
+        const TensorRef& made = g.nodes[size_t(p)].outputs[0];
+        if (made.buffer != r->buffer || made.offset != r->offset || made.dtype != r->dtype || made.shape == out.shape ||
+            numel_of(made.shape) != numel_of(out.shape))
+          continue;
+        for (auto& in : n.inputs) in = reshaped(*in, made.shape);
+        n.outputs[0] = reshaped(out, made.shape);
+        break;
+      }
+    }
+    for (const TensorRef& r : n.outputs) last_writer[size_t(r.buffer)] = int(j);
+  }
+}
+
 // Moves each fusable node up to just after the last writer of its inputs when that writer is a
 // fusable node of the same shape, so that a chain split by unrelated nodes (attention scales q, then
 // copies k, then casts q) becomes consecutive and one group. Legal because nothing between the two
@@ -274,6 +307,7 @@ Node fuse_group(const Graph& g, size_t i, size_t j, const Readers& readers, bool
 }  // namespace
 
 void fuse_elementwise(Graph& g, PassStats& stats, bool build_kernels) {
+  reshape_to_producers(g);
   hoist_consumers(g);
   const Readers readers(g);
   std::vector<Node> out;

@@ -3,7 +3,9 @@
 //
 //   k1: t = add(x, bias)   k2: u = gelu(t)   k3: v = mul(u, s)    ->   k: v = [add gelu mul](x, bias, s)
 //
-// First, each fusable node moves up (at most 16 places) to just after the last writer of its inputs
+// First, an elementwise node over contiguous tensors of one size that reads a fusable producer's
+// output traced in another shape (a reshape between them) is rewritten in the producer's shape (same
+// bytes, same linear order). Then each fusable node moves up (at most 16 places) to just after the last writer of its inputs
 // when that writer is a fusable node of its shape and nothing in between touches its outputs: a chain
 // split by unrelated nodes (attention scales q, copies k, then casts q) becomes consecutive.
 // A group is a maximal run of consecutive nodes (graph order; consecutive is what makes the rewrite

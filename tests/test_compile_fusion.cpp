@@ -160,12 +160,26 @@ TEST(FusionPass, GroupsEndWhereTheRewriteWouldBeUnsafe) {
       node(OpKind::Sum, {ref(x, {4, 4})}, ref(t, {})),               // not elementwise, and writes t: neg stays after it
       node(OpKind::Neg, {ref(t, {4, 4})}, ref(u, {4, 4})),
       node(OpKind::Add, {ref(u, {4, 4}, {1, 4}), ref(x, {4, 4})}, ref(w, {4, 4})),  // reads u transposed
-      node(OpKind::Relu, {ref(w, {16})}, ref(o, {16})),               // another shape
+      node(OpKind::Relu, {ref(w, {8})}, ref(o, {8})),                 // another size (a reshape alone would fuse)
       node(OpKind::Add, {ref(o, {4}), ref(x, {16})}, ref(o, {16}), true),  // o read broadcast, then written
   };
   g.outputs = {ref(s, {}), ref(o, {16})};
   EXPECT_EQ(fuse(g), 0u) << g.str();
   EXPECT_EQ(g.nodes.size(), 6u);
+}
+
+TEST(FusionPass, AConsumerOfAReshapedResultJoinsItsProducer) {
+  // (B, T, H, hd) -> (B, T, H hd): the transpose-copy merging heads, then the cast for the next GEMM.
+  Graph g;
+  const int x = add_buffer(g, BufferKind::Input, 24), t = add_buffer(g, BufferKind::Internal, 24),
+            o = add_buffer(g, BufferKind::External, 24);
+  g.nodes = {node(OpKind::Copy, {ref(x, {2, 3, 4}, {4, 8, 1})}, ref(t, {2, 3, 4})),
+             node(OpKind::Neg, {ref(t, {2, 12})}, ref(o, {2, 12}))};
+  g.outputs = {ref(o, {2, 12})};
+  EXPECT_EQ(fuse(g), 1u) << g.str();
+  ASSERT_EQ(g.nodes.size(), 1u);
+  EXPECT_EQ(g.nodes[0].outputs[0].buffer, o);
+  EXPECT_EQ(g.nodes[0].outputs[0].shape, (Shape{2, 3, 4}));  // written in the producer's shape: same bytes
 }
 
 TEST(FusionPass, AConsumerMovesUpToItsProducerAcrossUnrelatedNodes) {
