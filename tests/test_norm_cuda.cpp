@@ -1,8 +1,7 @@
-// Layer norm's backward on the GPU at training sizes, against the CPU: dx, dw, db for rows short
-// enough for the one-pass kernel (a warp per row, dw and db partials per block) and longer ones (the
-// rows kernel and the two-stage column reduction), with and without a weight, in f32 and bf16, over
-// row counts from 1 to more than one block's worth per SM; and the same bits on a second run (the
-// column sums run in a fixed order). Skips without a GPU.
+// Layer norm's backward on the GPU at training sizes, against the CPU: dx, dw, db for short rows (a
+// warp each) and long ones (a block each), dw and db by the two-stage column reduction, with and
+// without a weight, in f32 and bf16, over row counts from 1 to tens of thousands; and the same bits on
+// a second run (the column sums run in a fixed order). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>

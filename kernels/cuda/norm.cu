@@ -15,9 +15,6 @@
 //   layer norm, x viewed as (rows, cols): a team of threads per row, a warp (8 rows per 256-thread
 //     block) when cols <= 1024, else a 512-thread block per row. The team reads its row three times
 //     (sum, squared deviations, output); the row is hot in L1/L2 after the first pass.
-//   layer norm backward, rows up to 1024 long: one kernel computes dx (a warp per row) and each
-//     block's partial sums of dw, db (registers, then the block's warps in order); stage 2 below adds
-//     the blocks' partials per column in order. Longer rows: dx by the rows kernel, then
 //   layer norm dw, db: a deterministic two-stage column reduction. Stage 1 tiles (rows, cols) into
 //     blocks of 32 columns x one chunk of rows (32 x 8 threads; the 32 lanes read 32 adjacent columns,
 //     so loads are coalesced) and writes partial sums (chunks, cols); stage 2 sums the chunks of each
@@ -108,64 +105,6 @@ __global__ void layer_norm_bwd_dx_rows_kernel(const D* g, const D* x, const D* w
   }
 }
 
-constexpr int64_t kWarpRowMaxCols = 1024;  // rows up to this long get a warp each
-
-// dx of each row, as layer_norm_bwd_dx_rows_kernel<true> computes it, and in the same pass the
-// block's partial sums of dw, db over the rows its warps took: each lane keeps the sums of its
-// columns (lane, lane + 32, ...) in registers, the block adds its warps' sums in warp order in shared
-// memory and writes one row of dw_part, db_part: (gridDim.x, cols). Stage 2 (norm_bwd_param_sum_kernel)
-// adds the blocks' rows in order: deterministic, and g and x are read once instead of twice.
-// cols <= kWarpRowMaxCols; dynamic shared memory: 2 cols A.
-template <typename D, typename A = Acc<D>>
-__global__ void layer_norm_bwd_warp_fused_kernel(const D* g, const D* x, const D* w, const A* mean, const A* rstd,
-                                                 D* dx, int64_t rows, int64_t cols, A* dw_part, A* db_part) {
-  constexpr int kPerLane = int(kWarpRowMaxCols / 32);
-  extern __shared__ unsigned char shared_bytes[];
-  A* s_dw = reinterpret_cast<A*>(shared_bytes);
-  A* s_db = s_dw + cols;
-  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
-  A pw[kPerLane], pb[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) pw[i] = pb[i] = A(0);
-  for (int64_t r = int64_t(blockIdx.x) * warps + warp; r < rows; r += int64_t(gridDim.x) * warps) {
-    const D *gr = g + r * cols, *xr = x + r * cols;
-    D* dxr = dx + r * cols;
-    const A mu = mean[r], rs = rstd[r];
-    A s_gw = 0, s_gwx = 0;
-    for (int64_t j = lane; j < cols; j += 32) {
-      A gj = to_acc(gr[j]), xh = (to_acc(xr[j]) - mu) * rs, gw = w ? gj * to_acc(w[j]) : gj;
-      s_gw += gw;
-      s_gwx += gw * xh;
-    }
-    const A mean_gw = warp_sum(s_gw) / A(cols), mean_gwx = warp_sum(s_gwx) / A(cols);
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int64_t j = lane + 32 * int64_t(i);
-      if (j >= cols) break;
-      A gj = to_acc(gr[j]), xh = (to_acc(xr[j]) - mu) * rs, gw = w ? gj * to_acc(w[j]) : gj;
-      dxr[j] = from_acc<D>(rs * (gw - mean_gw - xh * mean_gwx));
-      pw[i] += gj * xh;
-      pb[i] += gj;
-    }
-  }
-  for (int k = 0; k < warps; ++k) {  // warps in order: the same sums on every run
-    if (warp == k) {
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int64_t j = lane + 32 * int64_t(i);
-        if (j >= cols) break;
-        s_dw[j] = k == 0 ? pw[i] : s_dw[j] + pw[i];
-        s_db[j] = k == 0 ? pb[i] : s_db[j] + pb[i];
-      }
-    }
-    __syncthreads();
-  }
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    dw_part[int64_t(blockIdx.x) * cols + j] = s_dw[j];
-    db_part[int64_t(blockIdx.x) * cols + j] = s_db[j];
-  }
-}
-
 constexpr int kColTile = 32;   // columns per block of the partial kernel (one per lane)
 constexpr int kColRowThreads = 8;  // threads along the rows of a chunk
 
@@ -217,6 +156,7 @@ __global__ void norm_bwd_param_sum_kernel(const A* dw_part, const A* db_part, in
 }
 
 // Launches a rows kernel with a warp per row for short rows, else a block per row.
+constexpr int64_t kWarpRowMaxCols = 1024;
 constexpr int kRowsThreads = 256, kBlockRowThreads = 512;
 
 template <typename WarpKernel, typename BlockKernel, typename... Args>
@@ -264,20 +204,6 @@ void layer_norm_bwd(const KernelCall& c) {
     using A = Acc<D>;
     const D *pg = in_ptr<D>(g), *px = in_ptr<D>(x);
     const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
-    if (cols <= kWarpRowMaxCols) {
-      // Short rows: dx and the per-block partials of dw, db in one pass, then stage 2.
-      constexpr int rows_per_block = kRowsThreads / 32;
-      const unsigned blocks = grid_for((rows + rows_per_block - 1) / rows_per_block);
-      Tensor part = Tensor::empty({2, int64_t(blocks), cols}, mean.dtype(), x.device());
-      A* pp = out_ptr<A>(part);
-      layer_norm_bwd_warp_fused_kernel<D><<<blocks, kRowsThreads, 2 * cols * sizeof(A), s>>>(
-          pg, px, in_ptr<D>(w), pm, pr, rows ? out_ptr<D>(dx) : nullptr, rows, cols, pp, pp + int64_t(blocks) * cols);
-      REEL_CUDA_LAUNCH_CHECK();
-      norm_bwd_param_sum_kernel<D><<<blocks_for(cols), 256, 0, s>>>(pp, pp + int64_t(blocks) * cols, int64_t(blocks),
-                                                                    cols, out_ptr<D>(dw), out_ptr<D>(db));
-      REEL_CUDA_LAUNCH_CHECK();
-      return;
-    }
     if (rows > 0)
       launch_rows(layer_norm_bwd_dx_rows_kernel<true, D>, layer_norm_bwd_dx_rows_kernel<false, D>, rows, cols, s, pg,
                   px, in_ptr<D>(w), pm, pr, out_ptr<D>(dx), rows, cols);
