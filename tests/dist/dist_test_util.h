@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -34,6 +36,14 @@ inline std::vector<double> values(const std::vector<Tensor>& ts) {
   for (const Tensor& t : ts)
     for (double v : t.to_vector<double>()) out.push_back(v);
   return out;
+}
+
+// Where the equivalence tests run: the CPU (MPI carries the gradients), or with
+// REEL_DIST_TEST_DEVICE=cuda each rank's GPU (cuda:<local rank>; NCCL carries them).
+inline Device test_device() {
+  const char* v = std::getenv("REEL_DIST_TEST_DEVICE");
+  if (v && std::string(v) == "cuda") return Device::cuda(dist::local_rank());
+  return Device::cpu();
 }
 
 // Whether every rank passed `ok` (so that both ranks agree on whether to go on).

@@ -1,7 +1,8 @@
 // Data parallel on two ranks against one process with the doubled batch: the same parameters after
 // 10 optimizer steps (f64, relative error < 1e-10), one gradient all-reduce per step whatever ACCUM,
 // item counts summed across ranks, the start-up broadcast, buffers, the fp16 scaler's agreement, and
-// a parameter-shape mismatch as an error on both ranks.
+// a parameter-shape mismatch as an error on both ranks. The equivalence tests run on each rank's GPU
+// with REEL_DIST_TEST_DEVICE=cuda (NCCL then carries the gradients).
 #include "dist/data_parallel.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
@@ -73,7 +74,9 @@ Run train(const std::function<std::shared_ptr<nn::Module>(uint64_t)>& make,
           dist::Communicator* comm) {
   // Ranks start from different initialisations: the broadcast from rank 0 must make them equal.
   const int rank = comm ? comm->rank() : 0, K = comm ? comm->world_size() : 1;
+  const Device device = dist_test::test_device();
   auto model = make(17 + uint64_t(rank));
+  model->to(device);
   optim::AdamW opt(model->parameters(), optim::AdamWOptions(3e-2));
   opt.set_accum_steps(accum).set_micro_batch(global_items / K).set_max_grad_norm(0.7);
   std::shared_ptr<dist::GradientBuckets> sync;
@@ -86,7 +89,7 @@ Run train(const std::function<std::shared_ptr<nn::Module>(uint64_t)>& make,
       Sample all = batch(g, global_items);
       const int64_t per = global_items / K;
       Sample mine = rows(all, rank * per, (rank + 1) * per);
-      opt.scale_loss(nn::model_loss(*model, mine.x, mine.y)).backward();
+      opt.scale_loss(nn::model_loss(*model, mine.x.to(device), mine.y.to(device))).backward();
       EXPECT_EQ(opt.micro_step().stepped, i == accum - 1);
     }
     if (comm) run.collectives_per_step.push_back(comm->collective_count() - before);
@@ -111,8 +114,9 @@ void expect_equivalent(const std::function<std::shared_ptr<nn::Module>(uint64_t)
     EXPECT_TRUE(std::equal(both.begin(), both.begin() + int64_t(both.size() / 2), both.begin() + int64_t(both.size() / 2)))
         << what << " ACCUM " << accum << ": the ranks' parameters differ";
     if (w.rank() == 0)
-      std::printf("  %s ACCUM %lld: relative error %.2e after 10 steps, %llu all-reduce per step\n", what,
-                  (long long)accum, err, (unsigned long long)parallel.collectives_per_step[0]);
+      std::printf("  %s ACCUM %lld on %s: relative error %.2e after 10 steps, %llu all-reduce per step\n", what,
+                  (long long)accum, dist_test::test_device().str().c_str(), err,
+                  (unsigned long long)parallel.collectives_per_step[0]);
   }
 }
 
