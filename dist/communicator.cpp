@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <vector>
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -46,7 +47,59 @@ std::string describe_tensor(const Tensor& t) {
 
 }  // namespace
 
-Communicator::Communicator() : timeout_s_(default_timeout()) {}
+// ---- the registry behind the AllReduce op: id -> communicator, and the op's kernels ----
+
+namespace {
+std::mutex g_registry_mutex;
+std::vector<Communicator*> g_registry;  // by id; null once destroyed
+
+Communicator& registered(int64_t id) {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  REEL_CHECK(id >= 0 && id < int64_t(g_registry.size()) && g_registry[size_t(id)] != nullptr,
+             "all_reduce: communicator ", id, " does not exist (a plan replayed after its communicator died?)");
+  return *g_registry[size_t(id)];
+}
+
+ReduceOp op_of(int64_t code) { return code == 1 ? ReduceOp::max : code == 2 ? ReduceOp::min : ReduceOp::sum; }
+int64_t code_of(ReduceOp op) { return op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0; }
+
+// The kernels of kernels/ops.def's AllReduce, on the CPU (MPI) and on CUDA (NCCL, enqueued on the
+// current stream: capturable), registered with the first communicator.
+void register_all_reduce_kernels() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    KernelFn k = [](const KernelCall& c) {
+      run_all_reduce_op(registered(c.attrs.i("comm")), c.out[0], op_of(c.attrs.i("op")));
+    };
+    register_kernel(DeviceType::CPU, OpKind::AllReduce, k);
+    register_kernel(DeviceType::CUDA, OpKind::AllReduce, k);
+  });
+}
+}  // namespace
+
+void run_all_reduce_op(Communicator& comm, const Tensor& t, ReduceOp op) {
+  REEL_CHECK(comm.broken_.empty(), "all_reduce on rank ", comm.rank(), ": this communicator is unusable since an "
+             "earlier collective failed (", comm.broken_, ")");
+  ++comm.collectives_;
+  if (comm.world_size() > 1) comm.do_all_reduce(t, op);
+}
+
+Communicator::Communicator() : timeout_s_(default_timeout()) {
+  register_all_reduce_kernels();
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  id_ = int64_t(g_registry.size());
+  g_registry.push_back(this);
+}
+
+Communicator::~Communicator() {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  g_registry[size_t(id_)] = nullptr;
+}
+
+void Communicator::all_reduce_op(const Tensor& t, ReduceOp op) {
+  REEL_CHECK(op != ReduceOp::mean, "all_reduce_op: mean is sum then a division; dispatch the division");
+  dispatch_out(OpKind::AllReduce, {t}, {t}, Attrs().set("comm", id_).set("op", code_of(op)));
+}
 
 void Communicator::set_timeout_seconds(double seconds) {
   REEL_CHECK(seconds > 0, "Communicator::set_timeout_seconds: the timeout must be positive, got ", seconds);

@@ -47,7 +47,7 @@ const char* reduce_op_name(ReduceOp op);
 
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  virtual ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -60,11 +60,17 @@ class Communicator {
   virtual std::unique_ptr<Communicator> dup() = 0;
 
   void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum);
+  // The same in place on a contiguous f32, f64 or i64 tensor, as an op through the dispatch door
+  // (kernels/ops.def AllReduce, attrs comm = id()): a traced step records it and a replayed plan runs
+  // it (a CUDA graph captures NCCL's kernel). op: sum, max or min.
+  void all_reduce_op(const Tensor& t, ReduceOp op = ReduceOp::sum);
   void broadcast(const Tensor& t, int root = 0);
   Tensor all_gather(const Tensor& t);
   void barrier();
 
   uint64_t collective_count() const { return collectives_; }
+  // This communicator's id in the process's registry (the AllReduce op's "comm" attr).
+  int64_t id() const { return id_; }
   double timeout_seconds() const { return timeout_s_; }
   void set_timeout_seconds(double seconds);
 
@@ -81,7 +87,9 @@ class Communicator {
  private:
   // Counts the call, and says whether the backend should run it (false in meta mode).
   bool begin(const char* op, const Tensor* t);
+  friend void run_all_reduce_op(Communicator& comm, const Tensor& t, ReduceOp op);
   uint64_t collectives_ = 0;
+  int64_t id_ = -1;
   double timeout_s_;
   std::string broken_;
 };

@@ -210,7 +210,11 @@ void GradientBuckets::reduce(Bucket& b, double weight) {
   }
   if (weight != 1.0) mul_(body, weight);
   fill_(total, weight);
-  comm_->all_reduce(b.flat, ReduceOp::sum);
+  // As an op (the f32/f64 buckets of training): a compiled step records it, and its replay (a CUDA
+  // graph with NCCL's kernel in it) runs it.
+  const DType dt = b.flat.dtype();
+  if (dt == DType::f32 || dt == DType::f64) comm_->all_reduce_op(b.flat, ReduceOp::sum);
+  else comm_->all_reduce(b.flat, ReduceOp::sum);
   // sum_r w_r g_r / sum_r w_r; with equal shares this is the mean over ranks (a division by K).
   dispatch_out(OpKind::Div, {body, total}, {body});
   for (const Entry& e : b.entries) {
@@ -292,9 +296,7 @@ std::shared_ptr<GradientBuckets> make_data_parallel(nn::Module& model, optim::Op
 Device setup_training(Device requested, const std::string& compile_mode) {
   Communicator& comm = init(Backend::automatic);
   if (comm.world_size() == 1) return requested;
-  REEL_CHECK(compile_mode == "none", "train: --compile ", compile_mode, " under mpirun (", comm.world_size(),
-             " ranks): the gradient all-reduce is not recorded by the compiler yet, so a replayed step would skip "
-             "it; run data-parallel training eagerly (drop --compile)");
+  (void)compile_mode;  // the gradient all-reduce is an op: a compiled step records and replays it
   Device device = requested;
   if (device.is_cuda() && device.index == 0 && local_rank() > 0) {
     REEL_CHECK(local_rank() < cuda::device_count(), "train: local rank ", local_rank(), " needs GPU ", local_rank(),

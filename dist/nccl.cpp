@@ -201,6 +201,12 @@ class NcclCollectives : public DeviceCollectives {
     int rc = enqueue(stream);
     REEL_CHECK(rc == kNcclSuccess, what, " failed on rank ", rank_, ": ", api_.get_error_string(rc));
     if (env_is("REEL_NCCL_ASYNC", "1")) return;
+    // Being captured into a CUDA graph (a compiled step): the collective is a node of the graph, run
+    // at each replay; nothing to wait for now, and an event query would break the capture.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capturing) == cudaSuccess &&
+        capturing != cudaStreamCaptureStatusNone)
+      return;
     wait(what, stream);
   }
 

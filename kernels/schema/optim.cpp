@@ -102,6 +102,25 @@ std::vector<TensorMeta> infer_sgd(const std::vector<Tensor>& in, const Attrs& a)
   return out;
 }
 
+// all_reduce: (x) -> (x), in place: x = op over the ranks of communicator attrs "comm" of their x.
+// attrs: comm (i64, an id of dist/communicator.h's registry), op (i64: 0 sum, 1 max, 2 min). x:
+// contiguous f32, f64 or i64. The data-parallel gradient sync dispatches it, so that a traced step
+// records the collective and a replayed plan (a CUDA graph, with NCCL) runs it. Kernels: registered
+// by dist/ when a communicator is made (kernels/ knows no communicator).
+std::vector<TensorMeta> infer_all_reduce(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::AllReduce;
+  REEL_CHECK(in.size() == 1, "all_reduce: takes one tensor, got ", in.size(), " inputs");
+  schema::expect_defined(op, in[0], "x");
+  REEL_CHECK(in[0].is_contiguous() && (in[0].dtype() == DType::f32 || in[0].dtype() == DType::f64 ||
+                                       in[0].dtype() == DType::i64),
+             "all_reduce: x must be a contiguous f32, f64 or i64 tensor (it is reduced in place), got ",
+             schema::desc(in[0]));
+  const int64_t r = a.i("op");
+  REEL_CHECK(r >= 0 && r <= 2, "all_reduce: op must be 0 (sum), 1 (max) or 2 (min), got ", r);
+  a.i("comm");
+  return {schema::meta_like(in[0])};
+}
+
 std::vector<TensorMeta> infer_unscale(const std::vector<Tensor>& in, const Attrs&) {
   constexpr OpKind op = OpKind::UnscaleCheck;
   REEL_CHECK(in.size() >= 3, "unscale_check: takes (g0, ..., gk, inv_scale, found_inf), got ", in.size(),
@@ -178,6 +197,7 @@ void register_optim_schemas() {
   register_schema(OpKind::AdamWStep, infer_adamw);
   register_schema(OpKind::SgdStep, infer_sgd);
   register_schema(OpKind::UnscaleCheck, infer_unscale);
+  register_schema(OpKind::AllReduce, infer_all_reduce);
   register_schema(OpKind::ScalerUpdate, infer_scaler_update);
   register_schema(OpKind::ClampScalar, infer_clamp);
   register_schema(OpKind::LrSchedule, infer_lr_schedule);

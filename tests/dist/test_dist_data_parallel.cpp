@@ -3,6 +3,10 @@
 // item counts summed across ranks, the start-up broadcast, buffers, the fp16 scaler's agreement, and
 // a parameter-shape mismatch as an error on both ranks. The equivalence tests run on each rank's GPU
 // with REEL_DIST_TEST_DEVICE=cuda (NCCL then carries the gradients).
+#include <optional>
+
+#include "compile/plan.h"
+#include "compile/train_step.h"
 #include "dist/data_parallel.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
@@ -68,10 +72,12 @@ struct Run {
 };
 
 // `steps` optimizer steps of AdamW (clipping on) with ACCUM micro-batches of `global_items` rows, all
-// of them (comm null: one process) or this rank's block of them (data parallel over comm).
+// of them (comm null: one process) or this rank's block of them (data parallel over comm); with
+// `compiled`, each step through compile::compile_train_step in that mode (the all-reduce recorded in
+// the plan, and on the GPU replayed inside the CUDA graph).
 Run train(const std::function<std::shared_ptr<nn::Module>(uint64_t)>& make,
           const std::function<Sample(Generator&, int64_t)>& batch, int64_t accum, int64_t global_items, int steps,
-          dist::Communicator* comm) {
+          dist::Communicator* comm, std::optional<compile::Mode> compiled = std::nullopt) {
   // Ranks start from different initialisations: the broadcast from rank 0 must make them equal.
   const int rank = comm ? comm->rank() : 0, K = comm ? comm->world_size() : 1;
   const Device device = dist_test::test_device();
@@ -83,8 +89,25 @@ Run train(const std::function<std::shared_ptr<nn::Module>(uint64_t)>& make,
   if (comm) sync = dist::make_data_parallel(*model, opt, dist::world_ptr());
   Generator g(5);
   Run run;
+  nn::Module* m = model.get();
+  std::optional<compile::CompiledFunction> step;
+  if (compiled)
+    step.emplace(compile::compile_train_step(
+        opt, [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); }, {*compiled}));
   for (int s = 0; s < steps; ++s) {
     const uint64_t before = comm ? comm->collective_count() : 0;
+    if (step) {
+      std::vector<optim::MicroBatch> micro;
+      for (int64_t i = 0; i < accum; ++i) {
+        Sample all = batch(g, global_items);
+        const int64_t per = global_items / K;
+        Sample mine = rows(all, rank * per, (rank + 1) * per);
+        micro.push_back({mine.x.to(device), mine.y.to(device)});
+      }
+      (*step)(compile::flatten_micro(micro));
+      if (comm) run.collectives_per_step.push_back(comm->collective_count() - before);
+      continue;
+    }
     for (int64_t i = 0; i < accum; ++i) {
       Sample all = batch(g, global_items);
       const int64_t per = global_items / K;
@@ -93,6 +116,14 @@ Run train(const std::function<std::shared_ptr<nn::Module>(uint64_t)>& make,
       EXPECT_EQ(opt.micro_step().stepped, i == accum - 1);
     }
     if (comm) run.collectives_per_step.push_back(comm->collective_count() - before);
+  }
+  if (step) {
+    const compile::Plan* plan = step->last_plan();
+    EXPECT_NE(plan, nullptr) << "the step did not compile";
+    size_t reduces = 0;
+    if (plan)
+      for (const compile::Node& n : plan->graph().nodes) reduces += n.op == OpKind::AllReduce;
+    EXPECT_EQ(reduces, comm && comm->world_size() > 1 ? 1u : 0u) << "all_reduce nodes in the plan";
   }
   run.params = values(model->parameters());
   return run;
@@ -123,6 +154,27 @@ void expect_equivalent(const std::function<std::shared_ptr<nn::Module>(uint64_t)
 TEST(DistDataParallel, MlpMatchesOneProcessWithTheDoubledBatch) {
   REEL_NEED_TWO_RANKS();
   expect_equivalent([](uint64_t s) { return mlp(s); }, mlp_batch, 8, "mlp");
+}
+
+TEST(DistDataParallel, CompiledStepsMatchOneProcessWithTheDoubledBatch) {
+  // The gradient all-reduce is an op: the compiled step records it, and every replay (a CUDA graph on
+  // the GPU, NCCL's kernel inside) runs it once. Against eager single-process training.
+  REEL_NEED_TWO_RANKS();
+  dist::Communicator& w = dist::world();
+  const compile::Mode mode =
+      dist_test::test_device().is_cuda() ? compile::Mode::ReduceOverhead : compile::Mode::Default;
+  auto make_gpt = [](uint64_t s) { return tiny_gpt(s); };
+  for (int64_t accum : {1, 4}) {
+    const auto single = train(make_gpt, gpt_batch, accum, 4, 10, nullptr);
+    const auto parallel = train(make_gpt, gpt_batch, accum, 4, 10, &w, mode);
+    const double err = rel_err(parallel.params, single.params);
+    EXPECT_LT(err, kTol) << "compiled ACCUM " << accum;
+    EXPECT_EQ(parallel.collectives_per_step, std::vector<uint64_t>(10, 1u)) << "compiled ACCUM " << accum;
+    if (w.rank() == 0)
+      std::printf("  gpt compiled (%s) ACCUM %lld on %s: relative error %.2e after 10 steps, %llu all-reduce per "
+                  "step\n", compile::mode_name(mode), (long long)accum, dist_test::test_device().str().c_str(), err,
+                  (unsigned long long)parallel.collectives_per_step[0]);
+  }
 }
 
 TEST(DistDataParallel, TinyGptMatchesOneProcessWithTheDoubledBatch) {
