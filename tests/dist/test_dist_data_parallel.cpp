@@ -3,6 +3,7 @@
 // item counts summed across ranks, the start-up broadcast, buffers, the fp16 scaler's agreement, and
 // a parameter-shape mismatch as an error on both ranks. The equivalence tests run on each rank's GPU
 // with REEL_DIST_TEST_DEVICE=cuda (NCCL then carries the gradients).
+#include <algorithm>
 #include <optional>
 
 #include "compile/plan.h"
@@ -169,7 +170,12 @@ TEST(DistDataParallel, CompiledStepsMatchOneProcessWithTheDoubledBatch) {
     const auto parallel = train(make_gpt, gpt_batch, accum, 4, 10, &w, mode);
     const double err = rel_err(parallel.params, single.params);
     EXPECT_LT(err, kTol) << "compiled ACCUM " << accum;
-    EXPECT_EQ(parallel.collectives_per_step, std::vector<uint64_t>(10, 1u)) << "compiled ACCUM " << accum;
+    // Calls 0-2 run on the host (warm-up, trace, capture) and count their collective; a replayed CUDA
+    // graph runs NCCL's kernel inside it, with no host call to count (train() checks the plan's one
+    // all_reduce node, and the parameters above show that every replay reduced).
+    std::vector<uint64_t> expected(10, 1u);
+    if (mode == compile::Mode::ReduceOverhead) std::fill(expected.begin() + 3, expected.end(), 0u);
+    EXPECT_EQ(parallel.collectives_per_step, expected) << "compiled ACCUM " << accum;
     if (w.rank() == 0)
       std::printf("  gpt compiled (%s) ACCUM %lld on %s: relative error %.2e after 10 steps, %llu all-reduce per "
                   "step\n", compile::mode_name(mode), (long long)accum, dist_test::test_device().str().c_str(), err,
