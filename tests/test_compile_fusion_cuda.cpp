@@ -21,13 +21,11 @@
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/cuda.h"
+#include "test_util.h"
 #include "compile_test_util.h"
 
 using namespace reel;
 using reel::testing_util::TempCacheDir;
-
-#define REEL_REQUIRE_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason()
 
 namespace reel::fusion_test {  // defined in test_compile_fusion.cpp
 std::vector<Tensor> chain_inputs(DType dt, Device device);

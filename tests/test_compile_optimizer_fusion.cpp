@@ -29,14 +29,12 @@
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/cuda.h"
+#include "test_util.h"
 #include "compile_test_util.h"
 
 using namespace reel;
 using reel::testing_util::same_bits;
 using reel::testing_util::token_batches;
-
-#define REEL_REQUIRE_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason()
 
 namespace {
 

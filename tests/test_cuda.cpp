@@ -15,9 +15,6 @@
 using namespace reel;
 using reel::testing_util::expect_error;
 
-#define REEL_REQUIRE_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason()
-
 namespace {
 
 const Device kGpu = Device::cuda(0);

@@ -18,9 +18,6 @@
 
 using namespace reel;
 
-#define REEL_REQUIRE_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason()
-
 namespace {
 
 const Device kGpu = Device::cuda(0);

@@ -23,9 +23,6 @@ const TensorOptions kF64 = TensorOptions().with_dtype(DType::f64);
 
 TensorOptions f64_on(Device device) { return TensorOptions().with_dtype(DType::f64).with_device(device); }
 
-#define REEL_REQUIRE_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason()
-
 // torch.optim.AdamW on host vectors, t counted by the caller.
 struct AdamWRef {
   std::vector<double> p, m, v;

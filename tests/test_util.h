@@ -8,6 +8,11 @@
 #include <vector>
 
 #include "reel.h"
+#include "tensor/cuda.h"
+
+// Skips the calling test, with the reason, where no GPU is usable.
+#define REEL_REQUIRE_GPU() \
+  if (!::reel::cuda::is_available()) GTEST_SKIP() << ::reel::cuda::unavailable_reason()
 
 namespace reel::testing_util {
 
