@@ -63,29 +63,51 @@ Communicator& registered(int64_t id) {
 ReduceOp op_of(int64_t code) { return code == 1 ? ReduceOp::max : code == 2 ? ReduceOp::min : ReduceOp::sum; }
 int64_t code_of(ReduceOp op) { return op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0; }
 
-// The kernels of kernels/ops.def's AllReduce, on the CPU (MPI) and on CUDA (NCCL, enqueued on the
-// current stream: capturable), registered with the first communicator.
-void register_all_reduce_kernels() {
+}  // namespace
+
+// The kernels of kernels/ops.def's AllReduce, AllGather and Broadcast, on the CPU (MPI) and on CUDA
+// (NCCL, enqueued on the current stream: capturable), registered with the first communicator. Each
+// counts its collective, as the host-side calls do.
+struct CollectiveKernels {
+  static void begin(Communicator& comm, const char* op) {
+    REEL_CHECK(comm.broken_.empty(), op, " on rank ", comm.rank(), ": this communicator is unusable since an "
+               "earlier collective failed (", comm.broken_, ")");
+    ++comm.collectives_;
+  }
+  static void all_reduce(const KernelCall& c) {
+    Communicator& comm = registered(c.attrs.i("comm"));
+    begin(comm, "all_reduce");
+    if (comm.world_size() > 1) comm.do_all_reduce(c.out[0], op_of(c.attrs.i("op")));
+  }
+  static void all_gather(const KernelCall& c) {
+    Communicator& comm = registered(c.attrs.i("comm"));
+    REEL_CHECK(c.attrs.i("world") == comm.world_size(), "all_gather: traced for ", c.attrs.i("world"),
+               " ranks, run with ", comm.world_size());
+    begin(comm, "all_gather");
+    comm.do_all_gather(c.in[0], c.out[0]);
+  }
+  static void broadcast(const KernelCall& c) {
+    Communicator& comm = registered(c.attrs.i("comm"));
+    begin(comm, "broadcast");
+    if (comm.world_size() > 1) comm.do_broadcast(c.out[0], int(c.attrs.i("root")));
+  }
+};
+
+namespace {
+void register_collective_kernels() {
   static std::once_flag once;
   std::call_once(once, [] {
-    KernelFn k = [](const KernelCall& c) {
-      run_all_reduce_op(registered(c.attrs.i("comm")), c.out[0], op_of(c.attrs.i("op")));
-    };
-    register_kernel(DeviceType::CPU, OpKind::AllReduce, k);
-    register_kernel(DeviceType::CUDA, OpKind::AllReduce, k);
+    for (DeviceType d : {DeviceType::CPU, DeviceType::CUDA}) {
+      register_kernel(d, OpKind::AllReduce, CollectiveKernels::all_reduce);
+      register_kernel(d, OpKind::AllGather, CollectiveKernels::all_gather);
+      register_kernel(d, OpKind::Broadcast, CollectiveKernels::broadcast);
+    }
   });
 }
 }  // namespace
 
-void run_all_reduce_op(Communicator& comm, const Tensor& t, ReduceOp op) {
-  REEL_CHECK(comm.broken_.empty(), "all_reduce on rank ", comm.rank(), ": this communicator is unusable since an "
-             "earlier collective failed (", comm.broken_, ")");
-  ++comm.collectives_;
-  if (comm.world_size() > 1) comm.do_all_reduce(t, op);
-}
-
 Communicator::Communicator() : timeout_s_(default_timeout()) {
-  register_all_reduce_kernels();
+  register_collective_kernels();
   std::lock_guard<std::mutex> lock(g_registry_mutex);
   id_ = int64_t(g_registry.size());
   g_registry.push_back(this);
@@ -99,6 +121,16 @@ Communicator::~Communicator() {
 void Communicator::all_reduce_op(const Tensor& t, ReduceOp op) {
   REEL_CHECK(op != ReduceOp::mean, "all_reduce_op: mean is sum then a division; dispatch the division");
   dispatch_out(OpKind::AllReduce, {t}, {t}, Attrs().set("comm", id_).set("op", code_of(op)));
+}
+
+Tensor Communicator::all_gather_op(const Tensor& t) {
+  return dispatch(OpKind::AllGather, {t}, Attrs().set("comm", id_).set("world", int64_t(world_size())))[0];
+}
+
+void Communicator::broadcast_op(const Tensor& t, int root) {
+  REEL_CHECK(root >= 0 && root < world_size(), "broadcast: root ", root, " is not a rank of a world of size ",
+             world_size());
+  dispatch_out(OpKind::Broadcast, {t}, {t}, Attrs().set("comm", id_).set("root", int64_t(root)));
 }
 
 void Communicator::set_timeout_seconds(double seconds) {

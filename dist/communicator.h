@@ -64,6 +64,10 @@ class Communicator {
   // (kernels/ops.def AllReduce, attrs comm = id()): a traced step records it and a replayed plan runs
   // it (a CUDA graph captures NCCL's kernel). op: sum, max or min.
   void all_reduce_op(const Tensor& t, ReduceOp op = ReduceOp::sum);
+  // all_gather and broadcast as ops likewise (AllGather, Broadcast): contiguous f32/f64/i64 for the
+  // gather, any contiguous tensor for the broadcast (in place).
+  Tensor all_gather_op(const Tensor& t);
+  void broadcast_op(const Tensor& t, int root = 0);
   void broadcast(const Tensor& t, int root = 0);
   Tensor all_gather(const Tensor& t);
   void barrier();
@@ -87,7 +91,7 @@ class Communicator {
  private:
   // Counts the call, and says whether the backend should run it (false in meta mode).
   bool begin(const char* op, const Tensor* t);
-  friend void run_all_reduce_op(Communicator& comm, const Tensor& t, ReduceOp op);
+  friend struct CollectiveKernels;  // the ops' kernels (communicator.cpp)
   uint64_t collectives_ = 0;
   int64_t id_ = -1;
   double timeout_s_;

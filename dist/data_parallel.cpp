@@ -244,7 +244,7 @@ void GradientBuckets::sync(const std::vector<Tensor>& params, double weight) {
       copy_(buffer_packs_[k].slice(0, off, off + t.numel()).view(t.shape()), t);
       off += t.numel();
     }
-    comm_->broadcast(buffer_packs_[k], 0);
+    comm_->broadcast_op(buffer_packs_[k], 0);  // an op: a compiled step records and replays it
     unpack(buffer_packs_[k], group);
   }
 }

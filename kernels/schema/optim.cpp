@@ -121,6 +121,37 @@ std::vector<TensorMeta> infer_all_reduce(const std::vector<Tensor>& in, const At
   return {schema::meta_like(in[0])};
 }
 
+// all_gather: (x) -> (out), out = (world, *x.shape): every rank's x of communicator "comm", in rank
+// order. attrs: comm, world (i64: the communicator's size, which fixes the output's shape). x:
+// contiguous f32, f64 or i64. SyncBatchNorm's statistics.
+std::vector<TensorMeta> infer_all_gather(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::AllGather;
+  REEL_CHECK(in.size() == 1, "all_gather: takes one tensor, got ", in.size(), " inputs");
+  schema::expect_defined(op, in[0], "x");
+  REEL_CHECK(in[0].is_contiguous() && (in[0].dtype() == DType::f32 || in[0].dtype() == DType::f64 ||
+                                       in[0].dtype() == DType::i64),
+             "all_gather: x must be a contiguous f32, f64 or i64 tensor, got ", schema::desc(in[0]));
+  const int64_t world = a.i("world");
+  REEL_CHECK(world >= 1, "all_gather: world must be at least 1, got ", world);
+  a.i("comm");
+  Shape shape{world};
+  shape.insert(shape.end(), in[0].shape().begin(), in[0].shape().end());
+  return {TensorMeta{shape, in[0].dtype(), in[0].device()}};
+}
+
+// broadcast: (x) -> (x), in place: x = rank `root`'s x of communicator "comm". attrs: comm, root.
+// x: contiguous, any dtype (bytes are sent). Data parallel's per-step copy of rank 0's buffers.
+std::vector<TensorMeta> infer_broadcast(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::Broadcast;
+  REEL_CHECK(in.size() == 1, "broadcast: takes one tensor, got ", in.size(), " inputs");
+  schema::expect_defined(op, in[0], "x");
+  REEL_CHECK(in[0].is_contiguous(), "broadcast: x must be contiguous (it is overwritten in place), got ",
+             schema::desc(in[0]));
+  REEL_CHECK(a.i("root") >= 0, "broadcast: root must be a rank, got ", a.i("root"));
+  a.i("comm");
+  return {schema::meta_like(in[0])};
+}
+
 std::vector<TensorMeta> infer_unscale(const std::vector<Tensor>& in, const Attrs&) {
   constexpr OpKind op = OpKind::UnscaleCheck;
   REEL_CHECK(in.size() >= 3, "unscale_check: takes (g0, ..., gk, inv_scale, found_inf), got ", in.size(),
@@ -198,6 +229,8 @@ void register_optim_schemas() {
   register_schema(OpKind::SgdStep, infer_sgd);
   register_schema(OpKind::UnscaleCheck, infer_unscale);
   register_schema(OpKind::AllReduce, infer_all_reduce);
+  register_schema(OpKind::AllGather, infer_all_gather);
+  register_schema(OpKind::Broadcast, infer_broadcast);
   register_schema(OpKind::ScalerUpdate, infer_scaler_update);
   register_schema(OpKind::ClampScalar, infer_clamp);
   register_schema(OpKind::LrSchedule, infer_lr_schedule);

@@ -6,6 +6,11 @@
 #include "optim/optim.h"
 #include "tests/dist/dist_test_util.h"
 
+#include <optional>
+
+#include "compile/plan.h"
+#include "compile/train_step.h"
+
 namespace reel {
 namespace {
 
@@ -85,20 +90,27 @@ TEST(DistSyncBatchNorm, ConvertedModelTrainsAsOneProcess) {
     return m;
   };
   const Device device = dist_test::test_device();  // each rank's GPU with REEL_DIST_TEST_DEVICE=cuda
-  auto run = [&](bool parallel) {
+  auto run = [&](bool parallel, bool sync_bn = true, std::optional<compile::Mode> compiled = std::nullopt) {
     auto model = make();
     model->to(device);
-    if (parallel) {
+    if (parallel && sync_bn) {
       EXPECT_EQ(nn::convert_sync_batchnorm(*model), 1);
     }
     optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-2));
     opt.set_accum_steps(2);
     if (parallel) {
       auto sync = dist::make_data_parallel(*model, opt, dist::world_ptr());
-      EXPECT_EQ(sync->collectives_per_step(), 1);  // the gradients; SyncBatchNorm's statistics agree already
+      // The gradients; SyncBatchNorm's statistics agree already, plain BatchNorm's buffers are broadcast.
+      EXPECT_EQ(sync->collectives_per_step(), sync_bn ? 1 : 2);
     }
+    nn::Module* m = model.get();
+    std::optional<compile::CompiledFunction> step;
+    if (compiled)
+      step.emplace(compile::compile_train_step(
+          opt, [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); }, {*compiled}));
     Generator g(4);
-    for (int s = 0; s < 5; ++s)
+    for (int s = 0; s < 5; ++s) {
+      std::vector<optim::MicroBatch> micro;
       for (int i = 0; i < 2; ++i) {
         Tensor x = randn({6, 2, 5, 5}, TensorOptions().with_dtype(DType::f64), &g);
         Tensor y = tensor_i64({0, 1, 2, 2, 1, 0}, {6});
@@ -106,19 +118,35 @@ TEST(DistSyncBatchNorm, ConvertedModelTrainsAsOneProcess) {
           x = block(x, 3 * w.rank(), 3 * w.rank() + 3);
           y = block(y, 3 * w.rank(), 3 * w.rank() + 3);
         }
+        if (step) {
+          micro.push_back({x.to(device), y.to(device)});
+          continue;
+        }
         opt.scale_loss(nn::model_loss(*model, x.to(device), y.to(device))).backward();
         opt.micro_step();
       }
+      if (step) (*step)(compile::flatten_micro(micro));
+    }
+    if (step) EXPECT_NE(step->last_plan(), nullptr) << "the step did not compile";
     std::vector<double> out = values(model->parameters());
     std::vector<double> buf = values(model->buffers());
     out.insert(out.end(), buf.begin(), buf.end());
     return out;
   };
-  const double err = rel_err(run(true), run(false));
+  const std::vector<double> single = run(false);
+  const double err = rel_err(run(true), single);
   EXPECT_LT(err, kTol);
+  // Compiled: SyncBatchNorm's gather and all-reduce and the gradients' all-reduce are ops of the plan.
+  const compile::Mode mode = device.is_cuda() ? compile::Mode::ReduceOverhead : compile::Mode::Default;
+  const double err_compiled = rel_err(run(true, true, mode), single);
+  EXPECT_LT(err_compiled, kTol) << "compiled";
+  // Plain BatchNorm, compiled: rank 0's buffers broadcast by an op at each step, as eagerly.
+  const double err_buffers = rel_err(run(true, false, mode), run(true, false));
+  EXPECT_LT(err_buffers, kTol) << "compiled, buffers broadcast";
   if (w.rank() == 0)
-    std::printf("  converted CNN on %s: relative error %.2e after 5 steps (parameters, running statistics)\n",
-                device.str().c_str(), err);
+    std::printf("  converted CNN on %s: relative error %.2e after 5 steps (parameters, running statistics); "
+                "compiled (%s) %.2e; plain BatchNorm compiled vs eager on 2 ranks %.2e\n",
+                device.str().c_str(), err, compile::mode_name(mode), err_compiled, err_buffers);
 }
 
 }  // namespace
