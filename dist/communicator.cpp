@@ -60,6 +60,12 @@ Communicator& registered(int64_t id) {
   return *g_registry[size_t(id)];
 }
 
+// What the AllReduce and AllGather ops take (kernels/schema/optim.cpp).
+bool op_takes(const Tensor& t) {
+  return t.defined() && t.is_contiguous() &&
+         (t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::i64);
+}
+
 ReduceOp op_of(int64_t code) { return code == 1 ? ReduceOp::max : code == 2 ? ReduceOp::min : ReduceOp::sum; }
 int64_t code_of(ReduceOp op) { return op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0; }
 
@@ -120,14 +126,17 @@ Communicator::~Communicator() {
 
 void Communicator::all_reduce_op(const Tensor& t, ReduceOp op) {
   REEL_CHECK(op != ReduceOp::mean, "all_reduce_op: mean is sum then a division; dispatch the division");
+  if (!op_takes(t)) return all_reduce(t, op);
   dispatch_out(OpKind::AllReduce, {t}, {t}, Attrs().set("comm", id_).set("op", code_of(op)));
 }
 
 Tensor Communicator::all_gather_op(const Tensor& t) {
+  if (!op_takes(t)) return all_gather(t);
   return dispatch(OpKind::AllGather, {t}, Attrs().set("comm", id_).set("world", int64_t(world_size())))[0];
 }
 
 void Communicator::broadcast_op(const Tensor& t, int root) {
+  if (!t.defined() || !t.is_contiguous()) return broadcast(t, root);
   REEL_CHECK(root >= 0 && root < world_size(), "broadcast: root ", root, " is not a rank of a world of size ",
              world_size());
   dispatch_out(OpKind::Broadcast, {t}, {t}, Attrs().set("comm", id_).set("root", int64_t(root)));

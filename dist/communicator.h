@@ -60,12 +60,13 @@ class Communicator {
   virtual std::unique_ptr<Communicator> dup() = 0;
 
   void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum);
-  // The same in place on a contiguous f32, f64 or i64 tensor, as an op through the dispatch door
-  // (kernels/ops.def AllReduce, attrs comm = id()): a traced step records it and a replayed plan runs
-  // it (a CUDA graph captures NCCL's kernel). op: sum, max or min.
+  // The same as an op through the dispatch door (kernels/ops.def AllReduce, attrs comm = id()): a
+  // traced step records it and a replayed plan runs it (a CUDA graph captures NCCL's kernel). op:
+  // sum, max or min. A tensor the op does not take (not contiguous, or not f32, f64 or i64) goes
+  // through all_reduce() instead, which a tracer refuses.
   void all_reduce_op(const Tensor& t, ReduceOp op = ReduceOp::sum);
-  // all_gather and broadcast as ops likewise (AllGather, Broadcast): contiguous f32/f64/i64 for the
-  // gather, any contiguous tensor for the broadcast (in place).
+  // all_gather and broadcast as ops likewise (AllGather, Broadcast), with the same fallback for the
+  // gather; the broadcast takes any contiguous tensor (in place).
   Tensor all_gather_op(const Tensor& t);
   void broadcast_op(const Tensor& t, int root = 0);
   void broadcast(const Tensor& t, int root = 0);

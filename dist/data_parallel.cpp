@@ -212,9 +212,7 @@ void GradientBuckets::reduce(Bucket& b, double weight) {
   fill_(total, weight);
   // As an op (the f32/f64 buckets of training): a compiled step records it, and its replay (a CUDA
   // graph with NCCL's kernel in it) runs it.
-  const DType dt = b.flat.dtype();
-  if (dt == DType::f32 || dt == DType::f64) comm_->all_reduce_op(b.flat, ReduceOp::sum);
-  else comm_->all_reduce(b.flat, ReduceOp::sum);
+  comm_->all_reduce_op(b.flat, ReduceOp::sum);
   // sum_r w_r g_r / sum_r w_r; with equal shares this is the mean over ranks (a division by K).
   dispatch_out(OpKind::Div, {body, total}, {body});
   for (const Entry& e : b.entries) {

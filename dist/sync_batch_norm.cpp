@@ -58,9 +58,7 @@ Tensor sync_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor
     Tensor m2 = sum(xc * xc, dims);                             // (C) this rank's sum of squared deviations
     Tensor counts = full({1}, local_n, TensorOptions().with_dtype(x.dtype()).with_device(x.device()));
     // (K, 2C + 1). As an op (f32/f64): a compiled step records the gather and its replays run it.
-    Tensor stats = concat({counts, m, m2}, 0);
-    Tensor all = stats.dtype() == DType::f32 || stats.dtype() == DType::f64 ? comm.all_gather_op(stats)
-                                                                              : comm.all_gather(stats);
+    Tensor all = comm.all_gather_op(concat({counts, m, m2}, 0));
     Tensor n_k = all.slice(1, 0, 1);                            // (K, 1)
     Tensor m_k = all.slice(1, 1, C + 1);                        // (K, C)
     Tensor m2_k = all.slice(1, C + 1, 2 * C + 1);               // (K, C)
@@ -84,8 +82,7 @@ Tensor sync_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor
     Tensor g = grads[0].defined() ? grads[0] : zeros_like(xhat);   // (N, C, *)
     Tensor sum_g = sum(g, dims), sum_gx = sum(g * xhat, dims);     // (C) this rank's
     Tensor both = concat({sum_g, sum_gx}, 0);                      // (2C)
-    if (both.dtype() == DType::f32 || both.dtype() == DType::f64) c->all_reduce_op(both, ReduceOp::sum);
-    else c->all_reduce(both, ReduceOp::sum);                       // all ranks' sums
+    c->all_reduce_op(both, ReduceOp::sum);                         // all ranks' sums
     Tensor mean_g = both.slice(0, 0, C) / n, mean_gx = both.slice(0, C, 2 * C) / n;
     Tensor scale = w.defined() ? w * rstd : rstd;                  // (C)
     Tensor dx;
