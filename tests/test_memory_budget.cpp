@@ -62,9 +62,11 @@ struct SmallSetup {
   compile::BudgetSetup setup;
 };
 
-SmallSetup small_cnn(int64_t effective_batch, Device device = Device::cpu()) {
-  Generator gen(3);
-  SmallSetup s{nn::fashion_cnn(&gen, 4), {}};
+// `model` on `device` with AdamW (clipping on), the model's loss, and micro-batches of
+// (B, *x_item) inputs filled with x_value and (B, *y_item) i64 targets filled with y_value.
+SmallSetup setup_for(std::shared_ptr<nn::Module> model, int64_t effective_batch, Device device, Shape x_item,
+                     DType x_dtype, double x_value, Shape y_item, double y_value) {
+  SmallSetup s{std::move(model), {}};
   s.model->to(device);
   nn::Module* m = s.model.get();
   s.setup.device = device;
@@ -75,13 +77,21 @@ SmallSetup small_cnn(int64_t effective_batch, Device device = Device::cpu()) {
     opt->set_max_grad_norm(1.0);
     return opt;
   };
-  s.setup.make_micro = [device](int64_t B, int64_t count) {
+  s.setup.make_micro = [=](int64_t B, int64_t count) {
+    Shape xs{B}, ys{B};
+    xs.insert(xs.end(), x_item.begin(), x_item.end());
+    ys.insert(ys.end(), y_item.begin(), y_item.end());
     std::vector<optim::MicroBatch> micro;
     for (int64_t i = 0; i < count; ++i)
-      micro.push_back({full({B, 1, 28, 28}, 0.5, {DType::f32, device}), full({B}, 3.0, {DType::i64, device})});
+      micro.push_back({full(xs, x_value, {x_dtype, device}), full(ys, y_value, {DType::i64, device})});
     return micro;
   };
   return s;
+}
+
+SmallSetup small_cnn(int64_t effective_batch, Device device = Device::cpu()) {
+  Generator gen(3);
+  return setup_for(nn::fashion_cnn(&gen, 4), effective_batch, device, {1, 28, 28}, DType::f32, 0.5, {}, 3.0);
 }
 
 // A 2-layer GPT small enough for a test step on two cores.
@@ -92,24 +102,7 @@ SmallSetup small_gpt(int64_t effective_batch, Device device = Device::cpu()) {
   cfg.dim = 64;
   cfg.heads = 2;
   cfg.layers = 2;
-  SmallSetup s{std::make_shared<nn::Gpt>(cfg, &gen), {}};
-  s.model->to(device);
-  nn::Module* m = s.model.get();
-  s.setup.device = device;
-  s.setup.effective_batch = effective_batch;
-  s.setup.loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
-  s.setup.make_optimizer = [m]() -> std::unique_ptr<optim::Optimizer> {
-    auto opt = std::make_unique<optim::AdamW>(m->parameters(), optim::AdamWOptions(1e-3));
-    opt->set_max_grad_norm(1.0);
-    return opt;
-  };
-  s.setup.make_micro = [device](int64_t B, int64_t count) {
-    std::vector<optim::MicroBatch> micro;
-    for (int64_t i = 0; i < count; ++i)
-      micro.push_back({full({B, 32}, 7.0, {DType::i64, device}), full({B, 32}, 9.0, {DType::i64, device})});
-    return micro;
-  };
-  return s;
+  return setup_for(std::make_shared<nn::Gpt>(cfg, &gen), effective_batch, device, {32}, DType::i64, 7.0, {32}, 9.0);
 }
 
 // The CPU allocator's peak over one real step in its steady state (the optimizer's state made by an

@@ -127,7 +127,9 @@ TEST(DistSyncBatchNorm, ConvertedModelTrainsAsOneProcess) {
       }
       if (step) (*step)(compile::flatten_micro(micro));
     }
-    if (step) EXPECT_NE(step->last_plan(), nullptr) << "the step did not compile";
+    if (step) {
+      EXPECT_NE(step->last_plan(), nullptr) << "the step did not compile";
+    }
     std::vector<double> out = values(model->parameters());
     std::vector<double> buf = values(model->buffers());
     out.insert(out.end(), buf.begin(), buf.end());
