@@ -5,6 +5,7 @@
 // its backward). Broadcasting follows NumPy; inputs of one op share a dtype and a device.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "autograd/grad_mode.h"
@@ -153,5 +154,12 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                   const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5);
 // Zeroes each element with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen = nullptr);
+
+// ---- fused causal self-attention (autograd/functions/attention.cpp) ----
+// qkv (B, T, 3d): q, k, v side by side, as Linear(d -> 3d) writes them -> y (B, T, d), heads merged:
+// softmax(q k^T / sqrt(d / heads), causal) v per head, in one op forward and one backward, with no
+// (T, T) scores kept. `compute`: the dtype the products' inputs are rounded to (qkv's own dtype, or
+// f16/bf16 under mixed precision; qkv's dtype when not given).
+Tensor scaled_causal_attention(const Tensor& qkv, int64_t heads, std::optional<DType> compute = std::nullopt);
 
 }  // namespace reel

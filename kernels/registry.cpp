@@ -10,6 +10,7 @@ void register_builtin_ops() {
   register_linalg_schemas();
   register_pool_schemas();
   register_norm_schemas();
+  register_attention_schemas();
   register_optim_schemas();
 
   register_memory_cpu_kernels();
@@ -18,6 +19,7 @@ void register_builtin_ops() {
   register_linalg_cpu_kernels();
   register_pool_cpu_kernels();
   register_norm_cpu_kernels();
+  register_attention_cpu_kernels();
   register_optim_cpu_kernels();
 
   register_cuda_backend();

@@ -12,6 +12,7 @@ void register_reduce_schemas();
 void register_linalg_schemas();
 void register_pool_schemas();
 void register_norm_schemas();
+void register_attention_schemas();
 void register_optim_schemas();
 
 void register_memory_cpu_kernels();
@@ -20,6 +21,7 @@ void register_reduce_cpu_kernels();
 void register_linalg_cpu_kernels();
 void register_pool_cpu_kernels();
 void register_norm_cpu_kernels();
+void register_attention_cpu_kernels();
 void register_optim_cpu_kernels();
 
 // Defined by the CUDA backend when it is built (kernels/cuda/), else by a stub that does nothing.

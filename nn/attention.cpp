@@ -8,6 +8,13 @@
 namespace reel::nn {
 
 Tensor causal_attention(const Tensor& qkv, int64_t heads) {
+  const PrecisionPolicy& policy = autocast_policy();
+  // f64 is never cast (as autocast_matmul leaves it); f32 runs in the policy's compute dtype.
+  const DType compute = qkv.dtype() == DType::f32 ? policy.compute_dtype() : qkv.dtype();
+  return scaled_causal_attention(qkv, heads, compute);
+}
+
+Tensor causal_attention_unfused(const Tensor& qkv, int64_t heads) {
   REEL_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "causal_attention: qkv ", shape_str(qkv.shape()),
              " must be (B, T, 3d)");
   int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3;

@@ -10,6 +10,7 @@ std::vector<OpCase> all_op_cases() {
   add_linalg_cases(cases);
   add_pool_cases(cases);
   add_norm_cases(cases);
+  add_attention_cases(cases);
   return cases;
 }
 

@@ -34,6 +34,7 @@ void add_reduce_cases(std::vector<OpCase>& cases);
 void add_linalg_cases(std::vector<OpCase>& cases);
 void add_pool_cases(std::vector<OpCase>& cases);
 void add_norm_cases(std::vector<OpCase>& cases);
+void add_attention_cases(std::vector<OpCase>& cases);
 
 namespace cases {
 

@@ -10,6 +10,7 @@ void register_reduce_cuda_kernels();
 void register_linalg_cuda_kernels();
 void register_pool_cuda_kernels();
 void register_norm_cuda_kernels();
+void register_attention_cuda_kernels();
 void register_optim_cuda_kernels();
 
 namespace cuda {

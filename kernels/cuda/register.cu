@@ -20,6 +20,7 @@ void register_cuda_backend() {
   register_linalg_cuda_kernels();
   register_pool_cuda_kernels();
   register_norm_cuda_kernels();
+  register_attention_cuda_kernels();
   register_optim_cuda_kernels();
 }
 

@@ -1,0 +1,585 @@
+// CUDA kernels of fused causal self-attention (the math and the rounding points are in
+// kernels/cpu/attention.cpp, the reference these kernels are tested against).
+//
+// Two implementations of the same op:
+//
+//  - Tiled tensor-core kernels (16-bit compute, head size 32, 64 or 128): FlashAttention-2's scheme with
+//    WMMA fragments. A block of 4 warps owns a tile of 64 rows, each warp 16 of them, and walks the other
+//    side's tiles of 64 up to the causal diagonal; nothing T x T is ever written to global memory.
+//      forward      block = 64 queries; per key tile: S = Q K^T (f32), the online softmax rescales the
+//                   running output O and normaliser l by exp(m_old - m_new), then O += P V. At the end
+//                   y = O / l and lse = m + log l.
+//      backward     one launch, two roles (blockIdx.z), so no atomics and the same bits on every run:
+//                   z = 0: block = 64 keys, walks the query tiles t >= s:  dV += P^T dO, dK += dS^T Q
+//                   z = 1: block = 64 queries, walks the key tiles s <= t: dQ += dS K
+//                   each recomputes P = exp(scale q.k - lse) and dP = dO v, dS = P (dP - D), with
+//                   D = dy . y per query row computed while its dO tile is loaded.
+//    Tiles are read straight from qkv's columns (f32 or 16-bit) and rounded to the compute dtype on
+//    the way into shared memory; y and dqkv are written in the merged-heads layout. Scores and dP are
+//    stored from the accumulators into a per-warp f32 scratch tile, because the per-row softmax needs
+//    the values by row and WMMA's fragment layout is opaque. 70 KiB of shared memory per block at head
+//    size 64: three blocks per SM.
+//
+//  - Row kernels (any head size, f32/f64 compute, and 16-bit compute at other head sizes): a block
+//    per query row (forward, backward's dQ) or key row (backward's dK, dV), scores for that row in
+//    shared memory. Simple loops, the same rounding points, O(T) shared memory per block.
+#include <mma.h>
+
+#include <cmath>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_registry.h"
+#include "kernels/cuda/norm_common.cuh"
+
+namespace reel {
+namespace cuda {
+namespace {
+
+using norm_detail::block_sum;
+using norm_detail::kFullMask;
+using norm_detail::warp_sum;
+
+// The shape an attention call works on.
+struct AttentionGeometry {
+  int B, T, H, d, hd;
+  AttentionGeometry(const Tensor& qkv, const Attrs& a)
+      : B(int(qkv.size(0))), T(int(qkv.size(1))), H(int(a.i("heads"))), d(int(qkv.size(2) / 3)), hd(d / H) {}
+};
+
+// v rounded to the compute dtype C and back to the accumulation type.
+template <typename C, typename A>
+__device__ __forceinline__ A round_c(A v) {
+  return A(to_acc(from_acc<C>(v)));
+}
+
+// ====================================================================== tiled tensor-core kernels
+
+namespace wm = nvcuda::wmma;
+
+constexpr int kTile = 64;  // rows of a block's own tile, and of each tile it walks
+constexpr int kWarps = 4;  // each warp owns 16 rows of the block's tile
+constexpr int kThreads = kWarps * 32;
+
+// Shared-memory strides (in elements). 16-bit tiles get 8 extra columns and f32 scratch 4, which keeps
+// WMMA's 32-byte alignment and moves consecutive rows off the same banks.
+template <int HD>
+struct Strides {
+  static constexpr int ld = HD + 8;                           // a 64 x HD tile of Q, K, V or dO
+  static constexpr int ldp = kTile + 8;                       // a warp's 16 x 64 tile of P or dS
+  static constexpr int lds = (HD > kTile ? HD : kTile) + 4;   // a warp's 16 x max(64, HD) f32 scratch
+};
+
+// Dynamic shared memory: three 64 x HD tiles (Q, K, V), per warp a 16 x 64 tile of P or dS and a
+// 16 x max(64, HD) f32 scratch tile, then a region the forward uses for the warps' running outputs O
+// and the backward for the dO tile with lse and D per query row (the two never coexist).
+template <typename C, int HD>
+constexpr size_t tiled_smem_bytes() {
+  using S = Strides<HD>;
+  return sizeof(C) * (3 * kTile * S::ld + kWarps * 16 * S::ldp) + sizeof(float) * 2 * kWarps * 16 * S::lds;
+}
+
+template <typename C, int HD>
+struct TiledSmem {
+  C *q, *k, *v, *p;  // p: this warp's 16 x ldp tile
+  float *s, *o;      // this warp's 16 x lds scratch and (forward) running output
+  C* dout;           // backward: the 64 x HD dO tile, aliasing the O region
+  float *lse, *D;    // backward: per row of the query tile, after dO
+  __device__ explicit TiledSmem(unsigned char* raw, int warp) {
+    using S = Strides<HD>;
+    static_assert(kTile * S::ld * sizeof(C) + 2 * kTile * sizeof(float) <= kWarps * 16 * S::lds * sizeof(float),
+                  "dO, lse and D must fit in the forward's O region");
+    q = reinterpret_cast<C*>(raw);
+    k = q + kTile * S::ld;
+    v = k + kTile * S::ld;
+    C* p0 = v + kTile * S::ld;
+    p = p0 + warp * 16 * S::ldp;
+    float* s0 = reinterpret_cast<float*>(p0 + kWarps * 16 * S::ldp);
+    float* o0 = s0 + kWarps * 16 * S::lds;
+    s = s0 + warp * 16 * S::lds;
+    o = o0 + warp * 16 * S::lds;
+    dout = reinterpret_cast<C*>(o0);
+    lse = reinterpret_cast<float*>(dout + kTile * S::ld);
+    D = lse + kTile;
+  }
+};
+
+// Rows [row0, row0 + 64) of a (B*T, width) tensor's columns [0, HD) from `src` (already offset to batch
+// and column), rounded to C; rows past T are zero. One warp per row, lanes over the columns.
+template <typename C, int HD, typename In>
+__device__ void load_tile(C* dst, const In* src, int64_t width, int row0, int T) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < kTile; r += kWarps) {
+    const int t = row0 + r;
+    C* out = dst + r * Strides<HD>::ld;
+    for (int c = lane; c < HD; c += 32) out[c] = from_acc<C>(t < T ? to_acc(src[int64_t(t) * width + c]) : 0.0f);
+  }
+}
+
+// The dO tile of query rows [row0, row0 + 64) rounded to C, with D = dy . y (unrounded) and lse per row.
+template <typename C, int HD, typename In>
+__device__ void load_grad_tile(const TiledSmem<C, HD>& sm, const In* dy, const In* y, const float* lse, int64_t d,
+                               int row0, int T) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < kTile; r += kWarps) {
+    const int t = row0 + r;
+    C* out = sm.dout + r * Strides<HD>::ld;
+    float dot = 0;
+    for (int c = lane; c < HD; c += 32) {
+      const float g = t < T ? to_acc(dy[int64_t(t) * d + c]) : 0.0f;
+      if (t < T) dot += g * to_acc(y[int64_t(t) * d + c]);
+      out[c] = from_acc<C>(g);
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) {
+      sm.D[r] = dot;
+      sm.lse[r] = t < T ? lse[t] : 0.0f;
+    }
+  }
+}
+
+template <typename C>
+using ARow = wm::fragment<wm::matrix_a, 16, 16, 16, C, wm::row_major>;
+template <typename C>
+using BRow = wm::fragment<wm::matrix_b, 16, 16, 16, C, wm::row_major>;
+template <typename C>
+using BCol = wm::fragment<wm::matrix_b, 16, 16, 16, C, wm::col_major>;
+using Acc16 = wm::fragment<wm::accumulator, 16, 16, 16, float>;
+
+// out (16 x 64, f32, stride lds) = A (16 x HD, row-major, stride ld) * B^T, B (64 x HD, row-major):
+// a warp's rows against the 64 rows of a walked tile.
+template <typename C, int HD>
+__device__ void rows_times_tile_t(float* out, const C* a, const C* b) {
+  using S = Strides<HD>;
+#pragma unroll
+  for (int n = 0; n < kTile / 16; ++n) {
+    Acc16 acc;
+    wm::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      ARow<C> fa;
+      BCol<C> fb;
+      wm::load_matrix_sync(fa, a + kk * 16, S::ld);
+      wm::load_matrix_sync(fb, b + n * 16 * S::ld + kk * 16, S::ld);
+      wm::mma_sync(acc, fa, fb, acc);
+    }
+    wm::store_matrix_sync(out + n * 16, acc, S::lds, wm::mem_row_major);
+  }
+}
+
+// acc[n] (16 x HD as HD/16 fragments) += P (16 x 64, stride ldp) * B (64 x HD, row-major, stride ld).
+template <typename C, int HD>
+__device__ void accumulate_p_times_tile(Acc16 (&acc)[HD / 16], const C* p, const C* b) {
+  using S = Strides<HD>;
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    ARow<C> fa;
+    wm::load_matrix_sync(fa, p + kk * 16, S::ldp);
+#pragma unroll
+    for (int n = 0; n < HD / 16; ++n) {
+      BRow<C> fb;
+      wm::load_matrix_sync(fb, b + kk * 16 * S::ld + n * 16, S::ld);
+      wm::mma_sync(acc[n], fa, fb, acc[n]);
+    }
+  }
+}
+
+// Writes a warp's 16 x HD accumulators times `scale` to rows [row0, row0 + 16) of dst (stride `width`),
+// through the warp's f32 scratch so that the global stores go row by row.
+template <typename C, int HD, typename Out>
+__device__ void store_rows(Acc16 (&acc)[HD / 16], float* scratch, Out* dst, int64_t width, int row0, int T,
+                           float scale) {
+  using S = Strides<HD>;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < HD / 16; ++n) wm::store_matrix_sync(scratch + n * 16, acc[n], S::lds, wm::mem_row_major);
+  __syncwarp();
+  for (int r = 0; r < 16; ++r) {
+    const int t = row0 + r;
+    if (t >= T) break;
+    for (int c = lane; c < HD; c += 32) dst[int64_t(t) * width + c] = from_acc<Out>(scale * scratch[r * S::lds + c]);
+  }
+  __syncwarp();
+}
+
+// Forward. grid (ceil(T / 64), B H); qkv (B, T, 3d), y (B, T, d), lse (B, H, T).
+template <typename In, typename C, int HD>
+__global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const In* __restrict__ qkv, In* __restrict__ y,
+                                                               float* __restrict__ lse, int T, int H, int d,
+                                                               float scale) {
+  using S = Strides<HD>;
+  extern __shared__ __align__(128) unsigned char raw[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const TiledSmem<C, HD> sm(raw, warp);
+  const int qt = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, q0 = qt * kTile;
+  const int64_t width = 3 * int64_t(d);
+  const In* base = qkv + int64_t(b) * T * width + h * HD;
+  load_tile<C, HD>(sm.q, base, width, q0, T);
+  for (int i = lane; i < 16 * S::lds; i += 32) sm.o[i] = 0.0f;
+  // This lane's share of the softmax: row r of the warp's 16, columns c = 2 j + half (interleaved, so
+  // the two lanes of a row hit different banks).
+  const int r = lane / 2, half = lane % 2, t = q0 + warp * 16 + r;
+  float m = -INFINITY, l = 0.0f;
+  for (int kt = 0; kt <= qt; ++kt) {
+    __syncthreads();  // the previous K, V tiles are consumed
+    load_tile<C, HD>(sm.k, base + d, width, kt * kTile, T);
+    load_tile<C, HD>(sm.v, base + 2 * d, width, kt * kTile, T);
+    __syncthreads();
+    rows_times_tile_t<C, HD>(sm.s, sm.q + warp * 16 * S::ld, sm.k);  // S (16 x 64)
+    __syncwarp();
+    float x[kTile / 2], mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTile / 2; ++j) {
+      const int c = 2 * j + half, s = kt * kTile + c;
+      x[j] = (s <= t && s < T) ? sm.s[r * S::lds + c] * scale : -INFINITY;
+      mx = fmaxf(mx, x[j]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+    const float m_new = fmaxf(m, mx);  // finite: key 0 is in every row's first tile
+    const float alpha = expf(m - m_new);
+    float psum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kTile / 2; ++j) {
+      const float p = expf(x[j] - m_new);
+      psum += p;
+      sm.p[r * S::ldp + 2 * j + half] = from_acc<C>(p);
+    }
+    l = l * alpha + psum + __shfl_xor_sync(kFullMask, psum, 1);
+    m = m_new;
+    for (int c = half; c < HD; c += 2) sm.o[r * S::lds + c] *= alpha;
+    __syncwarp();
+    Acc16 acc[HD / 16];
+#pragma unroll
+    for (int n = 0; n < HD / 16; ++n) wm::load_matrix_sync(acc[n], sm.o + n * 16, S::lds, wm::mem_row_major);
+    accumulate_p_times_tile<C, HD>(acc, sm.p, sm.v);  // O += P V
+#pragma unroll
+    for (int n = 0; n < HD / 16; ++n) wm::store_matrix_sync(sm.o + n * 16, acc[n], S::lds, wm::mem_row_major);
+    __syncwarp();
+  }
+  const float inv_l = 1.0f / l;
+  for (int c = half; c < HD; c += 2) sm.o[r * S::lds + c] *= inv_l;
+  if (half == 0 && t < T) lse[int64_t(blockIdx.y) * T + t] = m + logf(l);
+  __syncwarp();
+  In* out = y + int64_t(b) * T * d + h * HD;
+  for (int rr = 0; rr < 16; ++rr) {
+    const int tt = q0 + warp * 16 + rr;
+    if (tt >= T) break;
+    for (int c = lane; c < HD; c += 32) out[int64_t(tt) * d + c] = from_acc<In>(sm.o[rr * S::lds + c]);
+  }
+}
+
+// Backward. grid (ceil(T / 64), B H, 2); dqkv (B, T, 3d). See the file's opening comment for the roles.
+template <typename In, typename C, int HD>
+__global__ void __launch_bounds__(kThreads) attention_bwd_tiled(const In* __restrict__ dy, const In* __restrict__ qkv,
+                                                               const In* __restrict__ y, const float* __restrict__ lse,
+                                                               In* __restrict__ dqkv, int T, int H, int d, float scale) {
+  using S = Strides<HD>;
+  extern __shared__ __align__(128) unsigned char raw[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const TiledSmem<C, HD> sm(raw, warp);
+  const int tile = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, tiles = (T + kTile - 1) / kTile;
+  const int64_t width = 3 * int64_t(d);
+  const In* base = qkv + int64_t(b) * T * width + h * HD;
+  const In* dy_b = dy + int64_t(b) * T * d + h * HD;
+  const In* y_b = y + int64_t(b) * T * d + h * HD;
+  const float* lse_bh = lse + int64_t(blockIdx.y) * T;
+  In* out = dqkv + int64_t(b) * T * width + h * HD;
+  // This lane's share of a 16 x 64 tile: row r of the warp's 16, columns c = 2 j + half.
+  const int r = lane % 16, half = lane / 16;
+  float p[kTile / 2];
+  Acc16 acc_a[HD / 16], acc_b[HD / 16];  // dK, dV (keys role) or dQ (queries role)
+#pragma unroll
+  for (int n = 0; n < HD / 16; ++n) {
+    wm::fill_fragment(acc_a[n], 0.0f);
+    wm::fill_fragment(acc_b[n], 0.0f);
+  }
+
+  if (blockIdx.z == 0) {  // ---- keys role: this block's keys s in [k0, k0 + 64)
+    const int k0 = tile * kTile, s = k0 + warp * 16 + r;
+    load_tile<C, HD>(sm.k, base + d, width, k0, T);
+    load_tile<C, HD>(sm.v, base + 2 * d, width, k0, T);
+    for (int qt = tile; qt < tiles; ++qt) {
+      const int q0 = qt * kTile;
+      __syncthreads();  // the previous query tile is consumed
+      load_tile<C, HD>(sm.q, base, width, q0, T);
+      load_grad_tile<C, HD>(sm, dy_b, y_b, lse_bh, d, q0, T);
+      __syncthreads();
+      rows_times_tile_t<C, HD>(sm.s, sm.k + warp * 16 * S::ld, sm.q);  // S^T (16 keys x 64 queries)
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < kTile / 2; ++j) {
+        const int c = 2 * j + half, t = q0 + c;
+        p[j] = (s <= t && t < T) ? expf(sm.s[r * S::lds + c] * scale - sm.lse[c]) : 0.0f;
+        sm.p[r * S::ldp + c] = from_acc<C>(p[j]);
+      }
+      __syncwarp();
+      accumulate_p_times_tile<C, HD>(acc_b, sm.p, sm.dout);            // dV += P^T dO
+      rows_times_tile_t<C, HD>(sm.s, sm.v + warp * 16 * S::ld, sm.dout);  // dP^T (16 keys x 64 queries)
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < kTile / 2; ++j) {
+        const int c = 2 * j + half;
+        sm.p[r * S::ldp + c] = from_acc<C>(p[j] * (sm.s[r * S::lds + c] - sm.D[c]));
+      }
+      __syncwarp();
+      accumulate_p_times_tile<C, HD>(acc_a, sm.p, sm.q);  // dK += dS^T Q
+    }
+    store_rows<C, HD>(acc_a, sm.s, out + d, width, k0 + warp * 16, T, scale);
+    store_rows<C, HD>(acc_b, sm.s, out + 2 * d, width, k0 + warp * 16, T, 1.0f);
+  } else {  // ---- queries role: this block's queries t in [q0, q0 + 64)
+    const int q0 = tile * kTile, t = q0 + warp * 16 + r;
+    load_tile<C, HD>(sm.q, base, width, q0, T);
+    load_grad_tile<C, HD>(sm, dy_b, y_b, lse_bh, d, q0, T);
+    for (int kt = 0; kt <= tile; ++kt) {
+      const int k0 = kt * kTile;
+      __syncthreads();  // the previous key tile is consumed (and the query tile is loaded)
+      load_tile<C, HD>(sm.k, base + d, width, k0, T);
+      load_tile<C, HD>(sm.v, base + 2 * d, width, k0, T);
+      __syncthreads();
+      const float row_lse = sm.lse[warp * 16 + r], row_D = sm.D[warp * 16 + r];
+      rows_times_tile_t<C, HD>(sm.s, sm.q + warp * 16 * S::ld, sm.k);  // S (16 queries x 64 keys)
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < kTile / 2; ++j) {
+        const int c = 2 * j + half, s = k0 + c;
+        p[j] = (s <= t && t < T) ? expf(sm.s[r * S::lds + c] * scale - row_lse) : 0.0f;
+      }
+      __syncwarp();
+      rows_times_tile_t<C, HD>(sm.s, sm.dout + warp * 16 * S::ld, sm.v);  // dP (16 queries x 64 keys)
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < kTile / 2; ++j) {
+        const int c = 2 * j + half;
+        sm.p[r * S::ldp + c] = from_acc<C>(p[j] * (sm.s[r * S::lds + c] - row_D));
+      }
+      __syncwarp();
+      accumulate_p_times_tile<C, HD>(acc_a, sm.p, sm.k);  // dQ += dS K
+    }
+    store_rows<C, HD>(acc_a, sm.s, out, width, q0 + warp * 16, T, scale);
+  }
+}
+
+// ====================================================================== row kernels
+
+// Maximum over the block (blockDim.x a multiple of 32); every thread gets it. Every thread must call it.
+template <typename A>
+__device__ A block_max(A v) {
+  __shared__ A partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, o));
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < warps ? partial[lane] : A(-INFINITY);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// x . y over hd values, both rounded to C, summed by the warp (every lane gets it).
+template <typename C, typename A, typename In>
+__device__ A warp_dot_rounded(const In* x, const In* y, int hd) {
+  A acc = 0;
+  for (int c = threadIdx.x % 32; c < hd; c += 32) acc += round_c<C>(A(to_acc(x[c]))) * round_c<C>(A(to_acc(y[c])));
+  return warp_sum(acc);
+}
+
+constexpr int kRowThreads = 128;
+
+// Forward, one block per query row. grid (T, B H), shared memory T values of A.
+template <typename In, typename C, typename A>
+__global__ void attention_fwd_rows(const In* qkv, In* y, A* lse, int T, int H, int d, int hd, A scale) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  A* score = reinterpret_cast<A*>(raw);
+  const int t = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t width = 3 * int64_t(d);
+  const In* base = qkv + int64_t(b) * T * width + h * hd;
+  for (int s = warp; s <= t; s += warps) {
+    const A dot = warp_dot_rounded<C, A>(base + int64_t(t) * width, base + int64_t(s) * width + d, hd);
+    if (threadIdx.x % 32 == 0) score[s] = dot * scale;
+  }
+  __syncthreads();
+  A mx = A(-INFINITY);
+  for (int s = threadIdx.x; s <= t; s += blockDim.x) mx = max(mx, score[s]);
+  mx = block_max(mx);
+  A part = 0;
+  for (int s = threadIdx.x; s <= t; s += blockDim.x) {
+    const A p = exp(score[s] - mx);
+    score[s] = p;
+    part += p;
+  }
+  const A l = block_sum(part);  // synchronises, so every p is in `score`
+  for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+    A acc = 0;
+    for (int s = 0; s <= t; ++s) acc += round_c<C>(score[s]) * round_c<C>(A(to_acc(base[int64_t(s) * width + 2 * d + c])));
+    y[(int64_t(b) * T + t) * d + h * hd + c] = from_acc<In>(acc / l);
+  }
+  if (threadIdx.x == 0) lse[int64_t(blockIdx.y) * T + t] = mx + log(l);
+}
+
+// Backward, one block per row: z = 0 key row s (dk, dv), z = 1 query row t (dq).
+// grid (T, B H, 2), shared memory 2 T values of A.
+template <typename In, typename C, typename A>
+__global__ void attention_bwd_rows(const In* dy, const In* qkv, const In* y, const A* lse, In* dqkv, int T, int H,
+                                   int d, int hd, A scale) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  A* pr = reinterpret_cast<A*>(raw);  // rounded P per partner row
+  A* ds = pr + T;                     // rounded dS per partner row
+  const int row = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, warp = threadIdx.x / 32,
+            warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  const int64_t width = 3 * int64_t(d);
+  const In* base = qkv + int64_t(b) * T * width + h * hd;
+  const In* g = dy + int64_t(b) * T * d + h * hd;
+  const In* yo = y + int64_t(b) * T * d + h * hd;
+  const A* l = lse + int64_t(blockIdx.y) * T;
+  In* out = dqkv + int64_t(b) * T * width + h * hd;
+  // Partners: the queries t >= s of key row s, or the keys s <= t of query row t.
+  const bool keys = blockIdx.z == 0;
+  const int first = keys ? row : 0, last = keys ? T - 1 : row;
+  for (int o = first + warp; o <= last; o += warps) {
+    const int t = keys ? o : row, s = keys ? row : o;
+    A D = 0;
+    for (int c = lane; c < hd; c += 32) D += A(to_acc(g[int64_t(t) * d + c])) * A(to_acc(yo[int64_t(t) * d + c]));
+    D = warp_sum(D);
+    const A qk = warp_dot_rounded<C, A>(base + int64_t(t) * width, base + int64_t(s) * width + d, hd);
+    const A dp = warp_dot_rounded<C, A>(g + int64_t(t) * d, base + int64_t(s) * width + 2 * d, hd);
+    const A p = exp(qk * scale - l[t]);
+    if (lane == 0) pr[o] = round_c<C>(p), ds[o] = round_c<C>(p * (dp - D));
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+    if (keys) {
+      A dk = 0, dv = 0;
+      for (int t = first; t <= last; ++t) {
+        dk += ds[t] * round_c<C>(A(to_acc(base[int64_t(t) * width + c])));
+        dv += pr[t] * round_c<C>(A(to_acc(g[int64_t(t) * d + c])));
+      }
+      out[int64_t(row) * width + d + c] = from_acc<In>(scale * dk);
+      out[int64_t(row) * width + 2 * d + c] = from_acc<In>(dv);
+    } else {
+      A dq = 0;
+      for (int s = first; s <= last; ++s) dq += ds[s] * round_c<C>(A(to_acc(base[int64_t(s) * width + d + c])));
+      out[int64_t(row) * width + c] = from_acc<In>(scale * dq);
+    }
+  }
+}
+
+// ====================================================================== launch
+
+// Calls fn.template operator()<C>() with C the device type of the compute dtype: In itself, or a 16-bit
+// type (only for f32/f16/bf16 In, as the schema allows).
+template <typename In, typename Fn>
+void visit_compute(DType compute, Fn&& fn) {
+  if constexpr (std::is_same_v<In, double>) {
+    fn.template operator()<double>();
+  } else {
+    if (compute == DType::bf16) fn.template operator()<__nv_bfloat16>();
+    else if (compute == DType::f16) fn.template operator()<__half>();
+    else fn.template operator()<In>();
+  }
+}
+
+template <typename C>
+constexpr bool kSixteenBit = std::is_same_v<C, __half> || std::is_same_v<C, __nv_bfloat16>;
+
+// Calls fn.template operator()<HD>() when the tiled kernels take head size hd; false otherwise.
+template <typename Fn>
+bool visit_tiled_head(int hd, Fn&& fn) {
+  switch (hd) {
+    case 32: fn.template operator()<32>(); return true;
+    case 64: fn.template operator()<64>(); return true;
+    case 128: fn.template operator()<128>(); return true;
+    default: return false;
+  }
+}
+
+// Opts a kernel into its dynamic shared memory above the 48 KiB default, once per instantiation.
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  REEL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+void causal_attention_fwd(const KernelCall& call) {
+  Tensor qkv = contiguous_on_device(call.in[0]);
+  const Tensor &y = call.out[0], &lse = call.out[1];
+  const AttentionGeometry g(qkv, call.attrs);
+  if (int64_t(g.B) * g.T * g.H == 0) return;
+  const DType compute = static_cast<DType>(call.attrs.i("compute"));
+  cudaStream_t stream = stream_of(qkv);
+  visit_float(qkv.dtype(), "causal_attention", [&]<typename In>() {
+    visit_compute<In>(compute, [&]<typename C>() {
+      using A = Acc<In>;
+      bool tiled = false;
+      if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
+        tiled = visit_tiled_head(g.hd, [&]<int HD>() {
+          constexpr size_t bytes = tiled_smem_bytes<C, HD>();
+          static const bool ready = (allow_smem(attention_fwd_tiled<In, C, HD>, bytes), true);
+          (void)ready;
+          const dim3 grid((g.T + kTile - 1) / kTile, g.B * g.H);
+          attention_fwd_tiled<In, C, HD><<<grid, kThreads, bytes, stream>>>(
+              static_cast<const In*>(qkv.data_ptr()), static_cast<In*>(y.data_ptr()),
+              static_cast<float*>(lse.data_ptr()), g.T, g.H, g.d, 1.0f / std::sqrt(float(g.hd)));
+          REEL_CUDA_LAUNCH_CHECK();
+        });
+      }
+      if (!tiled) {
+        const size_t bytes = sizeof(A) * size_t(g.T);
+        if (bytes > 48 * 1024) allow_smem(attention_fwd_rows<In, C, A>, bytes);
+        attention_fwd_rows<In, C, A><<<dim3(g.T, g.B * g.H), kRowThreads, bytes, stream>>>(
+            static_cast<const In*>(qkv.data_ptr()), static_cast<In*>(y.data_ptr()), static_cast<A*>(lse.data_ptr()),
+            g.T, g.H, g.d, g.hd, A(1) / std::sqrt(A(g.hd)));
+        REEL_CUDA_LAUNCH_CHECK();
+      }
+    });
+  });
+}
+
+void causal_attention_bwd(const KernelCall& call) {
+  Tensor dy = contiguous_on_device(call.in[0]), qkv = contiguous_on_device(call.in[1]);
+  Tensor y = contiguous_on_device(call.in[2]), lse = contiguous_on_device(call.in[3]);
+  const Tensor& dqkv = call.out[0];
+  const AttentionGeometry g(qkv, call.attrs);
+  if (int64_t(g.B) * g.T * g.H == 0) return;
+  const DType compute = static_cast<DType>(call.attrs.i("compute"));
+  cudaStream_t stream = stream_of(qkv);
+  visit_float(qkv.dtype(), "causal_attention_backward", [&]<typename In>() {
+    visit_compute<In>(compute, [&]<typename C>() {
+      using A = Acc<In>;
+      const In *pdy = static_cast<const In*>(dy.data_ptr()), *px = static_cast<const In*>(qkv.data_ptr()),
+               *py = static_cast<const In*>(y.data_ptr());
+      In* pd = static_cast<In*>(dqkv.data_ptr());
+      bool tiled = false;
+      if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
+        tiled = visit_tiled_head(g.hd, [&]<int HD>() {
+          constexpr size_t bytes = tiled_smem_bytes<C, HD>();
+          static const bool ready = (allow_smem(attention_bwd_tiled<In, C, HD>, bytes), true);
+          (void)ready;
+          const dim3 grid((g.T + kTile - 1) / kTile, g.B * g.H, 2);
+          attention_bwd_tiled<In, C, HD><<<grid, kThreads, bytes, stream>>>(
+              pdy, px, py, static_cast<const float*>(lse.data_ptr()), pd, g.T, g.H, g.d, 1.0f / std::sqrt(float(g.hd)));
+          REEL_CUDA_LAUNCH_CHECK();
+        });
+      }
+      if (!tiled) {
+        const size_t bytes = 2 * sizeof(A) * size_t(g.T);
+        if (bytes > 48 * 1024) allow_smem(attention_bwd_rows<In, C, A>, bytes);
+        attention_bwd_rows<In, C, A><<<dim3(g.T, g.B * g.H, 2), kRowThreads, bytes, stream>>>(
+            pdy, px, py, static_cast<const A*>(lse.data_ptr()), pd, g.T, g.H, g.d, g.hd, A(1) / std::sqrt(A(g.hd)));
+        REEL_CUDA_LAUNCH_CHECK();
+      }
+    });
+  });
+}
+
+}  // namespace
+}  // namespace cuda
+
+void register_attention_cuda_kernels() {
+  using cuda::norm_detail::run_into_contiguous;
+  constexpr DeviceType gpu = DeviceType::CUDA;
+  register_kernel(gpu, OpKind::CausalAttention, [](const KernelCall& c) { run_into_contiguous(c, cuda::causal_attention_fwd); });
+  register_kernel(gpu, OpKind::CausalAttentionBackward,
+                  [](const KernelCall& c) { run_into_contiguous(c, cuda::causal_attention_bwd); });
+}
+
+}  // namespace reel

@@ -1,0 +1,71 @@
+// Fused causal self-attention on the GPU against the CPU op (kernels/cpu/attention.cpp): forward y and
+// lse, backward dqkv, for the tiled tensor-core kernels (16-bit compute, head sizes 32, 64, 128, T a
+// multiple of the 64-row tile or not) and the row kernels (f32 compute, and head sizes the tiles do not
+// take), f32 and 16-bit qkv; and the same bits on a second run (no atomics). Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include "kernels/dispatch.h"
+#include "test_util.h"
+
+using namespace reel;
+
+namespace {
+
+double max_rel(const Tensor& a, const Tensor& b) {
+  std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+  double scale = 1e-30, err = 0;
+  for (double v : y) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < x.size(); ++i) err = std::max(err, std::abs(x[i] - y[i]));
+  return x.size() == y.size() ? err / scale : INFINITY;
+}
+
+struct AttentionRun {
+  Tensor y, lse, dqkv;
+};
+
+AttentionRun run(const Tensor& qkv, const Tensor& dy, int64_t heads, DType compute) {
+  Attrs a = Attrs().set("heads", heads).set("compute", compute);
+  std::vector<Tensor> f = dispatch(OpKind::CausalAttention, {qkv}, a);
+  Tensor dqkv = dispatch(OpKind::CausalAttentionBackward, {dy, qkv, f[0], f[1]}, a)[0];
+  return {f[0], f[1], dqkv};
+}
+
+}  // namespace
+
+TEST(CausalAttentionCuda, MatchesTheCpuForEveryKernelPath) {
+  REEL_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  struct Case {
+    int64_t B, T, H, hd;
+    DType storage, compute;
+  };
+  const Case cases[] = {
+      {2, 256, 8, 64, DType::f32, DType::bf16},   // gpt-small's shape (tiled)
+      {2, 128, 4, 64, DType::f32, DType::f16},    // gpt-tiny's, fp16 (tiled)
+      {3, 100, 4, 32, DType::f32, DType::bf16},   // T not a multiple of 64 (tiled)
+      {1, 130, 2, 128, DType::f32, DType::bf16},  // head size 128 (tiled)
+      {2, 70, 2, 64, DType::bf16, DType::bf16},   // 16-bit qkv (tiled)
+      {2, 33, 3, 24, DType::f32, DType::bf16},    // head size the tiles do not take (rows)
+      {2, 90, 4, 64, DType::f32, DType::f32},     // f32 compute (rows)
+      {1, 17, 2, 5, DType::f64, DType::f64},      // f64 (rows)
+  };
+  Generator gen(31);
+  for (const Case& c : cases) {
+    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " + std::to_string(c.H) + " hd " +
+                 std::to_string(c.hd) + " " + dtype_name(c.storage) + " compute " + dtype_name(c.compute));
+    const int64_t d = c.H * c.hd;
+    Tensor qkv = (randn({c.B, c.T, 3 * d}, {}, &gen) * 1.5).to(c.storage);
+    Tensor dy = randn({c.B, c.T, d}, {}, &gen).to(c.storage);
+    AttentionRun cpu = run(qkv, dy, c.H, c.compute);
+    AttentionRun dev = run(qkv.to(gpu), dy.to(gpu), c.H, c.compute);
+    // 16-bit compute rounds P and dS, whose f32 values differ in the last bits between the backends'
+    // summation orders: a rounding step apart at most.
+    const double tol = c.compute == DType::f64 ? 1e-12 : c.compute == DType::f32 ? 2e-5 : 2e-2;
+    EXPECT_LT(max_rel(dev.y, cpu.y), tol) << "y";
+    EXPECT_LT(max_rel(dev.lse, cpu.lse), 1e-5) << "lse";
+    EXPECT_LT(max_rel(dev.dqkv, cpu.dqkv), tol) << "dqkv";
+    AttentionRun again = run(qkv.to(gpu), dy.to(gpu), c.H, c.compute);
+    EXPECT_EQ(again.dqkv.to_vector<double>(), dev.dqkv.to_vector<double>()) << "dqkv changed between runs";
+    EXPECT_EQ(again.y.to_vector<double>(), dev.y.to_vector<double>()) << "y changed between runs";
+  }
+}
