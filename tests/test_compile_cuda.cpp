@@ -189,10 +189,13 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
     for (const compile::Node& n : step.last_plan()->graph().nodes)
       epilogue = epilogue || (!n.fused.empty() && n.fused.front() == "matmul");
     EXPECT_TRUE(epilogue) << prec << ": no GEMM took its bias add as an epilogue";
-    bool masked_softmax = false;  // attention's mask and softmax as one kernel
-    for (const compile::Node& n : step.last_plan()->graph().nodes)
-      masked_softmax = masked_softmax || (n.fused.size() >= 2 && n.fused[0] == "masked_fill" && n.fused[1] == "softmax");
-    EXPECT_TRUE(masked_softmax) << prec << ": mask and softmax were not fused";
+    int attention = 0, softmaxes = 0;  // attention runs as its one fused op, no softmax around it
+    for (const compile::Node& n : step.last_plan()->graph().nodes) {
+      attention += n.op == OpKind::CausalAttention;
+      softmaxes += n.op == OpKind::Softmax || (!n.fused.empty() && n.fused.back() == "softmax");
+    }
+    EXPECT_EQ(attention, 3 * 2) << prec << ": one causal_attention per layer and micro-batch";
+    EXPECT_EQ(softmaxes, 0) << prec;
     bool grad_by_gemm = false;  // weight gradients accumulated by their GEMM (beta = 1)
     for (const compile::Node& n : step.last_plan()->graph().nodes)
       grad_by_gemm = grad_by_gemm || (n.in_place && !n.fused.empty() && n.fused.front() == "matmul" && n.fused.back() == "add");
@@ -270,5 +273,36 @@ TEST(CompileCuda, BenchmarkModelsMatchEagerAfterTwentySteps) {
         EXPECT_EQ(step.replays(), 18);
       }
     }
+  }
+}
+
+// The textbook attention chain (split, q k^T, causal mask, softmax, times v), compiled: the mask and
+// the softmax become one kernel, and the plan's results match eager's.
+TEST(CompileCuda, UnfusedAttentionsMaskAndSoftmaxBecomeOneKernel) {
+  REEL_REQUIRE_GPU();
+  AutocastGuard amp(PrecisionPolicy::parse("bf16"));
+  Generator gen(17);
+  Tensor qkv = randn({2, 32, 3 * 64}, TensorOptions{DType::f32, Device::cuda(0)}, &gen);
+  auto attention = [](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+    Tensor x = in[0].detach();
+    x.set_requires_grad(true);
+    Tensor y = nn::causal_attention_unfused(x, 4);
+    sum(y * y).backward();
+    return {y.detach(), x.grad()};
+  };
+  std::vector<Tensor> eager = attention({qkv});
+  auto step = compile::compile(attention, {.mode = compile::Mode::ReduceOverhead});
+  std::vector<Tensor> out;
+  for (int call = 0; call < 3; ++call) out = step({qkv});
+  ASSERT_NE(step.last_plan(), nullptr);
+  bool masked_softmax = false;
+  for (const compile::Node& n : step.last_plan()->graph().nodes)
+    masked_softmax = masked_softmax || (n.fused.size() >= 2 && n.fused[0] == "masked_fill" && n.fused[1] == "softmax");
+  EXPECT_TRUE(masked_softmax) << "mask and softmax were not fused";
+  for (int k = 0; k < 2; ++k) {
+    std::vector<double> a = eager[k].to_vector<double>(), b = out[k].to_vector<double>();
+    double err = 0, scale = 1e-30;
+    for (size_t i = 0; i < a.size(); ++i) err = std::max(err, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(a[i]));
+    EXPECT_LT(err / scale, 2e-2) << (k == 0 ? "y" : "dqkv");
   }
 }

@@ -103,36 +103,85 @@ struct TiledSmem {
   }
 };
 
-// Rows [row0, row0 + 64) of a (B*T, width) tensor's columns [0, HD) from `src` (already offset to batch
-// and column), rounded to C; rows past T are zero. One warp per row, lanes over the columns.
-template <typename C, int HD, typename In>
-__device__ void load_tile(C* dst, const In* src, int64_t width, int row0, int T) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < kTile; r += kWarps) {
-    const int t = row0 + r;
-    C* out = dst + r * Strides<HD>::ld;
-    for (int c = lane; c < HD; c += 32) out[c] = from_acc<C>(t < T ? to_acc(src[int64_t(t) * width + c]) : 0.0f);
+// Tiles move between global and shared memory four elements at a time: a thread's whole share of a
+// tile is loaded into registers first (all loads in flight at once; a load-convert-store loop per
+// element would wait out the memory latency once per row) and then rounded and stored.
+template <typename In>
+struct Vec4 {
+  In v[4];
+};
+template <typename In>
+__device__ __forceinline__ Vec4<In> load4(const In* p) {
+  Vec4<In> out;
+  if constexpr (sizeof(In) == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(p);  // 16-byte aligned: offsets are multiples of 4
+    out.v[0] = f.x, out.v[1] = f.y, out.v[2] = f.z, out.v[3] = f.w;
+  } else {
+    *reinterpret_cast<uint2*>(out.v) = *reinterpret_cast<const uint2*>(p);
   }
+  return out;
+}
+template <typename C, typename In>
+__device__ __forceinline__ void store4_rounded(C* dst, const Vec4<In>& x) {
+  Vec4<C> out;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out.v[i] = from_acc<C>(to_acc(x.v[i]));
+  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(out.v);  // 8-byte aligned
+}
+
+// How a tile of 64 rows x HD columns is shared out: thread i takes the 4-column chunks i, i + 128, ...
+// in row-major order, so 16 (HD 64) consecutive threads read one row's contiguous bytes.
+template <int HD>
+struct TileChunks {
+  static constexpr int per_row = HD / 4;
+  static constexpr int per_thread = kTile * per_row / kThreads;
+  static_assert(kTile * per_row % kThreads == 0, "a tile must split evenly over the block");
+  __device__ static int row(int i) { return (int(threadIdx.x) + i * kThreads) / per_row; }
+  __device__ static int col(int i) { return (int(threadIdx.x) + i * kThreads) % per_row * 4; }
+};
+
+// Rows [row0, row0 + 64) of a (B*T, width) tensor's columns [0, HD) from `src` (already offset to batch
+// and column), rounded to C; rows past T are zero.
+template <typename C, int HD, typename In>
+__device__ void load_tile(C* __restrict__ dst, const In* __restrict__ src, int64_t width, int row0, int T) {
+  using K = TileChunks<HD>;
+  Vec4<In> x[K::per_thread];
+#pragma unroll
+  for (int i = 0; i < K::per_thread; ++i) {
+    const int t = row0 + K::row(i);
+    x[i] = t < T ? load4(src + int64_t(t) * width + K::col(i)) : Vec4<In>{};
+  }
+#pragma unroll
+  for (int i = 0; i < K::per_thread; ++i) store4_rounded(dst + K::row(i) * Strides<HD>::ld + K::col(i), x[i]);
 }
 
 // The dO tile of query rows [row0, row0 + 64) rounded to C, with D = dy . y (unrounded) and lse per row.
+// A row's chunks lie in per_row consecutive lanes (a power of two dividing 32), which sum D by shuffles.
 template <typename C, int HD, typename In>
-__device__ void load_grad_tile(const TiledSmem<C, HD>& sm, const In* dy, const In* y, const float* lse, int64_t d,
-                               int row0, int T) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < kTile; r += kWarps) {
-    const int t = row0 + r;
-    C* out = sm.dout + r * Strides<HD>::ld;
-    float dot = 0;
-    for (int c = lane; c < HD; c += 32) {
-      const float g = t < T ? to_acc(dy[int64_t(t) * d + c]) : 0.0f;
-      if (t < T) dot += g * to_acc(y[int64_t(t) * d + c]);
-      out[c] = from_acc<C>(g);
-    }
-    dot = warp_sum(dot);
-    if (lane == 0) {
+__device__ void load_grad_tile(const TiledSmem<C, HD>& sm, const In* __restrict__ dy, const In* __restrict__ y,
+                               const float* __restrict__ lse, int64_t d, int row0, int T) {
+  using K = TileChunks<HD>;
+  static_assert(K::per_row <= 32 && 32 % K::per_row == 0, "a row's chunks must lie within one warp");
+  Vec4<In> g[K::per_thread], yv[K::per_thread];
+#pragma unroll
+  for (int i = 0; i < K::per_thread; ++i) {
+    const int t = row0 + K::row(i);
+    const int64_t at = int64_t(t) * d + K::col(i);
+    g[i] = t < T ? load4(dy + at) : Vec4<In>{};
+    yv[i] = t < T ? load4(y + at) : Vec4<In>{};
+  }
+#pragma unroll
+  for (int i = 0; i < K::per_thread; ++i) {
+    const int r = K::row(i);
+    store4_rounded(sm.dout + r * Strides<HD>::ld + K::col(i), g[i]);
+    float dot = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dot += to_acc(g[i].v[e]) * to_acc(yv[i].v[e]);
+#pragma unroll
+    for (int o = K::per_row / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(kFullMask, dot, o);
+    if (threadIdx.x % K::per_row == 0) {
       sm.D[r] = dot;
-      sm.lse[r] = t < T ? lse[t] : 0.0f;
+      sm.lse[r] = row0 + r < T ? lse[row0 + r] : 0.0f;
     }
   }
 }
