@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const In* __rest
 
 // Backward. grid (ceil(T / 64), B H, 2); dqkv (B, T, 3d). See the file's opening comment for the roles.
 template <typename In, typename C, int HD>
-__global__ void __launch_bounds__(kThreads) attention_bwd_tiled(const In* __restrict__ dy, const In* __restrict__ qkv,
+__global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tiled(const In* __restrict__ dy, const In* __restrict__ qkv,
                                                                const In* __restrict__ y, const float* __restrict__ lse,
                                                                In* __restrict__ dqkv, int T, int H, int d, float scale) {
   using S = Strides<HD>;

@@ -15,7 +15,8 @@
 //   layer norm, x viewed as (rows, cols): a team of threads per row, a warp (8 rows per 256-thread
 //     block) when cols <= 1024, else a 512-thread block per row. The team reads its row three times
 //     (sum, squared deviations, output); the row is hot in L1/L2 after the first pass.
-//   layer norm dw, db: a deterministic two-stage column reduction. Stage 1 tiles (rows, cols) into
+//   layer norm dw, db: a deterministic two-stage column reduction in one launch (the last block of a
+//     column tile does stage 2 for it: kernels/cuda/last_block.cuh). Stage 1 tiles (rows, cols) into
 //     blocks of 32 columns x one chunk of rows (32 x 8 threads; the 32 lanes read 32 adjacent columns,
 //     so loads are coalesced) and writes partial sums (chunks, cols); stage 2 sums the chunks of each
 //     column in order. No float atomics, so results do not change from run to run.
@@ -26,6 +27,7 @@
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/cuda/layer_norm_cast.h"
 #include "kernels/cuda/norm_common.cuh"
+#include "kernels/cuda/last_block.cuh"
 
 namespace reel {
 namespace cuda {
@@ -108,15 +110,18 @@ __global__ void layer_norm_bwd_dx_rows_kernel(const D* g, const D* x, const D* w
 constexpr int kColTile = 32;   // columns per block of the partial kernel (one per lane)
 constexpr int kColRowThreads = 8;  // threads along the rows of a chunk
 
-// Stage 1 of dw, db. Block (blockIdx.x, blockIdx.y) = (columns 32 bx .. 32 bx + 31, chunk by of
-// rows_per_chunk rows); thread (tx, ty) sums rows ty, ty + 8, ... of the chunk in column 32 bx + tx.
-// g, x: (rows, cols); mean, rstd: (rows); dw_part, db_part: (chunks, cols).
+// dw, db of layer norm in one launch. Block (blockIdx.x, blockIdx.y) = (columns 32 bx .. 32 bx + 31,
+// chunk by of rows_per_chunk rows); thread (tx, ty) sums rows ty, ty + 8, ... of the chunk in column
+// 32 bx + tx into the chunk's partials, and the last of a column tile's chunks to finish adds the
+// tile's partials in chunk order (kernels/cuda/last_block.cuh).
+// g, x: (rows, cols); mean, rstd: (rows); dw_part, db_part: (chunks, cols); dw, db: (cols).
 template <typename D, typename A = Acc<D>>
-__global__ void layer_norm_bwd_param_partial_kernel(const D* g, const D* x, const A* mean, const A* rstd, int64_t rows,
-                                                    int64_t cols, int64_t rows_per_chunk, A* dw_part, A* db_part) {
+__global__ void layer_norm_bwd_param_kernel(const D* g, const D* x, const A* mean, const A* rstd, int64_t rows,
+                                            int64_t cols, int64_t rows_per_chunk, A* dw_part, A* db_part, D* dw,
+                                            D* db) {
   __shared__ A s_dw[kColRowThreads][kColTile + 1], s_db[kColRowThreads][kColTile + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t j = int64_t(blockIdx.x) * kColTile + tx, chunk = blockIdx.y;
+  const int64_t j = int64_t(blockIdx.x) * kColTile + tx, chunk = blockIdx.y, chunks = gridDim.y;
   const int64_t r0 = chunk * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
   A sw = 0, sb = 0;
   if (j < cols) {
@@ -134,8 +139,23 @@ __global__ void layer_norm_bwd_param_partial_kernel(const D* g, const D* x, cons
       sw += s_dw[k][tx];
       sb += s_db[k][tx];
     }
-    dw_part[chunk * cols + j] = sw;
-    db_part[chunk * cols + j] = sb;
+    if (chunks == 1) {  // the block's sums are the results
+      dw[j] = from_acc<D>(sw);
+      db[j] = from_acc<D>(sb);
+    } else {
+      dw_part[chunk * cols + j] = sw;
+      db_part[chunk * cols + j] = sb;
+    }
+  }
+  if (chunks == 1 || !arrive_last(finish_counter(blockIdx.x), unsigned(chunks))) return;
+  if (ty == 0 && j < cols) {
+    A tw = 0, tb = 0;
+    for (int64_t p = 0; p < chunks; ++p) {
+      tw += load_partial(dw_part + p * cols + j);
+      tb += load_partial(db_part + p * cols + j);
+    }
+    dw[j] = from_acc<D>(tw);
+    db[j] = from_acc<D>(tb);
   }
 }
 
@@ -207,17 +227,16 @@ void layer_norm_bwd(const KernelCall& c) {
     if (rows > 0)
       launch_rows(layer_norm_bwd_dx_rows_kernel<true, D>, layer_norm_bwd_dx_rows_kernel<false, D>, rows, cols, s, pg,
                   px, in_ptr<D>(w), pm, pr, out_ptr<D>(dx), rows, cols);
-    const int64_t chunks = param_chunks(rows, cols);
+    // Past the finish counters (over 131072 columns) every column tile takes all rows in one block.
+    const int64_t chunks = (cols + kColTile - 1) / kColTile > kFinishCounterSlots ? 1 : param_chunks(rows, cols);
     const int64_t rows_per_chunk = std::max<int64_t>(1, (rows + chunks - 1) / chunks);
     // part: (2, chunks, cols) = dw partials, then db partials.
     Tensor part = Tensor::empty({2, chunks, cols}, mean.dtype(), x.device());
     A* pp = out_ptr<A>(part);
-    dim3 grid(unsigned((cols + kColTile - 1) / kColTile), unsigned(chunks)), block(kColTile, kColRowThreads);
-    layer_norm_bwd_param_partial_kernel<D><<<grid, block, 0, s>>>(pg, px, pm, pr, rows, cols, rows_per_chunk, pp,
-                                                                   pp + chunks * cols);
-    REEL_CUDA_LAUNCH_CHECK();
-    norm_bwd_param_sum_kernel<D><<<blocks_for(cols), 256, 0, s>>>(pp, pp + chunks * cols, chunks, cols, out_ptr<D>(dw),
-                                                                  out_ptr<D>(db));
+    const int64_t col_tiles = (cols + kColTile - 1) / kColTile;
+    const dim3 grid{unsigned(col_tiles), unsigned(chunks)}, block{kColTile, kColRowThreads};
+    layer_norm_bwd_param_kernel<D><<<grid, block, 0, s>>>(pg, px, pm, pr, rows, cols, rows_per_chunk, pp,
+                                                          pp + chunks * cols, out_ptr<D>(dw), out_ptr<D>(db));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }

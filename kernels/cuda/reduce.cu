@@ -17,7 +17,8 @@
 //                               combined in order through shared memory.
 // Splitting. When a reduction has too few rows or column tiles to fill the GPU and R is long, R is
 // cut into `splits` chunks: a first launch writes Acc partials (outer, splits) or (splits, outer *
-// inner) to a workspace and a second launch reduces them. The split count depends on the shape
+// inner) to a workspace and a second launch reduces them (columns: one launch, in which the last
+// block of each column tile to finish adds its tile's partials; kernels/cuda/last_block.cuh). The split count depends on the shape
 // only (not on the GPU), so results are bitwise reproducible from run to run; there are no atomics.
 //
 // Semantics mirror the CPU: the mean of an empty selection is 0/0 = NaN; max propagates NaN (once a
@@ -33,6 +34,7 @@
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/reduce_layout.h"
 #include "kernels/cuda/reduce_common.cuh"
+#include "kernels/cuda/last_block.cuh"
 
 namespace reel {
 namespace cuda {
@@ -146,6 +148,37 @@ __global__ void reduce_columns_kernel(const In* x, Out* out, int64_t outer, int6
   }
 }
 
+// The split column reduction in one launch. grid (tiles, splits): block (tile, s) folds chunk s of R
+// for the tile's 32 outputs into partial[s, j], and the last of the tile's blocks to finish combines
+// the splits' partials in order s = 0, 1, ... and writes out[j].
+template <typename Op, typename In, typename Out>
+__global__ void reduce_columns_split_kernel(const In* x, Acc<In>* partial, Out* out, int64_t outer, int64_t R,
+                                            int64_t inner, int64_t chunk, int64_t count) {
+  using A = Acc<In>;
+  __shared__ A part[kTileRows][kTileCols];
+  const int64_t M = outer * inner, tile = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
+  const int64_t lo = s * chunk, hi = lo + chunk < R ? lo + chunk : R, j = tile * kTileCols + threadIdx.x;
+  A acc = Op::identity();
+  if (j < M) {
+    const In* xc = x + (j / inner) * R * inner + j % inner;
+    acc = strided_fold<Op, A>(lo + threadIdx.y, hi, kTileRows, combine_fn<Op, A>(),
+                              [&](int64_t r) { return to_acc(xc[r * inner]); });
+  }
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < M) {
+    A v = part[0][threadIdx.x];
+    for (int y = 1; y < kTileRows; ++y) v = Op::combine(v, part[y][threadIdx.x]);
+    partial[s * M + j] = v;
+  }
+  if (!arrive_last(finish_counter(tile), unsigned(splits))) return;
+  if (threadIdx.y == 0 && j < M) {
+    A v = load_partial(partial + j);
+    for (int64_t k = 1; k < splits; ++k) v = Op::combine(v, load_partial(partial + k * M + j));
+    out[j] = result<Op, Out>(v, count, true);
+  }
+}
+
 // ---- launchers ----
 
 // out (outer * inner) = op over R of x (outer, R, inner), one launch, finished with `count`.
@@ -187,14 +220,14 @@ void reduce_into(const D* x, D* out, int64_t outer, int64_t R, int64_t inner, De
   const int64_t splits =
       std::max<int64_t>(1, std::min({ceil_div(R, kMinColumnChunk), kTargetBlocks / tiles, int64_t(65535)}));
   if (splits == 1) return reduce_direct<Op, D, D>(x, out, outer, R, inner, R, st);
-  // partial: (splits, M), then reduced as (1, splits, M).
+  // partial: (splits, M), combined by each tile's last block. splits > 1 means tiles < kTargetBlocks.
   const int64_t chunk = ceil_div(R, splits);
+  REEL_ASSERT(tiles <= kFinishCounterSlots, "reduce: ", tiles, " column tiles exceed the finish counters");
   Tensor ws = workspace(size_t(splits * M) * sizeof(A), dev);
   A* partial = static_cast<A*>(ws.data_ptr());
-  dim3 grid(grid_for(tiles), unsigned(splits)), block(kTileCols, kTileRows);
-  reduce_columns_kernel<Op, D, A><<<grid, block, 0, st>>>(x, partial, outer, R, inner, chunk, R, false);
+  const dim3 grid{unsigned(tiles), unsigned(splits)}, block{kTileCols, kTileRows};
+  reduce_columns_split_kernel<Op, D, D><<<grid, block, 0, st>>>(x, partial, out, outer, R, inner, chunk, R);
   REEL_CUDA_LAUNCH_CHECK();
-  reduce_direct<Op, A, D>(partial, out, 1, splits, M, R, st);
 }
 
 // x as (outer, reduced, inner) over a contiguous buffer (see the file comment); same rules as the CPU.

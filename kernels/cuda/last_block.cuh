@@ -1,0 +1,44 @@
+// "The last block finishes": a split reduction in one launch instead of two.
+//
+// The blocks of a group (say, the row chunks of one column tile) each write a partial result to a
+// workspace and then count themselves in on the group's counter. The block that arrives last has
+// every other partial visible (each writer fenced before counting), combines them in a fixed order
+// and writes the result, so the bits are the same on every run and there are no atomics on the data;
+// it then resets the counter to zero for the next launch.
+//
+// Counters come from a per-device pool of zeros (one per translation unit, zero at module load).
+// A launch uses slots [0, groups); two launches never share a slot while running because reel runs a
+// device's kernels on one stream, one after another (a captured CUDA graph replays them in the same
+// order). Partials are read back with volatile loads, which go to L2, not to a possibly stale L1.
+#pragma once
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace reel::cuda {
+
+constexpr int kFinishCounterSlots = 4096;
+static __device__ unsigned g_finish_counters[kFinishCounterSlots];
+
+// The counter of group `group` (< kFinishCounterSlots).
+__device__ __forceinline__ unsigned* finish_counter(int64_t group) { return &g_finish_counters[group]; }
+
+// Called by every thread of a block after the block's partial writes; true in the group's last block.
+__device__ __forceinline__ bool arrive_last(unsigned* counter, unsigned group_size) {
+  __shared__ bool is_last;
+  __threadfence();  // this thread's partial writes are visible device-wide before the block counts in
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    is_last = atomicAdd(counter, 1u) + 1 == group_size;
+    if (is_last) atomicExch(counter, 0u);  // every block of the group has counted: ready for the next launch
+  }
+  __syncthreads();
+  if (is_last) __threadfence();
+  return is_last;
+}
+
+// A partial written by another block of the group, read from L2.
+template <typename T>
+__device__ __forceinline__ T load_partial(const T* p) {
+  return *static_cast<const volatile T*>(p);
+}
+
+}  // namespace reel::cuda
