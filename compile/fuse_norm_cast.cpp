@@ -2,7 +2,7 @@
 #include "compile/fuse_norm_cast.h"
 
 #ifdef REEL_CUDA
-#include "kernels/cuda/layer_norm_cast.h"
+#include "kernels/cuda/layer_norm_fused.h"
 #endif
 
 namespace reel::compile {

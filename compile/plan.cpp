@@ -7,6 +7,8 @@
 #include "compile/fuse_elementwise.h"
 #include "compile/fuse_gemm_epilogue.h"
 #include "compile/fuse_matmul_cast.h"
+#include "compile/fuse_attention_cast.h"
+#include "compile/fuse_norm_backward_add.h"
 #include "compile/fuse_norm_cast.h"
 #include "compile/fuse_softmax.h"
 #include "compile/fuse_optimizer.h"
@@ -41,6 +43,8 @@ Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats) {
     fuse_matmul_accumulate(g, stats);  // and weight gradients written (or accumulated) by their GEMM
     fuse_masked_softmax(g, stats);     // attention's mask + softmax (+ cast), forward and backward
     fuse_norm_cast(g, stats);          // layer norms writing the 16-bit input of their GEMM
+    fuse_attention_cast(g, stats);     // attention (forward, backward) also writing its GEMM's 16-bit input
+    fuse_norm_backward_add(g, stats);  // layer-norm backward adding the residual branch's gradient
     fuse_elementwise(g, stats, options.build_kernels);
     fuse_optimizer(g, stats);  // one multi-tensor kernel per run of optimizer updates
   }

@@ -196,6 +196,13 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
     }
     EXPECT_EQ(attention, 3 * 2) << prec << ": one causal_attention per layer and micro-batch";
     EXPECT_EQ(softmaxes, 0) << prec;
+    int norm_bwd_add = 0, attention_cast = 0;  // the fusions around them (compile/fuse_norm_backward_add.h,
+    for (const compile::Node& n : step.last_plan()->graph().nodes) {  // compile/fuse_attention_cast.h)
+      norm_bwd_add += n.fused == std::vector<std::string>{"layer_norm_backward", "add"};
+      attention_cast += n.fused.size() == 2 && n.fused[1] == "copy" && n.fused[0].starts_with("causal_attention");
+    }
+    EXPECT_GT(norm_bwd_add, 0) << prec << ": no layer-norm backward took the residual's add";
+    EXPECT_EQ(attention_cast, std::string(prec) == "bf16" ? 2 * 3 * 2 : 0) << prec;
     bool grad_by_gemm = false;  // weight gradients accumulated by their GEMM (beta = 1)
     for (const compile::Node& n : step.last_plan()->graph().nodes)
       grad_by_gemm = grad_by_gemm || (n.in_place && !n.fused.empty() && n.fused.front() == "matmul" && n.fused.back() == "add");

@@ -1,4 +1,4 @@
-// Layer norm + cast fusion on the GPU (kernels/cuda/layer_norm_cast.h, compile/fuse_norm_cast.h):
+// Layer norm + cast fusion on the GPU (kernels/cuda/layer_norm_fused.h, compile/fuse_norm_cast.h):
 //   - the kernel writes what layer_norm followed by a cast to bf16 or f16 writes, to the bit (y16,
 //     mean, rstd), for short rows (a warp each), long ones (a block each), with and without w, b,
 //     and from a strided x;
@@ -13,7 +13,7 @@
 #include "tensor/cuda.h"
 
 #ifdef REEL_CUDA
-#include "kernels/cuda/layer_norm_cast.h"
+#include "kernels/cuda/layer_norm_fused.h"
 
 using namespace reel;
 

@@ -27,6 +27,7 @@
 
 #include <cmath>
 
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/cuda/norm_common.cuh"
@@ -233,9 +234,10 @@ __device__ void accumulate_p_times_tile(Acc16 (&acc)[HD / 16], const C* p, const
 }
 
 // Writes a warp's 16 x HD accumulators times `scale` to rows [row0, row0 + 16) of dst (stride `width`),
-// through the warp's f32 scratch so that the global stores go row by row.
+// through the warp's f32 scratch so that the global stores go row by row; and, when dst16 is given,
+// the same values rounded to C into dst16 (the compiler's fusion of autocast's cast).
 template <typename C, int HD, typename Out>
-__device__ void store_rows(Acc16 (&acc)[HD / 16], float* scratch, Out* dst, int64_t width, int row0, int T,
+__device__ void store_rows(Acc16 (&acc)[HD / 16], float* scratch, Out* dst, C* dst16, int64_t width, int row0, int T,
                            float scale) {
   using S = Strides<HD>;
   const int lane = threadIdx.x % 32;
@@ -245,7 +247,11 @@ __device__ void store_rows(Acc16 (&acc)[HD / 16], float* scratch, Out* dst, int6
   for (int r = 0; r < 16; ++r) {
     const int t = row0 + r;
     if (t >= T) break;
-    for (int c = lane; c < HD; c += 32) dst[int64_t(t) * width + c] = from_acc<Out>(scale * scratch[r * S::lds + c]);
+    for (int c = lane; c < HD; c += 32) {
+      const Out v = from_acc<Out>(scale * scratch[r * S::lds + c]);
+      dst[int64_t(t) * width + c] = v;
+      if (dst16) dst16[int64_t(t) * width + c] = from_acc<C>(to_acc(v));
+    }
   }
   __syncwarp();
 }
@@ -253,8 +259,8 @@ __device__ void store_rows(Acc16 (&acc)[HD / 16], float* scratch, Out* dst, int6
 // Forward. grid (ceil(T / 64), B H); qkv (B, T, 3d), y (B, T, d), lse (B, H, T).
 template <typename In, typename C, int HD>
 __global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const In* __restrict__ qkv, In* __restrict__ y,
-                                                               float* __restrict__ lse, int T, int H, int d,
-                                                               float scale) {
+                                                               C* __restrict__ y16, float* __restrict__ lse, int T,
+                                                               int H, int d, float scale) {
   using S = Strides<HD>;
   extern __shared__ __align__(128) unsigned char raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -308,11 +314,15 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const In* __rest
   for (int c = half; c < HD; c += 2) sm.o[r * S::lds + c] *= inv_l;
   if (half == 0 && t < T) lse[int64_t(blockIdx.y) * T + t] = m + logf(l);
   __syncwarp();
-  In* out = y + int64_t(b) * T * d + h * HD;
+  const int64_t at = int64_t(b) * T * d + h * HD;
   for (int rr = 0; rr < 16; ++rr) {
     const int tt = q0 + warp * 16 + rr;
     if (tt >= T) break;
-    for (int c = lane; c < HD; c += 32) out[int64_t(tt) * d + c] = from_acc<In>(sm.o[rr * S::lds + c]);
+    for (int c = lane; c < HD; c += 32) {
+      const In v = from_acc<In>(sm.o[rr * S::lds + c]);
+      y[at + int64_t(tt) * d + c] = v;
+      if (y16) y16[at + int64_t(tt) * d + c] = from_acc<C>(to_acc(v));
+    }
   }
 }
 
@@ -320,7 +330,8 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const In* __rest
 template <typename In, typename C, int HD>
 __global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tiled(const In* __restrict__ dy, const In* __restrict__ qkv,
                                                                const In* __restrict__ y, const float* __restrict__ lse,
-                                                               In* __restrict__ dqkv, int T, int H, int d, float scale) {
+                                                               In* __restrict__ dqkv, C* __restrict__ dqkv16, int T,
+                                                               int H, int d, float scale) {
   using S = Strides<HD>;
   extern __shared__ __align__(128) unsigned char raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -332,6 +343,7 @@ __global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tile
   const In* y_b = y + int64_t(b) * T * d + h * HD;
   const float* lse_bh = lse + int64_t(blockIdx.y) * T;
   In* out = dqkv + int64_t(b) * T * width + h * HD;
+  C* out16 = dqkv16 ? dqkv16 + int64_t(b) * T * width + h * HD : nullptr;
   // This lane's share of a 16 x 64 tile: row r of the warp's 16, columns c = 2 j + half.
   const int r = lane % 16, half = lane / 16;
   float p[kTile / 2];
@@ -372,8 +384,8 @@ __global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tile
       __syncwarp();
       accumulate_p_times_tile<C, HD>(acc_a, sm.p, sm.q);  // dK += dS^T Q
     }
-    store_rows<C, HD>(acc_a, sm.s, out + d, width, k0 + warp * 16, T, scale);
-    store_rows<C, HD>(acc_b, sm.s, out + 2 * d, width, k0 + warp * 16, T, 1.0f);
+    store_rows<C, HD>(acc_a, sm.s, out + d, out16 ? out16 + d : nullptr, width, k0 + warp * 16, T, scale);
+    store_rows<C, HD>(acc_b, sm.s, out + 2 * d, out16 ? out16 + 2 * d : nullptr, width, k0 + warp * 16, T, 1.0f);
   } else {  // ---- queries role: this block's queries t in [q0, q0 + 64)
     const int q0 = tile * kTile, t = q0 + warp * 16 + r;
     load_tile<C, HD>(sm.q, base, width, q0, T);
@@ -403,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tile
       __syncwarp();
       accumulate_p_times_tile<C, HD>(acc_a, sm.p, sm.k);  // dQ += dS K
     }
-    store_rows<C, HD>(acc_a, sm.s, out, width, q0 + warp * 16, T, scale);
+    store_rows<C, HD>(acc_a, sm.s, out, out16, width, q0 + warp * 16, T, scale);
   }
 }
 
@@ -437,7 +449,7 @@ constexpr int kRowThreads = 128;
 
 // Forward, one block per query row. grid (T, B H), shared memory T values of A.
 template <typename In, typename C, typename A>
-__global__ void attention_fwd_rows(const In* qkv, In* y, A* lse, int T, int H, int d, int hd, A scale) {
+__global__ void attention_fwd_rows(const In* qkv, In* y, C* y16, A* lse, int T, int H, int d, int hd, A scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   A* score = reinterpret_cast<A*>(raw);
   const int t = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -461,7 +473,9 @@ __global__ void attention_fwd_rows(const In* qkv, In* y, A* lse, int T, int H, i
   for (int c = threadIdx.x; c < hd; c += blockDim.x) {
     A acc = 0;
     for (int s = 0; s <= t; ++s) acc += round_c<C>(score[s]) * round_c<C>(A(to_acc(base[int64_t(s) * width + 2 * d + c])));
-    y[(int64_t(b) * T + t) * d + h * hd + c] = from_acc<In>(acc / l);
+    const In v = from_acc<In>(acc / l);
+    y[(int64_t(b) * T + t) * d + h * hd + c] = v;
+    if (y16) y16[(int64_t(b) * T + t) * d + h * hd + c] = from_acc<C>(to_acc(v));
   }
   if (threadIdx.x == 0) lse[int64_t(blockIdx.y) * T + t] = mx + log(l);
 }
@@ -469,8 +483,8 @@ __global__ void attention_fwd_rows(const In* qkv, In* y, A* lse, int T, int H, i
 // Backward, one block per row: z = 0 key row s (dk, dv), z = 1 query row t (dq).
 // grid (T, B H, 2), shared memory 2 T values of A.
 template <typename In, typename C, typename A>
-__global__ void attention_bwd_rows(const In* dy, const In* qkv, const In* y, const A* lse, In* dqkv, int T, int H,
-                                   int d, int hd, A scale) {
+__global__ void attention_bwd_rows(const In* dy, const In* qkv, const In* y, const A* lse, In* dqkv, C* dqkv16, int T,
+                                   int H, int d, int hd, A scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   A* pr = reinterpret_cast<A*>(raw);  // rounded P per partner row
   A* ds = pr + T;                     // rounded dS per partner row
@@ -482,6 +496,12 @@ __global__ void attention_bwd_rows(const In* dy, const In* qkv, const In* y, con
   const In* yo = y + int64_t(b) * T * d + h * hd;
   const A* l = lse + int64_t(blockIdx.y) * T;
   In* out = dqkv + int64_t(b) * T * width + h * hd;
+  C* out16 = dqkv16 ? dqkv16 + int64_t(b) * T * width + h * hd : nullptr;
+  auto put = [&](int64_t at, A value) {
+    const In v = from_acc<In>(value);
+    out[at] = v;
+    if (out16) out16[at] = from_acc<C>(to_acc(v));
+  };
   // Partners: the queries t >= s of key row s, or the keys s <= t of query row t.
   const bool keys = blockIdx.z == 0;
   const int first = keys ? row : 0, last = keys ? T - 1 : row;
@@ -503,12 +523,12 @@ __global__ void attention_bwd_rows(const In* dy, const In* qkv, const In* y, con
         dk += ds[t] * round_c<C>(A(to_acc(base[int64_t(t) * width + c])));
         dv += pr[t] * round_c<C>(A(to_acc(g[int64_t(t) * d + c])));
       }
-      out[int64_t(row) * width + d + c] = from_acc<In>(scale * dk);
-      out[int64_t(row) * width + 2 * d + c] = from_acc<In>(dv);
+      put(int64_t(row) * width + d + c, scale * dk);
+      put(int64_t(row) * width + 2 * d + c, dv);
     } else {
       A dq = 0;
       for (int s = first; s <= last; ++s) dq += ds[s] * round_c<C>(A(to_acc(base[int64_t(s) * width + d + c])));
-      out[int64_t(row) * width + c] = from_acc<In>(scale * dq);
+      put(int64_t(row) * width + c, scale * dq);
     }
   }
 }
@@ -548,16 +568,28 @@ void allow_smem(Kernel kernel, size_t bytes) {
   REEL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-void causal_attention_fwd(const KernelCall& call) {
-  Tensor qkv = contiguous_on_device(call.in[0]);
-  const Tensor &y = call.out[0], &lse = call.out[1];
-  const AttentionGeometry g(qkv, call.attrs);
+// An optional 16-bit copy of an output: its device pointer as C*, or null; it must be of the compute dtype.
+template <typename C>
+C* copy16_ptr(const Tensor& t, DType compute, const Tensor& like, const char* op) {
+  if (!t.defined()) return nullptr;
+  REEL_CHECK(t.dtype() == compute && t.shape() == like.shape() && t.is_contiguous(), op, ": the 16-bit copy ",
+             shape_str(t.shape()), " ", t.dtype(), " must be a contiguous ", shape_str(like.shape()), " ",
+             dtype_name(compute), " (the compute dtype)");
+  return static_cast<C*>(t.data_ptr());
+}
+
+}  // namespace
+
+void causal_attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType compute, const Tensor& y, const Tensor& lse,
+                               const Tensor& y16) {
+  Tensor qkv = contiguous_on_device(qkv_in);
+  const AttentionGeometry g(qkv, Attrs().set("heads", heads));
   if (int64_t(g.B) * g.T * g.H == 0) return;
-  const DType compute = static_cast<DType>(call.attrs.i("compute"));
   cudaStream_t stream = stream_of(qkv);
   visit_float(qkv.dtype(), "causal_attention", [&]<typename In>() {
     visit_compute<In>(compute, [&]<typename C>() {
       using A = Acc<In>;
+      C* p16 = copy16_ptr<C>(y16, compute, y, "causal_attention");
       bool tiled = false;
       if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
         tiled = visit_tiled_head(g.hd, [&]<int HD>() {
@@ -566,7 +598,7 @@ void causal_attention_fwd(const KernelCall& call) {
           (void)ready;
           const dim3 grid((g.T + kTile - 1) / kTile, g.B * g.H);
           attention_fwd_tiled<In, C, HD><<<grid, kThreads, bytes, stream>>>(
-              static_cast<const In*>(qkv.data_ptr()), static_cast<In*>(y.data_ptr()),
+              static_cast<const In*>(qkv.data_ptr()), static_cast<In*>(y.data_ptr()), p16,
               static_cast<float*>(lse.data_ptr()), g.T, g.H, g.d, 1.0f / std::sqrt(float(g.hd)));
           REEL_CUDA_LAUNCH_CHECK();
         });
@@ -575,21 +607,20 @@ void causal_attention_fwd(const KernelCall& call) {
         const size_t bytes = sizeof(A) * size_t(g.T);
         if (bytes > 48 * 1024) allow_smem(attention_fwd_rows<In, C, A>, bytes);
         attention_fwd_rows<In, C, A><<<dim3(g.T, g.B * g.H), kRowThreads, bytes, stream>>>(
-            static_cast<const In*>(qkv.data_ptr()), static_cast<In*>(y.data_ptr()), static_cast<A*>(lse.data_ptr()),
-            g.T, g.H, g.d, g.hd, A(1) / std::sqrt(A(g.hd)));
+            static_cast<const In*>(qkv.data_ptr()), static_cast<In*>(y.data_ptr()), p16,
+            static_cast<A*>(lse.data_ptr()), g.T, g.H, g.d, g.hd, A(1) / std::sqrt(A(g.hd)));
         REEL_CUDA_LAUNCH_CHECK();
       }
     });
   });
 }
 
-void causal_attention_bwd(const KernelCall& call) {
-  Tensor dy = contiguous_on_device(call.in[0]), qkv = contiguous_on_device(call.in[1]);
-  Tensor y = contiguous_on_device(call.in[2]), lse = contiguous_on_device(call.in[3]);
-  const Tensor& dqkv = call.out[0];
-  const AttentionGeometry g(qkv, call.attrs);
+void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const Tensor& y_in, const Tensor& lse_in,
+                               int64_t heads, DType compute, const Tensor& dqkv, const Tensor& dqkv16) {
+  Tensor dy = contiguous_on_device(dy_in), qkv = contiguous_on_device(qkv_in);
+  Tensor y = contiguous_on_device(y_in), lse = contiguous_on_device(lse_in);
+  const AttentionGeometry g(qkv, Attrs().set("heads", heads));
   if (int64_t(g.B) * g.T * g.H == 0) return;
-  const DType compute = static_cast<DType>(call.attrs.i("compute"));
   cudaStream_t stream = stream_of(qkv);
   visit_float(qkv.dtype(), "causal_attention_backward", [&]<typename In>() {
     visit_compute<In>(compute, [&]<typename C>() {
@@ -597,6 +628,7 @@ void causal_attention_bwd(const KernelCall& call) {
       const In *pdy = static_cast<const In*>(dy.data_ptr()), *px = static_cast<const In*>(qkv.data_ptr()),
                *py = static_cast<const In*>(y.data_ptr());
       In* pd = static_cast<In*>(dqkv.data_ptr());
+      C* p16 = copy16_ptr<C>(dqkv16, compute, dqkv, "causal_attention_backward");
       bool tiled = false;
       if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
         tiled = visit_tiled_head(g.hd, [&]<int HD>() {
@@ -605,7 +637,8 @@ void causal_attention_bwd(const KernelCall& call) {
           (void)ready;
           const dim3 grid((g.T + kTile - 1) / kTile, g.B * g.H, 2);
           attention_bwd_tiled<In, C, HD><<<grid, kThreads, bytes, stream>>>(
-              pdy, px, py, static_cast<const float*>(lse.data_ptr()), pd, g.T, g.H, g.d, 1.0f / std::sqrt(float(g.hd)));
+              pdy, px, py, static_cast<const float*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d,
+              1.0f / std::sqrt(float(g.hd)));
           REEL_CUDA_LAUNCH_CHECK();
         });
       }
@@ -613,11 +646,24 @@ void causal_attention_bwd(const KernelCall& call) {
         const size_t bytes = 2 * sizeof(A) * size_t(g.T);
         if (bytes > 48 * 1024) allow_smem(attention_bwd_rows<In, C, A>, bytes);
         attention_bwd_rows<In, C, A><<<dim3(g.T, g.B * g.H, 2), kRowThreads, bytes, stream>>>(
-            pdy, px, py, static_cast<const A*>(lse.data_ptr()), pd, g.T, g.H, g.d, g.hd, A(1) / std::sqrt(A(g.hd)));
+            pdy, px, py, static_cast<const A*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d, g.hd,
+            A(1) / std::sqrt(A(g.hd)));
         REEL_CUDA_LAUNCH_CHECK();
       }
     });
   });
+}
+
+namespace {
+
+void causal_attention_fwd(const KernelCall& c) {
+  causal_attention_fwd_into(c.in[0], c.attrs.i("heads"), static_cast<DType>(c.attrs.i("compute")), c.out[0], c.out[1],
+                            Tensor());
+}
+
+void causal_attention_bwd(const KernelCall& c) {
+  causal_attention_bwd_into(c.in[0], c.in[1], c.in[2], c.in[3], c.attrs.i("heads"),
+                            static_cast<DType>(c.attrs.i("compute")), c.out[0], Tensor());
 }
 
 }  // namespace

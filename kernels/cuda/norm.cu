@@ -25,7 +25,7 @@
 //     into (N, C) per-sample partials, the block combines them into mean(gw), mean(gw xhat) for dx,
 //     and the stage-2 kernel above sums the partials over N into dw, db.
 #include "kernels/cuda/cuda_registry.h"
-#include "kernels/cuda/layer_norm_cast.h"
+#include "kernels/cuda/layer_norm_fused.h"
 #include "kernels/cuda/norm_common.cuh"
 #include "kernels/cuda/last_block.cuh"
 
@@ -54,7 +54,7 @@ struct RowTeam {
 // ---------------------------------------------------------------- layer norm
 
 // x, y: (rows, cols); w, b: (cols) or null; mean, rstd: (rows). One RowTeam per row. y is of x's dtype
-// D, or 16-bit (O) when the compiler fused autocast's cast of y into the norm (layer_norm_cast.h).
+// D, or 16-bit (O) when the compiler fused autocast's cast of y into the norm (layer_norm_fused.h).
 template <bool kWarp, typename D, typename O = D, typename A = Acc<D>>
 __global__ void layer_norm_fwd_rows_kernel(const D* x, const D* w, const D* b, O* y, A* mean, A* rstd, int64_t rows,
                                            int64_t cols, A eps) {
@@ -84,10 +84,11 @@ __global__ void layer_norm_fwd_rows_kernel(const D* x, const D* w, const D* b, O
   }
 }
 
-// dx of each row. g, x, dx: (rows, cols); w: (cols) or null; mean, rstd: (rows).
+// dx of each row, plus `residual` when given (layer_norm_bwd_add). g, x, dx, residual: (rows, cols);
+// w: (cols) or null; mean, rstd: (rows).
 template <bool kWarp, typename D, typename A = Acc<D>>
-__global__ void layer_norm_bwd_dx_rows_kernel(const D* g, const D* x, const D* w, const A* mean, const A* rstd, D* dx,
-                                              int64_t rows, int64_t cols) {
+__global__ void layer_norm_bwd_dx_rows_kernel(const D* g, const D* x, const D* w, const A* mean, const A* rstd,
+                                              const D* residual, D* dx, int64_t rows, int64_t cols) {
   using Team = RowTeam<kWarp>;
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const D *gr = g + r * cols, *xr = x + r * cols;
@@ -102,7 +103,8 @@ __global__ void layer_norm_bwd_dx_rows_kernel(const D* g, const D* x, const D* w
     const A mean_gw = Team::sum(s_gw) / A(cols), mean_gwx = Team::sum(s_gwx) / A(cols);
     for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
       A gj = to_acc(gr[j]), xh = (to_acc(xr[j]) - mu) * rs, gw = w ? gj * to_acc(w[j]) : gj;
-      dxr[j] = from_acc<D>(rs * (gw - mean_gw - xh * mean_gwx));
+      const D v = from_acc<D>(rs * (gw - mean_gw - xh * mean_gwx));
+      dxr[j] = residual ? from_acc<D>(to_acc(v) + to_acc(residual[r * cols + j])) : v;
     }
   }
 }
@@ -212,10 +214,13 @@ int64_t param_chunks(int64_t rows, int64_t cols) {
   return std::max<int64_t>(1, std::min(want, (rows + 31) / 32));
 }
 
-void layer_norm_bwd(const KernelCall& c) {
-  Tensor g = contiguous_on_device(c.in[0]), x = contiguous_on_device(c.in[1]), w = contiguous_on_device(c.in[2]);
-  Tensor mean = contiguous_on_device(c.in[3]), rstd = contiguous_on_device(c.in[4]);
-  const Tensor &dx = c.out[0], &dw = c.out[1], &db = c.out[2];
+// dx (+ residual, when defined) into dx, and dw, db. dx, dw, db contiguous.
+void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w_in, const Tensor& mean_in,
+                         const Tensor& rstd_in, const Tensor& residual_in, const Tensor& dx, const Tensor& dw,
+                         const Tensor& db) {
+  Tensor g = contiguous_on_device(g_in), x = contiguous_on_device(x_in), w = contiguous_on_device(w_in);
+  Tensor mean = contiguous_on_device(mean_in), rstd = contiguous_on_device(rstd_in);
+  Tensor residual = contiguous_on_device(residual_in);
   // k = x.dim() - mean.dim() trailing dims are normalised: rows = numel(mean), cols = numel(dw).
   const int64_t rows = mean.numel(), cols = dw.numel();
   if (cols == 0) return;
@@ -226,7 +231,7 @@ void layer_norm_bwd(const KernelCall& c) {
     const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
     if (rows > 0)
       launch_rows(layer_norm_bwd_dx_rows_kernel<true, D>, layer_norm_bwd_dx_rows_kernel<false, D>, rows, cols, s, pg,
-                  px, in_ptr<D>(w), pm, pr, out_ptr<D>(dx), rows, cols);
+                  px, in_ptr<D>(w), pm, pr, in_ptr<D>(residual), out_ptr<D>(dx), rows, cols);
     // Past the finish counters (over 131072 columns) every column tile takes all rows in one block.
     const int64_t chunks = (cols + kColTile - 1) / kColTile > kFinishCounterSlots ? 1 : param_chunks(rows, cols);
     const int64_t rows_per_chunk = std::max<int64_t>(1, (rows + chunks - 1) / chunks);
@@ -239,6 +244,10 @@ void layer_norm_bwd(const KernelCall& c) {
                                                           pp + chunks * cols, out_ptr<D>(dw), out_ptr<D>(db));
     REEL_CUDA_LAUNCH_CHECK();
   });
+}
+
+void layer_norm_bwd(const KernelCall& c) {
+  layer_norm_bwd_into(c.in[0], c.in[1], c.in[2], c.in[3], c.in[4], Tensor(), c.out[0], c.out[1], c.out[2]);
 }
 
 // ---------------------------------------------------------------- group norm
@@ -374,6 +383,17 @@ void layer_norm_fwd_16(const Tensor& x_in, const Tensor& w_in, const Tensor& b_i
   };
   if (y16.dtype() == DType::bf16) launch.template operator()<__nv_bfloat16>();
   else launch.template operator()<__half>();
+}
+
+void layer_norm_bwd_add(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                        const Tensor& residual, const Tensor& out, const Tensor& dw, const Tensor& db) {
+  REEL_CHECK(residual.defined() && residual.shape() == x.shape() && residual.dtype() == x.dtype() &&
+                 out.shape() == x.shape() && out.dtype() == x.dtype() && out.is_contiguous() && dw.is_contiguous() &&
+                 db.is_contiguous(),
+             "layer_norm_bwd_add: x ", shape_str(x.shape()), " ", x.dtype(), ", residual ", shape_str(residual.shape()),
+             " ", residual.dtype(), ", out ", shape_str(out.shape()), " ", out.dtype(),
+             ": expects a residual and a contiguous out of x's shape and dtype");
+  layer_norm_bwd_into(g, x, w, mean, rstd, residual, out, dw, db);
 }
 
 }  // namespace cuda

@@ -1,0 +1,79 @@
+// Layer-norm backward + residual add fusion (see fuse_norm_backward_add.h).
+#include "compile/fuse_norm_backward_add.h"
+
+#ifdef REEL_CUDA
+#include "kernels/cuda/layer_norm_fused.h"
+#endif
+
+namespace reel::compile {
+
+#ifdef REEL_CUDA
+namespace {
+
+// in: g, x, w, mean, rstd, r (w possibly undefined); out: dx + r, dw, db.
+class LayerNormBackwardAddKernel : public FusedKernel {
+ public:
+  void run(const std::vector<Tensor>& in, const std::vector<Tensor>& out) override {
+    cuda::layer_norm_bwd_add(in[0], in[1], in[2], in[3], in[4], in[5], out[0], out[1], out[2]);
+  }
+  std::string name() const override { return "layer norm backward + residual add"; }
+};
+
+struct Match {
+  int add = -1;     // the add's node index
+  int operand = 0;  // which of the add's inputs is r
+};
+
+// Node i as a layer_norm_backward whose dx only a later add with an operand ready before i reads.
+Match match(const Graph& g, const BufferUses& u, size_t i) {
+  const Node& n = g.nodes[i];
+  if (n.op != OpKind::LayerNormBackward || n.kernel || n.in_place || n.inputs.size() != 5 || n.outputs.size() != 3)
+    return {};
+  const TensorRef& dx = n.outputs[0];
+  if (!is_contiguous(dx) || !internal_once(g, u, dx) || !g.buffers[dx.buffer].device.is_cuda() ||
+      u.readers[dx.buffer].size() != 1)
+    return {};
+  const int j = u.readers[dx.buffer][0];
+  if (j >= int(g.nodes.size())) return {};
+  const Node& a = g.nodes[size_t(j)];
+  if (a.op != OpKind::Add || a.kernel || a.in_place || a.inputs.size() != 2 || !a.inputs[0] || !a.inputs[1]) return {};
+  const int mine = same_ref(*a.inputs[0], dx) ? 0 : same_ref(*a.inputs[1], dx) ? 1 : -1;
+  if (mine < 0) return {};
+  const TensorRef &r = *a.inputs[size_t(1 - mine)], &out = a.outputs[0];
+  if (r.buffer == dx.buffer || r.shape != dx.shape || r.dtype != dx.dtype || !is_contiguous(r) || out.shape != dx.shape ||
+      out.dtype != dx.dtype || !is_contiguous(out) || !internal_once(g, u, out) || u.touches[out.buffer].front() != j)
+    return {};
+  // r must hold at node i the value the add reads at node j: nothing writes it from i to j.
+  for (int w : u.writers[r.buffer])
+    if (w >= int(i) && w <= j) return {};
+  return {j, 1 - mine};
+}
+
+}  // namespace
+#endif
+
+void fuse_norm_backward_add(Graph& g, PassStats& stats) {
+#ifdef REEL_CUDA
+  const BufferUses u = buffer_uses(g);
+  std::vector<bool> drop(g.nodes.size(), false);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (drop[i]) continue;
+    const Match m = match(g, u, i);
+    if (m.add < 0 || drop[size_t(m.add)]) continue;
+    Node& n = g.nodes[i];
+    const Node& a = g.nodes[size_t(m.add)];
+    n.inputs.push_back(a.inputs[size_t(m.operand)]);
+    n.outputs[0] = a.outputs[0];
+    n.fused = {"layer_norm_backward", "add"};
+    n.kernel = std::make_shared<LayerNormBackwardAddKernel>();
+    drop[size_t(m.add)] = true;
+    stats.fused += 1;
+  }
+  drop_nodes(g, drop);
+#else
+  (void)g;
+  (void)stats;
+#endif
+}
+
+}  // namespace reel::compile

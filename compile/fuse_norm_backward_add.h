@@ -1,0 +1,17 @@
+// Layer-norm backward + residual add: in a pre-norm block x + f(layer_norm(x)) the gradient of x is
+// the sum of the residual branch's and the norm's:
+//   dx, dw, db = layer_norm_backward(g, x, w, mean, rstd)     (node i)
+//   ...                                                       nodes that touch neither dx nor out
+//   out = add(dx, r)  or  add(r, dx)                          (node j > i; r final before node i)
+// becomes one layer-norm backward at node i that writes out = dx + r (kernels/cuda/layer_norm_fused.h):
+// dx is never written, and one kernel and two passes over memory go. Applies when dx is read only by
+// the add, no node from i to j writes r, the add's output is untouched before
+// j, everything is contiguous, of one dtype and on the GPU. Equal to the unfused pair to the bit.
+#pragma once
+#include "compile/passes.h"
+
+namespace reel::compile {
+
+void fuse_norm_backward_add(Graph& g, PassStats& stats);
+
+}  // namespace reel::compile

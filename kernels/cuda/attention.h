@@ -1,0 +1,20 @@
+// The fused causal-attention kernels as entry points (kernels/cuda/attention.cu), for the registered
+// ops and for the compiler's fusion of autocast's cast of their result (compile/fuse_attention_cast.h).
+// Declared without CUDA types.
+//
+// causal_attention_fwd_into: qkv (B, T, 3d) -> y (B, T, d), lse (B, H, T), as the causal_attention op
+// computes them, and, when y16 is defined, y rounded to the compute dtype into y16 as well (the cast
+// a GEMM's autocast would run next, to the bit). causal_attention_bwd_into: dqkv, as
+// causal_attention_backward computes it, and its 16-bit copy into dqkv16 when defined. Outputs are
+// contiguous; a 16-bit copy must be of the compute dtype.
+#pragma once
+#include "tensor/tensor.h"
+
+namespace reel::cuda {
+
+void causal_attention_fwd_into(const Tensor& qkv, int64_t heads, DType compute, const Tensor& y, const Tensor& lse,
+                               const Tensor& y16);
+void causal_attention_bwd_into(const Tensor& dy, const Tensor& qkv, const Tensor& y, const Tensor& lse, int64_t heads,
+                               DType compute, const Tensor& dqkv, const Tensor& dqkv16);
+
+}  // namespace reel::cuda
