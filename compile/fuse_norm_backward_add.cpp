@@ -10,11 +10,13 @@ namespace reel::compile {
 #ifdef REEL_CUDA
 namespace {
 
-// in: g, x, w, mean, rstd, r (w possibly undefined); out: dx + r, dw, db.
+// in: g, x, w, mean, rstd, r (w possibly undefined); out: dx + r, dw, db, and (dx + r) in 16 bits when
+// the pass also took a cast.
 class LayerNormBackwardAddKernel : public FusedKernel {
  public:
   void run(const std::vector<Tensor>& in, const std::vector<Tensor>& out) override {
-    cuda::layer_norm_bwd_add(in[0], in[1], in[2], in[3], in[4], in[5], out[0], out[1], out[2]);
+    cuda::layer_norm_bwd_add(in[0], in[1], in[2], in[3], in[4], in[5], out[0], out[1], out[2],
+                             out.size() > 3 ? out[3] : Tensor());
   }
   std::string name() const override { return "layer norm backward + residual add"; }
 };
@@ -68,6 +70,14 @@ void fuse_norm_backward_add(Graph& g, PassStats& stats) {
     n.kernel = std::make_shared<LayerNormBackwardAddKernel>();
     drop[size_t(m.add)] = true;
     stats.fused += 1;
+    // The sum's cast to 16 bits for the next GEMM, if any, is written by the same kernel.
+    const int cast = later_16bit_cast(g, u, a.outputs[0]);
+    if (cast >= 0 && !drop[size_t(cast)]) {
+      n.outputs.push_back(g.nodes[size_t(cast)].outputs[0]);
+      n.fused.push_back("copy");
+      drop[size_t(cast)] = true;
+      stats.fused += 1;
+    }
   }
   drop_nodes(g, drop);
 #else

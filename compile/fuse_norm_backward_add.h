@@ -7,6 +7,8 @@
 // dx is never written, and one kernel and two passes over memory go. Applies when dx is read only by
 // the add, no node from i to j writes r, the add's output is untouched before
 // j, everything is contiguous, of one dtype and on the GPU. Equal to the unfused pair to the bit.
+// A later cast of the sum to 16 bits (autocast's, for the GEMMs of the layer before) joins the same
+// kernel, which writes both copies.
 #pragma once
 #include "compile/passes.h"
 

@@ -100,18 +100,21 @@ TEST(FuseNormBackwardAddCuda, NormBackwardAddsTheResidualAndTheStepEqualsEager) 
   Generator gen(42);
   for (int64_t C : {96, 1500}) {  // a warp per row, a block per row
     Tensor w = randn({C}, {}, &gen).to(kGpu), b = randn({C}, {}, &gen).to(kGpu);
-    // The residual branch's gradient r is ready before the norm's backward; `dx_twice` gives dx a
-    // second reader, and then the pass must leave the add alone.
-    for (bool dx_twice : {false, true}) {
-      SCOPED_TRACE("C " + std::to_string(C) + (dx_twice ? ", dx read twice: not fused" : ""));
-      auto fn = [&, dx_twice](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+    // The residual branch's gradient r is ready before the norm's backward. Variants: the sum also
+    // cast to bf16 (the cast joins the kernel); dx read a second time (the pass leaves the add alone).
+    enum Variant { kPlain, kCast, kDxTwice };
+    for (Variant v : {kPlain, kCast, kDxTwice}) {
+      SCOPED_TRACE("C " + std::to_string(C) + (v == kCast ? ", sum cast to bf16" : v == kDxTwice ? ", dx read twice" : ""));
+      auto fn = [&, v](const std::vector<Tensor>& in) -> std::vector<Tensor> {
         const Tensor &x = in[0], &g = in[1];
         Tensor r = in[2] * 0.5;
         std::vector<Tensor> f = dispatch(OpKind::LayerNorm, {x, w, b},
                                          Attrs().set("eps", 1e-5).set("normalized_ndim", int64_t(1)));
         std::vector<Tensor> d = dispatch(OpKind::LayerNormBackward, {g, x, w, f[1], f[2]});
-        std::vector<Tensor> out = {d[0] + r, d[1], d[2]};
-        if (dx_twice) out.push_back(d[0] * 2.0);
+        Tensor sum_dx = d[0] + r;
+        std::vector<Tensor> out = {sum_dx, d[1], d[2]};
+        if (v == kCast) out.push_back(to_dtype(sum_dx, DType::bf16) * 2.0);
+        if (v == kDxTwice) out.push_back(d[0] * 2.0);
         return out;
       };
       compile::CompiledFunction f = compile::compile(fn, {compile::Mode::ReduceOverhead, 8, true});
@@ -120,8 +123,9 @@ TEST(FuseNormBackwardAddCuda, NormBackwardAddsTheResidualAndTheStepEqualsEager) 
       std::vector<Tensor> eager = fn(in), out;
       for (int i = 0; i < 3; ++i) out = f(in);
       ASSERT_NE(f.last_plan(), nullptr);
-      EXPECT_EQ(nodes_fused_as(*f.last_plan(), {"layer_norm_backward", "add"}), dx_twice ? 0u : 1u)
-          << f.last_plan()->graph().str();
+      const compile::Plan& p = *f.last_plan();
+      EXPECT_EQ(nodes_fused_as(p, {"layer_norm_backward", "add"}), v == kPlain ? 1u : 0u) << p.graph().str();
+      EXPECT_EQ(nodes_fused_as(p, {"layer_norm_backward", "add", "copy"}), v == kCast ? 1u : 0u) << p.graph().str();
       expect_bitwise(out, eager);
     }
   }

@@ -12,7 +12,9 @@
 //   dx, dw, db = layer_norm_backward(g, x, w, mean, rstd);  out = dx + residual
 // as one kernel pass over the rows: out holds dx + residual, and dx itself is never written. Inputs
 // as layer_norm_backward's; residual and out: x's shape and dtype, contiguous. Each element is dx
-// rounded to x's dtype plus residual, as the unfused add computes it: equal to the bit.
+// rounded to x's dtype plus residual, as the unfused add computes it: equal to the bit. When out16 is
+// given (bf16 or f16, contiguous), out is also written rounded into it: autocast's cast of the
+// residual stream's gradient for the next GEMM, equal to the unfused cast to the bit.
 #pragma once
 #include "tensor/tensor.h"
 
@@ -22,6 +24,7 @@ void layer_norm_fwd_16(const Tensor& x, const Tensor& w, const Tensor& b, double
                        const Tensor& mean, const Tensor& rstd);
 
 void layer_norm_bwd_add(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                        const Tensor& residual, const Tensor& out, const Tensor& dw, const Tensor& db);
+                        const Tensor& residual, const Tensor& out, const Tensor& dw, const Tensor& db,
+                        const Tensor& out16 = Tensor());
 
 }  // namespace reel::cuda

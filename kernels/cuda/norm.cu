@@ -84,11 +84,11 @@ __global__ void layer_norm_fwd_rows_kernel(const D* x, const D* w, const D* b, O
   }
 }
 
-// dx of each row, plus `residual` when given (layer_norm_bwd_add). g, x, dx, residual: (rows, cols);
-// w: (cols) or null; mean, rstd: (rows).
-template <bool kWarp, typename D, typename A = Acc<D>>
+// dx of each row, plus `residual` when given, and also rounded to O into dx16 when given
+// (layer_norm_bwd_add). g, x, dx, residual, dx16: (rows, cols); w: (cols) or null; mean, rstd: (rows).
+template <bool kWarp, typename D, typename O = D, typename A = Acc<D>>
 __global__ void layer_norm_bwd_dx_rows_kernel(const D* g, const D* x, const D* w, const A* mean, const A* rstd,
-                                              const D* residual, D* dx, int64_t rows, int64_t cols) {
+                                              const D* residual, D* dx, O* dx16, int64_t rows, int64_t cols) {
   using Team = RowTeam<kWarp>;
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const D *gr = g + r * cols, *xr = x + r * cols;
@@ -104,7 +104,9 @@ __global__ void layer_norm_bwd_dx_rows_kernel(const D* g, const D* x, const D* w
     for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
       A gj = to_acc(gr[j]), xh = (to_acc(xr[j]) - mu) * rs, gw = w ? gj * to_acc(w[j]) : gj;
       const D v = from_acc<D>(rs * (gw - mean_gw - xh * mean_gwx));
-      dxr[j] = residual ? from_acc<D>(to_acc(v) + to_acc(residual[r * cols + j])) : v;
+      const D out = residual ? from_acc<D>(to_acc(v) + to_acc(residual[r * cols + j])) : v;
+      dxr[j] = out;
+      if (dx16) dx16[r * cols + j] = from_acc<O>(to_acc(out));
     }
   }
 }
@@ -214,10 +216,11 @@ int64_t param_chunks(int64_t rows, int64_t cols) {
   return std::max<int64_t>(1, std::min(want, (rows + 31) / 32));
 }
 
-// dx (+ residual, when defined) into dx, and dw, db. dx, dw, db contiguous.
+// dx (+ residual, when defined) into dx (and its 16-bit copy into dx16, when defined), and dw, db.
+// dx, dx16, dw, db contiguous.
 void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w_in, const Tensor& mean_in,
-                         const Tensor& rstd_in, const Tensor& residual_in, const Tensor& dx, const Tensor& dw,
-                         const Tensor& db) {
+                         const Tensor& rstd_in, const Tensor& residual_in, const Tensor& dx, const Tensor& dx16,
+                         const Tensor& dw, const Tensor& db) {
   Tensor g = contiguous_on_device(g_in), x = contiguous_on_device(x_in), w = contiguous_on_device(w_in);
   Tensor mean = contiguous_on_device(mean_in), rstd = contiguous_on_device(rstd_in);
   Tensor residual = contiguous_on_device(residual_in);
@@ -229,9 +232,15 @@ void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w
     using A = Acc<D>;
     const D *pg = in_ptr<D>(g), *px = in_ptr<D>(x);
     const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
-    if (rows > 0)
-      launch_rows(layer_norm_bwd_dx_rows_kernel<true, D>, layer_norm_bwd_dx_rows_kernel<false, D>, rows, cols, s, pg,
-                  px, in_ptr<D>(w), pm, pr, in_ptr<D>(residual), out_ptr<D>(dx), rows, cols);
+    auto launch_dx = [&]<typename O>(O* p16) {
+      launch_rows(layer_norm_bwd_dx_rows_kernel<true, D, O>, layer_norm_bwd_dx_rows_kernel<false, D, O>, rows, cols,
+                  s, pg, px, in_ptr<D>(w), pm, pr, in_ptr<D>(residual), out_ptr<D>(dx), p16, rows, cols);
+    };
+    if (rows > 0) {
+      if (!dx16.defined()) launch_dx(static_cast<D*>(nullptr));
+      else if (dx16.dtype() == DType::bf16) launch_dx(out_ptr<__nv_bfloat16>(dx16));
+      else launch_dx(out_ptr<__half>(dx16));
+    }
     // Past the finish counters (over 131072 columns) every column tile takes all rows in one block.
     const int64_t chunks = (cols + kColTile - 1) / kColTile > kFinishCounterSlots ? 1 : param_chunks(rows, cols);
     const int64_t rows_per_chunk = std::max<int64_t>(1, (rows + chunks - 1) / chunks);
@@ -247,7 +256,7 @@ void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w
 }
 
 void layer_norm_bwd(const KernelCall& c) {
-  layer_norm_bwd_into(c.in[0], c.in[1], c.in[2], c.in[3], c.in[4], Tensor(), c.out[0], c.out[1], c.out[2]);
+  layer_norm_bwd_into(c.in[0], c.in[1], c.in[2], c.in[3], c.in[4], Tensor(), c.out[0], Tensor(), c.out[1], c.out[2]);
 }
 
 // ---------------------------------------------------------------- group norm
@@ -386,14 +395,19 @@ void layer_norm_fwd_16(const Tensor& x_in, const Tensor& w_in, const Tensor& b_i
 }
 
 void layer_norm_bwd_add(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                        const Tensor& residual, const Tensor& out, const Tensor& dw, const Tensor& db) {
+                        const Tensor& residual, const Tensor& out, const Tensor& dw, const Tensor& db,
+                        const Tensor& out16) {
+  REEL_CHECK(!out16.defined() || (out16.shape() == x.shape() && out16.is_contiguous() &&
+                                  (out16.dtype() == DType::bf16 || out16.dtype() == DType::f16)),
+             "layer_norm_bwd_add: the 16-bit copy ", shape_str(out16.shape()), " ", out16.dtype(),
+             " must be a contiguous bf16 or f16 tensor of x's shape ", shape_str(x.shape()));
   REEL_CHECK(residual.defined() && residual.shape() == x.shape() && residual.dtype() == x.dtype() &&
                  out.shape() == x.shape() && out.dtype() == x.dtype() && out.is_contiguous() && dw.is_contiguous() &&
                  db.is_contiguous(),
              "layer_norm_bwd_add: x ", shape_str(x.shape()), " ", x.dtype(), ", residual ", shape_str(residual.shape()),
              " ", residual.dtype(), ", out ", shape_str(out.shape()), " ", out.dtype(),
              ": expects a residual and a contiguous out of x's shape and dtype");
-  layer_norm_bwd_into(g, x, w, mean, rstd, residual, out, dw, db);
+  layer_norm_bwd_into(g, x, w, mean, rstd, residual, out, out16, dw, db);
 }
 
 }  // namespace cuda
