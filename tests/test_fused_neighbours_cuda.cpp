@@ -1,4 +1,4 @@
-// Two compile fusions around the fused ops of a transformer block, on the GPU:
+// Compile fusions around the fused ops of a transformer block, on the GPU:
 //   - compile/fuse_attention_cast.h: causal_attention (and its backward) also writes autocast's 16-bit
 //     copy of its result, to the bit, and the cast node goes;
 //   - compile/fuse_norm_backward_add.h: layer_norm_backward writes dx + the residual branch's gradient,

@@ -29,6 +29,9 @@
 //                   of <= 128 columns) sums v's run, one thread per column, in position order. The sums
 //                   are the CPU's, in the CPU's order, so f32/f64 results match it bit for bit. A very
 //                   frequent row is summed serially by its few blocks (fine for token data).
+//                   Short index lists and small tables (n <= 8192, n V <= 2^24: a GPT's token and
+//                   position ids) skip the sort: each block scans the ids for its row's positions in
+//                   order (embedding_bwd_scan_kernel), one launch instead of four or more, same sums.
 //
 // All accumulation is in Acc<D>: f32 for f16/bf16/f32, f64 for f64. Flat indices are split into
 // coordinates with 32-bit multiply-shift division whenever the tensors allow (Divider below).
@@ -399,6 +402,44 @@ __global__ void embedding_bwd_segment_kernel(int64_t width, const int32_t* start
   dw[int64_t(v) * width + d] = from_acc<D>(acc);
 }
 
+// The backward for short index lists (n <= kScanMaxPositions), in one launch: block (v, tile) scans
+// idx for row v's positions, compacting them into shared memory in ascending order (a ballot per warp,
+// the warps' counts in order), then each thread sums its column over them in that order, as the
+// sorted path's segment kernel does: the same bits, without the sort's launches. blockDim.x = 128.
+constexpr int kScanThreads = 128;
+constexpr int64_t kScanMaxPositions = 8192;
+
+template <typename D>
+__global__ void embedding_bwd_scan_kernel(int32_t n, int64_t width, const int64_t* idx, const D* g, D* dw) {
+  using A = Acc<D>;
+  __shared__ int32_t rows[kScanMaxPositions];
+  __shared__ int32_t warp_count[kScanThreads / 32];
+  __shared__ int32_t found;
+  const int64_t v = blockIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) found = 0;
+  __syncthreads();
+  for (int32_t base = 0; base < n; base += kScanThreads) {
+    const int32_t k = base + int32_t(threadIdx.x);
+    const bool hit = k < n && idx[k] == v;
+    const unsigned ballot = __ballot_sync(0xffffffffu, hit);
+    if (lane == 0) warp_count[warp] = __popc(ballot);
+    __syncthreads();
+    int32_t before = found;
+    for (int w = 0; w < warp; ++w) before += warp_count[w];
+    if (hit) rows[before + __popc(ballot & ((1u << lane) - 1))] = k;
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int w = 0; w < kScanThreads / 32; ++w) found += warp_count[w];
+    __syncthreads();
+  }
+  const int64_t d = blockIdx.y * int64_t(blockDim.x) + threadIdx.x;
+  if (d >= width) return;
+  A acc = 0;
+  for (int32_t j = 0; j < found; ++j) acc += to_acc(g[int64_t(rows[j]) * width + d]);
+  dw[v * width + d] = from_acc<D>(acc);
+}
+
 // in: weight (V, D) any dtype, indices (any shape) i64; out: y indices.shape + (D).
 void embedding_cuda(const KernelCall& c) {
   const Tensor& weight = c.in[0];
@@ -453,6 +494,19 @@ void embedding_backward_cuda(const KernelCall& c) {
              "and rows, ", 65535 * 128, " columns)");
   const Device device = dw.device();
   cudaStream_t s = stream_of(dw);
+  if (n <= kScanMaxPositions && n * V <= (int64_t(1) << 24)) {  // short lists, small tables: one launch
+    visit_floating(g.dtype(), "embedding_backward", [&]<typename T>() {
+      using D = Dev<T>;
+      const int64_t scan_tiles = (width + kScanThreads - 1) / kScanThreads;
+      const dim3 grid{unsigned(V), unsigned(scan_tiles)};
+      embedding_bwd_scan_kernel<D><<<grid, kScanThreads, 0, s>>>(int32_t(n), width, idx.data<int64_t>(),
+                                                                 static_cast<const D*>(g.data_ptr()),
+                                                                 static_cast<D*>(dw.data_ptr()));
+      REEL_CUDA_LAUNCH_CHECK();
+    });
+    finish_output(c.out[0], dw);
+    return;
+  }
   // int32 buffers: sort keys and positions before and after the sort, and the run starts.
   const size_t bytes = size_t(n) * sizeof(int32_t);
   Tensor keys_in = workspace(bytes, device), keys = workspace(bytes, device);
