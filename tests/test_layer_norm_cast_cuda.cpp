@@ -3,7 +3,8 @@
 //     mean, rstd), for short rows (a warp each), long ones (a block each), with and without w, b,
 //     and from a strided x;
 //   - the pass fires on a traced norm whose only reader is the cast (and not when y has another
-//     reader), and the compiled function equals eager to the bit under reduce-overhead.
+//     reader), and the compiled function equals eager to the bit under reduce-overhead;
+//   - a residual add feeding the norm joins its kernel, also to the bit.
 // Skips without a GPU; compiled only with the CUDA backend.
 #include <gtest/gtest.h>
 
@@ -87,6 +88,37 @@ TEST(LayerNormCastCuda, PassFusesTheCastAndTheCompiledStepEqualsEager) {
       EXPECT_EQ(out[k].dtype(), eager[k].dtype());
       EXPECT_EQ(to_dtype(out[k], DType::f32).to_vector<float>(), to_dtype(eager[k], DType::f32).to_vector<float>());
     }
+  }
+}
+
+// A pre-norm block's residual add (x = r + h) feeding the norm joins the norm's kernel, which also
+// writes x (the residual stream goes on): the compiled function equals eager to the bit.
+TEST(LayerNormCastCuda, ResidualAddJoinsTheNormAndTheStepEqualsEager) {
+  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
+  Generator gen(13);
+  for (int64_t C : {64, 1500}) {
+    SCOPED_TRACE("C = " + std::to_string(C));
+    Tensor w = randn({C}, {}, &gen).to(kGpu), b = randn({C}, {}, &gen).to(kGpu);
+    Tensor Wh = to_dtype(randn({C, 32}, {}, &gen).to(kGpu), DType::bf16);
+    auto fn = [&](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+      Tensor h = in[1] * 0.5;
+      Tensor x = in[0] + h;
+      Tensor y = layer_norm(x, {C}, w, b, 1e-5);
+      Tensor z = matmul(to_dtype(y, DType::bf16), Wh);
+      return {z, x * 3.0};
+    };
+    compile::CompiledFunction f = compile::compile(fn, {compile::Mode::ReduceOverhead, 8, true});
+    std::vector<Tensor> in = {randn({4, 9, C}, {}, &gen).to(kGpu), randn({4, 9, C}, {}, &gen).to(kGpu)};
+    std::vector<Tensor> eager = fn(in), out;
+    for (int i = 0; i < 3; ++i) out = f(in);
+    ASSERT_NE(f.last_plan(), nullptr);
+    size_t fused = 0;
+    for (const compile::Node& node : f.last_plan()->graph().nodes)
+      fused += node.fused == std::vector<std::string>{"add", "layer_norm", "copy"};
+    EXPECT_EQ(fused, 1u) << f.last_plan()->graph().str();
+    ASSERT_EQ(out.size(), eager.size());
+    for (size_t k = 0; k < out.size(); ++k)
+      EXPECT_EQ(to_dtype(out[k], DType::f32).to_vector<float>(), to_dtype(eager[k], DType::f32).to_vector<float>());
   }
 }
 

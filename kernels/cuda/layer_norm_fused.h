@@ -6,7 +6,9 @@
 // as one kernel: the f32 y is never written. x: f32 (rows, cols), any strides; w, b: (cols) f32 or
 // undefined; y16: contiguous bf16 or f16 of x's size; mean, rstd: (rows) f32, written as layer_norm
 // writes them (the backward reads them). The arithmetic is layer_norm's, and the rounding to 16 bits
-// the cast's, so y16 equals the unfused cast of y to the bit.
+// the cast's, so y16 equals the unfused cast of y to the bit. With `addend` and `sum_out` (f32, x's
+// shape; the residual connection's add before a pre-norm block's norm) the norm is of x + addend,
+// which is also written to sum_out, as the unfused add would store it: equal to the bit too.
 //
 // layer_norm_bwd_add — the residual branch's gradient added to dx (compile/fuse_norm_backward_add.h):
 //   dx, dw, db = layer_norm_backward(g, x, w, mean, rstd);  out = dx + residual
@@ -21,7 +23,8 @@
 namespace reel::cuda {
 
 void layer_norm_fwd_16(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y16,
-                       const Tensor& mean, const Tensor& rstd);
+                       const Tensor& mean, const Tensor& rstd, const Tensor& addend = Tensor(),
+                       const Tensor& sum_out = Tensor());
 
 void layer_norm_bwd_add(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                         const Tensor& residual, const Tensor& out, const Tensor& dw, const Tensor& db,

@@ -55,19 +55,27 @@ struct RowTeam {
 
 // x, y: (rows, cols); w, b: (cols) or null; mean, rstd: (rows). One RowTeam per row. y is of x's dtype
 // D, or 16-bit (O) when the compiler fused autocast's cast of y into the norm (layer_norm_fused.h).
+// With `addend` (rows, cols) the norm is of x + addend, rounded to D as an add op would store it, and
+// that sum is also written to sum_out (the residual stream a block passes on).
 template <bool kWarp, typename D, typename O = D, typename A = Acc<D>>
-__global__ void layer_norm_fwd_rows_kernel(const D* x, const D* w, const D* b, O* y, A* mean, A* rstd, int64_t rows,
-                                           int64_t cols, A eps) {
+__global__ void layer_norm_fwd_rows_kernel(const D* x, const D* addend, D* sum_out, const D* w, const D* b, O* y,
+                                           A* mean, A* rstd, int64_t rows, int64_t cols, A eps) {
   using Team = RowTeam<kWarp>;
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const D* xr = x + r * cols;
+    const D* ar = addend ? addend + r * cols : nullptr;
     O* yr = y + r * cols;
+    auto xin = [&](int64_t j) -> A { return ar ? to_acc(from_acc<D>(to_acc(xr[j]) + to_acc(ar[j]))) : to_acc(xr[j]); };
     A s = 0;
-    for (int64_t j = Team::rank(); j < cols; j += Team::size()) s += to_acc(xr[j]);
+    for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
+      const A v = xin(j);
+      if (sum_out) sum_out[r * cols + j] = from_acc<D>(v);
+      s += v;
+    }
     const A mu = Team::sum(s) / A(cols);  // cols == 0 gives NaN, as on the CPU
     A q = 0;
     for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
-      A d = to_acc(xr[j]) - mu;
+      A d = xin(j) - mu;
       q += d * d;
     }
     const A rs = inv_std(Team::sum(q) / A(cols), eps);
@@ -76,7 +84,7 @@ __global__ void layer_norm_fwd_rows_kernel(const D* x, const D* w, const D* b, O
       rstd[r] = rs;
     }
     for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
-      A v = (to_acc(xr[j]) - mu) * rs;
+      A v = (xin(j) - mu) * rs;
       if (w) v *= to_acc(w[j]);
       if (b) v += to_acc(b[j]);
       yr[j] = from_acc<O>(v);
@@ -203,8 +211,8 @@ void layer_norm_fwd(const KernelCall& c) {
   visit_float(x.dtype(), "layer_norm", [&]<typename D>() {
     using A = Acc<D>;
     launch_rows(layer_norm_fwd_rows_kernel<true, D>, layer_norm_fwd_rows_kernel<false, D>, rows, cols, stream_of(x),
-                in_ptr<D>(x), in_ptr<D>(w), in_ptr<D>(b), out_ptr<D>(y), out_ptr<A>(mean), out_ptr<A>(rstd), rows,
-                cols, A(c.attrs.f("eps")));
+                in_ptr<D>(x), static_cast<const D*>(nullptr), static_cast<D*>(nullptr), in_ptr<D>(w), in_ptr<D>(b),
+                out_ptr<D>(y), out_ptr<A>(mean), out_ptr<A>(rstd), rows, cols, A(c.attrs.f("eps")));
   });
 }
 
@@ -377,18 +385,26 @@ void group_norm_bwd(const KernelCall& c) {
 }  // namespace
 
 void layer_norm_fwd_16(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps, const Tensor& y16,
-                       const Tensor& mean, const Tensor& rstd) {
+                       const Tensor& mean, const Tensor& rstd, const Tensor& addend_in, const Tensor& sum_out) {
   REEL_CHECK(x_in.dtype() == DType::f32 && (y16.dtype() == DType::bf16 || y16.dtype() == DType::f16) &&
                  y16.is_contiguous() && mean.is_contiguous() && rstd.is_contiguous() && y16.numel() == x_in.numel(),
              "layer_norm_fwd_16: x ", shape_str(x_in.shape()), " ", x_in.dtype(), " into y ", shape_str(y16.shape()),
              " ", y16.dtype(), ": expects f32 x and a contiguous 16-bit y of its size");
+  REEL_CHECK(addend_in.defined() == sum_out.defined() &&
+                 (!addend_in.defined() || (addend_in.shape() == x_in.shape() && addend_in.dtype() == DType::f32 &&
+                                           sum_out.shape() == x_in.shape() && sum_out.dtype() == DType::f32 &&
+                                           sum_out.is_contiguous())),
+             "layer_norm_fwd_16: addend ", shape_str(addend_in.shape()), " and sum ", shape_str(sum_out.shape()),
+             " must both be given, f32, of x's shape ", shape_str(x_in.shape()), " (the sum contiguous)");
   Tensor x = contiguous_on_device(x_in), w = contiguous_on_device(w_in), b = contiguous_on_device(b_in);
+  Tensor addend = contiguous_on_device(addend_in);
   const int64_t rows = mean.numel(), cols = rows ? x.numel() / rows : 0;
   if (rows == 0) return;
   auto launch = [&]<typename O>() {
     launch_rows(layer_norm_fwd_rows_kernel<true, float, O>, layer_norm_fwd_rows_kernel<false, float, O>, rows, cols,
-                stream_of(x), in_ptr<float>(x), in_ptr<float>(w), in_ptr<float>(b), out_ptr<O>(y16),
-                out_ptr<float>(mean), out_ptr<float>(rstd), rows, cols, float(eps));
+                stream_of(x), in_ptr<float>(x), in_ptr<float>(addend), sum_out.defined() ? out_ptr<float>(sum_out) : nullptr,
+                in_ptr<float>(w), in_ptr<float>(b), out_ptr<O>(y16), out_ptr<float>(mean), out_ptr<float>(rstd), rows,
+                cols, float(eps));
   };
   if (y16.dtype() == DType::bf16) launch.template operator()<__nv_bfloat16>();
   else launch.template operator()<__half>();
