@@ -60,10 +60,9 @@ int match(const Graph& g, const BufferUses& u, size_t i) {
 void fuse_attention_cast(Graph& g, PassStats& stats) {
 #ifdef REEL_CUDA
   const BufferUses u = buffer_uses(g);
-  std::vector<bool> drop(g.nodes.size(), false);
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const int cast = drop[i] ? -1 : match(g, u, i);
-    if (cast < 0) continue;
+  fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
+    const int cast = match(g, u, i);
+    if (cast < 0 || drop[size_t(cast)]) return;
     Node& n = g.nodes[i];
     const int64_t heads = n.attrs.i("heads");
     const DType compute = static_cast<DType>(n.attrs.i("compute"));
@@ -77,8 +76,7 @@ void fuse_attention_cast(Graph& g, PassStats& stats) {
     }
     drop[size_t(cast)] = true;
     stats.fused += 1;
-  }
-  drop_nodes(g, drop);
+  });
 #else
   (void)g;
   (void)stats;

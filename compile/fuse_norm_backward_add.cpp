@@ -57,11 +57,9 @@ Match match(const Graph& g, const BufferUses& u, size_t i) {
 void fuse_norm_backward_add(Graph& g, PassStats& stats) {
 #ifdef REEL_CUDA
   const BufferUses u = buffer_uses(g);
-  std::vector<bool> drop(g.nodes.size(), false);
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    if (drop[i]) continue;
+  fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
     const Match m = match(g, u, i);
-    if (m.add < 0 || drop[size_t(m.add)]) continue;
+    if (m.add < 0 || drop[size_t(m.add)]) return;
     Node& n = g.nodes[i];
     const Node& a = g.nodes[size_t(m.add)];
     n.inputs.push_back(a.inputs[size_t(m.operand)]);
@@ -78,8 +76,7 @@ void fuse_norm_backward_add(Graph& g, PassStats& stats) {
       drop[size_t(cast)] = true;
       stats.fused += 1;
     }
-  }
-  drop_nodes(g, drop);
+  });
 #else
   (void)g;
   (void)stats;

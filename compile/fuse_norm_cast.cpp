@@ -69,10 +69,9 @@ int residual_add(const Graph& g, const BufferUses& u, size_t i) {
 void fuse_norm_cast(Graph& g, PassStats& stats) {
 #ifdef REEL_CUDA
   const BufferUses u = buffer_uses(g);
-  std::vector<bool> drop(g.nodes.size(), false);
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const int cast = drop[i] ? -1 : match(g, u, i);
-    if (cast < 0) continue;
+  fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
+    const int cast = match(g, u, i);
+    if (cast < 0 || drop[size_t(cast)]) return;
     Node& n = g.nodes[i];
     const TensorRef x = *n.inputs[0];
     n.outputs[0] = g.nodes[size_t(cast)].outputs[0];
@@ -91,8 +90,7 @@ void fuse_norm_cast(Graph& g, PassStats& stats) {
       drop[size_t(add)] = true;
       stats.fused += 1;
     }
-  }
-  drop_nodes(g, drop);
+  });
 #else
   (void)g;
   (void)stats;

@@ -36,6 +36,16 @@ struct BufferUses {
 BufferUses buffer_uses(const Graph& g);
 // Drops the nodes marked in `drop`, keeping the others in order.
 void drop_nodes(Graph& g, const std::vector<bool>& drop);
+// The loop of a pass that merges nodes into earlier ones: visit(i, drop) for each node i not yet
+// marked, in graph order (it may rewrite node i and mark later or earlier nodes in `drop`); then the
+// marked nodes go.
+template <typename Visit>
+void fuse_each(Graph& g, Visit visit) {
+  std::vector<bool> drop(g.nodes.size(), false);
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (!drop[i]) visit(i, drop);
+  drop_nodes(g, drop);
+}
 // An Internal buffer written by exactly one node.
 bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r);
 // A later cast of `out` to 16 bits (autocast's cast for a GEMM), with out's own geometry, into a
