@@ -17,8 +17,10 @@
 #include "kernels/cuda/multi_tensor_optim.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/multi_tensor_common.cuh"
 #include "kernels/optim_math.h"
 
 namespace reel::cuda {
@@ -26,7 +28,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kChunk = 4 * kThreads;  // elements per virtual block
-constexpr int kBlocksPerSm = 16;          // physical blocks per SM: enough to hide memory latency
 
 // One launch's tensors, all of one dtype, each with numel > 0.
 struct LaunchTable {
@@ -43,15 +44,9 @@ static_assert(sizeof(LaunchTable) + 256 <= 32764, "multi-tensor table too large 
 
 __device__ __forceinline__ bool flag_set(const float* found_inf) { return found_inf && *found_inf != 0.f; }
 
-// The tensor that virtual block b belongs to: the last k with first_block[k] <= b.
+// The tensor that virtual block b belongs to (multi_tensor_common.cuh).
 __device__ __forceinline__ int tensor_of_block(const LaunchTable& t, int64_t b) {
-  int lo = 0, hi = t.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (t.first_block[mid] <= b) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
+  return cuda::tensor_of_block(t.first_block, t.count, b);
 }
 
 // p, g, m, v of each tensor: (numel) contiguous; lr, step: 0-dim f64 (step = t, 1-based).
@@ -136,9 +131,7 @@ struct MultiTensorList::Impl {
 MultiTensorList::MultiTensorList(int device, const std::vector<OptimTensor>& tensors, const char* op)
     : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
-  int sms = 0;
-  REEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  impl_->max_grid = unsigned(std::max(1, sms * kBlocksPerSm));
+  impl_->max_grid = multi_tensor_grid(device, std::numeric_limits<int64_t>::max());
   // One dtype at a time, in the order the dtypes first appear; the tables' order within a dtype is
   // the tensors' order (any order would give the same bits: every element is independent).
   std::vector<DType> seen;

@@ -17,6 +17,7 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/multi_tensor_common.cuh"
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/lr_schedule_math.h"
 #include "kernels/optim_math.h"
@@ -77,13 +78,7 @@ __global__ void unscale_check_kernel(const __grid_constant__ UnscaleTable t, con
   const A s = A(*inv_scale);
   bool bad = false;
   for (int64_t vb = blockIdx.x; vb < t.first_block[t.count]; vb += gridDim.x) {
-    int lo = 0, hi = t.count - 1;  // the last tensor whose first block is <= vb (uniform across the block)
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (t.first_block[mid] <= vb) lo = mid;
-      else hi = mid - 1;
-    }
-    const int k = lo;
+    const int k = tensor_of_block(t.first_block, t.count, vb);
     D* g = static_cast<D*>(t.g[k]);
     const int64_t begin = (vb - t.first_block[k]) * kUnscaleChunk, end = min(begin + kUnscaleChunk, t.numel[k]);
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
@@ -162,15 +157,6 @@ void sgd_step(const KernelCall& c) {
   });
 }
 
-// Physical blocks of a multi-tensor launch: 16 per SM, enough to hide memory latency.
-unsigned unscale_grid(int device, int64_t virtual_blocks) {
-  static int sms[64] = {};
-  if (device >= 0 && device < 64 && sms[device] == 0)
-    REEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms[device], cudaDevAttrMultiProcessorCount, device));
-  const int64_t max_grid = std::max(1, (device >= 0 && device < 64 ? sms[device] : 1) * 16);
-  return unsigned(std::max<int64_t>(1, std::min(virtual_blocks, max_grid)));
-}
-
 void unscale_check(const KernelCall& c) {
   const size_t k = c.in.size() - 2;
   const Tensor& inv = c.in[k];
@@ -183,7 +169,7 @@ void unscale_check(const KernelCall& c) {
       if (t.count == 0) return;
       visit_float(dt, "unscale_check", [&]<typename D>() {
         cudaStream_t s = stream_of(device);
-        const unsigned grid = unscale_grid(device.index, t.first_block[t.count]);
+        const unsigned grid = multi_tensor_grid(device.index, t.first_block[t.count]);
         if (inv.dtype() == DType::f64)
           unscale_check_kernel<D, double><<<grid, kUnscaleThreads, 0, s>>>(t, inv.data<double>(), found);
         else
