@@ -15,6 +15,8 @@
 #include <limits>
 #include <vector>
 
+#include <Eigen/Dense>
+
 #include "kernels/cpu/dense_outputs.h"
 #include "kernels/dispatch.h"
 
@@ -46,25 +48,36 @@ struct Geometry {
         compute(static_cast<DType>(a.i("compute"))) {}
 };
 
-// One (batch, head)'s q, k, v (or any (T, hd) slice of a (B, T, width) tensor) as rounded A values.
+template <typename A>
+using Mat = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// One (batch, head)'s (T, hd) slice of a (B, T, width) tensor from column col0, as A values, rounded
+// to the compute dtype when `round`.
 template <typename T, typename A>
-std::vector<A> gather_head(const T* base, const Geometry& g, int64_t width, int64_t b, int64_t col0, bool round) {
-  std::vector<A> out(size_t(g.T * g.hd));
+Mat<A> gather_head(const T* base, const Geometry& g, int64_t width, int64_t b, int64_t col0, bool round) {
+  Mat<A> out(g.T, g.hd);
   for (int64_t t = 0; t < g.T; ++t)
     for (int64_t c = 0; c < g.hd; ++c) {
       A v = A(load(base[(b * g.T + t) * width + col0 + c]));
-      out[size_t(t * g.hd + c)] = round ? round_to(g.compute, v) : v;
+      out(t, c) = round ? round_to(g.compute, v) : v;
     }
   return out;
 }
 
-template <typename A>
-A dot(const A* x, const A* y, int64_t n) {
-  A s = 0;
-  for (int64_t i = 0; i < n; ++i) s += x[i] * y[i];
-  return s;
+template <typename T, typename A>
+void scatter_head(T* base, const Mat<A>& m, const Geometry& g, int64_t width, int64_t b, int64_t col0, A scale) {
+  for (int64_t t = 0; t < g.T; ++t)
+    for (int64_t c = 0; c < g.hd; ++c) base[(b * g.T + t) * width + col0 + c] = store<T>(scale * m(t, c));
 }
 
+template <typename A>
+void round_all(Mat<A>& m, DType compute) {
+  if (compute == DType::bf16 || compute == DType::f16) m = m.unaryExpr([compute](A v) { return round_to(compute, v); });
+}
+
+// The products run as dense (T, T) GEMMs per (batch, head), the masked half zeroed: at these sizes
+// Eigen's GEMM beats a triangular loop by far. One (batch, head) per thread (Eigen stays on the
+// calling thread inside the parallel loop).
 void causal_attention_fwd_kernel(const KernelCall& c) {
   Tensor qkv = dense(c.in[0]);
   const Tensor &y = c.out[0], &lse = c.out[1];
@@ -78,26 +91,25 @@ void causal_attention_fwd_kernel(const KernelCall& c) {
 #pragma omp parallel for collapse(2) if (g.B * g.H > 1)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t h = 0; h < g.H; ++h) {
-        std::vector<A> q = gather_head<T, A>(x, g, 3 * g.d, b, h * g.hd, true);
-        std::vector<A> k = gather_head<T, A>(x, g, 3 * g.d, b, g.d + h * g.hd, true);
-        std::vector<A> v = gather_head<T, A>(x, g, 3 * g.d, b, 2 * g.d + h * g.hd, true);
-        std::vector<A> s(size_t(g.T)), out(size_t(g.hd));
+        const Mat<A> q = gather_head<T, A>(x, g, 3 * g.d, b, h * g.hd, true);
+        const Mat<A> k = gather_head<T, A>(x, g, 3 * g.d, b, g.d + h * g.hd, true);
+        const Mat<A> v = gather_head<T, A>(x, g, 3 * g.d, b, 2 * g.d + h * g.hd, true);
+        Mat<A> s = (q * k.transpose()) * scale;  // (T, T)
+        Mat<A> p(g.T, g.T);
         for (int64_t t = 0; t < g.T; ++t) {
           A m = -std::numeric_limits<A>::infinity();
-          for (int64_t j = 0; j <= t; ++j) {
-            s[j] = scale * dot(&q[t * g.hd], &k[j * g.hd], g.hd);
-            m = std::max(m, s[j]);
-          }
+          for (int64_t j = 0; j <= t; ++j) m = std::max(m, s(t, j));
           A l = 0;
-          std::fill(out.begin(), out.end(), A(0));
-          for (int64_t j = 0; j <= t; ++j) {
-            const A p = std::exp(s[j] - m), pr = round_to(g.compute, p);
-            l += p;
-            for (int64_t cc = 0; cc < g.hd; ++cc) out[cc] += pr * v[j * g.hd + cc];
+          for (int64_t j = 0; j < g.T; ++j) {
+            const A e = j <= t ? std::exp(s(t, j) - m) : A(0);
+            l += e;
+            p(t, j) = round_to(g.compute, e);
           }
-          for (int64_t cc = 0; cc < g.hd; ++cc) py[(b * g.T + t) * g.d + h * g.hd + cc] = store<T>(out[cc] / l);
+          p.row(t) /= l;  // y = (sum_s round(e_s) v_s) / l, the normaliser of the unrounded e
           plse[(b * g.H + h) * g.T + t] = m + std::log(l);
         }
+        const Mat<A> out = p * v;  // (T, hd)
+        scatter_head<T, A>(py, out, g, g.d, b, h * g.hd, A(1));
       }
   });
 }
@@ -116,34 +128,28 @@ void causal_attention_bwd_kernel(const KernelCall& c) {
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t h = 0; h < g.H; ++h) {
         const int64_t hd = g.hd;
-        std::vector<A> q = gather_head<T, A>(x, g, 3 * g.d, b, h * hd, true);
-        std::vector<A> k = gather_head<T, A>(x, g, 3 * g.d, b, g.d + h * hd, true);
-        std::vector<A> v = gather_head<T, A>(x, g, 3 * g.d, b, 2 * g.d + h * hd, true);
-        std::vector<A> go = gather_head<T, A>(pdy, g, g.d, b, h * hd, true);
-        std::vector<A> go_exact = gather_head<T, A>(pdy, g, g.d, b, h * hd, false);
-        std::vector<A> yo = gather_head<T, A>(py, g, g.d, b, h * hd, false);
-        std::vector<A> dq(size_t(g.T * hd), A(0)), dk(dq.size(), A(0)), dv(dq.size(), A(0));
+        const Mat<A> q = gather_head<T, A>(x, g, 3 * g.d, b, h * hd, true);
+        const Mat<A> k = gather_head<T, A>(x, g, 3 * g.d, b, g.d + h * hd, true);
+        const Mat<A> v = gather_head<T, A>(x, g, 3 * g.d, b, 2 * g.d + h * hd, true);
+        const Mat<A> go = gather_head<T, A>(pdy, g, g.d, b, h * hd, true);
+        const Mat<A> go_exact = gather_head<T, A>(pdy, g, g.d, b, h * hd, false);
+        const Mat<A> yo = gather_head<T, A>(py, g, g.d, b, h * hd, false);
+        const Mat<A> s = (q * k.transpose()) * scale;  // (T, T)
+        const Mat<A> dp = go * v.transpose();            // (T, T)
+        Mat<A> p(g.T, g.T), ds(g.T, g.T);
         for (int64_t t = 0; t < g.T; ++t) {
-          const A D = dot(&go_exact[t * hd], &yo[t * hd], hd), l = plse[(b * g.H + h) * g.T + t];
-          for (int64_t j = 0; j <= t; ++j) {
-            const A p = std::exp(scale * dot(&q[t * hd], &k[j * hd], hd) - l);
-            const A dp = dot(&go[t * hd], &v[j * hd], hd);
-            const A pr = round_to(g.compute, p), ds = round_to(g.compute, p * (dp - D));
-            for (int64_t cc = 0; cc < hd; ++cc) {
-              dq[t * hd + cc] += ds * k[j * hd + cc];
-              dk[j * hd + cc] += ds * q[t * hd + cc];
-              dv[j * hd + cc] += pr * go[t * hd + cc];
-            }
+          const A D = go_exact.row(t).dot(yo.row(t)), l = plse[(b * g.H + h) * g.T + t];
+          for (int64_t j = 0; j < g.T; ++j) {
+            const A e = j <= t ? std::exp(s(t, j) - l) : A(0);
+            p(t, j) = e;
+            ds(t, j) = e * (dp(t, j) - D);
           }
         }
-        for (int64_t t = 0; t < g.T; ++t) {
-          T* row = pd + (b * g.T + t) * 3 * g.d + h * hd;
-          for (int64_t cc = 0; cc < hd; ++cc) {
-            row[cc] = store<T>(scale * dq[t * hd + cc]);
-            row[g.d + cc] = store<T>(scale * dk[t * hd + cc]);
-            row[2 * g.d + cc] = store<T>(dv[t * hd + cc]);
-          }
-        }
+        round_all(p, g.compute);
+        round_all(ds, g.compute);
+        scatter_head<T, A>(pd, Mat<A>(ds * k), g, 3 * g.d, b, h * hd, scale);
+        scatter_head<T, A>(pd, Mat<A>(ds.transpose() * q), g, 3 * g.d, b, g.d + h * hd, scale);
+        scatter_head<T, A>(pd, Mat<A>(p.transpose() * go), g, 3 * g.d, b, 2 * g.d + h * hd, A(1));
       }
   });
 }
