@@ -568,6 +568,14 @@ void allow_smem(Kernel kernel, size_t bytes) {
   REEL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
+// The row kernels keep a row's scores in shared memory: T values (two rows' worth in the backward).
+constexpr size_t kMaxRowSmemBytes = 227 * 1024;  // an sm_90 block's opt-in limit
+void check_row_smem(size_t bytes, int T, const char* op) {
+  REEL_CHECK(bytes <= kMaxRowSmemBytes, op, ": a sequence of ", T, " positions needs ", bytes,
+             " bytes of shared memory per row in the CUDA row kernels (at most ", kMaxRowSmemBytes,
+             "); the tiled kernels (16-bit compute, head size 32, 64 or 128) take any length");
+}
+
 // An optional 16-bit copy of an output: its device pointer as C*, or null; it must be of the compute dtype.
 template <typename C>
 C* copy16_ptr(const Tensor& t, DType compute, const Tensor& like, const char* op) {
@@ -605,6 +613,7 @@ void causal_attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType comput
       }
       if (!tiled) {
         const size_t bytes = sizeof(A) * size_t(g.T);
+        check_row_smem(bytes, g.T, "causal_attention");
         if (bytes > 48 * 1024) allow_smem(attention_fwd_rows<In, C, A>, bytes);
         attention_fwd_rows<In, C, A><<<dim3(g.T, g.B * g.H), kRowThreads, bytes, stream>>>(
             static_cast<const In*>(qkv.data_ptr()), static_cast<In*>(y.data_ptr()), p16,
@@ -644,6 +653,7 @@ void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const 
       }
       if (!tiled) {
         const size_t bytes = 2 * sizeof(A) * size_t(g.T);
+        check_row_smem(bytes, g.T, "causal_attention_backward");
         if (bytes > 48 * 1024) allow_smem(attention_bwd_rows<In, C, A>, bytes);
         attention_bwd_rows<In, C, A><<<dim3(g.T, g.B * g.H, 2), kRowThreads, bytes, stream>>>(
             pdy, px, py, static_cast<const A*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d, g.hd,
