@@ -33,6 +33,9 @@ StreamHandle create_stream();
 void destroy_stream(StreamHandle stream);
 
 // Makes `stream` current on `device` for the guard's lifetime.
+// One device's ops must not run on two streams at once: the one-launch split reductions (column sums,
+// layer norm's dw and db) share a per-device pool of finish counters (kernels/cuda/last_block.cuh).
+// Switching streams between ops, with the work ordered between them, is fine.
 class StreamGuard {
  public:
   StreamGuard(StreamHandle stream, int device = 0);

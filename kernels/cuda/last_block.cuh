@@ -9,7 +9,9 @@
 // Counters come from a per-device pool of zeros (one per translation unit, zero at module load).
 // A launch uses slots [0, groups); two launches never share a slot while running because reel runs a
 // device's kernels on one stream, one after another (a captured CUDA graph replays them in the same
-// order). Partials are read back with volatile loads, which go to L2, not to a possibly stale L1.
+// order). Ops of one device run concurrently on two streams would share slots: tensor/cuda.h says so
+// beside StreamGuard. Partials are read back with volatile loads, which go to L2, not to a possibly
+// stale L1.
 #pragma once
 #include "kernels/cuda/cuda_common.cuh"
 
