@@ -521,8 +521,11 @@ TEST(OptimCuda, UnscaleCheckOverManyTensorsOfMixedDtypesMatchesTheCpu) {
     for (size_t j = 0; j < cpu.size(); ++j) {
       std::vector<double> a = cpu[j].to_vector<double>(), b = dev[j].to_vector<double>();
       ASSERT_EQ(a.size(), b.size());
-      for (size_t i = 0; i < a.size(); ++i)
-        if (!(std::isnan(a[i]) && std::isnan(b[i]))) ASSERT_EQ(a[i], b[i]) << "tensor " << j << " element " << i;
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (!(std::isnan(a[i]) && std::isnan(b[i]))) {
+          ASSERT_EQ(a[i], b[i]) << "tensor " << j << " element " << i;
+        }
+      }
     }
   }
 }
