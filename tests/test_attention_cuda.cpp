@@ -11,14 +11,6 @@ using namespace reel;
 
 namespace {
 
-double max_rel(const Tensor& a, const Tensor& b) {
-  std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
-  double scale = 1e-30, err = 0;
-  for (double v : y) scale = std::max(scale, std::abs(v));
-  for (size_t i = 0; i < x.size(); ++i) err = std::max(err, std::abs(x[i] - y[i]));
-  return x.size() == y.size() ? err / scale : INFINITY;
-}
-
 struct AttentionRun {
   Tensor y, lse, dqkv;
 };
@@ -61,9 +53,9 @@ TEST(CausalAttentionCuda, MatchesTheCpuForEveryKernelPath) {
     // 16-bit compute rounds P and dS, whose f32 values differ in the last bits between the backends'
     // summation orders: a rounding step apart at most.
     const double tol = c.compute == DType::f64 ? 1e-12 : c.compute == DType::f32 ? 2e-5 : 2e-2;
-    EXPECT_LT(max_rel(dev.y, cpu.y), tol) << "y";
-    EXPECT_LT(max_rel(dev.lse, cpu.lse), 1e-5) << "lse";
-    EXPECT_LT(max_rel(dev.dqkv, cpu.dqkv), tol) << "dqkv";
+    EXPECT_LT(testing_util::max_rel_diff(dev.y, cpu.y), tol) << "y";
+    EXPECT_LT(testing_util::max_rel_diff(dev.lse, cpu.lse), 1e-5) << "lse";
+    EXPECT_LT(testing_util::max_rel_diff(dev.dqkv, cpu.dqkv), tol) << "dqkv";
     AttentionRun again = run(qkv.to(gpu), dy.to(gpu), c.H, c.compute);
     EXPECT_EQ(again.dqkv.to_vector<double>(), dev.dqkv.to_vector<double>()) << "dqkv changed between runs";
     EXPECT_EQ(again.y.to_vector<double>(), dev.y.to_vector<double>()) << "y changed between runs";

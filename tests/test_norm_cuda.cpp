@@ -9,18 +9,11 @@
 #include "kernels/dispatch.h"
 #include "reel.h"
 #include "tensor/cuda.h"
+#include "test_util.h"
 
 using namespace reel;
 
 namespace {
-
-double max_rel(const Tensor& a, const Tensor& b) {
-  std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
-  double scale = 1e-30, err = 0;
-  for (double v : y) scale = std::max(scale, std::abs(v));
-  for (size_t i = 0; i < x.size(); ++i) err = std::max(err, std::abs(x[i] - y[i]));
-  return x.size() == y.size() ? err / scale : INFINITY;
-}
 
 std::vector<Tensor> ln_backward(const Tensor& g, const Tensor& x, const Tensor& w) {
   std::vector<Tensor> fwd = dispatch(OpKind::LayerNorm, {x, w, Tensor()},
@@ -49,7 +42,7 @@ TEST(LayerNormCuda, BackwardAtTrainingSizesMatchesTheCpu) {
         std::vector<Tensor> dev = ln_backward(g.to(gpu), x.to(gpu), weight ? w.to(gpu) : Tensor());
         const double tol = dt == DType::f32 ? 2e-5 : 2e-2;
         const char* names[] = {"dx", "dw", "db"};
-        for (int k = 0; k < 3; ++k) EXPECT_LT(max_rel(dev[k], cpu[k]), tol) << names[k];
+        for (int k = 0; k < 3; ++k) EXPECT_LT(testing_util::max_rel_diff(dev[k], cpu[k]), tol) << names[k];
         std::vector<Tensor> again = ln_backward(g.to(gpu), x.to(gpu), weight ? w.to(gpu) : Tensor());
         for (int k = 0; k < 3; ++k)
           EXPECT_EQ(again[k].to_vector<double>(), dev[k].to_vector<double>()) << names[k] << " changed between runs";

@@ -59,4 +59,13 @@ inline double max_abs_diff(const std::vector<double>& a, const std::vector<doubl
   return m;
 }
 
+// max |a - b| over max |b|: a relative error against the reference b (infinite when sizes differ).
+inline double max_rel_diff(const Tensor& a, const Tensor& b) {
+  std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+  double scale = 1e-30, err = 0;
+  for (double v : y) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) err = std::max(err, std::abs(x[i] - y[i]));
+  return x.size() == y.size() ? err / scale : INFINITY;
+}
+
 }  // namespace reel::testing_util
