@@ -156,15 +156,7 @@ TEST(CompileParity, CnnWithBatchNormMatchesEagerToTheBit) {
 
 TEST(CompileParity, AccumulatedCompiledStepEqualsOneLargeBatch) {
   // f64, no BatchNorm: ACCUM micro-batches through a plan == one batch of ACCUM times the size.
-  auto make = [] {
-    Generator gen(5);
-    auto m = std::make_shared<nn::Sequential>();
-    m->push_back(std::make_shared<nn::Linear>(6, 8, true, &gen));
-    m->push_back(std::make_shared<nn::GELU>());
-    m->push_back(std::make_shared<nn::Linear>(8, 3, true, &gen));
-    m->to(DType::f64);
-    return m;
-  };
+  auto make = [] { return testing_util::f64_mlp(5); };
   Generator gen(9);
   Tensor x = randn({12, 6}, {DType::f64}, &gen);
   Tensor y = tensor_i64({0, 1, 2, 2, 1, 0, 0, 0, 1, 2, 1, 1}, {12});
@@ -297,15 +289,7 @@ TEST(CompilePasses, RepeatedPureOpsAreComputedOnceUnlessAnInputChangedBetween) {
 
 TEST(CompileParity, ItemCountedStepWithASmallerLastMicroBatchMatchesEager) {
   // 10 items per step as micro-batches of 4, 4 and 2: each weighed by its share, in a plan as eagerly.
-  auto make = [] {
-    Generator gen(6);
-    auto m = std::make_shared<nn::Sequential>();
-    m->push_back(std::make_shared<nn::Linear>(5, 7, true, &gen));
-    m->push_back(std::make_shared<nn::GELU>());
-    m->push_back(std::make_shared<nn::Linear>(7, 3, true, &gen));
-    m->to(DType::f64);
-    return m;
-  };
+  auto make = [] { return testing_util::f64_mlp(6, 5, 7, 3); };
   Generator gen(13);
   Tensor x = randn({10, 5}, {DType::f64}, &gen);
   Tensor y = tensor_i64({0, 1, 2, 2, 1, 0, 0, 2, 1, 1}, {10});

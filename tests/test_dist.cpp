@@ -103,19 +103,10 @@ TEST(DistSingle, NcclLibraryLoadsOrSaysWhy) {
 
 // ---- the optimizer's hook over one process ----
 
-std::shared_ptr<nn::Sequential> small_mlp(uint64_t seed) {
-  Generator gen(seed);
-  auto m = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
-      std::make_shared<nn::Linear>(6, 8, true, &gen), std::make_shared<nn::GELU>(),
-      std::make_shared<nn::Linear>(8, 3, true, &gen)});
-  m->to(DType::f64);
-  return m;
-}
-
 // Runs `steps` steps of ACCUM micro-batches of 4 items; returns the parameters' values.
 std::vector<double> train_mlp(int64_t accum, int steps, std::shared_ptr<dist::Communicator> comm,
                               size_t bucket_bytes = size_t(25) << 20, uint64_t* collectives_per_step = nullptr) {
-  auto model = small_mlp(3);
+  auto model = testing_util::f64_mlp(3);
   optim::AdamW opt(model->parameters(), optim::AdamWOptions(1e-2));
   opt.set_accum_steps(accum).set_max_grad_norm(0.5);
   std::shared_ptr<dist::GradientBuckets> sync;
@@ -156,7 +147,7 @@ TEST(DistSingle, SmallBucketsSplitTheGradients) {
   std::vector<double> synced = train_mlp(2, 2, comm, 256, &per_step);
   EXPECT_EQ(per_step, 3u);
   EXPECT_EQ(synced, train_mlp(2, 2, nullptr));
-  auto model = small_mlp(1);
+  auto model = testing_util::f64_mlp(1);
   optim::SGD opt(model->parameters(), optim::SGDOptions(0.1));
   auto sync = dist::make_data_parallel(*model, opt, comm, dist::DataParallelOptions().with_bucket_bytes(256));
   EXPECT_EQ(sync->num_buckets(), 3);
@@ -168,7 +159,7 @@ TEST(DistSingle, SmallBucketsSplitTheGradients) {
 
 TEST(DistSingle, LibtorchStyleStepSyncsToo) {
   auto comm = std::make_shared<dist::SingleProcessCommunicator>();
-  auto model = small_mlp(2);
+  auto model = testing_util::f64_mlp(2);
   optim::SGD opt(model->parameters(), optim::SGDOptions(0.1));
   dist::make_data_parallel(*model, opt, comm);
   sum(model->forward(randn({2, 6}, TensorOptions().with_dtype(DType::f64)))).backward();
@@ -196,7 +187,7 @@ TEST(DistSingle, GradientBucketsRefuseOtherParameters) {
   Tensor a = ones({2}, TensorOptions().with_requires_grad()), b = ones({2}, TensorOptions().with_requires_grad());
   dist::GradientBuckets sync(comm, {a}, 1024);
   expect_error([&] { sync.sync({b}, 1.0); }, {"data parallel", "parameter 0", "(2,)", "not the one"});
-  auto model = small_mlp(1);
+  auto model = testing_util::f64_mlp(1);
   optim::SGD other({a}, optim::SGDOptions(0.1));
   expect_error([&] { dist::make_data_parallel(*model, other, comm); },
                {"make_data_parallel", "holds 1 parameters", "model has 4"});

@@ -11,20 +11,7 @@
 
 using namespace reel;
 using reel::testing_util::expect_error;
-
-namespace {
-
-std::shared_ptr<nn::Sequential> small_mlp() {
-  Generator gen(5);
-  auto m = std::make_shared<nn::Sequential>();
-  m->push_back(std::make_shared<nn::Linear>(6, 8, true, &gen));
-  m->push_back(std::make_shared<nn::GELU>());
-  m->push_back(std::make_shared<nn::Linear>(8, 3, true, &gen));
-  m->to(DType::f64);
-  return m;
-}
-
-}  // namespace
+using reel::testing_util::f64_mlp;
 
 TEST(OptimTrainStep, AccumulatedStepEqualsOneLargeBatch) {
   Generator gen(9);
@@ -34,7 +21,7 @@ TEST(OptimTrainStep, AccumulatedStepEqualsOneLargeBatch) {
     return [&m](const Tensor& a, const Tensor& b) { return nn::model_loss(m, a, b); };
   };
 
-  auto accumulated = small_mlp();
+  auto accumulated = f64_mlp(5);
   optim::AdamW opt_a(accumulated->parameters(), optim::AdamWOptions(1e-2));
   opt_a.set_accum_steps(3).set_max_grad_norm(1.0);
   std::vector<optim::MicroBatch> micro;
@@ -43,12 +30,12 @@ TEST(OptimTrainStep, AccumulatedStepEqualsOneLargeBatch) {
   optim::StepResult r = optim::train_step(opt_a, loss_of(*accumulated), micro, &mean_loss);
   EXPECT_TRUE(r.stepped);
 
-  auto whole = small_mlp();
+  auto whole = f64_mlp(5);
   optim::AdamW opt_w(whole->parameters(), optim::AdamWOptions(1e-2));
   opt_w.set_max_grad_norm(1.0);
   optim::train_step(opt_w, loss_of(*whole), {{x, y}});
 
-  EXPECT_NEAR(mean_loss.item(), nn::model_loss(*small_mlp(), x, y).item(), 1e-12);
+  EXPECT_NEAR(mean_loss.item(), nn::model_loss(*f64_mlp(5), x, y).item(), 1e-12);
   auto pa = accumulated->parameters(), pw = whole->parameters();
   for (size_t i = 0; i < pa.size(); ++i) {
     std::vector<double> a = pa[i].to_vector<double>(), w = pw[i].to_vector<double>();
@@ -57,7 +44,7 @@ TEST(OptimTrainStep, AccumulatedStepEqualsOneLargeBatch) {
 }
 
 TEST(OptimTrainStep, MicroBatchesMustReachTheBoundary) {
-  auto m = small_mlp();
+  auto m = f64_mlp(5);
   optim::SGD opt(m->parameters(), optim::SGDOptions(0.1));
   opt.set_accum_steps(4);
   Tensor x = zeros({2, 6}, {DType::f64});

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/nn.h"
 #include "reel.h"
 #include "tensor/cuda.h"
 
@@ -56,6 +57,18 @@ inline double max_abs_diff(const std::vector<double>& a, const std::vector<doubl
     if (std::isnan(d)) return INFINITY;
     m = std::max(m, d);
   }
+  return m;
+}
+
+// A small f64 MLP, Linear(in, hidden) GELU Linear(hidden, out), initialised from Generator(seed): the
+// model of the optimizer, compile and data-parallel step tests (f64, so equalities are tight).
+inline std::shared_ptr<nn::Sequential> f64_mlp(uint64_t seed, int64_t in = 6, int64_t hidden = 8, int64_t out = 3) {
+  Generator gen(seed);
+  auto m = std::make_shared<nn::Sequential>();
+  m->push_back(std::make_shared<nn::Linear>(in, hidden, true, &gen));
+  m->push_back(std::make_shared<nn::GELU>());
+  m->push_back(std::make_shared<nn::Linear>(hidden, out, true, &gen));
+  m->to(DType::f64);
   return m;
 }
 
