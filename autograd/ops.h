@@ -43,7 +43,10 @@ Tensor tensor_i64(const std::vector<int64_t>& values, const Shape& shape, Device
 // ---- memory (autograd/functions/memory.cpp) ----
 Tensor contiguous(const Tensor& x);                 // x itself when already contiguous
 Tensor clone(const Tensor& x);                      // always a fresh contiguous copy
-Tensor to_dtype(const Tensor& x, DType dtype);      // cast; differentiable between float types
+// Cast; differentiable between float types. The result is contiguous, or stored channels-last (NHWC)
+// when `format` says so (autocast's convolution operands); x itself when it already has the dtype
+// (and, for ChannelsLast, the layout). The gradient comes back in x's own layout.
+Tensor to_dtype(const Tensor& x, DType dtype, MemoryFormat format = MemoryFormat::Contiguous);
 Tensor to_device(const Tensor& x, Device device);   // differentiable
 Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);  // views; last may be shorter
@@ -130,7 +133,9 @@ Tensor global_norm(const std::vector<Tensor>& xs);
 // ---- matmul and convolution (autograd/functions/linalg.cpp) ----
 // a (..., M, K) @ b (..., K, N) -> (..., M, N); batch dims broadcast; 1-D operands as in NumPy.
 Tensor matmul(const Tensor& a, const Tensor& b);
-// x (N, C, H, W), weight (O, C, kH, kW), bias (O) or undefined -> (N, O, Ho, Wo).
+// x (N, C, H, W), weight (O, C, kH, kW), bias (O) or undefined -> (N, O, Ho, Wo). The result and dx
+// keep x's layout, dw keeps the weight's: channels-last operands give channels-last results (see
+// MemoryFormat), which cuDNN convolves without transposing.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1,
               int64_t padding = 0);
 

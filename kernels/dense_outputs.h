@@ -1,4 +1,5 @@
-// Lets a kernel assume dense outputs. dispatch() always allocates contiguous outputs, but dispatch_out()
+// Lets a kernel assume dense outputs. dispatch() allocates contiguous outputs (channels-last ones only
+// where its caller asks: a convolution's result and gradients, a cast), and dispatch_out()
 // may hand a kernel strided views (a copy into a slice, an in-place update of a transposed buffer).
 // Kernels that write whole dense blocks (GEMMs, norms) are registered through run_into_contiguous,
 // which runs them into contiguous temporaries and then copies those into the views with the

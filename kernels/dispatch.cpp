@@ -33,9 +33,15 @@ std::atomic<uint64_t> n_kernels{0};
 thread_local bool meta_active = false;
 
 // An output of a meta-mode dispatch: the right size and device, no memory.
-Tensor meta_output(const TensorMeta& m) {
+Tensor meta_output(const TensorMeta& m, MemoryFormat format) {
   auto storage = std::make_shared<Storage>(Storage::Meta{}, size_t(numel_of(m.shape)) * dtype_size(m.dtype), m.device);
-  return Tensor::from_storage(std::move(storage), m.shape, m.dtype);
+  Tensor t = Tensor::from_storage(std::move(storage), m.shape, m.dtype);
+  return format == MemoryFormat::Contiguous ? t : Tensor::make_view(t, m.shape, strides_for(m.shape, format), 0);
+}
+
+// The format a fresh output of `shape` gets: `format` where it applies (ChannelsLast needs 4 dims).
+MemoryFormat output_format(const Shape& shape, MemoryFormat format) {
+  return shape.size() == 4 ? format : MemoryFormat::Contiguous;
 }
 
 // A host read of a device value has nothing to read in meta mode; say so where it starts.
@@ -122,9 +128,9 @@ std::vector<TensorMeta> infer_outputs(OpKind op, const std::vector<Tensor>& inpu
 
 namespace {
 // An op's output; an allocator that runs out of memory is named with the buffer it was asked for.
-Tensor allocate_output(OpKind op, size_t index, const TensorMeta& m) {
+Tensor allocate_output(OpKind op, size_t index, const TensorMeta& m, MemoryFormat format) {
   try {
-    return Tensor::empty(m.shape, m.dtype, m.device);
+    return Tensor::empty(m.shape, m.dtype, m.device, format);
   } catch (const Error& e) {
     const std::string what = e.what();
     if (what.find("out of memory") == std::string::npos && what.find("out of host memory") == std::string::npos) throw;
@@ -136,6 +142,10 @@ Tensor allocate_output(OpKind op, size_t index, const TensorMeta& m) {
 }  // namespace
 
 std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs) {
+  return dispatch(op, inputs, attrs, MemoryFormat::Contiguous);
+}
+
+std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs, MemoryFormat format) {
   const OpEntry& e = checked_entry(op);
   Device device = common_device(op, inputs);
   std::vector<TensorMeta> metas = e.infer(inputs, attrs);
@@ -149,9 +159,10 @@ std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const
     KernelFn k = kernel_for(op, e, kernel_device(op, device, out_device));
     if (meta_active) {
       check_meta_host_read(op, device, out_device);
-      for (const TensorMeta& m : metas) outputs.push_back(meta_output(m));
+      for (const TensorMeta& m : metas) outputs.push_back(meta_output(m, output_format(m.shape, format)));
     } else {
-      for (const TensorMeta& m : metas) outputs.push_back(allocate_output(op, outputs.size(), m));
+      for (const TensorMeta& m : metas)
+        outputs.push_back(allocate_output(op, outputs.size(), m, output_format(m.shape, format)));
       k(KernelCall{op, inputs, outputs, attrs});
       n_kernels.fetch_add(1, std::memory_order_relaxed);
     }
@@ -160,8 +171,8 @@ std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const
   return outputs;
 }
 
-Tensor dispatch1(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs) {
-  std::vector<Tensor> out = dispatch(op, inputs, attrs);
+Tensor dispatch1(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs, MemoryFormat format) {
+  std::vector<Tensor> out = dispatch(op, inputs, attrs, format);
   REEL_ASSERT(out.size() >= 1, op_name(op), " returned no output");
   return out[0];
 }

@@ -1,6 +1,6 @@
 // dispatch — the one door every op passes through, forward or backward, eager or traced.
 //
-//   outputs = dispatch(op, inputs, attrs)
+//   outputs = dispatch(op, inputs, attrs[, memory format])
 //     1. the op's schema (kernels/schema/) validates inputs and attrs and infers output metas,
 //        throwing reel::Error that names the op and shows shapes/dtypes/devices;
 //     2. all inputs must share one device (Copy may cross devices);
@@ -54,8 +54,12 @@ bool supports(OpKind op, DeviceType device);
 bool is_view_op(OpKind op);
 
 std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs = {});
+// The same with every fresh 4-D output allocated in `format` (a channels-last convolution's result
+// and gradients); other outputs stay contiguous. The observer sees them as fresh outputs as usual.
+std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs, MemoryFormat format);
 // Single-output convenience.
-Tensor dispatch1(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs = {});
+Tensor dispatch1(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs = {},
+                 MemoryFormat format = MemoryFormat::Contiguous);
 void dispatch_out(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                   const Attrs& attrs = {});
 // The output metas dispatch would produce, without running anything (used by planners and tests).

@@ -1,6 +1,8 @@
 // PrecisionPolicy and the autocast helpers (see optim/precision.h).
 #include "optim/precision.h"
 
+#include <atomic>
+
 #include "autograd/ops.h"
 #include "tensor/error.h"
 
@@ -31,9 +33,9 @@ DType PrecisionPolicy::compute_dtype() const {
   }
 }
 
-Tensor PrecisionPolicy::cast_for_compute(const Tensor& t) const {
+Tensor PrecisionPolicy::cast_for_compute(const Tensor& t, MemoryFormat format) const {
   if (!t.defined() || !is_mixed() || t.dtype() != DType::f32) return t;
-  return to_dtype(t, compute_dtype());
+  return to_dtype(t, compute_dtype(), format);
 }
 
 namespace {
@@ -49,10 +51,21 @@ Tensor autocast_matmul(const Tensor& a, const Tensor& b, const PrecisionPolicy& 
 
 Tensor autocast_conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
                        const PrecisionPolicy& policy) {
-  Tensor y = conv2d(policy.cast_for_compute(x), policy.cast_for_compute(weight), policy.cast_for_compute(bias), stride,
-                    padding);
-  return back_to_f32(y, policy);
+  const MemoryFormat format = policy.is_mixed() && autocast_channels_last() && x.defined() && x.dim() == 4 &&
+                                       x.device().is_cuda()
+                                   ? MemoryFormat::ChannelsLast
+                                   : MemoryFormat::Contiguous;
+  Tensor y = conv2d(policy.cast_for_compute(x, format), policy.cast_for_compute(weight, format),
+                    policy.cast_for_compute(bias), stride, padding);
+  return back_to_f32(y, policy);  // contiguous f32; its gradient comes back channels-last
 }
+
+namespace {
+std::atomic<bool> channels_last_on{true};
+}
+
+void set_autocast_channels_last(bool on) { channels_last_on = on; }
+bool autocast_channels_last() { return channels_last_on; }
 
 namespace {
 thread_local PrecisionPolicy current_policy;

@@ -36,15 +36,24 @@ struct PrecisionPolicy {
   bool is_mixed() const { return precision != Precision::fp32; }
   // fp16 needs dynamic loss scaling; bf16 and fp32 do not.
   bool needs_grad_scaler() const { return precision == Precision::fp16; }
-  // t cast to compute_dtype() when t is f32 and the policy is mixed; t itself otherwise.
-  Tensor cast_for_compute(const Tensor& t) const;
+  // t cast to compute_dtype() when t is f32 and the policy is mixed; t itself otherwise. The cast is
+  // stored in `format` (autocast_conv2d's channels-last operands).
+  Tensor cast_for_compute(const Tensor& t, MemoryFormat format = MemoryFormat::Contiguous) const;
 };
 
 // matmul(a, b) with both inputs in the policy's compute dtype and the result back in f32.
 Tensor autocast_matmul(const Tensor& a, const Tensor& b, const PrecisionPolicy& policy);
-// conv2d with x, weight and bias in the compute dtype and the result back in f32.
+// conv2d with x, weight and bias in the compute dtype and the result back in f32. On a GPU the 16-bit
+// x and weight are stored channels-last (NHWC, and KRSC for the weight; see MemoryFormat), so the
+// convolution, its result and both its gradients stay NHWC and cuDNN runs its tensor-core kernels
+// without transposing in and out; the casts in and out of 16 bits do the transposes as they go.
+// set_autocast_channels_last(false) keeps everything NCHW (the layout of the CPU and of f32).
 Tensor autocast_conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
                        const PrecisionPolicy& policy);
+
+// Whether autocast_conv2d uses channels-last on CUDA (default true). Process-wide.
+void set_autocast_channels_last(bool on);
+bool autocast_channels_last();
 
 // The policy in force on this thread (fp32 unless an AutocastGuard says otherwise). nn's Linear,
 // Conv2d and attention route their matmuls and convolutions through it, so a training loop switches

@@ -22,6 +22,26 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
+const char* memory_format_name(MemoryFormat format) {
+  return format == MemoryFormat::ChannelsLast ? "channels_last" : "contiguous";
+}
+
+Shape strides_for(const Shape& shape, MemoryFormat format) {
+  if (format == MemoryFormat::Contiguous) return contiguous_strides(shape);
+  REEL_CHECK(shape.size() == 4, "channels_last: needs a 4-D (N, C, H, W) shape, got ", shape_str(shape));
+  // Row-major strides of the (N, H, W, C) order, put back in (N, C, H, W) order.
+  const Shape nhwc = contiguous_strides({shape[0], shape[2], shape[3], shape[1]});
+  return {nhwc[0], nhwc[3], nhwc[1], nhwc[2]};
+}
+
+bool has_format(const Shape& shape, const Shape& strides, MemoryFormat format) {
+  if (format == MemoryFormat::ChannelsLast && shape.size() != 4) return false;
+  const Shape want = strides_for(shape, format);
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] != 1 && strides[i] != want[i]) return false;
+  return true;
+}
+
 std::string shape_str(const Shape& shape) {
   std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) {

@@ -14,6 +14,17 @@ using Shape = std::vector<int64_t>;
 
 int64_t numel_of(const Shape& shape);
 Shape contiguous_strides(const Shape& shape);
+
+// How a 4-D (N, C, H, W) tensor lies in memory. Contiguous: row-major, NCHW. ChannelsLast: NHWC
+// (strides (H*W*C, 1, W*C, C)), the order cuDNN's tensor-core convolutions read and write without
+// transposing; for a conv weight (O, C, kH, kW) it is cuDNN's KRSC filter order. The logical shape
+// is (N, C, H, W) either way: only the strides differ, so every op reads either.
+enum class MemoryFormat { Contiguous, ChannelsLast };
+const char* memory_format_name(MemoryFormat format);
+// The strides of a dense tensor of `shape` in `format` (ChannelsLast needs 4 dims).
+Shape strides_for(const Shape& shape, MemoryFormat format);
+// Whether (shape, strides) is dense in `format`; size-1 dims may have any stride (as is_contiguous).
+bool has_format(const Shape& shape, const Shape& strides, MemoryFormat format);
 std::string shape_str(const Shape& shape);  // "(4, 3)"
 
 // Wraps a possibly negative dim into [0, ndim); throws reel::Error naming `op` when out of range.

@@ -16,6 +16,13 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return Tensor(std::move(impl));
 }
 
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemoryFormat format) {
+  Tensor t = empty(shape, dtype, device);
+  if (format == MemoryFormat::Contiguous) return t;
+  t.impl()->strides = strides_for(shape, format);
+  return t;
+}
+
 Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
   REEL_ASSERT(storage->nbytes() >= size_t(numel_of(shape)) * dtype_size(dtype), "storage too small for ",
               shape_str(shape));
@@ -66,6 +73,11 @@ bool Tensor::is_contiguous() const {
     expected *= shape()[i];
   }
   return true;
+}
+
+MemoryFormat Tensor::suggested_format() const {
+  return !is_contiguous() && is_contiguous(MemoryFormat::ChannelsLast) ? MemoryFormat::ChannelsLast
+                                                                        : MemoryFormat::Contiguous;
 }
 
 void* Tensor::data_ptr() const {

@@ -50,6 +50,8 @@ class Tensor {
 
   // Uninitialised contiguous tensor.
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+  // Uninitialised dense tensor in `format` (ChannelsLast: a 4-D shape stored NHWC).
+  static Tensor empty(const Shape& shape, DType dtype, Device device, MemoryFormat format);
   // A contiguous tensor over a given storage (which must hold at least numel * element size bytes).
   static Tensor from_storage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype);
   // A view of `base`'s storage with the given geometry (no autograd state).
@@ -70,6 +72,11 @@ class Tensor {
   size_t element_size() const { return dtype_size(dtype()); }
   size_t nbytes() const { return size_t(numel()) * element_size(); }
   bool is_contiguous() const;
+  // Dense in `format`: is_contiguous() for Contiguous; NHWC strides for ChannelsLast.
+  bool is_contiguous(MemoryFormat format) const { return has_format(shape(), strides(), format); }
+  // ChannelsLast when the tensor is channels-last and not also contiguous (a size-1 C, H and W make
+  // both true), else Contiguous: the layout an op's result or gradient should keep.
+  MemoryFormat suggested_format() const;
 
   // Pointer to element 0 of this view (storage base + offset).
   void* data_ptr() const;

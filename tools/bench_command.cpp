@@ -69,10 +69,11 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--json") o.json_path = v;
     else if (k == "--profile") o.profile_steps = std::stoll(v);
     else if (k == "--deterministic") set_deterministic_algorithms(v != "0");
+    else if (k == "--channels-last") set_autocast_channels_last(v != "0");
     else if (k == "--plan-memory") o.plan_memory = v != "0";
     else throw Error("bench: unknown option " + k +
                      " (expected --models, --precisions, --compile, --device, --steps, --warmup, --micro-batch, --json, "
-                     "--profile, --deterministic 0|1, --plan-memory 0|1)");
+                     "--profile, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1)");
   }
   REEL_CHECK(o.steps > 0 && o.warmup >= 0 && o.profile_steps >= 0,
              "bench: --steps must be positive, --warmup and --profile non-negative");

@@ -84,15 +84,19 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding) {
   Attrs attrs = Attrs().set("stride", std::vector<int64_t>{stride, stride}).set("padding",
                                                                               std::vector<int64_t>{padding, padding});
-  Tensor y = dispatch1(OpKind::Conv2d, {x, weight, bias}, attrs);  // y: (N, O, Ho, Wo)
+  // The result and dx in x's layout, dw in the weight's (channels-last in, channels-last out).
+  const MemoryFormat x_format = x.suggested_format(), w_format = weight.suggested_format();
+  Tensor y = dispatch1(OpKind::Conv2d, {x, weight, bias}, attrs, x_format);  // y: (N, O, Ho, Wo)
   bool need_x = x.requires_grad(), need_w = weight.requires_grad(), need_b = bias.requires_grad();
   Shape x_shape = x.shape(), w_shape = weight.shape();
   // dx needs only w and dw needs only x.
   Tensor x_s = need_w ? saved(x) : Tensor(), w_s = need_x ? saved(weight) : Tensor();
   autograd::record("conv2d", {x, weight, bias}, {y}, [=](const Grads& g) -> Grads {
     Tensor dx, dw, db;
-    if (need_x) dx = dispatch1(OpKind::Conv2dBackwardInput, {g[0], w_s}, Attrs(attrs).set("input_shape", x_shape));
-    if (need_w) dw = dispatch1(OpKind::Conv2dBackwardWeight, {g[0], x_s}, Attrs(attrs).set("weight_shape", w_shape));
+    if (need_x)
+      dx = dispatch1(OpKind::Conv2dBackwardInput, {g[0], w_s}, Attrs(attrs).set("input_shape", x_shape), x_format);
+    if (need_w)
+      dw = dispatch1(OpKind::Conv2dBackwardWeight, {g[0], x_s}, Attrs(attrs).set("weight_shape", w_shape), w_format);
     if (need_b) db = sum(g[0], {0, 2, 3});
     return {dx, dw, db};
   });

@@ -92,13 +92,14 @@ Tensor clone(const Tensor& x) {
   return y;
 }
 
-Tensor to_dtype(const Tensor& x, DType dtype) {
-  if (x.dtype() == dtype) return x;
-  Tensor y = dispatch1(OpKind::Copy, {x}, Attrs().set("dtype", dtype));
+Tensor to_dtype(const Tensor& x, DType dtype, MemoryFormat format) {
+  if (x.dtype() == dtype && (format == MemoryFormat::Contiguous || x.is_contiguous(format))) return x;
+  Tensor y = dispatch1(OpKind::Copy, {x}, Attrs().set("dtype", dtype), format);
   if (is_floating(dtype)) {
-    DType from = x.dtype();
-    autograd::record("to_dtype", {x}, {y}, [from](const autograd::Grads& g) -> autograd::Grads {
-      return {to_dtype(g[0], from)};
+    const DType from = x.dtype();
+    const MemoryFormat from_format = x.suggested_format();
+    autograd::record("to_dtype", {x}, {y}, [from, from_format](const autograd::Grads& g) -> autograd::Grads {
+      return {to_dtype(g[0], from, from_format)};
     });
   }
   return y;

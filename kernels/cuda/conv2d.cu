@@ -8,10 +8,14 @@
 //   backward weight  dw = cudnnConvolutionBackwardFilter(x, g)   (summed over the batch)
 //   The bias gradient is sum(g, {0, 2, 3}), done by autograd; stride/padding come as [h, w] attrs.
 //
-// Layout: every tensor is handed to cuDNN as packed NCHW; inputs that are not contiguous (or whose
-// data is not 16-byte aligned, which some of cuDNN's vectorised kernels assume) are copied first,
-// and an output that is not (a strided view from dispatch_out) is computed into a temporary and
-// copied into place.
+// Layout: each call runs in one memory format, NCHW or NHWC (channels-last; the weight then in cuDNN's
+// KRSC order), taken from its main activation: x for the forward and the weight gradient, the dx it
+// writes for the input gradient. NHWC is what cuDNN's tensor-core kernels read natively: with NCHW
+// operands it wraps each 16-bit convolution in transposes of its own (nchwToNhwc / nhwcToNchw, about
+// as many launches as the convolutions themselves), which autocast's channels-last operands avoid.
+// Operands not dense in the call's format (or whose data is not 16-byte aligned, which some of
+// cuDNN's vectorised kernels assume) are copied into it first, and an output that is not is computed
+// into a temporary and copied into place.
 //
 // Precision (the CPU-parity contract):
 //   f32      data FLOAT, compute FLOAT, CUDNN_FMA_MATH: no TF32, results stay exact-f32 FMA sums
@@ -50,8 +54,9 @@ namespace {
 
 // ---- bias add ----
 
-// y (N, O, P) contiguous, P = Ho*Wo: y[n, o, p] += bias[o * bias_stride], in the accumulation type.
-// A grid-stride loop over all elements; memory-bound, so the index division is free.
+// y dense, channel o of element i = (i / P) % O: P = Ho*Wo for NCHW, 1 for NHWC (channels innermost).
+// y[.., o, ..] += bias[o * bias_stride], in the accumulation type. A grid-stride loop over all
+// elements; memory-bound, so the index division is free.
 template <typename D>
 __global__ void conv2d_fwd_bias_kernel(D* y, const D* bias, int64_t bias_stride, int64_t O, int64_t P, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -60,8 +65,9 @@ __global__ void conv2d_fwd_bias_kernel(D* y, const D* bias, int64_t bias_stride,
   }
 }
 
-void add_bias(const Tensor& y, const Tensor& bias) {
-  const int64_t n = y.numel(), O = y.shape()[1], P = y.shape()[2] * y.shape()[3];
+void add_bias(const Tensor& y, const Tensor& bias, MemoryFormat format) {
+  const int64_t n = y.numel(), O = y.shape()[1];
+  const int64_t P = format == MemoryFormat::ChannelsLast ? 1 : y.shape()[2] * y.shape()[3];
   visit_float_dtype(y.dtype(), "conv2d", [&]<typename T>() {
     if constexpr (!std::is_same_v<T, int64_t>) {
       using D = Dev<T>;
@@ -76,17 +82,18 @@ void add_bias(const Tensor& y, const Tensor& bias) {
 
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-// `t` as packed NCHW with 16-byte-aligned data: t itself or a copy on the device.
-Tensor dense_for_cudnn(const Tensor& t) {
-  if (t.is_contiguous() && aligned16(t)) return t;
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device());
+// `t` dense in `format` with 16-byte-aligned data: t itself or a copy on the device.
+Tensor dense_for_cudnn(const Tensor& t, MemoryFormat format) {
+  if (t.is_contiguous(format) && aligned16(t)) return t;
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), format);
   copy_on_device(c, t);
   return c;
 }
 
 // Where the kernel writes: `out` itself when cuDNN can, else a temporary copied back by finish().
-Tensor dense_output(const Tensor& out) {
-  return out.is_contiguous() && aligned16(out) ? out : Tensor::empty(out.shape(), out.dtype(), out.device());
+Tensor dense_output(const Tensor& out, MemoryFormat format) {
+  return out.is_contiguous(format) && aligned16(out) ? out
+                                                     : Tensor::empty(out.shape(), out.dtype(), out.device(), format);
 }
 
 void finish(const Tensor& out, const Tensor& dense) {
@@ -103,12 +110,13 @@ enum class ConvOp : int64_t { Forward, BackwardData, BackwardFilter };
 
 struct ConvGeom {
   int64_t N, C, H, W, O, kH, kW, Ho, Wo, sh, sw, ph, pw;
+  MemoryFormat format;  // of x, y and (as KRSC) w
 };
 
-ConvGeom make_geom(const Shape& x, const Shape& w, const Shape& y, const Attrs& attrs) {
+ConvGeom make_geom(const Shape& x, const Shape& w, const Shape& y, const Attrs& attrs, MemoryFormat format) {
   const auto& s = attrs.ints("stride");
   const auto& p = attrs.ints("padding");
-  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], s[0], s[1], p[0], p[1]};
+  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], s[0], s[1], p[0], p[1], format};
 }
 
 struct CudnnTypes {
@@ -156,12 +164,14 @@ void set_descriptors(ConvPlan& p, const ConvGeom& g, const CudnnTypes& t) {
   REEL_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.y));
   REEL_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p.w));
   REEL_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p.conv));
-  REEL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, t.data, as_int(g.N, "N"), as_int(g.C, "C"),
-                                              as_int(g.H, "H"), as_int(g.W, "W")));
-  REEL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, t.data, as_int(g.N, "N"), as_int(g.O, "O"),
+  // Sizes are given in NCHW order whatever the format; the format says how they lie in memory.
+  const cudnnTensorFormat_t f = g.format == MemoryFormat::ChannelsLast ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  REEL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.x, f, t.data, as_int(g.N, "N"), as_int(g.C, "C"), as_int(g.H, "H"),
+                                              as_int(g.W, "W")));
+  REEL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.y, f, t.data, as_int(g.N, "N"), as_int(g.O, "O"),
                                               as_int(g.Ho, "Ho"), as_int(g.Wo, "Wo")));
-  REEL_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p.w, t.data, CUDNN_TENSOR_NCHW, as_int(g.O, "O"), as_int(g.C, "C"),
-                                              as_int(g.kH, "kH"), as_int(g.kW, "kW")));
+  REEL_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p.w, t.data, f, as_int(g.O, "O"), as_int(g.C, "C"), as_int(g.kH, "kH"),
+                                              as_int(g.kW, "kW")));
   REEL_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(p.conv, as_int(g.ph, "pad_h"), as_int(g.pw, "pad_w"),
                                                    as_int(g.sh, "stride_h"), as_int(g.sw, "stride_w"), 1, 1,
                                                    CUDNN_CROSS_CORRELATION, t.compute));
@@ -280,12 +290,13 @@ void choose_algorithm(ConvPlan& p, ConvOp op, cudnnHandle_t h, DType dt, bool tu
 
 // The cached plan for (op, dtype, device, geometry), made on first use. Plans live until exit.
 const ConvPlan& conv_plan(ConvOp op, const ConvGeom& g, DType dt, Device device, cudnnHandle_t h, const ConvData& d) {
-  using Key = std::array<int64_t, 17>;
+  using Key = std::array<int64_t, 18>;
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<ConvPlan>> plans;
   const bool tune = autotune_enabled() && !capturing(h);
   const Key key{int64_t(op), int64_t(dt), device.index, g.N, g.C, g.H, g.W, g.O, g.kH, g.kW, g.Ho, g.Wo,
-                g.sh, g.sw, g.ph, g.pw, int64_t(autotune_enabled()) + 2 * int64_t(deterministic_algorithms())};
+                g.sh, g.sw, g.ph, g.pw, int64_t(autotune_enabled()) + 2 * int64_t(deterministic_algorithms()),
+                int64_t(g.format)};
   std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<ConvPlan>& slot = plans[key];
   if (!slot) {
@@ -324,13 +335,14 @@ struct Workspace {
 void conv2d_fwd_cudnn_kernel(const KernelCall& c) {
   const Tensor& out = c.out[0];
   if (out.numel() == 0) return;
-  Tensor y = dense_output(out);
+  const MemoryFormat format = c.in[0].suggested_format();
+  Tensor y = dense_output(out, format);
   const Tensor& bias = c.in[2];
   if (c.in[0].numel() == 0) {  // C, H or W is zero: nothing but padding is read
     zero_fill(y);
   } else {
-    Tensor x = dense_for_cudnn(c.in[0]), w = dense_for_cudnn(c.in[1]);
-    const ConvGeom g = make_geom(x.shape(), w.shape(), y.shape(), c.attrs);
+    Tensor x = dense_for_cudnn(c.in[0], format), w = dense_for_cudnn(c.in[1], format);
+    const ConvGeom g = make_geom(x.shape(), w.shape(), y.shape(), c.attrs, format);
     cudnnHandle_t h = cudnn_handle(y.device());
     const ConvPlan& p = conv_plan(ConvOp::Forward, g, y.dtype(), y.device(), h, {x.data_ptr(), w.data_ptr(), y.data_ptr()});
     const Blend blend(y.dtype());
@@ -339,7 +351,7 @@ void conv2d_fwd_cudnn_kernel(const KernelCall& c) {
                                              cudnnConvolutionFwdAlgo_t(p.algo), ws.ptr, p.workspace_bytes,
                                              blend.beta(), p.y, y.data_ptr()));
   }
-  if (bias.defined()) add_bias(y, bias);
+  if (bias.defined()) add_bias(y, bias, format);
   finish(out, y);
 }
 
@@ -347,9 +359,10 @@ void conv2d_fwd_cudnn_kernel(const KernelCall& c) {
 void conv2d_bwd_input_cudnn_kernel(const KernelCall& c) {
   const Tensor& out = c.out[0];
   if (out.numel() == 0) return;  // otherwise N, C, H, W >= 1, so g is non-empty too
-  Tensor dx = dense_output(out);
-  Tensor g = dense_for_cudnn(c.in[0]), w = dense_for_cudnn(c.in[1]);
-  const ConvGeom geo = make_geom(dx.shape(), w.shape(), g.shape(), c.attrs);
+  const MemoryFormat format = out.suggested_format();
+  Tensor dx = dense_output(out, format);
+  Tensor g = dense_for_cudnn(c.in[0], format), w = dense_for_cudnn(c.in[1], format);
+  const ConvGeom geo = make_geom(dx.shape(), w.shape(), g.shape(), c.attrs, format);
   cudnnHandle_t h = cudnn_handle(dx.device());
   const ConvPlan& p =
       conv_plan(ConvOp::BackwardData, geo, dx.dtype(), dx.device(), h, {w.data_ptr(), g.data_ptr(), dx.data_ptr()});
@@ -365,12 +378,13 @@ void conv2d_bwd_input_cudnn_kernel(const KernelCall& c) {
 void conv2d_bwd_weight_cudnn_kernel(const KernelCall& c) {
   const Tensor& out = c.out[0];
   if (out.numel() == 0) return;
-  Tensor dw = dense_output(out);
+  const MemoryFormat format = c.in[1].suggested_format();
+  Tensor dw = dense_output(out, format);
   if (c.in[1].numel() == 0) {  // N, H or W is zero (C >= 1 here): an empty sum
     zero_fill(dw);
   } else {
-    Tensor g = dense_for_cudnn(c.in[0]), x = dense_for_cudnn(c.in[1]);
-    const ConvGeom geo = make_geom(x.shape(), dw.shape(), g.shape(), c.attrs);
+    Tensor g = dense_for_cudnn(c.in[0], format), x = dense_for_cudnn(c.in[1], format);
+    const ConvGeom geo = make_geom(x.shape(), dw.shape(), g.shape(), c.attrs, format);
     cudnnHandle_t h = cudnn_handle(dw.device());
     const ConvPlan& p = conv_plan(ConvOp::BackwardFilter, geo, dw.dtype(), dw.device(), h,
                                   {x.data_ptr(), g.data_ptr(), dw.data_ptr()});
