@@ -132,8 +132,12 @@ TEST(ChannelsLastConv2dCuda, AllThreeOpsMatchNchwAndTheCpu) {
     int64_t stride;
     bool bias;
   };
+  // Few input channels and O a multiple of 16 take the stem kernel for the 16-bit NHWC weight
+  // gradient: one or many slices per block, K padded to 16, 32 and 64, O 16 to 64; O = 8 does not.
   for (const Case& c : {Case{{4, 16, 12, 10}, {32, 16, 3, 3}, 1, true}, Case{{3, 3, 16, 16}, {16, 3, 3, 3}, 1, false},
-                        Case{{2, 32, 9, 9}, {8, 32, 3, 3}, 2, false}}) {
+                        Case{{2, 3, 11, 9}, {16, 3, 3, 3}, 2, true}, Case{{8, 3, 40, 40}, {32, 3, 3, 3}, 1, false},
+                        Case{{4, 1, 20, 20}, {48, 1, 3, 3}, 1, false}, Case{{2, 6, 10, 10}, {64, 6, 3, 3}, 1, true},
+                        Case{{2, 3, 11, 9}, {8, 3, 3, 3}, 2, true}, Case{{2, 32, 9, 9}, {8, 32, 3, 3}, 2, false}}) {
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " x " + shape_str(c.x));
       const double tol = dt == DType::f32 ? 1e-5 : dt == DType::bf16 ? 2e-2 : 4e-3;
@@ -162,6 +166,9 @@ TEST(ChannelsLastConv2dCuda, AllThreeOpsMatchNchwAndTheCpu) {
         EXPECT_LE(max_rel_diff(y, y_ref), tol);
         EXPECT_LE(max_rel_diff(dx, dx_ref), tol);
         EXPECT_LE(max_rel_diff(dw, dw_ref), tol);
+        // The same bits on a second run (the stem path's split sum is added in a fixed order).
+        Tensor dw2 = dispatch1(OpKind::Conv2dBackwardWeight, {gg, xg}, Attrs(a).set("weight_shape", c.w), f);
+        EXPECT_EQ(dw2.to_vector<double>(), dw.to_vector<double>());
         // Mixed layouts (a contiguous gradient into an NHWC call) are converted, not misread.
         Tensor dx_mixed = dispatch1(OpKind::Conv2dBackwardInput, {g.to(gpu), wg}, Attrs(a).set("input_shape", c.x),
                                     MemoryFormat::ChannelsLast);
