@@ -1,11 +1,14 @@
 // Channels-last (NHWC) convolutions: the memory-format helpers, conv2d keeping its operands' layout
 // through forward and both gradients, casts into a layout with the gradient coming back in the
 // source's layout, and autocast's channels-last convolutions on the GPU against the NCHW path and the
-// CPU (the same numbers, up to the different summation order cuDNN picks per layout).
+// CPU (the same numbers, up to the different summation order cuDNN picks per layout), eager and
+// compiled.
 #include <gtest/gtest.h>
 
-#include "nn/nn.h"
 #include "autograd/node.h"
+#include "compile/train_step.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
 #include "optim/precision.h"
 #include "reel.h"
 #include "tensor/cuda.h"
@@ -71,19 +74,22 @@ TEST(MemoryFormat, StridesAndQueries) {
 
 TEST(ChannelsLastCast, LayoutValuesAndGradientLayout) {
   Tensor x = random({2, 3, 4, 5}, 1, DType::f32).set_requires_grad();
-  Tensor y = to_dtype(x, DType::f64, MemoryFormat::ChannelsLast);
+  Tensor dx, dy;
+  Tensor y = to_dtype(gradient_probe(x, &dx), DType::f64, MemoryFormat::ChannelsLast);
   EXPECT_TRUE(y.is_contiguous(MemoryFormat::ChannelsLast));
   EXPECT_EQ(y.to_vector<double>(), x.to_vector<double>());  // element by element in logical order
-  // Already in the dtype and the layout: x itself; in the dtype only: a layout copy.
+  // Already in the dtype and the layout: x itself.
   EXPECT_TRUE(to_dtype(y, DType::f64, MemoryFormat::ChannelsLast).is_same(y));
-  Tensor yc = to_dtype(y, DType::f32);  // back to contiguous f32
+  Tensor yc = to_dtype(gradient_probe(y, &dy), DType::f32);  // back to contiguous f32
   EXPECT_TRUE(yc.is_contiguous());
-  // The gradient of each cast comes back in its source's layout: through yc to y channels-last, then
-  // to x contiguous.
+  // The gradient of each cast comes back in its source's layout: through yc's cast to y
+  // channels-last, then through y's cast to x contiguous.
   Tensor w = random({2, 3, 4, 5}, 2, DType::f32);
   sum(mul(yc, w)).backward();
-  EXPECT_TRUE(x.grad().is_contiguous());
-  EXPECT_EQ(x.grad().to_vector<double>(), w.to_vector<double>());
+  EXPECT_TRUE(dy.is_contiguous(MemoryFormat::ChannelsLast) && !dy.is_contiguous());
+  EXPECT_EQ(dy.dtype(), DType::f64);
+  EXPECT_TRUE(dx.is_contiguous());
+  EXPECT_EQ(dx.to_vector<double>(), w.to_vector<double>());
   // Not 4-D: the format does not apply, the cast is contiguous.
   EXPECT_TRUE(to_dtype(random({3, 4}, 3, DType::f32), DType::f64, MemoryFormat::ChannelsLast).is_contiguous());
 }
@@ -228,4 +234,32 @@ TEST(ChannelsLastCastCuda, TransposingCastsEqualTheCpuToTheBit) {
       EXPECT_EQ(back.to_vector<double>(), want);
     }
   }
+}
+
+// The compiled cnn-small step under bf16 keeps the layouts eager chose: every convolution node of the
+// plan reads and writes channels-last 16-bit tensors (so cuDNN gets no NCHW operand to transpose).
+TEST(ChannelsLastCompileCuda, PlanConvolutionsAreChannelsLast) {
+  REEL_REQUIRE_GPU();
+  AutocastGuard amp(PrecisionPolicy::parse("bf16"));
+  nn::Workload w = nn::make_workload("cnn-small", Device::cuda(), 2, 8);
+  std::vector<optim::MicroBatch> micro;
+  for (const auto& [x, y] : w.micro) micro.push_back({x, y});
+  optim::AdamW opt(w.model->parameters(), optim::AdamWOptions(1e-3));
+  opt.set_accum_steps(2);
+  nn::Module* m = w.model.get();
+  auto step = compile::compile_train_step(
+      opt, [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); }, {compile::Mode::ReduceOverhead});
+  for (int i = 0; i < 3; ++i) step(compile::flatten_micro(micro));
+  ASSERT_NE(step.last_plan(), nullptr);
+  int convs = 0;
+  for (const compile::Node& n : step.last_plan()->graph().nodes) {
+    if (n.op != OpKind::Conv2d && n.op != OpKind::Conv2dBackwardInput && n.op != OpKind::Conv2dBackwardWeight) continue;
+    ++convs;
+    for (const auto& r : n.inputs)
+      if (r) EXPECT_TRUE(has_format(r->shape, r->strides, MemoryFormat::ChannelsLast)) << op_name(n.op);
+    EXPECT_TRUE(has_format(n.outputs[0].shape, n.outputs[0].strides, MemoryFormat::ChannelsLast)) << op_name(n.op);
+  }
+  // 5 forward, 4 input-gradient (the stem's input needs none) and 5 weight-gradient convolutions per
+  // micro-batch.
+  EXPECT_EQ(convs, 2 * (5 + 4 + 5));
 }
