@@ -340,8 +340,9 @@ struct Workspace {
 // the im2col of NHWC x, columns ordered (i, j, c), so that dw comes out in KRSC order. For an RGB
 // stem (C = 3: K = 27, M = N*Ho*Wo = 32768 in cnn-small) the output is tiny and the sum is long:
 // cuDNN pads C to 8 in two extra passes and runs a weight-gradient kernel built for wide channels
-// (about 50 us a call on an H200, the largest single item of cnn-small's step), and cuBLAS on an
-// explicit im2col splits K 256 ways and spends longer reducing than multiplying. So one kernel:
+// (about 50 us a call on an H200, timed alone, the largest single item of cnn-small's step), and
+// cuBLAS on an explicit im2col splits the 32768-long sum 256 ways and spends longer reducing than
+// multiplying. So one kernel (about 21 us timed the same way):
 //   - block b takes a run of positions; per slice of kStemRows positions its threads stage dy's rows
 //     (contiguous in NHWC) and the gathered im2col rows in shared memory, 16-bit, K zero-padded to
 //     Kp (a power of two);
