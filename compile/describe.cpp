@@ -1,7 +1,9 @@
 // Plan descriptions (see describe.h).
 #include "compile/describe.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 namespace reel::compile {
@@ -39,6 +41,41 @@ std::string plan_summary(const Plan& p) {
   return os.str();
 }
 
+namespace {
+
+// What the arena holds at its busiest node, grouped by the op that wrote each buffer and its dtype,
+// largest group first: "k812 holds 901.0 MiB: 24 x matmul+add f32 = 288.0 MiB, ...".
+std::string peak_breakdown(const Graph& g, const Arena& a, size_t max_groups = 12) {
+  const BusiestMoment m = busiest_moment(a);
+  if (m.node < 0) return "";
+  struct Group {
+    size_t count = 0, bytes = 0;
+  };
+  std::map<std::string, Group> groups;
+  for (size_t i : m.live) {
+    const Placement& p = a.placements[i];
+    const Node& writer = g.nodes[size_t(p.first)];
+    DType dtype = DType::f32;
+    for (const TensorRef& r : writer.outputs)
+      if (r.buffer == p.buffer) dtype = r.dtype;
+    const std::string label = (writer.fused.empty() ? std::string(op_name(writer.op)) : fused_str(writer.fused, "+")) +
+                              " " + dtype_name(dtype);
+    groups[label].count += 1;
+    groups[label].bytes += p.nbytes;
+  }
+  std::vector<std::pair<std::string, Group>> sorted(groups.begin(), groups.end());
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.second.bytes > y.second.bytes; });
+  std::ostringstream os;
+  os << "\n    busiest at k" << m.node << ": " << bytes_str(m.bytes) << " live in " << m.live.size()
+     << " buffers, by writer and dtype:";
+  for (size_t k = 0; k < sorted.size() && k < max_groups; ++k)
+    os << "\n      " << sorted[k].second.count << " x " << sorted[k].first << " = " << bytes_str(sorted[k].second.bytes);
+  if (sorted.size() > max_groups) os << "\n      ... " << sorted.size() - max_groups << " more groups";
+  return os.str();
+}
+
+}  // namespace
+
 std::string memory_summary(const Plan& p) {
   const Graph& g = p.graph();
   std::ostringstream os;
@@ -46,6 +83,7 @@ std::string memory_summary(const Plan& p) {
   for (const Arena& a : p.memory().arenas) {
     os << "\n  " << a.device.str() << ": arena " << bytes_str(a.bytes) << " (planned peak of " << a.placements.size()
        << " internal buffers; " << bytes_str(a.unplanned_bytes) << " without reuse)";
+    os << peak_breakdown(g, a);
   }
   size_t ext = 0, in = 0;
   for (const Buffer& b : g.buffers) {

@@ -65,6 +65,25 @@ size_t peak_of(std::vector<std::pair<int, int64_t>> events) {
 
 }  // namespace
 
+BusiestMoment busiest_moment(const Arena& arena) {
+  // Sweep the node indices where lifetimes begin: the live sum only rises there.
+  BusiestMoment best;
+  for (const Placement& start : arena.placements) {
+    size_t bytes = 0;
+    for (const Placement& p : arena.placements)
+      if (p.first <= start.first && start.first <= p.last) bytes += p.nbytes;
+    if (bytes > best.bytes || (bytes == best.bytes && start.first < best.node)) {
+      best.bytes = bytes;
+      best.node = start.first;
+    }
+  }
+  for (size_t i = 0; i < arena.placements.size(); ++i) {
+    const Placement& p = arena.placements[i];
+    if (best.node >= 0 && p.first <= best.node && best.node <= p.last) best.live.push_back(i);
+  }
+  return best;
+}
+
 size_t eager_peak_bytes(const Graph& g, Device device, const std::function<size_t(size_t)>& block) {
   std::vector<int> first(g.buffers.size(), -1);
   for (size_t i = 0; i < g.nodes.size(); ++i) {

@@ -37,6 +37,16 @@ constexpr size_t kArenaAlignment = 256;
 
 MemoryPlan plan_memory(const Graph& g);
 
+// The node at which an arena's buffers hold the most bytes at once, and which buffers those are
+// (indices into arena.placements). The arena is at least `bytes` big; the difference is fragmentation.
+// What `reel plan` breaks down, to show what a step's peak is made of.
+struct BusiestMoment {
+  int node = -1;
+  size_t bytes = 0;
+  std::vector<size_t> live;
+};
+BusiestMoment busiest_moment(const Arena& arena);
+
 // The most bytes the step's buffers hold at once when it runs eagerly: each Internal buffer on `device`
 // is its own allocation of block(nbytes) bytes (the allocator's rounding) from its first node to
 // Buffer::released_after (the tracer saw the program drop it; -1: to the end), so buffers the

@@ -8,6 +8,7 @@
 //     graph breaks (random ops) named with their op, outputs that stay valid across calls.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "compile/compile.h"
@@ -114,6 +115,28 @@ TEST(CompileMemoryPlan, DisjointLifetimesShareBytesOverlappingOnesNever) {
   // An output of the graph lives to the end: it may not share with anything after it.
   g.outputs = {whole(1, 256)};
   EXPECT_EQ(compile::plan_memory(g).arenas[0].bytes, 3072u);
+}
+
+TEST(CompileMemoryPlan, BusiestMomentIsWhereTheMostBytesAreLive) {
+  // b0 (1 KiB) -> b1 (2 KiB) -> b2 (512 B) -> b3 (4 KiB): live sums per node 1K, 3K, 2.5K, 4.5K.
+  compile::Graph g = graph_with_buffers({1024, 2048, 512, 4096});
+  g.nodes = {node({}, {0}), node({0}, {1}), node({1}, {2}), node({2}, {3})};
+  compile::MemoryPlan plan = compile::plan_memory(g);
+  ASSERT_EQ(plan.arenas.size(), 1u);
+  const compile::Arena& a = plan.arenas[0];
+  compile::BusiestMoment m = compile::busiest_moment(a);
+  EXPECT_EQ(m.node, 3);
+  EXPECT_EQ(m.bytes, 512u + 4096u);
+  std::vector<int> live;
+  for (size_t i : m.live) live.push_back(a.placements[i].buffer);
+  std::sort(live.begin(), live.end());
+  EXPECT_EQ(live, (std::vector<int>{2, 3}));
+  EXPECT_LE(m.bytes, a.bytes);
+  // b1 kept to the end (a graph output) makes the last node hold 2K + 512 + 4K.
+  g.outputs = {whole(1, 512)};
+  m = compile::busiest_moment(compile::plan_memory(g).arenas[0]);
+  EXPECT_EQ(m.bytes, 2048u + 512u + 4096u);
+  EXPECT_EQ(m.live.size(), 3u);
 }
 
 TEST(CompileParity, GptStepsMatchEagerToTheBit) {
