@@ -19,10 +19,9 @@ namespace reel::compile {
 
 namespace {
 
-// cuBLAS's and cuBLASLt's workspaces, one each per device (kernels/cuda/register.cu and
-// kernels/cuda/gemm_epilogue.cu allocate these sizes once and keep them, under these names).
-constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
-constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
+// The workspace cuBLAS and cuBLASLt share, one per device (kernels/cuda/register.cu allocates it once
+// and keeps it, under this name, for eager and compiled GEMMs alike).
+constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
 
 // Sets the parameters' gradients aside for the traced step and puts them back after it, so that
 // planning neither drops a caller's accumulated gradients nor leaves a meta tensor in any .grad.
@@ -94,13 +93,12 @@ std::vector<int64_t> candidate_micro_batches(int64_t effective_batch) {
   return out;
 }
 
-size_t library_workspace_bytes(Device device, bool compiled) {
+size_t library_workspace_bytes(Device device) {
   if (!device.is_cuda()) return 0;
-  // The ones already made stay allocated whatever runs next (an earlier compiled step's cuBLASLt
-  // workspace under an eager one); the step adds those it needs and are not made yet.
+  // The ones already made stay allocated whatever runs next; the step adds the GEMMs' one when it is
+  // not made yet (eager and compiled steps both need it).
   std::map<std::string, size_t> ws = library_workspaces(device);
-  ws.emplace("cublas", allocation_bytes(device, kCublasWorkspaceBytes));
-  if (compiled) ws.emplace("cublaslt", allocation_bytes(device, kCublasLtWorkspaceBytes));
+  ws.emplace("cublas", allocation_bytes(device, kBlasWorkspaceBytes));
   size_t n = 0;
   for (const auto& [name, bytes] : ws) n += bytes;
   return n;
@@ -191,7 +189,7 @@ BudgetCandidate plan_candidate(const BudgetSetup& setup, int64_t micro_batch) {
   Graph g = trace_step_graph(setup, micro_batch, traced, true, setup.compile_mode ? c.last_micro_batch : 0);
   // The caller's micro-batches; a compiled plan binds all of them at once into buffers of its own.
   c.input_bytes = step_input_bytes(g, device, traced, c) * (setup.compile_mode ? 2 : 1);
-  c.workspace_bytes = library_workspace_bytes(device, setup.compile_mode.has_value());
+  c.workspace_bytes = library_workspace_bytes(device);
   if (!setup.compile_mode) {
     c.arena_bytes = eager_peak_bytes(g, device, [&](size_t n) { return allocation_bytes(device, n); });
     c.external_bytes = bytes_of_kind(g, BufferKind::External, device);

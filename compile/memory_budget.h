@@ -16,9 +16,9 @@
 //             + inputs         the step's N items of inputs and targets, one block per micro-batch
 //                              (a compiled plan also keeps its own copy of them);
 //             + workspaces     the libraries' persistent workspaces (kernels/library_workspaces.h): on
-//                              CUDA one cuBLAS workspace of 32 MiB per device, for a compiled step the
-//                              cuBLASLt one of its GEMM epilogues, and any other already made (they
-//                              stay for the life of the process); nothing on the CPU.
+//                              CUDA one workspace of 32 MiB per device that cuBLAS and cuBLASLt
+//                              share (eager GEMMs, epilogues, autotuning), and any other already made
+//                              (they stay for the life of the process); nothing on the CPU.
 // An eager step is traced with min(ACCUM, 2) micro-batches: the second already overlaps the
 // gradients the first left, and every later one repeats it, so a longer step has the same peak. A
 // compiled one is traced whole (ACCUM micro-batches, the last one smaller where N asks): its arena is
@@ -99,8 +99,8 @@ struct BudgetChoice {
 
 // 1, 2, 4, ... up to N, and N itself when it is not a power of two.
 std::vector<int64_t> candidate_micro_batches(int64_t effective_batch);
-// The fixed library workspaces on `device` for an eager or a compiled step (see the top of this file).
-size_t library_workspace_bytes(Device device, bool compiled = false);
+// The fixed library workspaces on `device` for a step, eager or compiled (see the top of this file).
+size_t library_workspace_bytes(Device device);
 // The bytes the allocator of `device` holds for a request of `nbytes` (its rounding); `nbytes` itself
 // where this build has no allocator for the device.
 size_t allocation_bytes(Device device, size_t nbytes);

@@ -56,6 +56,11 @@ cudnnHandle_t cudnn_handle(Device device);
 Tensor workspace(size_t bytes, Device device);
 // A workspace kept for the life of the process, recorded by name (kernels/library_workspaces.h).
 Tensor persistent_workspace(const char* name, size_t bytes, Device device);
+// The one workspace of cuBLAS and cuBLASLt on `device` (this thread's): kBlasWorkspaceBytes, made once
+// and kept ("cublas"). Every GEMM of a thread runs on that thread's stream one after another, so the
+// handle's GEMMs, the epilogue GEMMs and autotuning share it instead of holding 32 MiB each.
+constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
+const Tensor& blas_workspace(Device device);
 
 // Host scalar type -> device scalar type.
 template <typename T> struct DeviceScalar { using type = T; };

@@ -48,8 +48,6 @@ namespace {
 constexpr int kCandidates = 8;                             // heuristic proposals timed per problem
 constexpr int kTimedRuns = 5;                              // after one warm-up run
 constexpr int kSpinMicroseconds = 100;                     // see time_ms
-constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;     // as the cuBLAS handle's
-constexpr int kMaxDevices = 16;
 
 std::atomic<int64_t> tunings{0};
 
@@ -169,7 +167,7 @@ struct Candidate {
 std::vector<Candidate> lt_candidates(const LtPlan& plan, Device device, const Alignments& al, bool out16) {
   Preference owner;
   const cublasLtMatmulPreference_t pref = owner.p;
-  uint64_t ws = kLtWorkspaceBytes;
+  uint64_t ws = kBlasWorkspaceBytes;
   REEL_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   if (out16)
@@ -189,7 +187,7 @@ std::vector<Candidate> lt_candidates(const LtPlan& plan, Device device, const Al
   if (st != CUBLAS_STATUS_SUCCESS) return algos;
   for (int i = 0; i < n; ++i) {
     const cublasLtMatmulHeuristicResult_t& r = results[i];
-    if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > kLtWorkspaceBytes) continue;
+    if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > kBlasWorkspaceBytes) continue;
     if (out16 && !reduces_in_compute_type(r.algo)) continue;
     algos.push_back({r.algo});
   }
@@ -197,12 +195,6 @@ std::vector<Candidate> lt_candidates(const LtPlan& plan, Device device, const Al
 }
 
 // ---- running and timing ----
-
-Tensor& lt_workspace(Device device) {
-  thread_local Tensor ws[kMaxDevices];
-  if (!ws[device.index].defined()) ws[device.index] = persistent_workspace("cublaslt-autotune", kLtWorkspaceBytes, device);
-  return ws[device.index];
-}
 
 // One cublasLtMatmul of the plan with `algo` into c (C and D both c); the status is the caller's.
 cublasStatus_t lt_matmul(const LtPlan& plan, const cublasLtMatmulAlgo_t& algo, bool accumulate, Device device,
@@ -212,7 +204,7 @@ cublasStatus_t lt_matmul(const LtPlan& plan, const cublasLtMatmulAlgo_t& algo, b
   const void* alpha = plan.f64_scale ? static_cast<const void*>(&d[1]) : static_cast<const void*>(&f[1]);
   const void* beta = plan.f64_scale ? static_cast<const void*>(&d[accumulate]) : static_cast<const void*>(&f[accumulate]);
   return cublasLtMatmul(cublaslt_handle(device), plan.desc, alpha, a, plan.la, b, plan.lb, beta, c, plan.lc, c,
-                        plan.lc, &algo, lt_workspace(device).data_ptr(), kLtWorkspaceBytes, stream_of(device));
+                        plan.lc, &algo, blas_workspace(device).data_ptr(), kBlasWorkspaceBytes, stream_of(device));
 }
 
 struct Event {
@@ -265,7 +257,7 @@ std::unique_ptr<LtPlan> tune(const GemmProblem& p, const void* a, const void* b,
   al.c = std::min(al.c, alignment(c, p.stride_c, p.batch, es_out));
   const std::vector<Candidate> algos = lt_candidates(*plan, p.device, al, is_16bit(p.out));
   if (algos.empty()) return nullptr;  // nothing to compare the untuned path with
-  lt_workspace(p.device);  // allocated now, eagerly, for the calls that replay the choice
+  blas_workspace(p.device);  // allocated now, eagerly, for the calls that replay the choice
 
   std::optional<float> best = time_ms(p.device, [&] { run_default(c); return true; });
   int best_i = -1;

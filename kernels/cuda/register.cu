@@ -35,13 +35,17 @@ void set_device(Device device) {
 }
 }  // namespace
 
+const Tensor& blas_workspace(Device device) {
+  thread_local Tensor workspaces[kMaxDevices];
+  Tensor& ws = workspaces[device.index];
+  if (!ws.defined()) ws = persistent_workspace("cublas", kBlasWorkspaceBytes, device);
+  return ws;
+}
+
 // cuBLAS gets a workspace of ours: its own default pool allocates lazily, which would break a CUDA
 // graph capture, and cublasSetStream resets the workspace, so it is set again after every rebind.
-constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
-
 cublasHandle_t cublas_handle(Device device) {
   thread_local cublasHandle_t handles[kMaxDevices] = {};
-  thread_local Tensor workspaces[kMaxDevices];
   set_device(device);
   cublasHandle_t& h = handles[device.index];
   if (!h) {
@@ -49,10 +53,9 @@ cublasHandle_t cublas_handle(Device device) {
     // Exact f32 GEMMs (no TF32) and f32 split-K partial sums: parity with the CPU is the contract.
     REEL_CUBLAS_CHECK(cublasSetMathMode(
         h, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-    workspaces[device.index] = persistent_workspace("cublas", kCublasWorkspaceBytes, device);
   }
   REEL_CUBLAS_CHECK(cublasSetStream(h, stream_of(device)));
-  REEL_CUBLAS_CHECK(cublasSetWorkspace(h, workspaces[device.index].data_ptr(), kCublasWorkspaceBytes));
+  REEL_CUBLAS_CHECK(cublasSetWorkspace(h, blas_workspace(device).data_ptr(), kBlasWorkspaceBytes));
   return h;
 }
 
