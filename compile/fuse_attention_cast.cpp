@@ -10,18 +10,23 @@ namespace reel::compile {
 #ifdef REEL_CUDA
 namespace {
 
-// Forward. in: qkv; out: y, lse, y16.
+// Forward. in: qkv; out: y, lse, y16, or only lse, y16 when the f32 y is not kept.
 class AttentionCastKernel : public FusedKernel {
  public:
-  AttentionCastKernel(int64_t heads, DType compute) : heads_(heads), compute_(compute) {}
+  AttentionCastKernel(int64_t heads, DType compute, bool writes_y = true)
+      : heads_(heads), compute_(compute), writes_y_(writes_y) {}
   void run(const std::vector<Tensor>& in, const std::vector<Tensor>& out) override {
-    cuda::causal_attention_fwd_into(in[0], heads_, compute_, out[0], out[1], out[2]);
+    if (writes_y_) cuda::causal_attention_fwd_into(in[0], heads_, compute_, out[0], out[1], out[2]);
+    else cuda::causal_attention_fwd_into(in[0], heads_, compute_, Tensor(), out[0], out[1]);
   }
-  std::string name() const override { return "causal attention, also into 16 bits"; }
+  std::string name() const override {
+    return writes_y_ ? "causal attention, also into 16 bits" : "causal attention into 16 bits";
+  }
 
  private:
   int64_t heads_;
   DType compute_;
+  bool writes_y_;
 };
 
 // Backward. in: dy, qkv, y, lse; out: dqkv, dqkv16.
@@ -54,6 +59,31 @@ int match(const Graph& g, const BufferUses& u, size_t i) {
   return cast;
 }
 
+// After the casts are folded: a forward whose f32 y only the backward reads (as its input 2). The
+// backward then reads y16 (the D = dy . y term sees y rounded, as PyTorch's 16-bit attention does) and
+// the forward writes y16 alone, so the step keeps half the bytes of y for the backward.
+void keep_only_16bit_y(Graph& g) {
+  const BufferUses u = buffer_uses(g);
+  for (Node& f : g.nodes) {
+    if (f.op != OpKind::CausalAttention || f.outputs.size() != 3 || !f.kernel || f.fused.size() != 2) continue;
+    const TensorRef y = f.outputs[0], y16 = f.outputs[2];
+    if (!internal_once(g, u, y)) continue;
+    bool only_backward = !u.readers[y.buffer].empty();
+    for (int k : u.readers[y.buffer]) {
+      const Node* r = k < int(g.nodes.size()) ? &g.nodes[size_t(k)] : nullptr;
+      only_backward = only_backward && r && r->op == OpKind::CausalAttentionBackward && r->inputs.size() == 4 &&
+                      r->inputs[2] && same_ref(*r->inputs[2], y) && r->attrs.i("compute") == f.attrs.i("compute");
+      for (size_t j = 0; r && j < r->inputs.size(); ++j)
+        only_backward = only_backward && (j == 2 || !r->inputs[j] || r->inputs[j]->buffer != y.buffer);
+    }
+    if (!only_backward) continue;
+    for (int k : u.readers[y.buffer]) g.nodes[size_t(k)].inputs[2] = y16;
+    f.outputs.erase(f.outputs.begin());
+    f.kernel = std::make_shared<AttentionCastKernel>(f.attrs.i("heads"), static_cast<DType>(f.attrs.i("compute")),
+                                                     /*writes_y=*/false);
+  }
+}
+
 }  // namespace
 #endif
 
@@ -77,6 +107,7 @@ void fuse_attention_cast(Graph& g, PassStats& stats) {
     drop[size_t(cast)] = true;
     stats.fused += 1;
   });
+  keep_only_16bit_y(g);
 #else
   (void)g;
   (void)stats;

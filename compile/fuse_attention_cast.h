@@ -6,6 +6,11 @@
 // goes: one kernel and one read of the f32 result fewer per op. The f32 result stays (it has other
 // readers). Applies when the cast is to the op's compute dtype, its output is contiguous and untouched
 // before the cast, and the tensors are on the GPU; the copy equals the unfused cast to the bit.
+//
+// Then, where the forward's f32 y is read by nothing but the backward (the GPT's case: y16 feeds the
+// projection's GEMM), the backward reads y16 instead and the forward no longer writes the f32 y: the
+// step keeps y for the backward in 16 bits, as PyTorch's autocast does. Only the backward's row sums
+// D = dy . y change (by y's rounding), so this one step is within tolerance of eager, not bitwise.
 #pragma once
 #include "compile/passes.h"
 

@@ -1,8 +1,12 @@
 // GEMM epilogue fusion (see fuse_gemm_epilogue.h).
 #include "compile/fuse_gemm_epilogue.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <map>
 #include <optional>
 
+#include "compile/fused_expr.h"
 #include "kernels/schema/views.h"
 #ifdef REEL_CUDA
 #include "kernels/cuda/gemm_epilogue.h"
@@ -83,8 +87,116 @@ std::optional<Node> match(const Graph& g, size_t i, const std::vector<int>& read
   return n;
 }
 
+// A node fuse_gemm_epilogue made from a 16-bit GEMM, autocast's cast to f32 and the bias add.
+bool is_16bit_gemm_bias_to_f32(const Node& n) {
+  return n.op == OpKind::Add && n.kernel && dynamic_cast<const GemmBiasKernel*>(n.kernel.get()) &&
+         n.inputs.size() == 3 && n.inputs[0] && n.inputs[1] && n.inputs[2] &&
+         (n.inputs[0]->dtype == DType::bf16 || n.inputs[0]->dtype == DType::f16) && n.outputs.size() == 1 &&
+         n.outputs[0].dtype == DType::f32;
+}
+
+// How node r reads z's buffer: 1 when it takes z as attention's qkv, 2 when it is elementwise and reads
+// z once, 0 when neither (the pass leaves z alone).
+int reader_kind(const Node& r, const TensorRef& z, DType compute) {
+  int refs = 0;
+  for (const auto& in : r.inputs) refs += in && in->buffer == z.buffer;
+  if (refs != 1) return 0;
+  const size_t qkv = r.op == OpKind::CausalAttention ? 0 : r.op == OpKind::CausalAttentionBackward ? 1 : SIZE_MAX;
+  if (qkv != SIZE_MAX)
+    return qkv < r.inputs.size() && r.inputs[qkv] && same_ref(*r.inputs[qkv], z) &&
+                   r.attrs.i("compute") == int64_t(compute)
+               ? 1
+               : 0;
+  return is_fusable_op(r.op) && !r.kernel && !r.in_place ? 2 : 0;
+}
+
 }  // namespace
 #endif
+
+void store_gemm_bias_16bit(Graph& g, PassStats& stats) {
+#ifdef REEL_CUDA
+  (void)stats;  // no node goes; the casts inserted here are folded by elementwise fusion
+  const BufferUses u = buffer_uses(g);
+  std::vector<std::vector<Node>> casts_before(g.nodes.size());
+  // A new Internal buffer for `like` (its shape, contiguous) in `dtype`, and the cast of `src` into it.
+  auto cast_node = [&](const TensorRef& src, DType dtype, Device device) {
+    Buffer t;
+    t.id = int(g.buffers.size());
+    t.kind = BufferKind::Internal;
+    t.nbytes = size_t(numel_of(src.shape)) * dtype_size(dtype);
+    t.device = device;
+    TensorRef dst{t.id, src.shape, contiguous_strides(src.shape), 0, dtype};
+    g.buffers.push_back(std::move(t));
+    return Node{OpKind::Copy, Attrs(), {src}, {dst}, false, {}, nullptr};
+  };
+  std::map<int, std::pair<TensorRef, int>> bias16_of;  // f32 bias buffer -> its 16-bit cast, made before node
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node& n = g.nodes[i];
+    if (!is_16bit_gemm_bias_to_f32(n)) continue;
+    const TensorRef z = n.outputs[0];
+    const DType c = n.inputs[0]->dtype;
+    Buffer& zb = g.buffers[z.buffer];
+    if (!internal_once(g, u, z) || !is_contiguous(z) || z.offset != 0 || zb.nbytes < z.nbytes() || !zb.storage ||
+        u.readers[z.buffer].empty())
+      continue;
+    bool ok = true;
+    for (int k : u.readers[z.buffer])
+      ok = ok && k < int(g.nodes.size()) && k > int(i) && reader_kind(g.nodes[size_t(k)], z, c) != 0;
+    if (!ok) continue;
+    // cuBLASLt's answer for the 16-bit result (the traced block is large enough for a view of it),
+    // with the f32 bias or, where it has no such kernel, the bias cast to 16 bits as PyTorch's
+    // autocast does (views of the f32 blocks stand in for the 16-bit tensors in the query).
+    TensorRef z16 = z, bias = *n.inputs[2], bias16 = *n.inputs[2];
+    z16.dtype = bias16.dtype = c;
+    const std::optional<TensorRef> a2 = as_matrix(*n.inputs[0]), y2 = as_matrix(z16);
+    if (!a2 || !y2) continue;
+    auto supported = [&](const TensorRef& b) {
+      return cuda::gemm_bias_supported(traced(g, *a2), traced(g, *n.inputs[1]), traced(g, b), traced(g, *y2));
+    };
+    const bool f32_bias = supported(bias);
+    if (!f32_bias && !(is_contiguous(bias) && supported(bias16))) continue;
+    if (!f32_bias) {
+      auto it = bias16_of.find(bias.buffer);
+      bool reuse = it != bias16_of.end();
+      for (int w : u.writers[bias.buffer]) reuse = reuse && !(it->second.second <= w && w < int(i));
+      if (!reuse) {
+        Node cast = cast_node(bias, c, g.buffers[bias.buffer].device);
+        it = bias16_of.insert_or_assign(bias.buffer, std::make_pair(cast.outputs[0], int(i))).first;
+        casts_before[i].push_back(std::move(cast));
+      }
+      n.inputs[2] = it->second.first;
+    }
+    zb.nbytes = z16.nbytes();
+    n.outputs[0] = z16;
+    n.kernel = std::make_shared<GemmBiasKernel>(*a2, *y2);
+    std::vector<int> readers = u.readers[z.buffer];
+    readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
+    for (int k : readers) {
+      Node& r = g.nodes[size_t(k)];
+      const int kind = reader_kind(r, z, c);
+      for (auto& in : r.inputs) {
+        if (!in || in->buffer != z.buffer) continue;
+        in->dtype = c;
+        if (kind == 1) continue;  // attention reads the 16-bit qkv itself
+        // Elementwise: an f32 copy of what r reads, made just before r; r reads the copy.
+        Node cast = cast_node(*in, DType::f32, zb.device);
+        *in = cast.outputs[0];
+        casts_before[size_t(k)].push_back(std::move(cast));
+      }
+    }
+  }
+  std::vector<Node> out;
+  out.reserve(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    for (Node& c : casts_before[i]) out.push_back(std::move(c));
+    out.push_back(std::move(g.nodes[i]));
+  }
+  g.nodes = std::move(out);
+#else
+  (void)g;
+  (void)stats;
+#endif
+}
 
 void fuse_gemm_epilogue(Graph& g, PassStats& stats) {
 #ifdef REEL_CUDA

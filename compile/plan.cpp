@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "compile/describe.h"
+#include "compile/fuse_bias_grad_cast.h"
 #include "compile/fuse_elementwise.h"
 #include "compile/fuse_gemm_epilogue.h"
 #include "compile/fuse_matmul_cast.h"
@@ -38,12 +39,14 @@ Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats) {
   fold_constants(g, stats);
   eliminate_common_subexpressions(g, stats);
   if (options.fuse) {
-    fuse_gemm_epilogue(g, stats);  // first: it needs the add after a matmul before elementwise fusion takes it
+    fuse_bias_grad_cast(g, stats);  // bias gradients summed from the 16-bit gradient, before casts are folded
+    fuse_gemm_epilogue(g, stats);  // it needs the add after a matmul before elementwise fusion takes it
     fuse_matmul_cast(g, stats);    // then the remaining GEMMs whose 16-bit result is only cast back to f32
     fuse_matmul_accumulate(g, stats);  // and weight gradients written (or accumulated) by their GEMM
     fuse_masked_softmax(g, stats);     // attention's mask + softmax (+ cast), forward and backward
     fuse_norm_cast(g, stats);          // layer norms writing the 16-bit input of their GEMM
     fuse_attention_cast(g, stats);     // attention (forward, backward) also writing its GEMM's 16-bit input
+    store_gemm_bias_16bit(g, stats);   // GEMM results that attention or elementwise ops read, kept in 16 bits
     fuse_norm_backward_add(g, stats);  // layer-norm backward adding the residual branch's gradient
     fuse_elementwise(g, stats, options.build_kernels);
     fuse_optimizer(g, stats);  // one multi-tensor kernel per run of optimizer updates

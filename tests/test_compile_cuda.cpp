@@ -207,11 +207,29 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
     for (const compile::Node& n : step.last_plan()->graph().nodes)
       grad_by_gemm = grad_by_gemm || (n.in_place && !n.fused.empty() && n.fused.front() == "matmul" && n.fused.back() == "add");
     EXPECT_TRUE(grad_by_gemm) << prec << ": no weight gradient accumulated by its GEMM";
+    size_t bias_sums_16 = 0;  // bias gradients summed from the bf16 gradient (compile/fuse_bias_grad_cast.h)
+    for (const compile::Node& n : step.last_plan()->graph().nodes)
+      bias_sums_16 += n.op == OpKind::Sum && n.kernel && n.inputs[0] && n.inputs[0]->dtype == DType::bf16;
+    EXPECT_EQ(bias_sums_16 > 0, std::string(prec) == "bf16") << prec;
     if (std::string(prec) == "bf16") {
       bool cast_in_gemm = false;  // a GEMM writing f32 straight from bf16 operands (attention, backward)
       for (const compile::Node& n : step.last_plan()->graph().nodes)
         cast_in_gemm = cast_in_gemm || (n.fused.size() >= 2 && n.fused[0] == "matmul" && n.fused[1] == "copy");
       EXPECT_TRUE(cast_in_gemm) << "no GEMM took autocast's cast of its result";
+      // Activations kept in 16 bits (compile/fuse_gemm_epilogue.h, compile/fuse_attention_cast.h): the
+      // qkv and fc GEMMs write bf16, attention reads bf16 qkv, and its backward reads the bf16 y.
+      int gemm16 = 0, attention_y16 = 0, attention_bwd16 = 0;
+      for (const compile::Node& n : step.last_plan()->graph().nodes) {
+        gemm16 += n.fused == std::vector<std::string>{"matmul", "copy", "add"} && !n.in_place &&
+                  n.outputs[0].dtype == DType::bf16;
+        attention_y16 += n.op == OpKind::CausalAttention && n.outputs.size() == 2 && n.inputs[0]->dtype == DType::bf16 &&
+                         n.outputs[1].dtype == DType::bf16;
+        attention_bwd16 += n.op == OpKind::CausalAttentionBackward && n.inputs[1]->dtype == DType::bf16 &&
+                           n.inputs[2]->dtype == DType::bf16;
+      }
+      EXPECT_EQ(gemm16, 2 * 2 * 3) << "qkv and fc of 2 layers x 3 micro-batches";
+      EXPECT_EQ(attention_y16, 2 * 3);
+      EXPECT_EQ(attention_bwd16, 2 * 3);
     }
     EXPECT_GT(step.last_plan()->stats().fused, 0u);
     auto pe = eager_model->parameters(), pf = fused_model->parameters();

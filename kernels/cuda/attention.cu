@@ -158,18 +158,19 @@ __device__ void load_tile(C* __restrict__ dst, const In* __restrict__ src, int64
 
 // The dO tile of query rows [row0, row0 + 64) rounded to C, with D = dy . y (unrounded) and lse per row.
 // A row's chunks lie in per_row consecutive lanes (a power of two dividing 32), which sum D by shuffles.
-template <typename C, int HD, typename In>
-__device__ void load_grad_tile(const TiledSmem<C, HD>& sm, const In* __restrict__ dy, const In* __restrict__ y,
+template <typename C, int HD, typename In, typename Y>
+__device__ void load_grad_tile(const TiledSmem<C, HD>& sm, const In* __restrict__ dy, const Y* __restrict__ y,
                                const float* __restrict__ lse, int64_t d, int row0, int T) {
   using K = TileChunks<HD>;
   static_assert(K::per_row <= 32 && 32 % K::per_row == 0, "a row's chunks must lie within one warp");
-  Vec4<In> g[K::per_thread], yv[K::per_thread];
+  Vec4<In> g[K::per_thread];
+  Vec4<Y> yv[K::per_thread];
 #pragma unroll
   for (int i = 0; i < K::per_thread; ++i) {
     const int t = row0 + K::row(i);
     const int64_t at = int64_t(t) * d + K::col(i);
     g[i] = t < T ? load4(dy + at) : Vec4<In>{};
-    yv[i] = t < T ? load4(y + at) : Vec4<In>{};
+    yv[i] = t < T ? load4(y + at) : Vec4<Y>{};
   }
 #pragma unroll
   for (int i = 0; i < K::per_thread; ++i) {
@@ -256,9 +257,9 @@ __device__ void store_rows(Acc16 (&acc)[HD / 16], float* scratch, Out* dst, C* d
   __syncwarp();
 }
 
-// Forward. grid (ceil(T / 64), B H); qkv (B, T, 3d), y (B, T, d), lse (B, H, T).
-template <typename In, typename C, int HD>
-__global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const In* __restrict__ qkv, In* __restrict__ y,
+// Forward. grid (ceil(T / 64), B H); qkv (B, T, 3d), y (B, T, d), lse (B, H, T). y or y16 may be null.
+template <typename In, typename Q, typename C, int HD>
+__global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const Q* __restrict__ qkv, In* __restrict__ y,
                                                                C* __restrict__ y16, float* __restrict__ lse, int T,
                                                                int H, int d, float scale) {
   using S = Strides<HD>;
@@ -267,7 +268,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const In* __rest
   const TiledSmem<C, HD> sm(raw, warp);
   const int qt = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, q0 = qt * kTile;
   const int64_t width = 3 * int64_t(d);
-  const In* base = qkv + int64_t(b) * T * width + h * HD;
+  const Q* base = qkv + int64_t(b) * T * width + h * HD;
   load_tile<C, HD>(sm.q, base, width, q0, T);
   for (int i = lane; i < 16 * S::lds; i += 32) sm.o[i] = 0.0f;
   // This lane's share of the softmax: row r of the warp's 16, columns c = 2 j + half (interleaved, so
@@ -320,16 +321,16 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const In* __rest
     if (tt >= T) break;
     for (int c = lane; c < HD; c += 32) {
       const In v = from_acc<In>(sm.o[rr * S::lds + c]);
-      y[at + int64_t(tt) * d + c] = v;
+      if (y) y[at + int64_t(tt) * d + c] = v;
       if (y16) y16[at + int64_t(tt) * d + c] = from_acc<C>(to_acc(v));
     }
   }
 }
 
 // Backward. grid (ceil(T / 64), B H, 2); dqkv (B, T, 3d). See the file's opening comment for the roles.
-template <typename In, typename C, int HD>
-__global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tiled(const In* __restrict__ dy, const In* __restrict__ qkv,
-                                                               const In* __restrict__ y, const float* __restrict__ lse,
+template <typename In, typename Q, typename Y, typename C, int HD>
+__global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tiled(const In* __restrict__ dy, const Q* __restrict__ qkv,
+                                                               const Y* __restrict__ y, const float* __restrict__ lse,
                                                                In* __restrict__ dqkv, C* __restrict__ dqkv16, int T,
                                                                int H, int d, float scale) {
   using S = Strides<HD>;
@@ -338,9 +339,9 @@ __global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tile
   const TiledSmem<C, HD> sm(raw, warp);
   const int tile = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, tiles = (T + kTile - 1) / kTile;
   const int64_t width = 3 * int64_t(d);
-  const In* base = qkv + int64_t(b) * T * width + h * HD;
+  const Q* base = qkv + int64_t(b) * T * width + h * HD;
   const In* dy_b = dy + int64_t(b) * T * d + h * HD;
-  const In* y_b = y + int64_t(b) * T * d + h * HD;
+  const Y* y_b = y + int64_t(b) * T * d + h * HD;
   const float* lse_bh = lse + int64_t(blockIdx.y) * T;
   In* out = dqkv + int64_t(b) * T * width + h * HD;
   C* out16 = dqkv16 ? dqkv16 + int64_t(b) * T * width + h * HD : nullptr;
@@ -438,8 +439,8 @@ __device__ A block_max(A v) {
 }
 
 // x . y over hd values, both rounded to C, summed by the warp (every lane gets it).
-template <typename C, typename A, typename In>
-__device__ A warp_dot_rounded(const In* x, const In* y, int hd) {
+template <typename C, typename A, typename X, typename Z>
+__device__ A warp_dot_rounded(const X* x, const Z* y, int hd) {
   A acc = 0;
   for (int c = threadIdx.x % 32; c < hd; c += 32) acc += round_c<C>(A(to_acc(x[c]))) * round_c<C>(A(to_acc(y[c])));
   return warp_sum(acc);
@@ -447,14 +448,14 @@ __device__ A warp_dot_rounded(const In* x, const In* y, int hd) {
 
 constexpr int kRowThreads = 128;
 
-// Forward, one block per query row. grid (T, B H), shared memory T values of A.
-template <typename In, typename C, typename A>
-__global__ void attention_fwd_rows(const In* qkv, In* y, C* y16, A* lse, int T, int H, int d, int hd, A scale) {
+// Forward, one block per query row. grid (T, B H), shared memory T values of A. y or y16 may be null.
+template <typename In, typename Q, typename C, typename A>
+__global__ void attention_fwd_rows(const Q* qkv, In* y, C* y16, A* lse, int T, int H, int d, int hd, A scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   A* score = reinterpret_cast<A*>(raw);
   const int t = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int64_t width = 3 * int64_t(d);
-  const In* base = qkv + int64_t(b) * T * width + h * hd;
+  const Q* base = qkv + int64_t(b) * T * width + h * hd;
   for (int s = warp; s <= t; s += warps) {
     const A dot = warp_dot_rounded<C, A>(base + int64_t(t) * width, base + int64_t(s) * width + d, hd);
     if (threadIdx.x % 32 == 0) score[s] = dot * scale;
@@ -474,7 +475,7 @@ __global__ void attention_fwd_rows(const In* qkv, In* y, C* y16, A* lse, int T, 
     A acc = 0;
     for (int s = 0; s <= t; ++s) acc += round_c<C>(score[s]) * round_c<C>(A(to_acc(base[int64_t(s) * width + 2 * d + c])));
     const In v = from_acc<In>(acc / l);
-    y[(int64_t(b) * T + t) * d + h * hd + c] = v;
+    if (y) y[(int64_t(b) * T + t) * d + h * hd + c] = v;
     if (y16) y16[(int64_t(b) * T + t) * d + h * hd + c] = from_acc<C>(to_acc(v));
   }
   if (threadIdx.x == 0) lse[int64_t(blockIdx.y) * T + t] = mx + log(l);
@@ -482,8 +483,8 @@ __global__ void attention_fwd_rows(const In* qkv, In* y, C* y16, A* lse, int T, 
 
 // Backward, one block per row: z = 0 key row s (dk, dv), z = 1 query row t (dq).
 // grid (T, B H, 2), shared memory 2 T values of A.
-template <typename In, typename C, typename A>
-__global__ void attention_bwd_rows(const In* dy, const In* qkv, const In* y, const A* lse, In* dqkv, C* dqkv16, int T,
+template <typename In, typename Q, typename Y, typename C, typename A>
+__global__ void attention_bwd_rows(const In* dy, const Q* qkv, const Y* y, const A* lse, In* dqkv, C* dqkv16, int T,
                                    int H, int d, int hd, A scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   A* pr = reinterpret_cast<A*>(raw);  // rounded P per partner row
@@ -491,9 +492,9 @@ __global__ void attention_bwd_rows(const In* dy, const In* qkv, const In* y, con
   const int row = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, warp = threadIdx.x / 32,
             warps = blockDim.x / 32, lane = threadIdx.x % 32;
   const int64_t width = 3 * int64_t(d);
-  const In* base = qkv + int64_t(b) * T * width + h * hd;
+  const Q* base = qkv + int64_t(b) * T * width + h * hd;
   const In* g = dy + int64_t(b) * T * d + h * hd;
-  const In* yo = y + int64_t(b) * T * d + h * hd;
+  const Y* yo = y + int64_t(b) * T * d + h * hd;
   const A* l = lse + int64_t(blockIdx.y) * T;
   In* out = dqkv + int64_t(b) * T * width + h * hd;
   C* out16 = dqkv16 ? dqkv16 + int64_t(b) * T * width + h * hd : nullptr;
@@ -578,48 +579,70 @@ void check_row_smem(size_t bytes, int T, const char* op) {
 
 // An optional 16-bit copy of an output: its device pointer as C*, or null; it must be of the compute dtype.
 template <typename C>
-C* copy16_ptr(const Tensor& t, DType compute, const Tensor& like, const char* op) {
+C* copy16_ptr(const Tensor& t, DType compute, const Shape& shape, const char* op) {
   if (!t.defined()) return nullptr;
-  REEL_CHECK(t.dtype() == compute && t.shape() == like.shape() && t.is_contiguous(), op, ": the 16-bit copy ",
-             shape_str(t.shape()), " ", t.dtype(), " must be a contiguous ", shape_str(like.shape()), " ",
+  REEL_CHECK(t.dtype() == compute && t.shape() == shape && t.is_contiguous(), op, ": the 16-bit copy ",
+             shape_str(t.shape()), " ", t.dtype(), " must be a contiguous ", shape_str(shape), " ",
              dtype_name(compute), " (the compute dtype)");
   return static_cast<C*>(t.data_ptr());
+}
+template <typename C>
+C* copy16_ptr(const Tensor& t, DType compute, const AttentionGeometry& g, const char* op) {
+  return copy16_ptr<C>(t, compute, Shape{g.B, g.T, g.d}, op);
+}
+
+// Calls fn.template operator()<T>() with T the device type operand t is stored in: In where t has the
+// value dtype, or, for f32 values, C where t is in the 16-bit compute dtype (the compiler keeps qkv
+// and the saved y in 16 bits when the kernels round them to C anyway: compile/fuse_attention_cast.h).
+template <typename In, typename C, typename Fn>
+void visit_operand(const Tensor& t, DType value, DType compute, const char* op, const char* what, Fn&& fn) {
+  if (t.dtype() == value) return fn.template operator()<In>();
+  if constexpr (std::is_same_v<In, float> && kSixteenBit<C>) {
+    if (t.dtype() == compute) return fn.template operator()<C>();
+  }
+  throw Error(detail::cat(op, ": ", what, " ", shape_str(t.shape()), " is ", dtype_name(t.dtype()), "; expected ",
+                          dtype_name(value), " (the value dtype)",
+                          value == DType::f32 && compute != DType::f32 ? std::string(" or ") + dtype_name(compute) + " (the compute dtype)" : ""));
 }
 
 }  // namespace
 
 void causal_attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType compute, const Tensor& y, const Tensor& lse,
                                const Tensor& y16) {
+  REEL_CHECK(y.defined() || y16.defined(), "causal_attention: neither y nor its 16-bit copy is asked for");
   Tensor qkv = contiguous_on_device(qkv_in);
   const AttentionGeometry g(qkv, Attrs().set("heads", heads));
   if (int64_t(g.B) * g.T * g.H == 0) return;
   cudaStream_t stream = stream_of(qkv);
-  visit_float(qkv.dtype(), "causal_attention", [&]<typename In>() {
+  const DType value = y.defined() ? y.dtype() : DType::f32;  // the dtype y is computed in
+  visit_float(value, "causal_attention", [&]<typename In>() {
     visit_compute<In>(compute, [&]<typename C>() {
-      using A = Acc<In>;
-      C* p16 = copy16_ptr<C>(y16, compute, y, "causal_attention");
-      bool tiled = false;
-      if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
-        tiled = visit_tiled_head(g.hd, [&]<int HD>() {
-          constexpr size_t bytes = tiled_smem_bytes<C, HD>();
-          static const bool ready = (allow_smem(attention_fwd_tiled<In, C, HD>, bytes), true);
-          (void)ready;
-          const dim3 grid((g.T + kTile - 1) / kTile, g.B * g.H);
-          attention_fwd_tiled<In, C, HD><<<grid, kThreads, bytes, stream>>>(
-              static_cast<const In*>(qkv.data_ptr()), static_cast<In*>(y.data_ptr()), p16,
-              static_cast<float*>(lse.data_ptr()), g.T, g.H, g.d, 1.0f / std::sqrt(float(g.hd)));
+      visit_operand<In, C>(qkv, value, compute, "causal_attention", "qkv", [&]<typename Q>() {
+        using A = Acc<In>;
+        In* py = y.defined() ? static_cast<In*>(y.data_ptr()) : nullptr;
+        C* p16 = copy16_ptr<C>(y16, compute, g, "causal_attention");
+        const Q* px = static_cast<const Q*>(qkv.data_ptr());
+        bool tiled = false;
+        if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
+          tiled = visit_tiled_head(g.hd, [&]<int HD>() {
+            constexpr size_t bytes = tiled_smem_bytes<C, HD>();
+            static const bool ready = (allow_smem(attention_fwd_tiled<In, Q, C, HD>, bytes), true);
+            (void)ready;
+            const dim3 grid((g.T + kTile - 1) / kTile, g.B * g.H);
+            attention_fwd_tiled<In, Q, C, HD><<<grid, kThreads, bytes, stream>>>(
+                px, py, p16, static_cast<float*>(lse.data_ptr()), g.T, g.H, g.d, 1.0f / std::sqrt(float(g.hd)));
+            REEL_CUDA_LAUNCH_CHECK();
+          });
+        }
+        if (!tiled) {
+          const size_t bytes = sizeof(A) * size_t(g.T);
+          check_row_smem(bytes, g.T, "causal_attention");
+          if (bytes > 48 * 1024) allow_smem(attention_fwd_rows<In, Q, C, A>, bytes);
+          attention_fwd_rows<In, Q, C, A><<<dim3(g.T, g.B * g.H), kRowThreads, bytes, stream>>>(
+              px, py, p16, static_cast<A*>(lse.data_ptr()), g.T, g.H, g.d, g.hd, A(1) / std::sqrt(A(g.hd)));
           REEL_CUDA_LAUNCH_CHECK();
-        });
-      }
-      if (!tiled) {
-        const size_t bytes = sizeof(A) * size_t(g.T);
-        check_row_smem(bytes, g.T, "causal_attention");
-        if (bytes > 48 * 1024) allow_smem(attention_fwd_rows<In, C, A>, bytes);
-        attention_fwd_rows<In, C, A><<<dim3(g.T, g.B * g.H), kRowThreads, bytes, stream>>>(
-            static_cast<const In*>(qkv.data_ptr()), static_cast<In*>(y.data_ptr()), p16,
-            static_cast<A*>(lse.data_ptr()), g.T, g.H, g.d, g.hd, A(1) / std::sqrt(A(g.hd)));
-        REEL_CUDA_LAUNCH_CHECK();
-      }
+        }
+      });
     });
   });
 }
@@ -631,35 +654,43 @@ void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const 
   const AttentionGeometry g(qkv, Attrs().set("heads", heads));
   if (int64_t(g.B) * g.T * g.H == 0) return;
   cudaStream_t stream = stream_of(qkv);
-  visit_float(qkv.dtype(), "causal_attention_backward", [&]<typename In>() {
+  const DType value = dqkv.dtype();  // the dtype dy and dqkv are in
+  REEL_CHECK(dy.dtype() == value, "causal_attention_backward: dy ", shape_str(dy.shape()), " is ", dy.dtype(),
+             " but dqkv is ", value);
+  visit_float(value, "causal_attention_backward", [&]<typename In>() {
     visit_compute<In>(compute, [&]<typename C>() {
-      using A = Acc<In>;
-      const In *pdy = static_cast<const In*>(dy.data_ptr()), *px = static_cast<const In*>(qkv.data_ptr()),
-               *py = static_cast<const In*>(y.data_ptr());
-      In* pd = static_cast<In*>(dqkv.data_ptr());
-      C* p16 = copy16_ptr<C>(dqkv16, compute, dqkv, "causal_attention_backward");
-      bool tiled = false;
-      if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
-        tiled = visit_tiled_head(g.hd, [&]<int HD>() {
-          constexpr size_t bytes = tiled_smem_bytes<C, HD>();
-          static const bool ready = (allow_smem(attention_bwd_tiled<In, C, HD>, bytes), true);
-          (void)ready;
-          const dim3 grid((g.T + kTile - 1) / kTile, g.B * g.H, 2);
-          attention_bwd_tiled<In, C, HD><<<grid, kThreads, bytes, stream>>>(
-              pdy, px, py, static_cast<const float*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d,
-              1.0f / std::sqrt(float(g.hd)));
-          REEL_CUDA_LAUNCH_CHECK();
+      visit_operand<In, C>(qkv, value, compute, "causal_attention_backward", "qkv", [&]<typename Q>() {
+        visit_operand<In, C>(y, value, compute, "causal_attention_backward", "y", [&]<typename Y>() {
+          using A = Acc<In>;
+          const In* pdy = static_cast<const In*>(dy.data_ptr());
+          const Q* px = static_cast<const Q*>(qkv.data_ptr());
+          const Y* py = static_cast<const Y*>(y.data_ptr());
+          In* pd = static_cast<In*>(dqkv.data_ptr());
+          C* p16 = copy16_ptr<C>(dqkv16, compute, dqkv.shape(), "causal_attention_backward");
+          bool tiled = false;
+          if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
+            tiled = visit_tiled_head(g.hd, [&]<int HD>() {
+              constexpr size_t bytes = tiled_smem_bytes<C, HD>();
+              static const bool ready = (allow_smem(attention_bwd_tiled<In, Q, Y, C, HD>, bytes), true);
+              (void)ready;
+              const dim3 grid((g.T + kTile - 1) / kTile, g.B * g.H, 2);
+              attention_bwd_tiled<In, Q, Y, C, HD><<<grid, kThreads, bytes, stream>>>(
+                  pdy, px, py, static_cast<const float*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d,
+                  1.0f / std::sqrt(float(g.hd)));
+              REEL_CUDA_LAUNCH_CHECK();
+            });
+          }
+          if (!tiled) {
+            const size_t bytes = 2 * sizeof(A) * size_t(g.T);
+            check_row_smem(bytes, g.T, "causal_attention_backward");
+            if (bytes > 48 * 1024) allow_smem(attention_bwd_rows<In, Q, Y, C, A>, bytes);
+            attention_bwd_rows<In, Q, Y, C, A><<<dim3(g.T, g.B * g.H, 2), kRowThreads, bytes, stream>>>(
+                pdy, px, py, static_cast<const A*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d, g.hd,
+                A(1) / std::sqrt(A(g.hd)));
+            REEL_CUDA_LAUNCH_CHECK();
+          }
         });
-      }
-      if (!tiled) {
-        const size_t bytes = 2 * sizeof(A) * size_t(g.T);
-        check_row_smem(bytes, g.T, "causal_attention_backward");
-        if (bytes > 48 * 1024) allow_smem(attention_bwd_rows<In, C, A>, bytes);
-        attention_bwd_rows<In, C, A><<<dim3(g.T, g.B * g.H, 2), kRowThreads, bytes, stream>>>(
-            pdy, px, py, static_cast<const A*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d, g.hd,
-            A(1) / std::sqrt(A(g.hd)));
-        REEL_CUDA_LAUNCH_CHECK();
-      }
+      });
     });
   });
 }

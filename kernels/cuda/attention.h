@@ -7,6 +7,11 @@
 // a GEMM's autocast would run next, to the bit). causal_attention_bwd_into: dqkv, as
 // causal_attention_backward computes it, and its 16-bit copy into dqkv16 when defined. Outputs are
 // contiguous; a 16-bit copy must be of the compute dtype.
+//
+// For f32 values the compiler may hand qkv (forward and backward) and the saved y (backward) in the
+// 16-bit compute dtype instead: the kernels round both to it before use, so a 16-bit qkv gives the
+// same bits as its f32 source rounded, and halves what a step keeps for the backward. The forward's
+// y may then be undefined (only y16 is written).
 #pragma once
 #include "tensor/tensor.h"
 

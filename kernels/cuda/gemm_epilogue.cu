@@ -4,7 +4,7 @@
 // cuBLASLt's A operand and a its B. CUBLASLT_EPILOGUE_BIAS adds bias[i] to row i of the column-major
 // result, i.e. to column i of reel's row-major y: exactly a Linear layer's bias.
 // The matmul descriptor, layouts and the heuristic's algorithm are made once per problem and cached;
-// the workspace is our own (allocated once per device, so a CUDA graph capture never allocates).
+// the workspace is the one cuBLAS uses (blas_workspace: allocated once, so a capture never allocates).
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,8 +17,6 @@
 namespace reel::cuda {
 
 namespace {
-
-constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 
 cudaDataType lt_type(DType dt) {
   switch (dt) {
@@ -42,7 +40,7 @@ struct LtPlan {
   }
 };
 
-using Key = std::tuple<int64_t, int64_t, int64_t, bool, int64_t, bool, int64_t, int, int, int>;
+using Key = std::tuple<int64_t, int64_t, int64_t, bool, int64_t, bool, int64_t, int, int, int, int>;
 
 // cuBLASLt's view of reel's row-major operand t (rows x cols): see matmul.cu.
 void describe(const MatLayout& l, int64_t rows, int64_t cols, cudaDataType type, cublasOperation_t* op,
@@ -53,12 +51,6 @@ void describe(const MatLayout& l, int64_t rows, int64_t cols, cudaDataType type,
   else REEL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(layout, type, uint64_t(rows), uint64_t(cols), l.outer));
 }
 
-Tensor& lt_workspace(Device device) {
-  thread_local Tensor ws[16];
-  if (!ws[device.index].defined()) ws[device.index] = persistent_workspace("cublaslt", kLtWorkspaceBytes, device);
-  return ws[device.index];
-}
-
 const LtPlan& lt_plan(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y) {
   const int64_t M = a.shape()[0], K = a.shape()[1], N = b.shape()[1];
   std::optional<MatLayout> la = matrix_layout(a), lb = matrix_layout(b);
@@ -67,7 +59,7 @@ const LtPlan& lt_plan(const Tensor& a, const Tensor& b, const Tensor& bias, cons
              "gemm_bias: shapes ", shape_str(a.shape()), " @ ", shape_str(b.shape()), " + ", shape_str(bias.shape()),
              " -> ", shape_str(y.shape()), " do not form (M, K) @ (K, N) + (N) -> (M, N) with readable layouts");
   const Key key{M, N, K, la->row_major, la->outer, lb->row_major, lb->outer, int(a.dtype()), int(y.dtype()),
-                y.device().index};
+                int(bias.dtype()), y.device().index};
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<LtPlan>> plans;
   std::lock_guard<std::mutex> lock(mutex);
@@ -88,7 +80,7 @@ const LtPlan& lt_plan(const Tensor& a, const Tensor& b, const Tensor& bias, cons
       cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
   cublasLtMatmulPreference_t pref;
   REEL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  size_t ws = kLtWorkspaceBytes;
+  size_t ws = kBlasWorkspaceBytes;
   REEL_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   cublasLtMatmulHeuristicResult_t result{};
@@ -106,7 +98,7 @@ const LtPlan& lt_plan(const Tensor& a, const Tensor& b, const Tensor& bias, cons
 
 bool gemm_bias_supported(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y) {
   if (a.dim() != 2 || b.dim() != 2 || bias.dim() != 1 || y.dim() != 2) return false;
-  if (a.dtype() != b.dtype() || bias.dtype() != y.dtype()) return false;
+  if (a.dtype() != b.dtype() || !(bias.dtype() == y.dtype() || bias.dtype() == DType::f32)) return false;
   if (!(y.dtype() == a.dtype() || y.dtype() == DType::f32)) return false;
   if (a.dtype() != DType::f32 && a.dtype() != DType::f16 && a.dtype() != DType::bf16) return false;
   if (!matrix_layout(a) || !matrix_layout(b) || !y.is_contiguous() || !bias.is_contiguous()) return false;
@@ -121,10 +113,10 @@ void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tenso
   REEL_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr));
   const float one = 1.0f, zero = 0.0f;
-  Tensor& ws = lt_workspace(y.device());
+  const Tensor& ws = blas_workspace(y.device());
   REEL_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(y.device()), p.desc, &one, b.data_ptr(), p.la, a.data_ptr(), p.lb,
                                    &zero, y.data_ptr(), p.ly, y.data_ptr(), p.ly, &p.algo, ws.data_ptr(),
-                                   kLtWorkspaceBytes, stream_of(y)));
+                                   kBlasWorkspaceBytes, stream_of(y)));
 }
 
 }  // namespace reel::cuda

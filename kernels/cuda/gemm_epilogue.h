@@ -5,7 +5,8 @@
 //
 // a and b are read in place when matrix_layout() allows (row-major or a transposed view), share a
 // dtype (f32, f16 or bf16); y is contiguous, in a's dtype or f32 (autocast's f32 result of a 16-bit
-// GEMM, which saves the cast); bias is contiguous and in y's dtype. f32 uses CUBLAS_COMPUTE_32F: no
+// GEMM, which saves the cast); bias is contiguous, in y's dtype or f32 (a 16-bit y from an f32 bias:
+// the compiler's 16-bit activations, compile/fuse_gemm_epilogue.h). f32 uses CUBLAS_COMPUTE_32F: no
 // TF32, as every reel f32 GEMM. Declared without CUDA types; defined in gemm_epilogue.cu.
 #pragma once
 #include "tensor/tensor.h"

@@ -35,6 +35,7 @@
 #include "kernels/reduce_layout.h"
 #include "kernels/cuda/reduce_common.cuh"
 #include "kernels/cuda/last_block.cuh"
+#include "kernels/cuda/column_sums.h"
 
 namespace reel {
 namespace cuda {
@@ -198,35 +199,36 @@ void reduce_direct(const In* x, Out* out, int64_t outer, int64_t R, int64_t inne
 }
 
 // out (outer * inner) = op over R of x (outer, R, inner); splits long reductions that would leave
-// the GPU idle into two launches through an Acc workspace.
-template <typename Op, typename D>
-void reduce_into(const D* x, D* out, int64_t outer, int64_t R, int64_t inner, Device dev, cudaStream_t st) {
-  using A = Acc<D>;
+// the GPU idle into two launches through an Acc workspace. Out is In's type, or f32 for a 16-bit In
+// (the compiler's bias-gradient sums of a 16-bit gradient: compile/fuse_bias_grad_cast.h).
+template <typename Op, typename In, typename Out>
+void reduce_into(const In* x, Out* out, int64_t outer, int64_t R, int64_t inner, Device dev, cudaStream_t st) {
+  using A = Acc<In>;
   if (inner == 1 && R > kWarpRow) {
     const int64_t splits = std::max<int64_t>(1, std::min(ceil_div(R, kMinRowChunk), kTargetBlocks / outer));
-    if (splits == 1) return reduce_direct<Op, D, D>(x, out, outer, R, inner, R, st);
+    if (splits == 1) return reduce_direct<Op, In, Out>(x, out, outer, R, inner, R, st);
     // partial: (outer, splits), then reduced as rows of length splits (<= kTargetBlocks).
     const int64_t chunk = ceil_div(R, splits);
     Tensor ws = workspace(size_t(outer * splits) * sizeof(A), dev);
     A* partial = static_cast<A*>(ws.data_ptr());
-    reduce_rows_block_kernel<Op, D, A>
+    reduce_rows_block_kernel<Op, In, A>
         <<<grid_for(outer * splits), kThreads, 0, st>>>(x, partial, outer, R, splits, chunk, R, false);
     REEL_CUDA_LAUNCH_CHECK();
-    return reduce_direct<Op, A, D>(partial, out, outer, splits, 1, R, st);
+    return reduce_direct<Op, A, Out>(partial, out, outer, splits, 1, R, st);
   }
-  if (inner == 1 && R > kShortRow) return reduce_direct<Op, D, D>(x, out, outer, R, inner, R, st);
+  if (inner == 1 && R > kShortRow) return reduce_direct<Op, In, Out>(x, out, outer, R, inner, R, st);
   // Columns (or short rows).
   const int64_t M = outer * inner, tiles = ceil_div(M, kTileCols);
   const int64_t splits =
       std::max<int64_t>(1, std::min({ceil_div(R, kMinColumnChunk), kTargetBlocks / tiles, int64_t(65535)}));
-  if (splits == 1) return reduce_direct<Op, D, D>(x, out, outer, R, inner, R, st);
+  if (splits == 1) return reduce_direct<Op, In, Out>(x, out, outer, R, inner, R, st);
   // partial: (splits, M), combined by each tile's last block. splits > 1 means tiles < kTargetBlocks.
   const int64_t chunk = ceil_div(R, splits);
   REEL_ASSERT(tiles <= kFinishCounterSlots, "reduce: ", tiles, " column tiles exceed the finish counters");
   Tensor ws = workspace(size_t(splits * M) * sizeof(A), dev);
   A* partial = static_cast<A*>(ws.data_ptr());
   const dim3 grid{unsigned(tiles), unsigned(splits)}, block{kTileCols, kTileRows};
-  reduce_columns_split_kernel<Op, D, D><<<grid, block, 0, st>>>(x, partial, out, outer, R, inner, chunk, R);
+  reduce_columns_split_kernel<Op, In, Out><<<grid, block, 0, st>>>(x, partial, out, outer, R, inner, chunk, R);
   REEL_CUDA_LAUNCH_CHECK();
 }
 
@@ -248,8 +250,8 @@ void reduce_kernel(const KernelCall& c) {
     if constexpr (std::is_same_v<D, int64_t> && std::is_same_v<OpT<int64_t>, MeanOp<int64_t>>) {
       throw Error("mean: dtype i64 is not supported (expected f32, f64, f16 or bf16)");
     } else {
-      reduce_into<OpT<Acc<D>>, D>(in_ptr<D>(L.src), out_ptr<D>(out.buf), L.outer, L.reduced, L.inner, x.device(),
-                                  stream_of(x));
+      reduce_into<OpT<Acc<D>>, D, D>(in_ptr<D>(L.src), out_ptr<D>(out.buf), L.outer, L.reduced, L.inner, x.device(),
+                                     stream_of(x));
     }
   });
   out.commit();
@@ -329,6 +331,23 @@ void global_norm_kernel(const KernelCall& c) {
 }
 
 }  // namespace
+
+void column_sums_into(const Tensor& x, const Tensor& out) {
+  const int64_t n = out.numel();
+  REEL_CHECK(x.is_contiguous() && out.is_contiguous() && out.dtype() == DType::f32 && x.dim() >= 1 &&
+                 x.shape().back() == n && n > 0,
+             "column_sums_into: x ", shape_str(x.shape()), " ", dtype_name(x.dtype()), " and out ",
+             shape_str(out.shape()), " ", dtype_name(out.dtype()),
+             ": expected contiguous x (..., N) and a contiguous f32 out of N elements");
+  const int64_t rows = x.numel() / n;
+  visit_float(x.dtype(), "column_sums_into", [&]<typename D>() {
+    if constexpr (std::is_same_v<Acc<D>, float>)
+      reduce_into<SumOp<float>, D, float>(static_cast<const D*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), 1,
+                                          rows, n, x.device(), stream_of(x));
+    else
+      throw Error("column_sums_into: x is f64; expected f32, f16 or bf16");
+  });
+}
 
 // softmax.cu and cross_entropy.cu
 void register_softmax_cuda_kernels();

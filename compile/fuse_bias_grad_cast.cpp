@@ -1,0 +1,92 @@
+// Bias gradients from the 16-bit gradient (see fuse_bias_grad_cast.h).
+#include "compile/fuse_bias_grad_cast.h"
+
+#ifdef REEL_CUDA
+#include "kernels/cuda/column_sums.h"
+#endif
+
+namespace reel::compile {
+
+#ifdef REEL_CUDA
+namespace {
+
+// in: g16 (..., N); out: db (N elements, f32).
+class ColumnSumsKernel : public FusedKernel {
+ public:
+  void run(const std::vector<Tensor>& in, const std::vector<Tensor>& out) override {
+    cuda::column_sums_into(in[0], out[0]);
+  }
+  std::string name() const override { return "bias gradient: column sums of the 16-bit gradient"; }
+};
+
+// Node n as a sum of an f32 tensor over every dim but the last, into f32.
+bool is_bias_sum(const Node& n) {
+  if (n.op != OpKind::Sum || n.kernel || n.in_place || n.inputs.size() != 1 || !n.inputs[0] || n.outputs.size() != 1 ||
+      !n.attrs.has("dims"))
+    return false;
+  const TensorRef& x = *n.inputs[0];
+  const TensorRef& out = n.outputs[0];
+  const int64_t nd = int64_t(x.shape.size());
+  if (nd < 2 || x.dtype != DType::f32 || out.dtype != DType::f32 || !is_contiguous(x) || !is_contiguous(out) ||
+      numel_of(out.shape) != x.shape.back() || x.shape.back() == 0)
+    return false;
+  std::vector<int64_t> want(size_t(nd - 1));
+  for (int64_t d = 0; d < nd - 1; ++d) want[size_t(d)] = d;
+  return wrap_dims(n.attrs.ints("dims"), nd, "sum") == want;
+}
+
+// A cast of the sum's input to 16 bits: the cast's node index, or -1. Autograd usually traces the
+// bias sum first (inside the add's backward) and the cast after it (inside the cast's backward): a
+// later cast qualifies when nothing between the two touches the sum's result, so that the sum can
+// move to just after the cast.
+int cast_of_input(const Graph& g, const BufferUses& u, size_t s) {
+  const TensorRef& x = *g.nodes[s].inputs[0];
+  const TensorRef& db = g.nodes[s].outputs[0];
+  if (!internal_once(g, u, x) || !g.buffers[x.buffer].device.is_cuda()) return -1;
+  for (int k : u.readers[x.buffer]) {
+    if (k == int(s) || k >= int(g.nodes.size())) continue;
+    const Node& c = g.nodes[size_t(k)];
+    if (c.op == OpKind::Copy && !c.in_place && !c.kernel && c.inputs[0] && same_ref(*c.inputs[0], x) &&
+        (c.outputs[0].dtype == DType::bf16 || c.outputs[0].dtype == DType::f16) && is_contiguous(c.outputs[0]) &&
+        c.outputs[0].shape == x.shape && internal_once(g, u, c.outputs[0]) &&
+        (k < int(s) || !u.touched_between(db.buffer, int(s), k)))
+      return k;
+  }
+  return -1;
+}
+
+}  // namespace
+#endif
+
+void fuse_bias_grad_cast(Graph& g, PassStats& stats) {
+#ifdef REEL_CUDA
+  (void)stats;  // no node goes here; elementwise fusion later drops the f32 write that lost its reader
+  const BufferUses u = buffer_uses(g);
+  std::vector<std::vector<size_t>> after(g.nodes.size());  // sums that move to just after node i
+  std::vector<bool> moved(g.nodes.size(), false);
+  for (size_t s = 0; s < g.nodes.size(); ++s) {
+    if (!is_bias_sum(g.nodes[s])) continue;
+    const int c = cast_of_input(g, u, s);
+    if (c < 0) continue;
+    Node& n = g.nodes[s];
+    n.inputs[0] = g.nodes[size_t(c)].outputs[0];
+    n.kernel = std::make_shared<ColumnSumsKernel>();
+    if (c > int(s)) {
+      after[size_t(c)].push_back(s);
+      moved[s] = true;
+    }
+  }
+  std::vector<Node> order;
+  order.reserve(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (!moved[i]) order.push_back(std::move(g.nodes[i]));
+    for (size_t s : after[i]) order.push_back(std::move(g.nodes[s]));
+  }
+  g.nodes = std::move(order);
+#else
+  (void)g;
+  (void)stats;
+#endif
+}
+
+}  // namespace reel::compile
