@@ -1,6 +1,6 @@
 // Fused causal self-attention on the GPU against the CPU op (kernels/cpu/attention.cpp): forward y and
 // lse, backward dqkv, for the tiled tensor-core kernels (16-bit compute, head sizes 32, 64, 128, T a
-// multiple of the 64-row tile or not) and the row kernels (f32 compute, and head sizes the tiles do not
+// multiple of the 64-row tile or not; mma.sync kernels at 32 and 64, in both register builds) and the row kernels (f32 compute, and head sizes the tiles do not
 // take), f32 and 16-bit qkv; and the same bits on a second run (no atomics). Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -33,6 +33,7 @@ TEST(CausalAttentionCuda, MatchesTheCpuForEveryKernelPath) {
   };
   const Case cases[] = {
       {2, 256, 8, 64, DType::f32, DType::bf16},   // gpt-small's shape (tiled)
+      {12, 256, 8, 64, DType::f32, DType::bf16},  // grids of several waves: the register-bounded builds
       {2, 128, 4, 64, DType::f32, DType::f16},    // gpt-tiny's, fp16 (tiled)
       {3, 100, 4, 32, DType::f32, DType::bf16},   // T not a multiple of 64 (tiled)
       {1, 130, 2, 128, DType::f32, DType::bf16},  // head size 128 (tiled)

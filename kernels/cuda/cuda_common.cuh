@@ -62,6 +62,14 @@ Tensor persistent_workspace(const char* name, size_t bytes, Device device);
 constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
 const Tensor& blas_workspace(Device device);
 
+// Streaming multiprocessors of device `index` (asked once per device).
+inline int multiprocessor_count(int index) {
+  static int sms[64] = {};
+  if (index < 0 || index >= 64) return 1;
+  if (sms[index] == 0) REEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms[index], cudaDevAttrMultiProcessorCount, index));
+  return sms[index];
+}
+
 // Host scalar type -> device scalar type.
 template <typename T> struct DeviceScalar { using type = T; };
 template <> struct DeviceScalar<Half> { using type = __half; };

@@ -27,13 +27,7 @@ constexpr int kMultiTensorBlocksPerSm = 16;
 
 // The physical grid for `virtual_blocks` on `device`: kMultiTensorBlocksPerSm per SM at most, at least 1.
 inline unsigned multi_tensor_grid(int device, int64_t virtual_blocks) {
-  static int sms[64] = {};
-  int n = 1;
-  if (device >= 0 && device < 64) {
-    if (sms[device] == 0) REEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms[device], cudaDevAttrMultiProcessorCount, device));
-    n = sms[device];
-  }
-  const int64_t max_grid = std::max(1, n * kMultiTensorBlocksPerSm);
+  const int64_t max_grid = std::max(1, multiprocessor_count(device) * kMultiTensorBlocksPerSm);
   return unsigned(std::max<int64_t>(1, std::min(virtual_blocks, max_grid)));
 }
 
