@@ -277,7 +277,9 @@ TEST(FuseNormBackwardAddCuda, NormBackwardAddsTheResidualAndTheStepEqualsEager) 
 TEST(FuseBiasGradCastCuda, ColumnSumsOfA16BitGradient) {
   REEL_REQUIRE_GPU();
   Generator gen(43);
-  for (const Shape& shape : {Shape{37, 50, 300}, Shape{4096, 24}, Shape{3, 1000}}) {
+  // N = 300: the generic column reduction; N a multiple of 8: the 16-byte-load kernel for 16-bit x
+  // (one tile, several, a partial last tile, few rows and many).
+  for (const Shape& shape : {Shape{37, 50, 300}, Shape{4096, 24}, Shape{3, 1000}, Shape{1024, 2048}, Shape{8, 64, 520}}) {
     SCOPED_TRACE(shape_str(shape));
     const int64_t N = shape.back(), rows = numel_of(shape) / N;
     Tensor x = randn(shape, {}, &gen).to(kGpu);

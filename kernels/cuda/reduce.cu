@@ -332,6 +332,54 @@ void global_norm_kernel(const KernelCall& c) {
 
 }  // namespace
 
+namespace {
+
+// Column sums of a 16-bit (rows, N) matrix into f32, N a multiple of 8 and x 16-byte aligned: each
+// thread reads 8 adjacent columns with one 16-byte load per row, so a warp reads 512 contiguous bytes
+// of a row (the generic column kernel reads one 2-byte column per thread: 64 bytes a warp). Block
+// (32, 8) covers 256 columns and folds rows [s chunk, (s + 1) chunk) of them, 8 rows at a time; the
+// tile's last block adds the chunks' partials in order (last_block.cuh), so the bits are the same on
+// every run.
+constexpr int kColsPerThread = 8;
+constexpr int kSumCols = 32 * kColsPerThread;  // columns per block
+
+template <typename T>
+__global__ void __launch_bounds__(256) column_sums16_kernel(const T* __restrict__ x, float* __restrict__ partial,
+                                                            float* __restrict__ out, int64_t rows, int64_t N,
+                                                            int64_t chunk) {
+  __shared__ float part[8][kSumCols + 1];
+  const int64_t tile = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
+  const int64_t c0 = tile * kSumCols + threadIdx.x * kColsPerThread;
+  const int64_t lo = s * chunk, hi = lo + chunk < rows ? lo + chunk : rows;
+  float acc[kColsPerThread] = {};
+  if (c0 < N) {
+    for (int64_t r = lo + threadIdx.y; r < hi; r += 8) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + r * N + c0));
+      const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int k = 0; k < kColsPerThread; ++k) acc[k] += to_acc(e[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kColsPerThread; ++k) part[threadIdx.y][threadIdx.x * kColsPerThread + k] = acc[k];
+  __syncthreads();
+  const int t = threadIdx.y * 32 + threadIdx.x;  // one column of the tile per thread from here
+  const int64_t j = tile * kSumCols + t;
+  if (j < N) {
+    float v = part[0][t];
+    for (int y = 1; y < 8; ++y) v += part[y][t];
+    partial[s * N + j] = v;
+  }
+  if (!arrive_last(finish_counter(tile), unsigned(splits))) return;
+  if (j < N) {
+    float v = load_partial(partial + j);
+    for (int64_t k = 1; k < splits; ++k) v += load_partial(partial + k * N + j);
+    out[j] = v;
+  }
+}
+
+}  // namespace
+
 void column_sums_into(const Tensor& x, const Tensor& out) {
   const int64_t n = out.numel();
   REEL_CHECK(x.is_contiguous() && out.is_contiguous() && out.dtype() == DType::f32 && x.dim() >= 1 &&
@@ -340,6 +388,25 @@ void column_sums_into(const Tensor& x, const Tensor& out) {
              shape_str(out.shape()), " ", dtype_name(out.dtype()),
              ": expected contiguous x (..., N) and a contiguous f32 out of N elements");
   const int64_t rows = x.numel() / n;
+  const bool sixteen = x.dtype() == DType::bf16 || x.dtype() == DType::f16;
+  const int64_t tiles = ceil_div(n, kSumCols);
+  if (sixteen && n % kColsPerThread == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+      tiles <= kFinishCounterSlots && rows > 0) {
+    // Enough chunks for about two blocks per SM, each at least 16 rows (two per thread).
+    const int64_t want = ceil_div(2 * multiprocessor_count(x.device().index), tiles);
+    const int64_t splits = std::max<int64_t>(1, std::min({want, ceil_div(rows, 16), int64_t(65535)}));
+    const int64_t chunk = ceil_div(rows, splits);
+    Tensor ws = workspace(size_t(ceil_div(rows, chunk) * n) * sizeof(float), x.device());
+    const dim3 grid{unsigned(tiles), unsigned(ceil_div(rows, chunk))}, block{32, 8};
+    visit_float(x.dtype(), "column_sums_into", [&]<typename D>() {
+      if constexpr (sizeof(D) == 2)
+        column_sums16_kernel<D><<<grid, block, 0, stream_of(x)>>>(static_cast<const D*>(x.data_ptr()),
+                                                                  static_cast<float*>(ws.data_ptr()),
+                                                                  static_cast<float*>(out.data_ptr()), rows, n, chunk);
+    });
+    REEL_CUDA_LAUNCH_CHECK();
+    return;
+  }
   visit_float(x.dtype(), "column_sums_into", [&]<typename D>() {
     if constexpr (std::is_same_v<Acc<D>, float>)
       reduce_into<SumOp<float>, D, float>(static_cast<const D*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), 1,
