@@ -29,18 +29,23 @@ class AttentionCastKernel : public FusedKernel {
   bool writes_y_;
 };
 
-// Backward. in: dy, qkv, y, lse; out: dqkv, dqkv16.
+// Backward. in: dy, qkv, y, lse; out: dqkv, dqkv16, or only dqkv16 when nothing reads the f32 dqkv.
 class AttentionBackwardCastKernel : public FusedKernel {
  public:
-  AttentionBackwardCastKernel(int64_t heads, DType compute) : heads_(heads), compute_(compute) {}
+  AttentionBackwardCastKernel(int64_t heads, DType compute, bool writes_f32 = true)
+      : heads_(heads), compute_(compute), writes_f32_(writes_f32) {}
   void run(const std::vector<Tensor>& in, const std::vector<Tensor>& out) override {
-    cuda::causal_attention_bwd_into(in[0], in[1], in[2], in[3], heads_, compute_, out[0], out[1]);
+    cuda::causal_attention_bwd_into(in[0], in[1], in[2], in[3], heads_, compute_, writes_f32_ ? out[0] : Tensor(),
+                                    writes_f32_ ? out[1] : out[0]);
   }
-  std::string name() const override { return "causal attention backward, also into 16 bits"; }
+  std::string name() const override {
+    return writes_f32_ ? "causal attention backward, also into 16 bits" : "causal attention backward into 16 bits";
+  }
 
  private:
   int64_t heads_;
   DType compute_;
+  bool writes_f32_;
 };
 
 // Node i as an attention op whose f32 result a later cast to its compute dtype reads: the cast's index, or -1.
@@ -81,6 +86,16 @@ void keep_only_16bit_y(Graph& g) {
     f.outputs.erase(f.outputs.begin());
     f.kernel = std::make_shared<AttentionCastKernel>(f.attrs.i("heads"), static_cast<DType>(f.attrs.i("compute")),
                                                      /*writes_y=*/false);
+  }
+  // A backward whose f32 dqkv nothing reads (its GEMMs and the bias gradient take dqkv16) writes
+  // dqkv16 alone. Dead-code elimination keeps a node for any output that is read, so this output goes here.
+  for (Node& b : g.nodes) {
+    if (b.op != OpKind::CausalAttentionBackward || b.outputs.size() != 2 || !b.kernel || b.fused.size() != 2) continue;
+    const TensorRef& dqkv = b.outputs[0];
+    if (!internal_once(g, u, dqkv) || !u.readers[dqkv.buffer].empty()) continue;
+    b.outputs.erase(b.outputs.begin());
+    b.kernel = std::make_shared<AttentionBackwardCastKernel>(b.attrs.i("heads"), static_cast<DType>(b.attrs.i("compute")),
+                                                             /*writes_f32=*/false);
   }
 }
 

@@ -11,6 +11,8 @@
 // projection's GEMM), the backward reads y16 instead and the forward no longer writes the f32 y: the
 // step keeps y for the backward in 16 bits, as PyTorch's autocast does. Only the backward's row sums
 // D = dy . y change (by y's rounding), so this one step is within tolerance of eager, not bitwise.
+// Likewise a backward whose f32 dqkv has no reader left (its GEMMs and the bias gradient read the
+// 16-bit copy) writes only the copy.
 #pragma once
 #include "compile/passes.h"
 

@@ -105,6 +105,9 @@ TEST(FuseAttentionCastCuda, KernelsRead16BitQkvAndYAsTheirRoundedF32) {
         cuda::causal_attention_bwd_into(dy, q_in, y_in, f[1], H, c, dx, dx16);
         expect_bitwise({dx, dx16}, {want, to_dtype(want, c)});
       }
+      Tensor dx16_only = like(want, c);  // no f32 dqkv asked for
+      cuda::causal_attention_bwd_into(dy, qkv16, y16, f[1], H, c, Tensor(), dx16_only);
+      expect_bitwise({dx16_only}, {to_dtype(want, c)});
     }
   }
   // Other dtypes are refused with the operand's name and shape.
@@ -145,8 +148,10 @@ TEST(FuseAttentionCastCuda, PassFusesTheCastsOfTheResultAndOfTheGradient) {
         ASSERT_EQ(n.outputs.size(), 2u) << "lse and y16 only";
         EXPECT_EQ(n.outputs[1].dtype, DType::bf16);
       }
-      if (n.op == OpKind::CausalAttentionBackward) {
+      if (n.op == OpKind::CausalAttentionBackward) {  // reads y16; writes dqkv16 only (no f32 reader)
         EXPECT_EQ(n.inputs[2]->dtype, DType::bf16);
+        ASSERT_EQ(n.outputs.size(), 1u);
+        EXPECT_EQ(n.outputs[0].dtype, DType::bf16);
       }
     }
     // Other passes change roundings here (a GEMM writing f32 from its accumulator): near, not equal.

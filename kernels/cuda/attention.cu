@@ -62,8 +62,8 @@ __device__ __forceinline__ A round_c(A v) {
 }
 
 // One (batch, head) block row's operands of the backward, from blockIdx.y = b H + h: the head's
-// columns of qkv and dqkv (rows of 3d), of dy and y (rows of d), and its row of lse. dqkv16 may be
-// null (no 16-bit copy asked for).
+// columns of qkv and dqkv (rows of 3d), of dy and y (rows of d), and its row of lse. dqkv or dqkv16
+// may be null (that result is not asked for).
 template <typename In, typename Q, typename Y, typename C, typename L>
 struct HeadOperands {
   const Q* qkv;
@@ -80,7 +80,7 @@ struct HeadOperands {
     dy = dy_all + narrow;
     y = y_all + narrow;
     lse = lse_all + int64_t(blockIdx.y) * T;
-    dqkv = dqkv_all + wide;
+    dqkv = dqkv_all ? dqkv_all + wide : nullptr;
     dqkv16 = dqkv16_all ? dqkv16_all + wide : nullptr;
   }
 };
@@ -287,7 +287,7 @@ __device__ void store_rows(Acc16 (&acc)[HD / 16], float* scratch, Out* dst, C* d
     if (t >= T) break;
     for (int c = lane; c < HD; c += 32) {
       const Out v = from_acc<Out>(scale * scratch[r * S::lds + c]);
-      dst[int64_t(t) * width + c] = v;
+      if (dst) dst[int64_t(t) * width + c] = v;
       if (dst16) dst16[int64_t(t) * width + c] = from_acc<C>(to_acc(v));
     }
   }
@@ -417,8 +417,8 @@ __global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tile
       __syncwarp();
       accumulate_p_times_tile<C, HD>(acc_a, sm.p, sm.q);  // dK += dS^T Q
     }
-    store_rows<C, HD>(acc_a, sm.s, out + d, out16 ? out16 + d : nullptr, width, k0 + warp * 16, T, scale);
-    store_rows<C, HD>(acc_b, sm.s, out + 2 * d, out16 ? out16 + 2 * d : nullptr, width, k0 + warp * 16, T, 1.0f);
+    store_rows<C, HD>(acc_a, sm.s, out ? out + d : nullptr, out16 ? out16 + d : nullptr, width, k0 + warp * 16, T, scale);
+    store_rows<C, HD>(acc_b, sm.s, out ? out + 2 * d : nullptr, out16 ? out16 + 2 * d : nullptr, width, k0 + warp * 16, T, 1.0f);
   } else {  // ---- queries role: this block's queries t in [q0, q0 + 64)
     const int q0 = tile * kTile, t = q0 + warp * 16 + r;
     load_tile<C, HD>(sm.q, base, width, q0, T);
@@ -777,8 +777,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const I
         mma::accumulate_p_times_tile<HD>(dk, pa, sq + c0 * ld, ld);  // dK += dS^T Q
       }
     }
-    mma::store_rows<HD>(dk, out + d, out16 ? out16 + d : nullptr, width, k0 + warp * 16, T, scale);
-    mma::store_rows<HD>(dv, out + 2 * d, out16 ? out16 + 2 * d : nullptr, width, k0 + warp * 16, T, 1.0f);
+    mma::store_rows<HD>(dk, out ? out + d : nullptr, out16 ? out16 + d : nullptr, width, k0 + warp * 16, T, scale);
+    mma::store_rows<HD>(dv, out ? out + 2 * d : nullptr, out16 ? out16 + 2 * d : nullptr, width, k0 + warp * 16, T, 1.0f);
   } else {  // ---- queries role: the block's queries [q0, q0 + 64) (the longest walks first), the warp's 16
     const int qtile = tiles - 1 - tile;
     const int q0 = qtile * kTile, r0 = warp * 16, query[2] = {q0 + r0 + g, q0 + r0 + g + 8};
@@ -892,7 +892,7 @@ __global__ void attention_bwd_rows(const In* dy, const Q* qkv, const Y* y, const
   const auto [base, g, yo, l, out, out16] = HeadOperands<In, Q, Y, C, A>(dy, qkv, y, lse, dqkv, dqkv16, T, H, d, hd);
   auto put = [&](int64_t at, A value) {
     const In v = from_acc<In>(value);
-    out[at] = v;
+    if (out) out[at] = v;
     if (out16) out16[at] = from_acc<C>(to_acc(v));
   };
   // Partners: the queries t >= s of key row s, or the keys s <= t of query row t.
@@ -1055,9 +1055,10 @@ void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const 
   const AttentionGeometry g(qkv, Attrs().set("heads", heads));
   if (int64_t(g.B) * g.T * g.H == 0) return;
   cudaStream_t stream = stream_of(qkv);
-  const DType value = dqkv.dtype();  // the dtype dy and dqkv are in
-  REEL_CHECK(dy.dtype() == value, "causal_attention_backward: dy ", shape_str(dy.shape()), " is ", dy.dtype(),
-             " but dqkv is ", value);
+  REEL_CHECK(dqkv.defined() || dqkv16.defined(), "causal_attention_backward: neither dqkv nor its 16-bit copy is asked for");
+  const DType value = dy.dtype();  // the dtype dy and dqkv are in
+  REEL_CHECK(!dqkv.defined() || dqkv.dtype() == value, "causal_attention_backward: dy ", shape_str(dy.shape()), " is ",
+             value, " but dqkv is ", dqkv.dtype());
   visit_float(value, "causal_attention_backward", [&]<typename In>() {
     visit_compute<In>(compute, [&]<typename C>() {
       visit_operand<In, C>(qkv, value, compute, "causal_attention_backward", "qkv", [&]<typename Q>() {
@@ -1066,8 +1067,8 @@ void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const 
           const In* pdy = static_cast<const In*>(dy.data_ptr());
           const Q* px = static_cast<const Q*>(qkv.data_ptr());
           const Y* py = static_cast<const Y*>(y.data_ptr());
-          In* pd = static_cast<In*>(dqkv.data_ptr());
-          C* p16 = copy16_ptr<C>(dqkv16, compute, dqkv.shape(), "causal_attention_backward");
+          In* pd = dqkv.defined() ? static_cast<In*>(dqkv.data_ptr()) : nullptr;
+          C* p16 = copy16_ptr<C>(dqkv16, compute, qkv.shape(), "causal_attention_backward");
           bool tiled = false;
           if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
             tiled = visit_tiled_head(g.hd, [&]<int HD>() {

@@ -11,7 +11,8 @@
 // For f32 values the compiler may hand qkv (forward and backward) and the saved y (backward) in the
 // 16-bit compute dtype instead, which halves what a step keeps for the backward. The kernels round
 // qkv to that dtype before use, so a 16-bit qkv gives the same bits as its f32 source; a 16-bit y
-// changes only D = dy . y by y's rounding. The forward's y may then be undefined (only y16 written).
+// changes only D = dy . y by y's rounding. The forward's y and the backward's dqkv may then be
+// undefined (only the 16-bit copy is written).
 #pragma once
 #include "tensor/tensor.h"
 
