@@ -275,6 +275,21 @@ TEST(CompilePlan, OutputsStayValidAndTheArenaReusesMemory) {
   const compile::Arena* arena = plan->memory().arena_for(Device::cpu());
   ASSERT_NE(arena, nullptr);
   EXPECT_LT(arena->bytes, arena->unplanned_bytes / 2) << compile::memory_summary(*plan);
+  // The busiest node against a sweep over every node: no node holds more, and the arena holds it all.
+  const compile::BusiestMoment m = compile::busiest_moment(*arena);
+  size_t most = 0;
+  for (int n = 0; n <= int(plan->graph().nodes.size()); ++n) {
+    size_t live = 0;
+    for (const compile::Placement& p : arena->placements) live += p.first <= n && n <= p.last ? p.nbytes : 0;
+    most = std::max(most, live);
+  }
+  EXPECT_EQ(m.bytes, most);
+  EXPECT_LE(m.bytes, arena->bytes);
+  size_t listed = 0;
+  for (size_t i : m.live) listed += arena->placements[i].nbytes;
+  EXPECT_EQ(listed, m.bytes);
+  EXPECT_NE(compile::memory_summary(*plan).find("busiest at k" + std::to_string(m.node) + ":"), std::string::npos)
+      << compile::memory_summary(*plan);
   EXPECT_NE(compile::plan_summary(*plan).find("kernels"), std::string::npos);
   EXPECT_NE(compile::plan_dot(*plan).find("digraph plan"), std::string::npos);
 }
