@@ -95,19 +95,23 @@ bool is_16bit_gemm_bias_to_f32(const Node& n) {
          n.outputs[0].dtype == DType::f32;
 }
 
-// How node r reads z's buffer: 1 when it takes z as attention's qkv, 2 when it is elementwise and reads
-// z once, 0 when neither (the pass leaves z alone).
-int reader_kind(const Node& r, const TensorRef& z, DType compute) {
+// How a node reads z's buffer, for store_gemm_bias_16bit.
+enum class Reader {
+  Other,         // the pass leaves z alone
+  AttentionQkv,  // causal_attention (or its backward) taking z as qkv: reads 16 bits as they are
+  Elementwise,   // an elementwise op reading z once: reads it through a cast back to f32
+};
+Reader reader_kind(const Node& r, const TensorRef& z, DType compute) {
   int refs = 0;
   for (const auto& in : r.inputs) refs += in && in->buffer == z.buffer;
-  if (refs != 1) return 0;
+  if (refs != 1) return Reader::Other;
   const size_t qkv = r.op == OpKind::CausalAttention ? 0 : r.op == OpKind::CausalAttentionBackward ? 1 : SIZE_MAX;
   if (qkv != SIZE_MAX)
     return qkv < r.inputs.size() && r.inputs[qkv] && same_ref(*r.inputs[qkv], z) &&
                    r.attrs.i("compute") == int64_t(compute)
-               ? 1
-               : 0;
-  return is_fusable_op(r.op) && !r.kernel && !r.in_place ? 2 : 0;
+               ? Reader::AttentionQkv
+               : Reader::Other;
+  return is_fusable_op(r.op) && !r.kernel && !r.in_place ? Reader::Elementwise : Reader::Other;
 }
 
 }  // namespace
@@ -118,7 +122,7 @@ void store_gemm_bias_16bit(Graph& g, PassStats& stats) {
   (void)stats;  // no node goes; the casts inserted here are folded by elementwise fusion
   const BufferUses u = buffer_uses(g);
   std::vector<std::vector<Node>> casts_before(g.nodes.size());
-  // A new Internal buffer for `like` (its shape, contiguous) in `dtype`, and the cast of `src` into it.
+  // The cast of `src` into a new Internal buffer of its shape (contiguous) in `dtype`.
   auto cast_node = [&](const TensorRef& src, DType dtype, Device device) {
     Buffer t;
     t.id = int(g.buffers.size());
@@ -141,7 +145,7 @@ void store_gemm_bias_16bit(Graph& g, PassStats& stats) {
       continue;
     bool ok = true;
     for (int k : u.readers[z.buffer])
-      ok = ok && k < int(g.nodes.size()) && k > int(i) && reader_kind(g.nodes[size_t(k)], z, c) != 0;
+      ok = ok && k < int(g.nodes.size()) && k > int(i) && reader_kind(g.nodes[size_t(k)], z, c) != Reader::Other;
     if (!ok) continue;
     // cuBLASLt's answer for the 16-bit result (the traced block is large enough for a view of it),
     // with the f32 bias or, where it has no such kernel, the bias cast to 16 bits as PyTorch's
@@ -173,11 +177,11 @@ void store_gemm_bias_16bit(Graph& g, PassStats& stats) {
     readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
     for (int k : readers) {
       Node& r = g.nodes[size_t(k)];
-      const int kind = reader_kind(r, z, c);
+      const Reader kind = reader_kind(r, z, c);
       for (auto& in : r.inputs) {
         if (!in || in->buffer != z.buffer) continue;
         in->dtype = c;
-        if (kind == 1) continue;  // attention reads the 16-bit qkv itself
+        if (kind == Reader::AttentionQkv) continue;  // attention reads the 16-bit qkv itself
         // Elementwise: an f32 copy of what r reads, made just before r; r reads the copy.
         Node cast = cast_node(*in, DType::f32, zb.device);
         *in = cast.outputs[0];
