@@ -1,0 +1,144 @@
+// Shared pieces of the fused causal-attention kernels: a block's tile geometry, the tile loaders
+// (global -> shared memory, rounded to the compute dtype on the way, with dO's row sums D), and one
+// head's operands of the backward. The three kernel families build on it: attention_wmma.cuh (WMMA
+// tiles, head size 128), attention_mma.cuh (mma.sync with scores in registers, head sizes 32 and 64)
+// and attention_rows.cuh (a block per row, any head size). Device code, included by
+// kernels/cuda/attention.cu alone, which opens with the math and picks a family per call.
+#pragma once
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/norm_common.cuh"
+
+namespace reel::cuda::attention_detail {
+
+using norm_detail::block_sum;
+using norm_detail::kFullMask;
+using norm_detail::warp_sum;
+
+// v rounded to the compute dtype C and back to the accumulation type.
+template <typename C, typename A>
+__device__ __forceinline__ A round_c(A v) {
+  return A(to_acc(from_acc<C>(v)));
+}
+
+// One (batch, head) block row's operands of the backward, from blockIdx.y = b H + h: the head's
+// columns of qkv and dqkv (rows of 3d), of dy and y (rows of d), and its row of lse. dqkv or dqkv16
+// may be null (that result is not asked for).
+template <typename In, typename Q, typename Y, typename C, typename L>
+struct HeadOperands {
+  const Q* qkv;
+  const In* dy;
+  const Y* y;
+  const L* lse;
+  In* dqkv;
+  C* dqkv16;
+  __device__ HeadOperands(const In* dy_all, const Q* qkv_all, const Y* y_all, const L* lse_all, In* dqkv_all,
+                          C* dqkv16_all, int T, int H, int d, int hd) {
+    const int b = blockIdx.y / H, h = blockIdx.y % H;
+    const int64_t wide = int64_t(b) * T * 3 * d + h * hd, narrow = int64_t(b) * T * d + h * hd;
+    qkv = qkv_all + wide;
+    dy = dy_all + narrow;
+    y = y_all + narrow;
+    lse = lse_all + int64_t(blockIdx.y) * T;
+    dqkv = dqkv_all ? dqkv_all + wide : nullptr;
+    dqkv16 = dqkv16_all ? dqkv16_all + wide : nullptr;
+  }
+};
+
+constexpr int kTile = 64;  // rows of a block's own tile, and of each tile it walks
+constexpr int kWarps = 4;  // each warp owns 16 rows of the block's tile
+constexpr int kThreads = kWarps * 32;
+
+// Shared-memory stride (in elements) of a 64 x HD tile: 8 extra 16-bit columns keep every row
+// 16-byte aligned (ldmatrix, WMMA) and move consecutive rows off the same banks.
+template <int HD>
+struct Strides {
+  static constexpr int ld = HD + 8;  // a 64 x HD tile of Q, K, V or dO
+};
+
+// Tiles move between global and shared memory four elements at a time: a thread's whole share of a
+// tile is loaded into registers first (all loads in flight at once; a load-convert-store loop per
+// element would wait out the memory latency once per row) and then rounded and stored.
+template <typename In>
+struct Vec4 {
+  In v[4];
+};
+template <typename In>
+__device__ __forceinline__ Vec4<In> load4(const In* p) {
+  Vec4<In> out;
+  if constexpr (sizeof(In) == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(p);  // 16-byte aligned: offsets are multiples of 4
+    out.v[0] = f.x, out.v[1] = f.y, out.v[2] = f.z, out.v[3] = f.w;
+  } else {
+    *reinterpret_cast<uint2*>(out.v) = *reinterpret_cast<const uint2*>(p);
+  }
+  return out;
+}
+template <typename C, typename In>
+__device__ __forceinline__ void store4_rounded(C* dst, const Vec4<In>& x) {
+  Vec4<C> out;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out.v[i] = from_acc<C>(to_acc(x.v[i]));
+  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(out.v);  // 8-byte aligned
+}
+
+// How a tile of 64 rows x HD columns is shared out: thread i takes the 4-column chunks i, i + 128, ...
+// in row-major order, so 16 (HD 64) consecutive threads read one row's contiguous bytes.
+template <int HD>
+struct TileChunks {
+  static constexpr int per_row = HD / 4;
+  static constexpr int per_thread = kTile * per_row / kThreads;
+  static_assert(kTile * per_row % kThreads == 0, "a tile must split evenly over the block");
+  __device__ static int row(int i) { return (int(threadIdx.x) + i * kThreads) / per_row; }
+  __device__ static int col(int i) { return (int(threadIdx.x) + i * kThreads) % per_row * 4; }
+};
+
+// Rows [row0, row0 + 64) of a (B*T, width) tensor's columns [0, HD) from `src` (already offset to batch
+// and column), rounded to C; rows past T are zero.
+template <typename C, int HD, typename In>
+__device__ void load_tile(C* __restrict__ dst, const In* __restrict__ src, int64_t width, int row0, int T) {
+  using K = TileChunks<HD>;
+  Vec4<In> x[K::per_thread];
+#pragma unroll
+  for (int i = 0; i < K::per_thread; ++i) {
+    const int t = row0 + K::row(i);
+    x[i] = t < T ? load4(src + int64_t(t) * width + K::col(i)) : Vec4<In>{};
+  }
+#pragma unroll
+  for (int i = 0; i < K::per_thread; ++i) store4_rounded(dst + K::row(i) * Strides<HD>::ld + K::col(i), x[i]);
+}
+
+// The dO tile of query rows [row0, row0 + 64) rounded to C, with D = dy . y (unrounded) and lse per row.
+// A row's chunks lie in per_row consecutive lanes (a power of two dividing 32), which sum D by shuffles.
+// dout: the 64 x HD tile (stride Strides<HD>::ld); D_s, lse_s: 64 floats each.
+template <typename C, int HD, typename In, typename Y>
+__device__ void load_grad_tile(C* __restrict__ dout, float* __restrict__ D_s, float* __restrict__ lse_s,
+                               const In* __restrict__ dy, const Y* __restrict__ y, const float* __restrict__ lse,
+                               int64_t d, int row0, int T) {
+  using K = TileChunks<HD>;
+  static_assert(K::per_row <= 32 && 32 % K::per_row == 0, "a row's chunks must lie within one warp");
+  Vec4<In> g[K::per_thread];
+  Vec4<Y> yv[K::per_thread];
+#pragma unroll
+  for (int i = 0; i < K::per_thread; ++i) {
+    const int t = row0 + K::row(i);
+    const int64_t at = int64_t(t) * d + K::col(i);
+    g[i] = t < T ? load4(dy + at) : Vec4<In>{};
+    yv[i] = t < T ? load4(y + at) : Vec4<Y>{};
+  }
+#pragma unroll
+  for (int i = 0; i < K::per_thread; ++i) {
+    const int r = K::row(i);
+    store4_rounded(dout + r * Strides<HD>::ld + K::col(i), g[i]);
+    float dot = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dot += to_acc(g[i].v[e]) * to_acc(yv[i].v[e]);
+#pragma unroll
+    for (int o = K::per_row / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(kFullMask, dot, o);
+    if (threadIdx.x % K::per_row == 0) {
+      D_s[r] = dot;
+      lse_s[r] = row0 + r < T ? lse[row0 + r] : 0.0f;
+    }
+  }
+}
+
+}  // namespace reel::cuda::attention_detail
