@@ -344,7 +344,7 @@ constexpr int kColsPerThread = 8;
 constexpr int kSumCols = 32 * kColsPerThread;  // columns per block
 
 template <typename T>
-__global__ void __launch_bounds__(256) column_sums16_kernel(const T* __restrict__ x, float* __restrict__ partial,
+__global__ void __launch_bounds__(256) column_sums_16bit_kernel(const T* __restrict__ x, float* __restrict__ partial,
                                                             float* __restrict__ out, int64_t rows, int64_t N,
                                                             int64_t chunk) {
   __shared__ float part[8][kSumCols + 1];
@@ -400,7 +400,7 @@ void column_sums_into(const Tensor& x, const Tensor& out) {
     const dim3 grid{unsigned(tiles), unsigned(ceil_div(rows, chunk))}, block{32, 8};
     visit_float(x.dtype(), "column_sums_into", [&]<typename D>() {
       if constexpr (sizeof(D) == 2)
-        column_sums16_kernel<D><<<grid, block, 0, stream_of(x)>>>(static_cast<const D*>(x.data_ptr()),
+        column_sums_16bit_kernel<D><<<grid, block, 0, stream_of(x)>>>(static_cast<const D*>(x.data_ptr()),
                                                                   static_cast<float*>(ws.data_ptr()),
                                                                   static_cast<float*>(out.data_ptr()), rows, n, chunk);
     });
