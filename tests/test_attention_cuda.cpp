@@ -62,3 +62,30 @@ TEST(CausalAttentionCuda, MatchesTheCpuForEveryKernelPath) {
     EXPECT_EQ(again.y.to_vector<double>(), dev.y.to_vector<double>()) << "y changed between runs";
   }
 }
+
+TEST(CausalAttentionCuda, SixteenBitOperandsOffTheCopyAlignmentGiveTheSameBits) {
+  // The register-resident kernels fetch 16-bit qkv and dO tiles by cp.async, 16 bytes at a time, so
+  // such operands must start 16-byte aligned: a misaligned qkv is first copied to aligned scratch, and
+  // the backward reads dy as its dO only when it is aligned (else a prepared copy). Operands 8 bytes
+  // off that alignment (views at an offset of 4 elements) must give exactly what aligned copies give.
+  REEL_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Generator gen(32);
+  const int64_t B = 2, T = 150, H = 2, hd = 64, d = H * hd;
+  // Random values in a view 4 elements into its storage, and an aligned copy of them (clone).
+  auto offset_randn = [&](const Shape& shape, DType c, double scale) {
+    const int64_t n = shape[0] * shape[1] * shape[2];
+    return (randn({n + 4}, {}, &gen) * scale).to(c).to(gpu).slice(0, 4, n + 4).view(shape);
+  };
+  for (DType c : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(c));
+    Tensor qkv_off = offset_randn({B, T, 3 * d}, c, 1.5), dy_off = offset_randn({B, T, d}, c, 1.0);
+    Tensor qkv = qkv_off.clone(), dy = dy_off.clone();
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(qkv.data_ptr()) % 16, 0u);
+    ASSERT_NE(reinterpret_cast<uintptr_t>(qkv_off.data_ptr()) % 16, 0u);
+    AttentionRun aligned = run(qkv, dy, H, c), off = run(qkv_off, dy_off, H, c);
+    EXPECT_EQ(off.y.to_vector<double>(), aligned.y.to_vector<double>()) << "y";
+    EXPECT_EQ(off.lse.to_vector<double>(), aligned.lse.to_vector<double>()) << "lse";
+    EXPECT_EQ(off.dqkv.to_vector<double>(), aligned.dqkv.to_vector<double>()) << "dqkv";
+  }
+}

@@ -19,8 +19,11 @@
 //    the way into shared memory; y and dqkv are written in the merged-heads layout. Two builds of this
 //    scheme:
 //      head size 32, 64   mma.sync kernels (attention_mma.cuh): scores, P and dS stay in registers,
-//                         32 columns of the walked tile at a time, fragments read with ldmatrix;
-//                         37 KiB of shared memory (the four tiles).
+//                         32 columns of the walked tile at a time, fragments read with ldmatrix.
+//                         The next walked tile is fetched by cp.async while the current one is used
+//                         (two buffers: 45 KiB of shared memory forward, 55 KiB backward). The
+//                         backward first runs attention_dout_prep once: dO rounded to C and D per
+//                         query row, which the kernel then fetches as they are.
 //      head size 128      WMMA kernels (attention_wmma.cuh): scores and dP go from the accumulators
 //                         to a per-warp f32 scratch tile, because the per-row softmax needs them by
 //                         row and WMMA's fragment layout is opaque (and 16 x 128 accumulators per
@@ -31,6 +34,7 @@
 //    shared memory. Simple loops, the same rounding points, O(T) shared memory per block.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_mma.cuh"
@@ -122,6 +126,49 @@ void visit_operand(const Tensor& t, DType value, DType compute, const char* op, 
                           value == DType::f32 && compute != DType::f32 ? std::string(" or ") + dtype_name(compute) + " (the compute dtype)" : ""));
 }
 
+// The register-resident kernels fetch tiles of operands in the compute dtype by cp.async, 16 bytes at a
+// time: such an operand must start 16-byte aligned (a head's columns and rows then are too, head sizes
+// being multiples of 8). Arena buffers and fresh tensors are; a view at an odd offset is copied to
+// aligned scratch (kept alive in `keep` until the kernel has run, by stream order).
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+template <typename Q>
+const Q* aligned_operand(const Q* p, size_t elements, Device device, cudaStream_t stream, Tensor& keep) {
+  if (aligned16(p)) return p;
+  keep = workspace(sizeof(Q) * elements, device);
+  REEL_CUDA_CHECK(cudaMemcpyAsync(keep.data_ptr(), p, sizeof(Q) * elements, cudaMemcpyDeviceToDevice, stream));
+  return static_cast<const Q*>(keep.data_ptr());
+}
+
+// dO in C and D per (batch, head, query) for the register-resident backward (attention_dout_prep), in
+// scratch memory that lives until the backward has run (stream order). dO is dy itself when dy is in
+// C already and aligned.
+template <typename C>
+struct Prepared {
+  Tensor scratch;
+  const C* dout;
+  const float* D;
+};
+template <typename C, int HD, typename In, typename Y>
+Prepared<C> prepare_dout(const In* dy, const Y* y, const AttentionGeometry& g, Device device, cudaStream_t stream) {
+  const int64_t rows = int64_t(g.B) * g.T, elements = rows * g.d;
+  const bool copy = !std::is_same_v<In, C> || !aligned16(dy);
+  const size_t d_bytes = sizeof(float) * size_t(g.B) * g.H * g.T;
+  const size_t dout_offset = (d_bytes + 255) / 256 * 256;
+  Prepared<C> p;
+  p.scratch = workspace(dout_offset + (copy ? sizeof(C) * size_t(elements) : 0), device);
+  unsigned char* raw = static_cast<unsigned char*>(p.scratch.data_ptr());
+  float* D = reinterpret_cast<float*>(raw);
+  C* dout = copy ? reinterpret_cast<C*>(raw + dout_offset) : nullptr;
+  constexpr int threads = 256;
+  const int64_t chunks = elements / 4;
+  attention_dout_prep<C, HD><<<unsigned((chunks + threads - 1) / threads), threads, 0, stream>>>(dy, y, dout, D, rows,
+                                                                                              g.T, g.H, g.d);
+  REEL_CUDA_LAUNCH_CHECK();
+  p.dout = copy ? dout : reinterpret_cast<const C*>(dy);
+  p.D = D;
+  return p;
+}
+
 }  // namespace
 
 void causal_attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType compute, const Tensor& y, const Tensor& lse,
@@ -146,10 +193,12 @@ void causal_attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType comput
             float* pl = static_cast<float*>(lse.data_ptr());
             const float scale = 1.0f / std::sqrt(float(g.hd));
             if constexpr (HD <= 64) {  // the register-resident kernel
+              constexpr size_t bytes = mma_fwd_smem_bytes<C, HD>();
               auto kernel = attention_fwd_mma<In, Q, C, HD, 1>;
-              if (more_than_one_wave(kernel, mma_smem_bytes<C, HD>(), grid, qkv.device().index))
-                kernel = attention_fwd_mma<In, Q, C, HD, 4>;
-              kernel<<<grid, kThreads, mma_smem_bytes<C, HD>(), stream>>>(px, py, p16, pl, g.T, g.H, g.d, scale);
+              if (more_than_one_wave(kernel, bytes, grid, qkv.device().index)) kernel = attention_fwd_mma<In, Q, C, HD, 4>;
+              Tensor keep;
+              const Q* q = aligned_operand(px, size_t(qkv.numel()), qkv.device(), stream, keep);
+              kernel<<<grid, kThreads, bytes, stream>>>(q, py, p16, pl, g.T, g.H, g.d, scale);
             } else {
               constexpr size_t bytes = tiled_smem_bytes<C, HD>();
               static const bool ready = (allow_smem(attention_fwd_tiled<In, Q, C, HD>, bytes), true);
@@ -200,12 +249,17 @@ void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const 
               const dim3 grid((g.T + kTile - 1) / kTile, g.B * g.H, 2);
               const float* pl = static_cast<const float*>(lse.data_ptr());
               const float scale = 1.0f / std::sqrt(float(g.hd));
-              if constexpr (HD <= 64) {  // the register-resident kernel
-                auto kernel = attention_bwd_mma<In, Q, Y, C, HD, 1>;
-                if (more_than_one_wave(kernel, mma_smem_bytes<C, HD>(), grid, qkv.device().index))
-                  kernel = attention_bwd_mma<In, Q, Y, C, HD, 3>;
-                kernel<<<grid, kThreads, mma_smem_bytes<C, HD>(), stream>>>(pdy, px, py, pl, pd, p16, g.T, g.H, g.d,
-                                                                            scale);
+              if constexpr (HD <= 64) {  // the register-resident kernel, after dO and D are prepared
+                const Prepared<C> prep = prepare_dout<C, HD>(pdy, py, g, qkv.device(), stream);
+                constexpr size_t bytes = mma_bwd_smem_bytes<C, HD>();
+                static const bool ready = (allow_smem(attention_bwd_mma<Q, C, In, HD, 1>, bytes),
+                                           allow_smem(attention_bwd_mma<Q, C, In, HD, 3>, bytes), true);
+                (void)ready;
+                auto kernel = attention_bwd_mma<Q, C, In, HD, 1>;
+                if (more_than_one_wave(kernel, bytes, grid, qkv.device().index)) kernel = attention_bwd_mma<Q, C, In, HD, 3>;
+                Tensor keep;
+                const Q* q = aligned_operand(px, size_t(qkv.numel()), qkv.device(), stream, keep);
+                kernel<<<grid, kThreads, bytes, stream>>>(prep.dout, prep.D, q, pl, pd, p16, g.T, g.H, g.d, scale);
               } else {
                 constexpr size_t bytes = tiled_smem_bytes<C, HD>();
                 static const bool ready = (allow_smem(attention_bwd_tiled<In, Q, Y, C, HD>, bytes), true);

@@ -17,7 +17,9 @@ namespace reel::cuda::attention_detail {
 // without a trip through shared memory. Shared memory holds only the 64 x HD tiles, read into
 // fragments with ldmatrix. Same tiles, roles and rounding points as the WMMA kernels (attention_wmma.cuh)
 // (P and dS rounded to C, D = dy . y from the unrounded values, no atomics); head sizes 32 and 64,
-// where the accumulators fit in registers.
+// where the accumulators fit in registers. Unlike them, a block fetches the next walked tile by
+// cp.async while it computes on the current one (attention_tiles.cuh), and the backward reads dO and
+// D prepared once per call (attention_dout_prep) instead of rounding and summing them per block.
 //
 // Fragments of lane l (g = l / 4, t = l % 4): A (16 x 16) a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..),
 // a2 = (g, 2t + 8..), a3 = (g + 8, 2t + 8..); B (16 x 8) b0 = (k 2t..2t+1, n g), b1 = (k 2t + 8.., n g);
@@ -25,20 +27,16 @@ namespace reel::cuda::attention_detail {
 
 namespace mma {
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 // Four 8 x 8 matrices of 16-bit values; lane l gives the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(shared_address(p)));
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(shared_address(p)));
 }
 
 // d += a b (16 x 16 by 16 x 8) in f32.
@@ -175,52 +173,70 @@ bool more_than_one_wave(Kernel unbounded, size_t smem, dim3 grid, int device) {
   return int64_t(grid.x) * grid.y * grid.z > int64_t(blocks) * multiprocessor_count(device);
 }
 
-// Shared memory of the register-resident kernels: the 64 x HD tiles of Q, K, V and (backward) dO, then
-// lse and D per query row of the tile.
-template <typename C, int HD>
-constexpr size_t mma_smem_bytes() {
-  return sizeof(C) * 4 * kTile * Strides<HD>::ld + sizeof(float) * 2 * kTile;
+// Shared memory of the register-resident kernels: the block's own tiles and two buffers of each walked
+// tile (the next one is fetched while the current one is used), 64 x HD each, then lse and D per
+// query row of the two walked (keys role) or the own (queries role) query tiles. The forward owns Q
+// and walks K, V; the backward's keys role owns K, V and walks Q, dO; its queries role owns Q, dO and
+// walks K, V.
+template <int HD>
+constexpr int mma_tile_elements() {
+  return kTile * Strides<HD>::ld;
 }
 template <typename C, int HD>
+constexpr size_t mma_fwd_smem_bytes() {
+  return sizeof(C) * 5 * mma_tile_elements<HD>();
+}
+template <typename C, int HD>
+constexpr size_t mma_bwd_smem_bytes() {
+  return sizeof(C) * 6 * mma_tile_elements<HD>() + sizeof(float) * 4 * kTile;
+}
+// Pointers into that memory, computed from the buffer index (an array of pointers indexed by a
+// loop-dependent buffer would be put in local memory). Own: 1 (forward) or 2 (backward) own tiles.
+template <typename C, int HD, int Own>
 struct MmaSmem {
-  C *q, *k, *v, *dout;
-  float *lse, *D;
-  __device__ explicit MmaSmem(unsigned char* raw) {
-    constexpr int tile = kTile * Strides<HD>::ld;
-    q = reinterpret_cast<C*>(raw);
-    k = q + tile;
-    v = k + tile;
-    dout = v + tile;
-    lse = reinterpret_cast<float*>(dout + tile);
-    D = lse + kTile;
-  }
+  unsigned char* raw;
+  static constexpr int tile = mma_tile_elements<HD>();
+  __device__ C* own(int i) const { return reinterpret_cast<C*>(raw) + i * tile; }
+  // walked tile j (0: K or Q, 1: V or dO) of buffer b
+  __device__ C* walk(int b, int j) const { return reinterpret_cast<C*>(raw) + (Own + 2 * b + j) * tile; }
+  __device__ float* lse(int b) const { return reinterpret_cast<float*>(own(Own + 4)) + b * kTile; }
+  __device__ float* D(int b) const { return lse(2) + b * kTile; }
 };
 
 // Forward. grid (ceil(T / 64), B H); qkv (B, T, 3d), y (B, T, d), lse (B, H, T). y or y16 may be null.
+// qkv in C must be 16-byte aligned (cp.async fetches its tiles); in f32 it is rounded on the way.
 template <typename In, typename Q, typename C, int HD, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q* __restrict__ qkv, In* __restrict__ y,
                                                              C* __restrict__ y16, float* __restrict__ lse, int T,
                                                              int H, int d, float scale) {
   constexpr int ld = Strides<HD>::ld;
   extern __shared__ __align__(128) unsigned char raw[];
-  const MmaSmem<C, HD> sm(raw);
-  C *sq = sm.q, *sk = sm.k, *sv = sm.v;
+  const MmaSmem<C, HD, 1> sm{raw};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int qt = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, q0 = qt * kTile;
   const int64_t width = 3 * int64_t(d);
   const Q* base = qkv + int64_t(b) * T * width + h * HD;
-  load_tile<C, HD>(sq, base, width, q0, T);
+  auto fetch_keys = [&](int kt) {  // K and V of key tile kt into buffer kt % 2
+    copy_tile<C, HD>(sm.walk(kt % 2, 0), base + d, width, kt * kTile, T);
+    copy_tile<C, HD>(sm.walk(kt % 2, 1), base + 2 * d, width, kt * kTile, T);
+    cp_async_commit();
+  };
+  copy_tile<C, HD>(sm.own(0), base, width, q0, T);
+  cp_async_commit();
+  fetch_keys(0);
+  cp_async_wait<1>();  // Q has landed (K, V may not have)
   __syncthreads();
   unsigned qa[HD / 16][4];
-  mma::load_a<HD>(qa, sq, warp * 16, ld);
+  mma::load_a<HD>(qa, sm.own(0), warp * 16, ld);
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sums
   float o[HD / 8][4] = {};
   for (int kt = 0; kt <= qt; ++kt) {
-    __syncthreads();  // the previous K, V tiles are consumed
-    load_tile<C, HD>(sk, base + d, width, kt * kTile, T);
-    load_tile<C, HD>(sv, base + 2 * d, width, kt * kTile, T);
-    __syncthreads();
+    __syncthreads();  // the buffer fetched into next was consumed by the previous key tile
+    if (kt < qt) fetch_keys(kt + 1), cp_async_wait<1>();
+    else cp_async_wait<0>();
+    __syncthreads();  // key tile kt has landed for every thread
+    const C *sk = sm.walk(kt % 2, 0), *sv = sm.walk(kt % 2, 1);
 #pragma unroll
     for (int part = 0; part < kTile / mma::kPart; ++part) {  // keys kt * 64 + part * kPart + [0, kPart)
       const int key0 = kt * kTile + part * mma::kPart;
@@ -279,35 +295,58 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q
 
 // Backward. grid (ceil(T / 64), B H, 2); dqkv (B, T, 3d). The roles of the WMMA kernel: z = 0 a block
 // of 64 keys walks the query tiles t >= s (dK, dV), z = 1 a block of 64 queries the key tiles s <= t (dQ).
-template <typename In, typename Q, typename Y, typename C, int HD, int MinBlocks>
-__global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const In* __restrict__ dy, const Q* __restrict__ qkv,
-                                                             const Y* __restrict__ y, const float* __restrict__ lse,
-                                                             In* __restrict__ dqkv, C* __restrict__ dqkv16, int T,
-                                                             int H, int d, float scale) {
+// dout (B, T, d) and D (B H, T) come from attention_dout_prep; dout and qkv in C must be 16-byte aligned.
+template <typename Q, typename C, typename Out, int HD, int MinBlocks>
+__global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C* __restrict__ dout,
+                                                             const float* __restrict__ D, const Q* __restrict__ qkv,
+                                                             const float* __restrict__ lse, Out* __restrict__ dqkv,
+                                                             C* __restrict__ dqkv16, int T, int H, int d,
+                                                             float scale) {
   constexpr int ld = Strides<HD>::ld;
   extern __shared__ __align__(128) unsigned char raw[];
-  const MmaSmem<C, HD> sm(raw);
-  C *sq = sm.q, *sk = sm.k, *sv = sm.v, *sdo = sm.dout;
-  float *slse = sm.lse, *sD = sm.D;
+  const MmaSmem<C, HD, 2> sm{raw};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int tile = blockIdx.x, tiles = (T + kTile - 1) / kTile;
   const int64_t width = 3 * int64_t(d);
-  const auto [base, dy_b, y_b, lse_bh, out, out16] = HeadOperands<In, Q, Y, C, float>(dy, qkv, y, lse, dqkv, dqkv16, T, H, d, HD);
+  // This (batch, head)'s columns of qkv and dqkv (rows of 3d), of dO (rows of d), its lse and D rows.
+  const int b = blockIdx.y / H, h = blockIdx.y % H;
+  const int64_t wide = int64_t(b) * T * width + h * HD;
+  const Q* base = qkv + wide;
+  const C* dout_b = dout + int64_t(b) * T * d + h * HD;
+  const float *lse_bh = lse + int64_t(blockIdx.y) * T, *D_bh = D + int64_t(blockIdx.y) * T;
+  Out* out = dqkv ? dqkv + wide : nullptr;
+  C* out16 = dqkv16 ? dqkv16 + wide : nullptr;
+  // Query tile q0 / 64's Q, dO, lse and D into (q, dO) tiles q_dst, do_dst and floats lse_dst, D_dst.
+  auto fetch_queries = [&](C* q_dst, C* do_dst, float* lse_dst, float* D_dst, int q0) {
+    copy_tile<C, HD>(q_dst, base, width, q0, T);
+    copy_tile<C, HD>(do_dst, dout_b, d, q0, T);
+    copy_row_floats(lse_dst, lse_bh, q0, T);
+    copy_row_floats(D_dst, D_bh, q0, T);
+    cp_async_commit();
+  };
   float s[mma::kPartTiles][4], dp[mma::kPartTiles][4];
   unsigned pa[mma::kPart / 16][4];
 
   if (blockIdx.z == 0) {  // ---- keys role: this block's keys [k0, k0 + 64), the warp's 16 of them
     const int k0 = tile * kTile, key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
-    load_tile<C, HD>(sk, base + d, width, k0, T);
-    load_tile<C, HD>(sv, base + 2 * d, width, k0, T);
+    const C *sk = sm.own(0), *sv = sm.own(1);
+    copy_tile<C, HD>(sm.own(0), base + d, width, k0, T);
+    copy_tile<C, HD>(sm.own(1), base + 2 * d, width, k0, T);
+    fetch_queries(sm.walk(0, 0), sm.walk(0, 1), sm.lse(0), sm.D(0), k0);  // one group with K, V
     float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
-    unsigned a[HD / 16][4];  // the warp's K, then V rows as A fragments, reloaded per tile (fewer registers)
+    unsigned a[HD / 16][4];  // the warp's K, then V rows as A fragments, reloaded per part (fewer registers)
     for (int qt = tile; qt < tiles; ++qt) {
-      const int q0 = qt * kTile;
-      __syncthreads();  // the previous query tile is consumed
-      load_tile<C, HD>(sq, base, width, q0, T);
-      load_grad_tile<C, HD>(sdo, sD, slse, dy_b, y_b, lse_bh, d, q0, T);
-      __syncthreads();
+      const int q0 = qt * kTile, buf = (qt - tile) % 2;
+      __syncthreads();  // the buffer fetched into next was consumed by the previous query tile
+      if (qt + 1 < tiles) {
+        fetch_queries(sm.walk(1 - buf, 0), sm.walk(1 - buf, 1), sm.lse(1 - buf), sm.D(1 - buf), q0 + kTile);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // query tile qt has landed for every thread
+      const C *sq = sm.walk(buf, 0), *sdo = sm.walk(buf, 1);
+      const float *slse = sm.lse(buf), *sD = sm.D(buf);
 #pragma unroll
       for (int part = 0; part < kTile / mma::kPart; ++part) {  // queries q0 + part * kPart + [0, kPart)
         const int c0 = part * mma::kPart;
@@ -339,20 +378,28 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const I
   } else {  // ---- queries role: the block's queries [q0, q0 + 64) (the longest walks first), the warp's 16
     const int qtile = tiles - 1 - tile;
     const int q0 = qtile * kTile, r0 = warp * 16, query[2] = {q0 + r0 + g, q0 + r0 + g + 8};
-    load_tile<C, HD>(sq, base, width, q0, T);
-    load_grad_tile<C, HD>(sdo, sD, slse, dy_b, y_b, lse_bh, d, q0, T);
+    auto fetch_keys = [&](int kt) {  // K and V of key tile kt into buffer kt % 2
+      copy_tile<C, HD>(sm.walk(kt % 2, 0), base + d, width, kt * kTile, T);
+      copy_tile<C, HD>(sm.walk(kt % 2, 1), base + 2 * d, width, kt * kTile, T);
+      cp_async_commit();
+    };
+    fetch_queries(sm.own(0), sm.own(1), sm.lse(0), sm.D(0), q0);
+    fetch_keys(0);
+    cp_async_wait<1>();  // the own tiles have landed (key tile 0 may not have)
     __syncthreads();
     unsigned qa[HD / 16][4], doa[HD / 16][4];
-    mma::load_a<HD>(qa, sq, r0, ld);
-    mma::load_a<HD>(doa, sdo, r0, ld);
-    const float row_lse[2] = {slse[r0 + g], slse[r0 + g + 8]}, row_D[2] = {sD[r0 + g], sD[r0 + g + 8]};
+    mma::load_a<HD>(qa, sm.own(0), r0, ld);
+    mma::load_a<HD>(doa, sm.own(1), r0, ld);
+    const float row_lse[2] = {sm.lse(0)[r0 + g], sm.lse(0)[r0 + g + 8]};
+    const float row_D[2] = {sm.D(0)[r0 + g], sm.D(0)[r0 + g + 8]};
     float dq[HD / 8][4] = {};
     for (int kt = 0; kt <= qtile; ++kt) {
       const int k0 = kt * kTile;
-      __syncthreads();  // the previous key tile is consumed
-      load_tile<C, HD>(sk, base + d, width, k0, T);
-      load_tile<C, HD>(sv, base + 2 * d, width, k0, T);
-      __syncthreads();
+      __syncthreads();  // the buffer fetched into next was consumed by the previous key tile
+      if (kt < qtile) fetch_keys(kt + 1), cp_async_wait<1>();
+      else cp_async_wait<0>();
+      __syncthreads();  // key tile kt has landed for every thread
+      const C *sk = sm.walk(kt % 2, 0), *sv = sm.walk(kt % 2, 1);
 #pragma unroll
       for (int part = 0; part < kTile / mma::kPart; ++part) {  // keys k0 + part * kPart + [0, kPart)
         const int c0 = part * mma::kPart;
