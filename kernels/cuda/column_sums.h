@@ -1,8 +1,10 @@
 // Column sums into an f32 result, for the compiler's bias-gradient fusion (compile/fuse_bias_grad_cast.h):
 //   out (N) = sum over rows of x (..., N)     x contiguous f32, f16 or bf16 (accumulated in f32)
-// A 16-bit x with N a multiple of 8 (16-byte aligned) takes a kernel of its own that reads 8 columns a
-// thread per 16-byte load; anything else the Sum op's column reduction (kernels/cuda/reduce.cu), to
-// its bits. Both split the rows in fixed chunks and add them in order: the same bits on every run.
+// It is the Sum op's column reduction (reduce_into in kernels/cuda/reduce.cu with outer = 1), so an f32
+// x gives the Sum op's bits. A 16-byte aligned x with N a multiple of 8 (16-bit) or 4 (f32) takes the
+// kernel that reads a thread's columns of a row with one 16-byte load (column_sums_wide_load_kernel);
+// anything else the generic column kernels. Both split the rows in chunks fixed by the shape (and,
+// for the wide loads, the GPU's SM count) and add them in order: the same bits on every run.
 // Declared without CUDA types; defined in reduce.cu.
 #pragma once
 #include "tensor/tensor.h"
