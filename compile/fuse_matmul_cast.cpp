@@ -1,6 +1,8 @@
 // Fusion of autocast's cast into the preceding GEMM (see fuse_matmul_cast.h).
 #include "compile/fuse_matmul_cast.h"
 
+#include "compile/fused_expr.h"
+
 #ifdef REEL_CUDA
 #include "kernels/cuda/matmul_into.h"
 #endif
@@ -113,6 +115,39 @@ void fuse_matmul_accumulate(Graph& g, PassStats& stats) {
 #endif
 }
 
+#ifdef REEL_CUDA
+namespace {
+
+// Whether z is read once, by one elementwise op: elementwise fusion then folds the cast into that
+// op's kernel, which reads the 16-bit y (2 bytes an element, not 4) while the GEMM writes 2 bytes
+// instead of 4; and the values are eager's, which rounds to 16 bits and casts back as well. (The
+// GPT's case: fc2's input gradient, read by GELU's backward.)
+bool read_by_one_elementwise_op(const Graph& g, const BufferUses& u, const TensorRef& z) {
+  const std::vector<int>& readers = u.readers[z.buffer];
+  if (readers.size() != 1 || readers[0] < 0 || readers[0] >= int(g.nodes.size())) return false;
+  const Node& r = g.nodes[size_t(readers[0])];
+  int refs = 0;
+  for (const auto& in : r.inputs) refs += in && in->buffer == z.buffer;
+  return refs == 1 && is_fusable_op(r.op) && !r.kernel && !r.in_place;
+}
+
+// The attention backward that alone reads z, once, as its dy, when its compute dtype is y's: it takes
+// y itself, with the bits its f32 image z gives (kernels/cuda/attention.h). (The GPT's case: the
+// projection's input gradient.)
+Node* attention_backward_reading_dy(Graph& g, const BufferUses& u, const TensorRef& z, DType y_dtype) {
+  const std::vector<int>& readers = u.readers[z.buffer];
+  if (readers.size() != 1 || readers[0] < 0 || readers[0] >= int(g.nodes.size())) return nullptr;
+  Node& r = g.nodes[size_t(readers[0])];
+  int refs = 0;
+  for (const auto& in : r.inputs) refs += in && in->buffer == z.buffer;
+  const bool dy = r.op == OpKind::CausalAttentionBackward && !r.kernel && !r.inputs.empty() && r.inputs[0] &&
+                  same_ref(*r.inputs[0], z) && r.attrs.i("compute") == int64_t(y_dtype);
+  return refs == 1 && dy ? &r : nullptr;
+}
+
+}  // namespace
+#endif
+
 void fuse_matmul_cast(Graph& g, PassStats& stats) {
 #ifdef REEL_CUDA
   const BufferUses u = buffer_uses(g);
@@ -135,6 +170,13 @@ void fuse_matmul_cast(Graph& g, PassStats& stats) {
         zb.kind != BufferKind::Internal || u.writers[z.buffer].size() != 1 || !yb.device.is_cuda() ||
         zb.device != yb.device)
       continue;
+    if (read_by_one_elementwise_op(g, u, z)) continue;  // that op's fused kernel takes the cast instead
+    if (Node* r = attention_backward_reading_dy(g, u, z, y.dtype)) {  // it reads the 16-bit y itself
+      r->inputs[0] = y;
+      drop[j] = true;
+      ++stats.fused;
+      continue;
+    }
     m.outputs[0] = z;
     m.kernel = std::make_shared<MatmulIntoKernel>();
     m.fused = {"matmul", "copy"};

@@ -8,7 +8,11 @@
 // (kernels/cuda/matmul_into.h): one kernel and one round trip through memory fewer, and one
 // rounding to 16 bits fewer. Applies when y is an Internal buffer read only by the copy (and not a
 // graph output) and z's buffer is Internal and written only by the copy — then no node between i and
-// j can see the difference. CUDA tensors only; everything else is left as traced.
+// j can see the difference. CUDA tensors only; everything else is left as traced. Not where z is read
+// once by one elementwise op: elementwise fusion folds the cast into that op's kernel instead, which
+// moves half the bytes (y in 16 bits) and keeps eager's values. Nor where z is read once by an
+// attention backward as its dy: that backward reads the 16-bit y as it is (same bits) and the copy
+// goes.
 #pragma once
 #include "compile/passes.h"
 

@@ -3,6 +3,7 @@
 // eager, so the default and reduce-overhead modes must match eager to the bit. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -218,18 +219,30 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
       EXPECT_TRUE(cast_in_gemm) << "no GEMM took autocast's cast of its result";
       // Activations kept in 16 bits (compile/fuse_gemm_epilogue.h, compile/fuse_attention_cast.h): the
       // qkv and fc GEMMs write bf16, attention reads bf16 qkv, and its backward reads the bf16 y and
-      // writes dqkv in bf16 only.
+      // the projection's bf16 input gradient as dy (compile/fuse_matmul_cast.h), and writes dqkv in
+      // bf16 only.
       int gemm16 = 0, attention_y16 = 0, attention_bwd16 = 0;
       for (const compile::Node& n : step.last_plan()->graph().nodes) {
         gemm16 += n.fused == std::vector<std::string>{"matmul", "copy", "add"} && !n.in_place &&
                   n.outputs[0].dtype == DType::bf16;
         attention_y16 += n.op == OpKind::CausalAttention && n.outputs.size() == 2 && n.inputs[0]->dtype == DType::bf16 &&
                          n.outputs[1].dtype == DType::bf16;
-        attention_bwd16 += n.op == OpKind::CausalAttentionBackward && n.inputs[1]->dtype == DType::bf16 &&
+        attention_bwd16 += n.op == OpKind::CausalAttentionBackward && n.inputs[0]->dtype == DType::bf16 &&
+                           n.inputs[1]->dtype == DType::bf16 &&
                            n.inputs[2]->dtype == DType::bf16 && n.outputs.size() == 1 &&
                            n.outputs[0].dtype == DType::bf16;
       }
       EXPECT_EQ(gemm16, 2 * 2 * 3) << "qkv and fc of 2 layers x 3 micro-batches";
+      // fc2's input gradient stays in bf16 for GELU's backward, whose fused kernel takes the cast
+      // (compile/fuse_matmul_cast.h): it reads that gradient and h, both bf16.
+      int gelu_backward16 = 0;
+      for (const compile::Node& n : step.last_plan()->graph().nodes) {
+        if (std::find(n.fused.begin(), n.fused.end(), "gelu_backward") == n.fused.end()) continue;
+        int bf16_inputs = 0;
+        for (const auto& in : n.inputs) bf16_inputs += in && in->dtype == DType::bf16;
+        gelu_backward16 += bf16_inputs == 2;
+      }
+      EXPECT_EQ(gelu_backward16, 2 * 3) << "GELU's backward of 2 layers x 3 micro-batches";
       EXPECT_EQ(attention_y16, 2 * 3);
       EXPECT_EQ(attention_bwd16, 2 * 3);
     }

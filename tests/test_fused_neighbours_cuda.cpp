@@ -4,7 +4,8 @@
 //   - compile/fuse_norm_backward_add.h: layer_norm_backward writes dx + the residual branch's gradient,
 //     and the add node goes;
 //   - compile/fuse_bias_grad_cast.h: a bias gradient sums the 16-bit copy of its gradient (f32
-//     accumulation), and the f32 gradient is no longer written when nothing else reads it;
+//     accumulation), and the f32 gradient is no longer written when nothing else reads it; the column
+//     sums it calls (kernels/cuda/column_sums.h) give the f32 Sum op's bits, checked on both routes;
 //   - compile/fuse_gemm_epilogue.h (store_gemm_bias_16bit): GEMM results that attention or GELU read
 //     are written in 16 bits, and attention's backward reads the 16-bit y (fuse_attention_cast.h).
 // Each pass fires on a traced function shaped like the block's use (the norm's not when dx has another
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "compile/compile.h"
 #include "kernels/dispatch.h"
@@ -75,8 +77,8 @@ TEST(FuseAttentionCastCuda, KernelsWriteTheCastOfTheirResultToTheBit) {
 }
 
 TEST(FuseAttentionCastCuda, KernelsRead16BitQkvAndYAsTheirRoundedF32) {
-  // The compiler hands the kernels qkv (forward, backward) and y (backward) in the compute dtype
-  // beside f32 dy and dqkv. They round both to it before use, so 16-bit operands must give exactly
+  // The compiler hands the kernels qkv (forward, backward), y and dy (backward) in the compute dtype
+  // beside an f32 dqkv, or none. They round each to it before use, so 16-bit operands must give exactly
   // what their f32 images give; the forward may leave the f32 y out.
   REEL_REQUIRE_GPU();
   Generator gen(44);
@@ -108,6 +110,15 @@ TEST(FuseAttentionCastCuda, KernelsRead16BitQkvAndYAsTheirRoundedF32) {
       Tensor dx16_only = like(want, c);  // no f32 dqkv asked for
       cuda::causal_attention_bwd_into(dy, qkv16, y16, f[1], H, c, Tensor(), dx16_only);
       expect_bitwise({dx16_only}, {to_dtype(want, c)});
+      // dy in 16 bits (a GEMM's result, compile/fuse_matmul_cast.h) against its f32 image: with the
+      // f32 dqkv (f32 values) and without it (every operand 16-bit).
+      Tensor dy16 = to_dtype(dy, c), dy16_as_f32 = to_dtype(dy16, DType::f32);
+      Tensor want_dy16 = dispatch(OpKind::CausalAttentionBackward, {dy16_as_f32, qkv, y16_as_f32, f[1]}, a)[0];
+      Tensor dx = like(want, DType::f32), dx16 = like(want, c), dx16_alone = like(want, c);
+      cuda::causal_attention_bwd_into(dy16, qkv16, y16, f[1], H, c, dx, dx16);
+      expect_bitwise({dx, dx16}, {want_dy16, to_dtype(want_dy16, c)});
+      cuda::causal_attention_bwd_into(dy16, qkv16, y16, f[1], H, c, Tensor(), dx16_alone);
+      expect_bitwise({dx16_alone}, {to_dtype(want_dy16, c)});
     }
   }
   // Other dtypes are refused with the operand's name and shape.
@@ -282,8 +293,8 @@ TEST(FuseNormBackwardAddCuda, NormBackwardAddsTheResidualAndTheStepEqualsEager) 
 TEST(FuseBiasGradCastCuda, ColumnSumsOfA16BitGradient) {
   REEL_REQUIRE_GPU();
   Generator gen(43);
-  // N = 300: the generic column reduction; N a multiple of 8: the 16-byte-load kernel for 16-bit x
-  // (one tile, several, a partial last tile, few rows and many).
+  // N = 300: the generic column reduction for 16-bit x (the 16-byte loads for f32); N a multiple of 8:
+  // the 16-byte-load kernel for 16-bit x (one tile, several, a partial last tile, few rows and many).
   for (const Shape& shape : {Shape{37, 50, 300}, Shape{4096, 24}, Shape{3, 1000}, Shape{1024, 2048}, Shape{8, 64, 520}}) {
     SCOPED_TRACE(shape_str(shape));
     const int64_t N = shape.back(), rows = numel_of(shape) / N;
@@ -302,6 +313,46 @@ TEST(FuseBiasGradCastCuda, ColumnSumsOfA16BitGradient) {
     Tensor f32 = Tensor::empty({N}, DType::f32, kGpu);
     cuda::column_sums_into(x, f32);
     EXPECT_EQ(f32.to_vector<double>(), sum(x, dims).to_vector<double>());
+  }
+}
+
+// An f32 bias gradient's Sum over all but the last dim (x (R, N) with outer = 1), on the kernel that
+// reads 16 bytes a thread (x 16-byte aligned, N a multiple of 4: one column tile or several, 3 rows or
+// 70000) and on the generic column kernels (N odd, with and without split rows; x 4 bytes past a
+// 16-byte boundary; more column tiles than finish counters): within 1e-5 of a double loop, the same
+// bits on a second run, Mean within 1e-5 of the loop / R, and column_sums_into to the Sum op's bits.
+TEST(FuseBiasGradCastCuda, F32ColumnSumsOfTheSumOp) {
+  REEL_REQUIRE_GPU();
+  Generator gen(45);
+  struct Case {
+    Shape shape;
+    bool misaligned;
+  };
+  for (const Case& c : {Case{{16, 256, 512}, false}, Case{{4096, 128}, false}, Case{{33, 100}, false},
+                        Case{{33, 100}, true}, Case{{33, 101}, false}, Case{{5000, 101}, false},
+                        Case{{3, 1000}, false}, Case{{70000, 8}, false}, Case{{1, 64}, false},
+                        Case{{2, 600000}, false}}) {
+    SCOPED_TRACE(shape_str(c.shape) + (c.misaligned ? " misaligned" : ""));
+    const int64_t n = numel_of(c.shape), N = c.shape.back(), rows = n / N;
+    Tensor flat = randn({n + 1}, {}, &gen).to(kGpu);  // its data starts 16-byte aligned
+    Tensor x = flat.slice(0, c.misaligned ? 1 : 0, c.misaligned ? n + 1 : n).view(c.shape);
+    ASSERT_TRUE(x.is_contiguous());
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0, c.misaligned);
+    std::vector<int64_t> dims;
+    for (int64_t d = 0; d + 1 < int64_t(c.shape.size()); ++d) dims.push_back(d);
+    std::vector<double> v = x.to_vector<double>(), want(size_t(N), 0.0), want_mean(size_t(N), 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < N; ++j) want[size_t(j)] += v[size_t(r * N + j)];
+    for (int64_t j = 0; j < N; ++j) want_mean[size_t(j)] = want[size_t(j)] / double(rows);
+    Tensor s = sum(x, dims), again = sum(x, dims);
+    EXPECT_LT(testing_util::max_rel_diff(s, Tensor::from_vector<double>(want, {N})), 1e-5);
+    EXPECT_EQ(s.to_vector<double>(), again.to_vector<double>());
+    Tensor m = mean(x, dims), m_again = mean(x, dims);
+    EXPECT_LT(testing_util::max_rel_diff(m, Tensor::from_vector<double>(want_mean, {N})), 1e-5);
+    EXPECT_EQ(m.to_vector<double>(), m_again.to_vector<double>());
+    Tensor cols = Tensor::empty({N}, DType::f32, kGpu);
+    cuda::column_sums_into(x, cols);
+    EXPECT_EQ(cols.to_vector<double>(), s.to_vector<double>());
   }
 }
 

@@ -230,15 +230,30 @@ void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const 
   if (int64_t(g.B) * g.T * g.H == 0) return;
   cudaStream_t stream = stream_of(qkv);
   REEL_CHECK(dqkv.defined() || dqkv16.defined(), "causal_attention_backward: neither dqkv nor its 16-bit copy is asked for");
-  const DType value = dy.dtype();  // the dtype dy and dqkv are in
-  REEL_CHECK(!dqkv.defined() || dqkv.dtype() == value, "causal_attention_backward: dy ", shape_str(dy.shape()), " is ",
-             value, " but dqkv is ", dqkv.dtype());
+  // The dtype the values are in: dqkv's, or without it the widest operand's (when all are 16-bit, the
+  // kernels for 16-bit values give the bits the f32 images of the operands would).
+  auto width = [](DType t) { return t == DType::f64 ? 2 : t == DType::f32 ? 1 : 0; };
+  DType value = dqkv.defined() ? dqkv.dtype() : dy.dtype();
+  if (!dqkv.defined())
+    for (const Tensor* t : {&qkv, &y})
+      if (width(t->dtype()) > width(value)) value = t->dtype();
   visit_float(value, "causal_attention_backward", [&]<typename In>() {
     visit_compute<In>(compute, [&]<typename C>() {
       visit_operand<In, C>(qkv, value, compute, "causal_attention_backward", "qkv", [&]<typename Q>() {
         visit_operand<In, C>(y, value, compute, "causal_attention_backward", "y", [&]<typename Y>() {
+         visit_operand<In, C>(dy, value, compute, "causal_attention_backward", "dy", [&]<typename Dy>() {
           using A = Acc<In>;
-          const In* pdy = static_cast<const In*>(dy.data_ptr());
+          // The kernels other than the register-resident ones read dy in the value dtype: a 16-bit dy
+          // is widened for them first (exactly: its f32 image).
+          Tensor dy_wide;
+          auto wide_dy = [&]() -> const In* {
+            if constexpr (!std::is_same_v<Dy, In>) {
+              dy_wide = Tensor::empty(dy.shape(), value, dy.device());
+              copy_on_device(dy_wide, dy);
+              return static_cast<const In*>(dy_wide.data_ptr());
+            }
+            return static_cast<const In*>(dy.data_ptr());
+          };
           const Q* px = static_cast<const Q*>(qkv.data_ptr());
           const Y* py = static_cast<const Y*>(y.data_ptr());
           In* pd = dqkv.defined() ? static_cast<In*>(dqkv.data_ptr()) : nullptr;
@@ -250,7 +265,8 @@ void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const 
               const float* pl = static_cast<const float*>(lse.data_ptr());
               const float scale = 1.0f / std::sqrt(float(g.hd));
               if constexpr (HD <= 64) {  // the register-resident kernel, after dO and D are prepared
-                const Prepared<C> prep = prepare_dout<C, HD>(pdy, py, g, qkv.device(), stream);
+                const Prepared<C> prep =
+                    prepare_dout<C, HD>(static_cast<const Dy*>(dy.data_ptr()), py, g, qkv.device(), stream);
                 constexpr size_t bytes = mma_bwd_smem_bytes<C, HD>();
                 static const bool ready = (allow_smem(attention_bwd_mma<Q, C, In, HD, 1>, bytes),
                                            allow_smem(attention_bwd_mma<Q, C, In, HD, 3>, bytes), true);
@@ -264,8 +280,8 @@ void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const 
                 constexpr size_t bytes = tiled_smem_bytes<C, HD>();
                 static const bool ready = (allow_smem(attention_bwd_tiled<In, Q, Y, C, HD>, bytes), true);
                 (void)ready;
-                attention_bwd_tiled<In, Q, Y, C, HD><<<grid, kThreads, bytes, stream>>>(pdy, px, py, pl, pd, p16, g.T,
-                                                                                      g.H, g.d, scale);
+                attention_bwd_tiled<In, Q, Y, C, HD><<<grid, kThreads, bytes, stream>>>(wide_dy(), px, py, pl, pd, p16,
+                                                                                      g.T, g.H, g.d, scale);
               }
               REEL_CUDA_LAUNCH_CHECK();
             });
@@ -275,10 +291,11 @@ void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const 
             check_row_smem(bytes, g.T, "causal_attention_backward");
             if (bytes > 48 * 1024) allow_smem(attention_bwd_rows<In, Q, Y, C, A>, bytes);
             attention_bwd_rows<In, Q, Y, C, A><<<dim3(g.T, g.B * g.H, 2), kRowThreads, bytes, stream>>>(
-                pdy, px, py, static_cast<const A*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d, g.hd,
+                wide_dy(), px, py, static_cast<const A*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d, g.hd,
                 A(1) / std::sqrt(A(g.hd)));
             REEL_CUDA_LAUNCH_CHECK();
           }
+         });
         });
       });
     });

@@ -12,7 +12,8 @@
 // 16-bit compute dtype instead, which halves what a step keeps for the backward. The kernels round
 // qkv to that dtype before use, so a 16-bit qkv gives the same bits as its f32 source; a 16-bit y
 // changes only D = dy . y by y's rounding. The forward's y and the backward's dqkv may then be
-// undefined (only the 16-bit copy is written).
+// undefined (only the 16-bit copy is written). dy may be in the compute dtype too (a GEMM's 16-bit
+// result): the same bits as its f32 image give.
 #pragma once
 #include "tensor/tensor.h"
 
