@@ -2,7 +2,7 @@
 //   - compile/fuse_attention_cast.h: causal_attention (and its backward) also writes autocast's 16-bit
 //     copy of its result, to the bit, and the cast node goes;
 //   - compile/fuse_norm_backward_add.h: layer_norm_backward writes dx + the residual branch's gradient,
-//     and the add node goes;
+//     and the add node goes (and a later cast of it joins);
 //   - compile/fuse_bias_grad_cast.h: a bias gradient sums the 16-bit copy of its gradient (f32
 //     accumulation), and the f32 gradient is no longer written when nothing else reads it; the column
 //     sums it calls (kernels/cuda/column_sums.h) give the f32 Sum op's bits, checked on both routes;
@@ -255,7 +255,7 @@ TEST(StoreGemmBias16BitCuda, QkvAndGeluInputsAreKeptIn16BitsWithinToleranceOfEag
 TEST(FuseNormBackwardAddCuda, NormBackwardAddsTheResidualAndTheStepEqualsEager) {
   REEL_REQUIRE_GPU();
   Generator gen(42);
-  for (int64_t C : {96, 1500}) {  // a warp per row, a block per row
+  for (int64_t C : {96, 1500, 512}) {  // a warp per row, a block per row, a row in registers
     Tensor w = randn({C}, {}, &gen).to(kGpu), b = randn({C}, {}, &gen).to(kGpu);
     // The residual branch's gradient r is ready before the norm's backward. Variants: the sum also
     // cast to bf16 (the cast joins the kernel); dx read a second time (the pass leaves the add alone).

@@ -239,7 +239,9 @@ __global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g,
       float o[4];
       for_each4(xh[i], [&](float e, int c) {
         const float gj = (&gv[i].x)[c], gw = w ? gj * (&wv[i].x)[c] : gj;
-        const float v = rs * (gw - mean_gw - e * mean_gwx);
+        // dx rounded on its own before the residual is added (no fused multiply-add across the
+        // two), as the unfused layer_norm_backward and add compute it: equal to the bit.
+        const float v = __fmul_rn(rs, gw - mean_gw - e * mean_gwx);
         o[c] = residual ? v + (&res.x)[c] : v;
       });
       store4(dx + r * Row::cols + Row::col(i), o[0], o[1], o[2], o[3]);
