@@ -178,16 +178,16 @@ StepResult Optimizer::micro_step() {
   items_seen_ += std::max<int64_t>(pending_items_, 0);
   pending_items_ = -1;
   bool boundary_reached = items_per_step_ > 0 ? items_seen_ >= items_per_step_ : micro_count_ == accum_steps_;
-  if (!boundary_reached) return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr()};
+  if (!boundary_reached) return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr(), Tensor()};
   return boundary(items_per_step_ > 0 ? double(items_per_step_) / double(items_seen_) : 1.0);
 }
 
 StepResult Optimizer::finish_epoch(RemainderPolicy policy) {
-  if (micro_count_ == 0) return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr()};
+  if (micro_count_ == 0) return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr(), Tensor()};
   if (policy == RemainderPolicy::Drop) {
     zero_grad(zero_to_none_);
     reset_counters();
-    return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr()};
+    return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr(), Tensor()};
   }
   double correction = items_per_step_ > 0 ? double(items_per_step_) / double(items_seen_)
                                           : double(accum_steps_) / double(micro_count_);
@@ -222,7 +222,7 @@ StepResult Optimizer::boundary(double correction) {
     grad_sync_->sync(params_, sync_weight());
     grads = grads_of(params_);
   }
-  StepResult r{true, Tensor(), Tensor(), Tensor(), host_lr()};
+  StepResult r{true, Tensor(), Tensor(), Tensor(), host_lr(), Tensor()};
   if (grads.empty()) {  // nothing reached a parameter: nothing to update, but the schedule advances
     r.lr_tensor = advance(Tensor(), false);
     reset_counters();

@@ -255,8 +255,11 @@ TEST(ChannelsLastCompileCuda, PlanConvolutionsAreChannelsLast) {
   for (const compile::Node& n : step.last_plan()->graph().nodes) {
     if (n.op != OpKind::Conv2d && n.op != OpKind::Conv2dBackwardInput && n.op != OpKind::Conv2dBackwardWeight) continue;
     ++convs;
-    for (const auto& r : n.inputs)
-      if (r) EXPECT_TRUE(has_format(r->shape, r->strides, MemoryFormat::ChannelsLast)) << op_name(n.op);
+    for (const auto& r : n.inputs) {
+      if (r) {
+        EXPECT_TRUE(has_format(r->shape, r->strides, MemoryFormat::ChannelsLast)) << op_name(n.op);
+      }
+    }
     EXPECT_TRUE(has_format(n.outputs[0].shape, n.outputs[0].strides, MemoryFormat::ChannelsLast)) << op_name(n.op);
   }
   // 5 forward, 4 input-gradient (the stem's input needs none) and 5 weight-gradient convolutions per
