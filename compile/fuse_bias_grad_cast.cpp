@@ -10,14 +10,71 @@ namespace reel::compile {
 #ifdef REEL_CUDA
 namespace {
 
-// in: g16 (..., N); out: db (N elements, f32).
+// in: g16 (..., N) (and, accumulating, the gradient itself); out: db (N elements, f32), written, or
+// added to with `accumulate` (the parameter's gradient over micro-batches).
 class ColumnSumsKernel : public FusedKernel {
  public:
+  explicit ColumnSumsKernel(bool accumulate = false) : accumulate_(accumulate) {}
   void run(const std::vector<Tensor>& in, const std::vector<Tensor>& out) override {
-    cuda::column_sums_into(in[0], out[0]);
+    cuda::column_sums_into(in[0], out[0], accumulate_);
   }
-  std::string name() const override { return "bias gradient: column sums of the 16-bit gradient"; }
+  std::string name() const override {
+    return accumulate_ ? "bias gradient: column sums of the 16-bit gradient, added to the gradient"
+                       : "bias gradient: column sums of the 16-bit gradient";
+  }
+
+ private:
+  bool accumulate_;
 };
+
+// Node j as AccumulateGrad's write of a bias sum's result into the parameter's gradient: the copy
+// that creates the gradient (first micro-batch) or the in-place add (params +=, later ones), reading
+// all of db, which nothing else reads, from a column-sums node i. Returns i, or -1.
+int bias_sum_written_to_grad(const Graph& g, const BufferUses& u, size_t j) {
+  const Node& c = g.nodes[j];
+  const bool copy = c.op == OpKind::Copy && !c.in_place && c.inputs.size() == 1;
+  const bool add = c.op == OpKind::Add && c.in_place && c.inputs.size() == 2 && c.inputs[0] &&
+                   same_ref(*c.inputs[0], c.outputs[0]);
+  if (c.kernel || !(copy || add) || !c.inputs.back()) return -1;
+  const TensorRef &r = *c.inputs.back(), &z = c.outputs[0];
+  const int i = u.producer(r.buffer);
+  if (i < 0 || i >= int(j)) return -1;
+  const Node& sum = g.nodes[size_t(i)];
+  if (sum.op != OpKind::Sum || sum.in_place || !dynamic_cast<const ColumnSumsKernel*>(sum.kernel.get())) return -1;
+  const TensorRef& db = sum.outputs[0];
+  const int64_t n = numel_of(db.shape);
+  if (r.buffer != db.buffer || r.offset != 0 || r.dtype != DType::f32 || numel_of(r.shape) != n || !is_contiguous(r) ||
+      !internal_once(g, u, db) || u.readers[db.buffer].size() != 1)
+    return -1;
+  if (z.dtype != DType::f32 || numel_of(z.shape) != n || !is_contiguous(z) || !g.buffers[z.buffer].device.is_cuda() ||
+      u.touched_between(z.buffer, i, int(j)))
+    return -1;
+  if (copy && u.touches[z.buffer].front() != int(j)) return -1;  // the copy must create the gradient
+  return i;
+}
+
+// The column sums write (or add) straight into the parameter's gradient, and the copy or add goes:
+// one launch fewer per bias and micro-batch, and the same bits (an f32 add of the same sums).
+void write_bias_sums_into_grads(Graph& g, PassStats& stats) {
+  const BufferUses u = buffer_uses(g);
+  std::vector<bool> drop(g.nodes.size(), false);
+  for (size_t j = 0; j < g.nodes.size(); ++j) {
+    const int i = bias_sum_written_to_grad(g, u, j);
+    if (i < 0 || drop[size_t(i)]) continue;
+    Node& sum = g.nodes[size_t(i)];
+    const Node& c = g.nodes[j];
+    const bool add = c.op == OpKind::Add;
+    const TensorRef z = c.outputs[0];  // the gradient (N), as many elements as db
+    sum.outputs = {z};
+    if (add) sum.inputs.push_back(z);
+    sum.in_place = add;
+    sum.kernel = std::make_shared<ColumnSumsKernel>(add);
+    sum.fused = {"sum", add ? "add" : "copy"};
+    drop[j] = true;
+    ++stats.fused;
+  }
+  drop_nodes(g, drop);
+}
 
 // Node n as a sum of an f32 tensor over every dim but the last, into f32.
 bool is_bias_sum(const Node& n) {
@@ -60,7 +117,8 @@ int cast_of_input(const Graph& g, const BufferUses& u, size_t s) {
 
 void fuse_bias_grad_cast(Graph& g, PassStats& stats) {
 #ifdef REEL_CUDA
-  (void)stats;  // no node goes here; elementwise fusion later drops the f32 write that lost its reader
+  // The sums themselves drop no node; elementwise fusion later drops the f32 write that lost its
+  // reader, and write_bias_sums_into_grads the copies and adds into the gradients.
   const BufferUses u = buffer_uses(g);
   std::vector<std::vector<size_t>> after(g.nodes.size());  // sums that move to just after node i
   std::vector<bool> moved(g.nodes.size(), false);
@@ -83,6 +141,7 @@ void fuse_bias_grad_cast(Graph& g, PassStats& stats) {
     for (size_t s : after[i]) order.push_back(std::move(g.nodes[s]));
   }
   g.nodes = std::move(order);
+  write_bias_sums_into_grads(g, stats);
 #else
   (void)g;
   (void)stats;

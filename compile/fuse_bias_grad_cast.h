@@ -10,6 +10,11 @@
 // of each summand (relative 2^-9 in bf16, averaging out over the rows): within the dtype tolerance of
 // the compiled-against-eager parity tests, not equal to the bit. Applies on the GPU, when g is f32,
 // contiguous and written once, and the cast is to a contiguous 16-bit buffer of g's shape.
+// Then the parameter's gradient takes the sums directly: AccumulateGrad's copy of db into the
+// gradient (the first micro-batch) or its in-place add (params +=, the later ones) goes, and the
+// column-sum kernel writes, or adds to, the gradient in its last step: one launch fewer per bias
+// and micro-batch, equal to the bit to the sum and then the add. Applies when db is read by that
+// copy or add alone and nothing touches the gradient between the two.
 #pragma once
 #include "compile/passes.h"
 

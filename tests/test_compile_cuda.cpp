@@ -212,6 +212,16 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
     for (const compile::Node& n : step.last_plan()->graph().nodes)
       bias_sums_16 += n.op == OpKind::Sum && n.kernel && n.inputs[0] && n.inputs[0]->dtype == DType::bf16;
     EXPECT_EQ(bias_sums_16 > 0, std::string(prec) == "bf16") << prec;
+    if (std::string(prec) == "bf16") {  // and write, or add, into the biases' gradients themselves
+      int into_grad = 0, added = 0;
+      for (const compile::Node& n : step.last_plan()->graph().nodes) {
+        const bool sums = n.op == OpKind::Sum && n.fused.size() == 2 && n.fused[0] == "sum";
+        into_grad += sums && (n.fused[1] == "copy" || n.fused[1] == "add");
+        added += sums && n.fused[1] == "add" && n.in_place;
+      }
+      EXPECT_EQ(into_grad, 8 * 3) << "qkv, proj, fc and fc2 biases of 2 layers x 3 micro-batches";
+      EXPECT_GE(added, 8 * 2) << "the later micro-batches add to the gradient";
+    }
     if (std::string(prec) == "bf16") {
       bool cast_in_gemm = false;  // a GEMM writing f32 straight from bf16 operands (attention, backward)
       for (const compile::Node& n : step.last_plan()->graph().nodes)

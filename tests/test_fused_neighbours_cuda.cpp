@@ -289,7 +289,8 @@ TEST(FuseNormBackwardAddCuda, NormBackwardAddsTheResidualAndTheStepEqualsEager) 
 }
 
 // The column sums behind the bias-gradient pass: of a 16-bit x, the f32 sum of its values (against a
-// double sum on the host); of an f32 x, the Sum op's own result to the bit; the same bits every run.
+// double sum on the host); of an f32 x, the Sum op's own result to the bit; the same bits every run;
+// added to a gradient, the bits of the sums and then an add.
 TEST(FuseBiasGradCastCuda, ColumnSumsOfA16BitGradient) {
   REEL_REQUIRE_GPU();
   Generator gen(43);
@@ -313,6 +314,16 @@ TEST(FuseBiasGradCastCuda, ColumnSumsOfA16BitGradient) {
     Tensor f32 = Tensor::empty({N}, DType::f32, kGpu);
     cuda::column_sums_into(x, f32);
     EXPECT_EQ(f32.to_vector<double>(), sum(x, dims).to_vector<double>());
+    // Accumulating (a gradient over micro-batches): the bits of the sums added to it by an f32 add,
+    // for 16-bit x (the wide-load kernel's last write, or N = 300: the sums, then an add) and f32 x.
+    for (const Tensor& xs : {x16, x}) {
+      Tensor grad = randn({N}, {}, &gen).to(kGpu), sums = Tensor::empty({N}, DType::f32, kGpu);
+      Tensor want_grad = grad.clone();
+      cuda::column_sums_into(xs, sums);
+      want_grad = want_grad + sums;
+      cuda::column_sums_into(xs, grad, /*accumulate=*/true);
+      EXPECT_EQ(grad.to_vector<double>(), want_grad.to_vector<double>()) << dtype_name(xs.dtype()) << " accumulated";
+    }
   }
 }
 

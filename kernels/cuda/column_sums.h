@@ -11,6 +11,8 @@
 
 namespace reel::cuda {
 
-void column_sums_into(const Tensor& x, const Tensor& out);
+// accumulate: out += the sums instead of out = them (a parameter's gradient over micro-batches),
+// equal to the bit to summing and then adding.
+void column_sums_into(const Tensor& x, const Tensor& out, bool accumulate = false);
 
 }  // namespace reel::cuda

@@ -209,7 +209,7 @@ constexpr int kWideRowsInFlight = sizeof(In) == 4 ? 4 : 1;
 template <typename Op, typename In>
 __global__ void __launch_bounds__(kThreads)
     column_sums_wide_load_kernel(const In* __restrict__ x, float* __restrict__ partial, float* __restrict__ out,
-                                 int64_t R, int64_t N, int64_t chunk, int64_t count) {
+                                 int64_t R, int64_t N, int64_t chunk, int64_t count, bool accumulate) {
   constexpr int kCols = kWideColumns<In>, kTile = kWideTileColumns<In>, kInFlight = kWideRowsInFlight<In>;
   __shared__ float part[kTileRows][kTile + 1];
   const int64_t tile = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
@@ -251,8 +251,15 @@ __global__ void __launch_bounds__(kThreads)
   if (mine) {
     float v = load_partial(partial + j);
     for (int64_t k = 1; k < splits; ++k) v = Op::combine(v, load_partial(partial + k * N + j));
-    out[j] = Op::finish(v, count);
+    const float result = Op::finish(v, count);
+    out[j] = accumulate ? out[j] + result : result;  // accumulate: out += the sums, as an add would
   }
+}
+
+// out[i] += v[i] for i < n (column_sums_into's accumulation where the wide-load kernel does not apply).
+__global__ void add_into_kernel(float* __restrict__ out, const float* __restrict__ v, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = out[i] + v[i];
 }
 
 // ---- launchers ----
@@ -285,7 +292,8 @@ constexpr bool kWideLoadOp = std::is_same_v<Out, float> && std::is_same_v<Acc<In
 // the launch (f32 (4096, 128) on an H200: 256 chunks of 16 rows 10.5 us, 64 chunks of 64 rows 5.4
 // us); f32 takes 64 rows, while 16-bit x keeps the 16 it had before f32 came here, and so its bits.
 template <typename Op, typename In>
-void column_sums_wide_load(const In* x, float* out, int64_t R, int64_t N, Device dev, cudaStream_t st) {
+void column_sums_wide_load(const In* x, float* out, int64_t R, int64_t N, Device dev, cudaStream_t st,
+                           bool accumulate = false) {
   const int64_t tiles = ceil_div(N, kWideTileColumns<In>), min_rows = sizeof(In) == 2 ? 16 : 64;
   const int64_t want = ceil_div(2 * int64_t(multiprocessor_count(dev.index)), tiles);
   const int64_t chunk =
@@ -294,8 +302,15 @@ void column_sums_wide_load(const In* x, float* out, int64_t R, int64_t N, Device
   Tensor ws = workspace(size_t(splits * N) * sizeof(float), dev);
   const dim3 grid{unsigned(tiles), unsigned(splits)}, block{kTileCols, kTileRows};
   column_sums_wide_load_kernel<Op, In>
-      <<<grid, block, 0, st>>>(x, static_cast<float*>(ws.data_ptr()), out, R, N, chunk, R);
+      <<<grid, block, 0, st>>>(x, static_cast<float*>(ws.data_ptr()), out, R, N, chunk, R, accumulate);
   REEL_CUDA_LAUNCH_CHECK();
+}
+
+// Whether op over R of x (outer, R, inner) takes column_sums_wide_load (given kWideLoadOp).
+template <typename In>
+bool wide_load_fits(const In* x, int64_t outer, int64_t R, int64_t inner) {
+  return outer == 1 && R > 0 && inner % kWideColumns<In> == 0 && reinterpret_cast<uintptr_t>(x) % kWideLoadBytes == 0 &&
+         ceil_div(inner, kWideTileColumns<In>) <= kFinishCounterSlots;
 }
 
 // out (outer * inner) = op over R of x (outer, R, inner); splits long reductions that would leave
@@ -318,9 +333,7 @@ void reduce_into(const In* x, Out* out, int64_t outer, int64_t R, int64_t inner,
   }
   if (inner == 1 && R > kShortRow) return reduce_direct<Op, In, Out>(x, out, outer, R, inner, R, st);
   if constexpr (kWideLoadOp<Op, In, Out>) {
-    if (outer == 1 && R > 0 && inner % kWideColumns<In> == 0 && reinterpret_cast<uintptr_t>(x) % kWideLoadBytes == 0 &&
-        ceil_div(inner, kWideTileColumns<In>) <= kFinishCounterSlots)
-      return column_sums_wide_load<Op, In>(x, out, R, inner, dev, st);
+    if (inner > 1 && wide_load_fits(x, outer, R, inner)) return column_sums_wide_load<Op, In>(x, out, R, inner, dev, st);
   }
   // Columns (or short rows).
   const int64_t M = outer * inner, tiles = ceil_div(M, kTileCols);
@@ -437,7 +450,7 @@ void global_norm_kernel(const KernelCall& c) {
 
 }  // namespace
 
-void column_sums_into(const Tensor& x, const Tensor& out) {
+void column_sums_into(const Tensor& x, const Tensor& out, bool accumulate) {
   const int64_t n = out.numel();
   REEL_CHECK(x.is_contiguous() && out.is_contiguous() && out.dtype() == DType::f32 && x.dim() >= 1 &&
                  x.shape().back() == n && n > 0,
@@ -446,11 +459,23 @@ void column_sums_into(const Tensor& x, const Tensor& out) {
              ": expected contiguous x (..., N) and a contiguous f32 out of N elements");
   // The Sum op's own route (reduce_into, outer = 1): an f32 x gives the Sum op's bits.
   visit_float(x.dtype(), "column_sums_into", [&]<typename D>() {
-    if constexpr (std::is_same_v<Acc<D>, float>)
-      reduce_into<SumOp<float>, D, float>(static_cast<const D*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), 1,
-                                          x.numel() / n, n, x.device(), stream_of(x));
-    else
+    if constexpr (std::is_same_v<Acc<D>, float>) {
+      const D* px = static_cast<const D*>(x.data_ptr());
+      float* po = static_cast<float*>(out.data_ptr());
+      const int64_t R = x.numel() / n;
+      const Device dev = x.device();
+      cudaStream_t st = stream_of(x);
+      if (!accumulate) return reduce_into<SumOp<float>, D, float>(px, po, 1, R, n, dev, st);
+      // out += the sums: in the wide-load kernel's last write, else the sums first and then an add.
+      if (n > 1 && wide_load_fits(px, 1, R, n)) return column_sums_wide_load<SumOp<float>, D>(px, po, R, n, dev, st, true);
+      Tensor sums = workspace(sizeof(float) * size_t(n), dev);
+      float* ps = static_cast<float*>(sums.data_ptr());
+      reduce_into<SumOp<float>, D, float>(px, ps, 1, R, n, dev, st);
+      add_into_kernel<<<blocks_for(n), 256, 0, st>>>(po, ps, n);
+      REEL_CUDA_LAUNCH_CHECK();
+    } else {
       throw Error("column_sums_into: x is f64; expected f32, f16 or bf16");
+    }
   });
 }
 
