@@ -203,6 +203,31 @@ struct MmaSmem {
   __device__ float* D(int b) const { return lse(2) + b * kTile; }
 };
 
+// K and V of key tile kt (rows kt * 64 + [0, 64) of the head's columns base + d, base + 2 d of qkv,
+// rows of `width`) into walked buffer kt % 2, as one cp.async group.
+template <typename C, int HD, int Own, typename Q>
+__device__ __forceinline__ void fetch_key_tile(const MmaSmem<C, HD, Own>& sm, const Q* base, int d, int64_t width,
+                                               int kt, int T) {
+  copy_tile<C, HD>(sm.walk(kt % 2, 0), base + d, width, kt * kTile, T);
+  copy_tile<C, HD>(sm.walk(kt % 2, 1), base + 2 * d, width, kt * kTile, T);
+  cp_async_commit();
+}
+
+// The top of each step of a walk: once every thread is done with the buffer the next tile goes to
+// (the previous step's), fetch_next() fetches it when `more`, and the current tile, fetched one step
+// earlier, is waited for until it has landed for every thread.
+template <typename Fetch>
+__device__ __forceinline__ void next_walk_step(bool more, Fetch&& fetch_next) {
+  __syncthreads();
+  if (more) {
+    fetch_next();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
 // Forward. grid (ceil(T / 64), B H); qkv (B, T, 3d), y (B, T, d), lse (B, H, T). y or y16 may be null.
 // qkv in C must be 16-byte aligned (cp.async fetches its tiles); in f32 it is rounded on the way.
 template <typename In, typename Q, typename C, int HD, int MinBlocks>
@@ -216,14 +241,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q
   const int qt = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, q0 = qt * kTile;
   const int64_t width = 3 * int64_t(d);
   const Q* base = qkv + int64_t(b) * T * width + h * HD;
-  auto fetch_keys = [&](int kt) {  // K and V of key tile kt into buffer kt % 2
-    copy_tile<C, HD>(sm.walk(kt % 2, 0), base + d, width, kt * kTile, T);
-    copy_tile<C, HD>(sm.walk(kt % 2, 1), base + 2 * d, width, kt * kTile, T);
-    cp_async_commit();
-  };
   copy_tile<C, HD>(sm.own(0), base, width, q0, T);
   cp_async_commit();
-  fetch_keys(0);
+  fetch_key_tile(sm, base, d, width, 0, T);
   cp_async_wait<1>();  // Q has landed (K, V may not have)
   __syncthreads();
   unsigned qa[HD / 16][4];
@@ -232,10 +252,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sums
   float o[HD / 8][4] = {};
   for (int kt = 0; kt <= qt; ++kt) {
-    __syncthreads();  // the buffer fetched into next was consumed by the previous key tile
-    if (kt < qt) fetch_keys(kt + 1), cp_async_wait<1>();
-    else cp_async_wait<0>();
-    __syncthreads();  // key tile kt has landed for every thread
+    next_walk_step(kt < qt, [&] { fetch_key_tile(sm, base, d, width, kt + 1, T); });
     const C *sk = sm.walk(kt % 2, 0), *sv = sm.walk(kt % 2, 1);
 #pragma unroll
     for (int part = 0; part < kTile / mma::kPart; ++part) {  // keys kt * 64 + part * kPart + [0, kPart)
@@ -337,14 +354,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C
     unsigned a[HD / 16][4];  // the warp's K, then V rows as A fragments, reloaded per part (fewer registers)
     for (int qt = tile; qt < tiles; ++qt) {
       const int q0 = qt * kTile, buf = (qt - tile) % 2;
-      __syncthreads();  // the buffer fetched into next was consumed by the previous query tile
-      if (qt + 1 < tiles) {
+      next_walk_step(qt + 1 < tiles, [&] {
         fetch_queries(sm.walk(1 - buf, 0), sm.walk(1 - buf, 1), sm.lse(1 - buf), sm.D(1 - buf), q0 + kTile);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();  // query tile qt has landed for every thread
+      });
       const C *sq = sm.walk(buf, 0), *sdo = sm.walk(buf, 1);
       const float *slse = sm.lse(buf), *sD = sm.D(buf);
 #pragma unroll
@@ -378,13 +390,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C
   } else {  // ---- queries role: the block's queries [q0, q0 + 64) (the longest walks first), the warp's 16
     const int qtile = tiles - 1 - tile;
     const int q0 = qtile * kTile, r0 = warp * 16, query[2] = {q0 + r0 + g, q0 + r0 + g + 8};
-    auto fetch_keys = [&](int kt) {  // K and V of key tile kt into buffer kt % 2
-      copy_tile<C, HD>(sm.walk(kt % 2, 0), base + d, width, kt * kTile, T);
-      copy_tile<C, HD>(sm.walk(kt % 2, 1), base + 2 * d, width, kt * kTile, T);
-      cp_async_commit();
-    };
     fetch_queries(sm.own(0), sm.own(1), sm.lse(0), sm.D(0), q0);
-    fetch_keys(0);
+    fetch_key_tile(sm, base, d, width, 0, T);
     cp_async_wait<1>();  // the own tiles have landed (key tile 0 may not have)
     __syncthreads();
     unsigned qa[HD / 16][4], doa[HD / 16][4];
@@ -395,10 +402,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C
     float dq[HD / 8][4] = {};
     for (int kt = 0; kt <= qtile; ++kt) {
       const int k0 = kt * kTile;
-      __syncthreads();  // the buffer fetched into next was consumed by the previous key tile
-      if (kt < qtile) fetch_keys(kt + 1), cp_async_wait<1>();
-      else cp_async_wait<0>();
-      __syncthreads();  // key tile kt has landed for every thread
+      next_walk_step(kt < qtile, [&] { fetch_key_tile(sm, base, d, width, kt + 1, T); });
       const C *sk = sm.walk(kt % 2, 0), *sv = sm.walk(kt % 2, 1);
 #pragma unroll
       for (int part = 0; part < kTile / mma::kPart; ++part) {  // keys k0 + part * kPart + [0, kPart)
