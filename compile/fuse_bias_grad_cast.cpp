@@ -32,11 +32,9 @@ class ColumnSumsKernel : public FusedKernel {
 // all of db, which nothing else reads, from a column-sums node i. Returns i, or -1.
 int bias_sum_written_to_grad(const Graph& g, const BufferUses& u, size_t j) {
   const Node& c = g.nodes[j];
-  const bool copy = c.op == OpKind::Copy && !c.in_place && c.inputs.size() == 1;
-  const bool add = c.op == OpKind::Add && c.in_place && c.inputs.size() == 2 && c.inputs[0] &&
-                   same_ref(*c.inputs[0], c.outputs[0]);
-  if (c.kernel || !(copy || add) || !c.inputs.back()) return -1;
-  const TensorRef &r = *c.inputs.back(), &z = c.outputs[0];
+  const std::optional<GradientWrite> write = gradient_write(c);
+  if (!write) return -1;
+  const TensorRef &r = *write->source, &z = c.outputs[0];
   const int i = u.producer(r.buffer);
   if (i < 0 || i >= int(j)) return -1;
   const Node& sum = g.nodes[size_t(i)];
@@ -47,9 +45,8 @@ int bias_sum_written_to_grad(const Graph& g, const BufferUses& u, size_t j) {
       !internal_once(g, u, db) || u.readers[db.buffer].size() != 1)
     return -1;
   if (z.dtype != DType::f32 || numel_of(z.shape) != n || !is_contiguous(z) || !g.buffers[z.buffer].device.is_cuda() ||
-      u.touched_between(z.buffer, i, int(j)))
+      !may_write_gradient_early(u, z, i, int(j), write->add))
     return -1;
-  if (copy && u.touches[z.buffer].front() != int(j)) return -1;  // the copy must create the gradient
   return i;
 }
 
@@ -63,7 +60,7 @@ void write_bias_sums_into_grads(Graph& g, PassStats& stats) {
     if (i < 0 || drop[size_t(i)]) continue;
     Node& sum = g.nodes[size_t(i)];
     const Node& c = g.nodes[j];
-    const bool add = c.op == OpKind::Add;
+    const bool add = gradient_write(c)->add;
     const TensorRef z = c.outputs[0];  // the gradient (N), as many elements as db
     sum.outputs = {z};
     if (add) sum.inputs.push_back(z);

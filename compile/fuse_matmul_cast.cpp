@@ -61,11 +61,9 @@ struct GradWrite {
 
 std::optional<GradWrite> grad_write(const Graph& g, const BufferUses& u, size_t j, const std::vector<bool>& drop) {
   const Node& c = g.nodes[j];
-  const bool copy = c.op == OpKind::Copy && !c.in_place && c.inputs.size() == 1;
-  const bool add = c.op == OpKind::Add && c.in_place && c.inputs.size() == 2 && c.inputs[0] &&
-                   same_ref(*c.inputs[0], c.outputs[0]);
-  if (c.kernel || !(copy || add) || !c.inputs.back()) return std::nullopt;
-  const TensorRef& r = *c.inputs.back();
+  const std::optional<GradientWrite> write = gradient_write(c);
+  if (!write) return std::nullopt;
+  const TensorRef& r = *write->source;
   const TensorRef& z = c.outputs[0];
   const int i = u.producer(r.buffer);
   if (i < 0 || drop[size_t(i)]) return std::nullopt;
@@ -79,10 +77,10 @@ std::optional<GradWrite> grad_write(const Graph& g, const BufferUses& u, size_t 
   const Buffer& yb = g.buffers[y.buffer];
   if (how < 0 || yb.kind != BufferKind::Internal || u.readers[y.buffer].size() != 1 || u.writers[y.buffer].size() != 1 ||
       z.dtype != y.dtype || z.shape.size() != 2 || z.strides != contiguous_strides(z.shape) ||
-      g.buffers[z.buffer].device != yb.device || !yb.device.is_cuda() || u.touched_between(z.buffer, i, int(j)))
+      g.buffers[z.buffer].device != yb.device || !yb.device.is_cuda() ||
+      !may_write_gradient_early(u, z, i, int(j), write->add))
     return std::nullopt;
-  if (copy && u.touches[z.buffer].front() != int(j)) return std::nullopt;  // the copy must create the gradient
-  return GradWrite{i, how, add};
+  return GradWrite{i, how, write->add};
 }
 
 }  // namespace
@@ -118,31 +116,33 @@ void fuse_matmul_accumulate(Graph& g, PassStats& stats) {
 #ifdef REEL_CUDA
 namespace {
 
-// Whether z is read once, by one elementwise op: elementwise fusion then folds the cast into that
-// op's kernel, which reads the 16-bit y (2 bytes an element, not 4) while the GEMM writes 2 bytes
-// instead of 4; and the values are eager's, which rounds to 16 bits and casts back as well. (The
-// GPT's case: fc2's input gradient, read by GELU's backward.)
-bool read_by_one_elementwise_op(const Graph& g, const BufferUses& u, const TensorRef& z) {
-  const std::vector<int>& readers = u.readers[z.buffer];
-  if (readers.size() != 1 || readers[0] < 0 || readers[0] >= int(g.nodes.size())) return false;
-  const Node& r = g.nodes[size_t(readers[0])];
-  int refs = 0;
-  for (const auto& in : r.inputs) refs += in && in->buffer == z.buffer;
-  return refs == 1 && is_fusable_op(r.op) && !r.kernel && !r.in_place;
-}
-
-// The attention backward that alone reads z, once, as its dy, when its compute dtype is y's: it takes
-// y itself, with the bits its f32 image z gives (kernels/cuda/attention.h). (The GPT's case: the
-// projection's input gradient.)
-Node* attention_backward_reading_dy(Graph& g, const BufferUses& u, const TensorRef& z, DType y_dtype) {
+// The node that alone reads z, reading it once; null otherwise.
+Node* sole_reader(Graph& g, const BufferUses& u, const TensorRef& z) {
   const std::vector<int>& readers = u.readers[z.buffer];
   if (readers.size() != 1 || readers[0] < 0 || readers[0] >= int(g.nodes.size())) return nullptr;
   Node& r = g.nodes[size_t(readers[0])];
   int refs = 0;
   for (const auto& in : r.inputs) refs += in && in->buffer == z.buffer;
-  const bool dy = r.op == OpKind::CausalAttentionBackward && !r.kernel && !r.inputs.empty() && r.inputs[0] &&
-                  same_ref(*r.inputs[0], z) && r.attrs.i("compute") == int64_t(y_dtype);
-  return refs == 1 && dy ? &r : nullptr;
+  return refs == 1 ? &r : nullptr;
+}
+
+// Whether z's sole reader is an elementwise op: elementwise fusion then folds the cast into that
+// op's kernel, which reads the 16-bit y (2 bytes an element, not 4) while the GEMM writes 2 bytes
+// instead of 4; and the values are eager's, which rounds to 16 bits and casts back as well. (The
+// GPT's case: fc2's input gradient, read by GELU's backward.)
+bool read_by_one_elementwise_op(Graph& g, const BufferUses& u, const TensorRef& z) {
+  const Node* r = sole_reader(g, u, z);
+  return r && is_fusable_op(r->op) && !r->kernel && !r->in_place;
+}
+
+// z's sole reader when it is an attention backward reading z as its dy and its compute dtype is
+// y's: it takes y itself, with the bits its f32 image z gives (kernels/cuda/attention.h). (The GPT's
+// case: the projection's input gradient.)
+Node* attention_backward_reading_dy(Graph& g, const BufferUses& u, const TensorRef& z, DType y_dtype) {
+  Node* r = sole_reader(g, u, z);
+  const bool dy = r && r->op == OpKind::CausalAttentionBackward && !r->kernel && !r->inputs.empty() && r->inputs[0] &&
+                  same_ref(*r->inputs[0], z) && r->attrs.i("compute") == int64_t(y_dtype);
+  return dy ? r : nullptr;
 }
 
 }  // namespace

@@ -61,6 +61,19 @@ int later_16bit_cast(const Graph& g, const BufferUses& u, const TensorRef& out) 
   return -1;
 }
 
+std::optional<GradientWrite> gradient_write(const Node& c) {
+  const bool copy = c.op == OpKind::Copy && !c.in_place && c.inputs.size() == 1;
+  const bool add = c.op == OpKind::Add && c.in_place && c.inputs.size() == 2 && c.inputs[0] &&
+                   same_ref(*c.inputs[0], c.outputs[0]);
+  if (c.kernel || !(copy || add) || !c.inputs.back()) return std::nullopt;
+  return GradientWrite{&*c.inputs.back(), add};
+}
+
+bool may_write_gradient_early(const BufferUses& u, const TensorRef& z, int i, int j, bool add) {
+  if (u.touched_between(z.buffer, i, j)) return false;
+  return add || u.touches[z.buffer].front() == j;  // a copy must create the gradient
+}
+
 void eliminate_dead_code(Graph& g, PassStats& stats) {
   std::vector<bool> read_later(g.buffers.size(), false);
   for (const TensorRef& r : g.outputs) read_later[r.buffer] = true;

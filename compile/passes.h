@@ -9,6 +9,7 @@
 //                          once per micro-batch) — is dropped and its outputs read from the first's;
 //   elementwise fusion     (compile/fuse_elementwise.h) chains of elementwise nodes become one kernel.
 #pragma once
+#include <optional>
 #include <cstddef>
 #include <vector>
 
@@ -52,6 +53,18 @@ bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r);
 // contiguous Internal buffer that nothing touches before it: the cast's node index, or -1. The fusion
 // passes fold such a cast into the kernel that produces `out`.
 int later_16bit_cast(const Graph& g, const BufferUses& u, const TensorRef& out);
+
+// Node c as AccumulateGrad's write into a parameter's gradient: the copy that creates it (the first
+// micro-batch) or the in-place add (params +=, the later ones), neither given a kernel yet. `source`
+// is what it puts there; nullopt otherwise.
+struct GradientWrite {
+  const TensorRef* source;
+  bool add;
+};
+std::optional<GradientWrite> gradient_write(const Node& c);
+// Whether the producer at node i may write (or add to) the gradient z that node j writes, so that j
+// can go: nothing touches z between them, and a copy j creates z.
+bool may_write_gradient_early(const BufferUses& u, const TensorRef& z, int i, int j, bool add);
 
 void eliminate_dead_code(Graph& g, PassStats& stats);
 void fold_constants(Graph& g, PassStats& stats);
