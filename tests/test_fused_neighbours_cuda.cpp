@@ -44,6 +44,9 @@ size_t nodes_fused_as(const compile::Plan& p, const std::vector<std::string>& op
   return n;
 }
 
+// An uninitialised tensor of t's shape and device in dtype dt (a kernel's output buffer).
+Tensor like(const Tensor& t, DType dt) { return Tensor::empty(t.shape(), dt, t.device()); }
+
 void expect_bitwise(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t k = 0; k < a.size(); ++k) {
@@ -66,7 +69,6 @@ TEST(FuseAttentionCastCuda, KernelsWriteTheCastOfTheirResultToTheBit) {
       Attrs a = Attrs().set("heads", H).set("compute", c);
       std::vector<Tensor> f = dispatch(OpKind::CausalAttention, {qkv}, a);
       Tensor dqkv = dispatch(OpKind::CausalAttentionBackward, {dy, qkv, f[0], f[1]}, a)[0];
-      auto like = [](const Tensor& t, DType dt) { return Tensor::empty(t.shape(), dt, t.device()); };
       Tensor y = like(f[0], f[0].dtype()), lse = like(f[1], f[1].dtype()), y16 = like(f[0], c);
       Tensor dx = like(dqkv, dqkv.dtype()), dx16 = like(dqkv, c);
       cuda::causal_attention_fwd_into(qkv, H, c, y, lse, y16);
@@ -90,7 +92,6 @@ TEST(FuseAttentionCastCuda, KernelsRead16BitQkvAndYAsTheirRoundedF32) {
       Tensor qkv = to_dtype(qkv16, DType::f32);
       Attrs a = Attrs().set("heads", H).set("compute", c);
       std::vector<Tensor> f = dispatch(OpKind::CausalAttention, {qkv}, a);  // f32 reference
-      auto like = [](const Tensor& t, DType dt) { return Tensor::empty(t.shape(), dt, t.device()); };
       Tensor y = like(f[0], DType::f32), lse = like(f[1], DType::f32), y16 = like(f[0], c);
       cuda::causal_attention_fwd_into(qkv16, H, c, y, lse, y16);
       expect_bitwise({y, lse, y16}, {f[0], f[1], to_dtype(f[0], c)});
