@@ -17,15 +17,6 @@ namespace reel::compile {
 #ifdef REEL_CUDA
 namespace {
 
-// A ref with its leading dims folded into rows: (..., C) -> (rows, C), when the strides allow.
-std::optional<TensorRef> as_matrix(const TensorRef& r) {
-  if (r.shape.size() < 2) return std::nullopt;
-  const int64_t cols = r.shape.back(), rows = numel_of(r.shape) / std::max<int64_t>(cols, 1);
-  std::optional<Shape> strides = view_strides(r.shape, r.strides, {rows, cols});
-  if (!strides) return std::nullopt;
-  return TensorRef{r.buffer, {rows, cols}, *strides, r.offset, r.dtype};
-}
-
 class GemmBiasKernel : public FusedKernel {
  public:
   GemmBiasKernel(TensorRef a, TensorRef y) : a_(std::move(a)), y_(std::move(y)) {}
@@ -40,8 +31,6 @@ class GemmBiasKernel : public FusedKernel {
  private:
   TensorRef a_, y_;  // the 2-D geometry of x and z (offsets come from the bound tensors)
 };
-
-Tensor traced(const Graph& g, const TensorRef& r) { return view_of(g.buffers[r.buffer].storage, 0, r); }
 
 // The fused node for nodes [i, i + span) when they match the pattern, else nullopt.
 std::optional<Node> match(const Graph& g, size_t i, const std::vector<int>& readers, const std::vector<bool>& is_output) {
@@ -199,6 +188,15 @@ void store_gemm_bias_16bit(Graph& g, PassStats& stats) {
 #else
   (void)g;
   (void)stats;
+#endif
+}
+
+bool is_gemm_bias(const Node& n) {
+#ifdef REEL_CUDA
+  return n.kernel && dynamic_cast<const GemmBiasKernel*>(n.kernel.get()) != nullptr;
+#else
+  (void)n;
+  return false;
 #endif
 }
 

@@ -17,6 +17,10 @@ namespace reel::compile {
 
 void fuse_gemm_epilogue(Graph& g, PassStats& stats);
 
+// Whether n is a GEMM + bias node made by fuse_gemm_epilogue (and possibly kept 16-bit by
+// store_gemm_bias_16bit): inputs x, W^T, bias; output z. False without CUDA.
+bool is_gemm_bias(const Node& n);
+
 // 16-bit GEMM results: a fused GEMM + bias of 16-bit operands writing f32 z, where every reader of z
 // either rounds it to 16 bits anyway or is elementwise, writes z in the operands' dtype instead (the
 // bias added to the f32 accumulator, one rounding), which halves what the step keeps of z for the

@@ -118,12 +118,8 @@ namespace {
 
 // The node that alone reads z, reading it once; null otherwise.
 Node* sole_reader(Graph& g, const BufferUses& u, const TensorRef& z) {
-  const std::vector<int>& readers = u.readers[z.buffer];
-  if (readers.size() != 1 || readers[0] < 0 || readers[0] >= int(g.nodes.size())) return nullptr;
-  Node& r = g.nodes[size_t(readers[0])];
-  int refs = 0;
-  for (const auto& in : r.inputs) refs += in && in->buffer == z.buffer;
-  return refs == 1 ? &r : nullptr;
+  const int k = compile::sole_reader(g, u, z);
+  return k < 0 ? nullptr : &g.nodes[size_t(k)];
 }
 
 // Whether z's sole reader is an elementwise op: elementwise fusion then folds the cast into that

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/dispatch.h"
+#include "kernels/schema/views.h"
 
 namespace reel::compile {
 
@@ -46,6 +47,30 @@ void drop_nodes(Graph& g, const std::vector<bool>& drop) {
 
 bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r) {
   return g.buffers[r.buffer].kind == BufferKind::Internal && u.writers[r.buffer].size() == 1;
+}
+
+int sole_reader(const Graph& g, const BufferUses& u, const TensorRef& z) {
+  const std::vector<int>& readers = u.readers[z.buffer];
+  if (readers.size() != 1 || readers[0] < 0 || readers[0] >= int(g.nodes.size())) return -1;
+  int refs = 0;
+  for (const auto& in : g.nodes[size_t(readers[0])].inputs) refs += in && in->buffer == z.buffer;
+  return refs == 1 ? readers[0] : -1;
+}
+
+std::optional<TensorRef> as_matrix(const TensorRef& r) {
+  if (r.shape.size() < 2) return std::nullopt;
+  const int64_t cols = r.shape.back(), rows = numel_of(r.shape) / std::max<int64_t>(cols, 1);
+  std::optional<Shape> strides = view_strides(r.shape, r.strides, {rows, cols});
+  if (!strides) return std::nullopt;
+  return TensorRef{r.buffer, {rows, cols}, *strides, r.offset, r.dtype};
+}
+
+Tensor traced(const Graph& g, const TensorRef& r) {
+  const Buffer& b = g.buffers[r.buffer];
+  if (b.storage) return view_of(b.storage, 0, r);
+  // A buffer an earlier pass made (a 16-bit cast of a bias, say) has no traced memory: a meta block of
+  // its size stands in, which is all a support query looks at.
+  return view_of(std::make_shared<Storage>(Storage::Meta{}, b.nbytes, b.device), 0, r);
 }
 
 int later_16bit_cast(const Graph& g, const BufferUses& u, const TensorRef& out) {

@@ -49,6 +49,15 @@ void fuse_each(Graph& g, Visit visit) {
 }
 // An Internal buffer written by exactly one node.
 bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r);
+// The node that alone reads z's buffer, reading it once (not a graph output): its index, or -1.
+int sole_reader(const Graph& g, const BufferUses& u, const TensorRef& z);
+// A ref with its leading dims folded into rows, (..., C) -> (rows, C), when its strides allow: how
+// a GEMM node's batched operand or result is handed to a 2-D GEMM kernel.
+std::optional<TensorRef> as_matrix(const TensorRef& r);
+// The tensor r is in the traced step's memory, or a meta stand-in of its geometry where a pass made
+// the buffer: what a pass hands a kernel's support query, which looks at shapes, layouts and
+// alignment only, never at values.
+Tensor traced(const Graph& g, const TensorRef& r);
 // A later cast of `out` to 16 bits (autocast's cast for a GEMM), with out's own geometry, into a
 // contiguous Internal buffer that nothing touches before it: the cast's node index, or -1. The fusion
 // passes fold such a cast into the kernel that produces `out`.

@@ -7,6 +7,7 @@
 #include "compile/fuse_bias_grad_cast.h"
 #include "compile/fuse_elementwise.h"
 #include "compile/fuse_gemm_epilogue.h"
+#include "compile/fuse_gemm_gelu.h"
 #include "compile/fuse_matmul_cast.h"
 #include "compile/fuse_attention_cast.h"
 #include "compile/fuse_norm_backward_add.h"
@@ -48,6 +49,7 @@ Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats) {
     fuse_attention_cast(g, stats);     // attention (forward, backward) also writing its GEMM's 16-bit input
     store_gemm_bias_16bit(g, stats);   // GEMM results that attention or elementwise ops read, kept in 16 bits
     fuse_norm_backward_add(g, stats);  // layer-norm backward adding the residual branch's gradient
+    fuse_gemm_gelu(g, stats);          // GELU and its backward into the GEMMs around them (16-bit)
     fuse_elementwise(g, stats, options.build_kernels);
     fuse_optimizer(g, stats);  // one multi-tensor kernel per run of optimizer updates
   }

@@ -233,8 +233,9 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
       // bf16 only.
       int gemm16 = 0, attention_y16 = 0, attention_bwd16 = 0;
       for (const compile::Node& n : step.last_plan()->graph().nodes) {
-        gemm16 += n.fused == std::vector<std::string>{"matmul", "copy", "add"} && !n.in_place &&
-                  n.outputs[0].dtype == DType::bf16;
+        const bool gemm_bias = n.fused.size() >= 3 && std::vector<std::string>(n.fused.begin(), n.fused.begin() + 3) ==
+                                                          std::vector<std::string>{"matmul", "copy", "add"};
+        gemm16 += gemm_bias && !n.in_place && n.outputs[0].dtype == DType::bf16;
         attention_y16 += n.op == OpKind::CausalAttention && n.outputs.size() == 2 && n.inputs[0]->dtype == DType::bf16 &&
                          n.outputs[1].dtype == DType::bf16;
         attention_bwd16 += n.op == OpKind::CausalAttentionBackward && n.inputs[0]->dtype == DType::bf16 &&
@@ -243,16 +244,22 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
                            n.outputs[0].dtype == DType::bf16;
       }
       EXPECT_EQ(gemm16, 2 * 2 * 3) << "qkv and fc of 2 layers x 3 micro-batches";
-      // fc2's input gradient stays in bf16 for GELU's backward, whose fused kernel takes the cast
-      // (compile/fuse_matmul_cast.h): it reads that gradient and h, both bf16.
-      int gelu_backward16 = 0;
+      // GELU runs in the fc GEMM's epilogue, and its backward in the epilogue of the GEMM that makes
+      // fc2's input gradient (compile/fuse_gemm_gelu.h): that GEMM reads dy, W and the bf16 h.
+      int gelu_forward16 = 0, gelu_backward16 = 0, gelu_alone = 0;
       for (const compile::Node& n : step.last_plan()->graph().nodes) {
-        if (std::find(n.fused.begin(), n.fused.end(), "gelu_backward") == n.fused.end()) continue;
+        const bool fwd = std::find(n.fused.begin(), n.fused.end(), "gelu") != n.fused.end();
+        const bool bwd = std::find(n.fused.begin(), n.fused.end(), "gelu_backward") != n.fused.end();
+        gelu_alone += n.op == OpKind::Gelu || n.op == OpKind::GeluBackward || ((fwd || bwd) && n.fused[0] != "matmul");
         int bf16_inputs = 0;
         for (const auto& in : n.inputs) bf16_inputs += in && in->dtype == DType::bf16;
-        gelu_backward16 += bf16_inputs == 2;
+        gelu_forward16 += fwd && n.fused[0] == "matmul" && n.outputs.size() == 2 && n.outputs[0].dtype == DType::bf16 &&
+                          n.outputs[1].dtype == DType::bf16;
+        gelu_backward16 += bwd && n.op == OpKind::Matmul && bf16_inputs == 3 && n.outputs[0].dtype == DType::bf16;
       }
+      EXPECT_EQ(gelu_forward16, 2 * 3) << "GELU of 2 layers x 3 micro-batches";
       EXPECT_EQ(gelu_backward16, 2 * 3) << "GELU's backward of 2 layers x 3 micro-batches";
+      EXPECT_EQ(gelu_alone, 0) << "a GELU kernel outside the GEMMs";
       EXPECT_EQ(attention_y16, 2 * 3);
       EXPECT_EQ(attention_bwd16, 2 * 3);
     }

@@ -1,8 +1,10 @@
-// GEMM + bias epilogue on cuBLASLt (see gemm_epilogue.h).
+// GEMM + epilogue on cuBLASLt (see gemm_epilogue.h).
 //
 // Row-major vs column-major as in matmul.cu: reel computes y^T (N, M) = b^T (N, K) @ a^T (K, M), so b is
 // cuBLASLt's A operand and a its B. CUBLASLT_EPILOGUE_BIAS adds bias[i] to row i of the column-major
-// result, i.e. to column i of reel's row-major y: exactly a Linear layer's bias.
+// result, i.e. to column i of reel's row-major y: exactly a Linear layer's bias. The GELU epilogues'
+// auxiliary matrix (the pre-activation) is laid out as y: column-major (N, M) with leading dimension N,
+// which cuBLASLt wants divisible by 8.
 // The matmul descriptor, layouts and the heuristic's algorithm are made once per problem and cached;
 // the workspace is the one cuBLAS uses (blas_workspace: allocated once, so a capture never allocates).
 #include <map>
@@ -18,12 +20,33 @@ namespace reel::cuda {
 
 namespace {
 
-cudaDataType lt_type(DType dt) {
+enum class Epilogue { Bias, BiasGeluAux, Dgelu };
+
+// The alignment the GELU epilogues' pre-activation must have: what the caching allocator and the
+// compiled plan's arena give every block.
+constexpr uintptr_t kAuxAlignment = 256;
+
+// (A meta tensor, as a plan traced without memory holds, stands for an allocation: aligned.)
+bool aux_aligned(const Tensor& aux) {
+  return aux.storage()->is_meta() || reinterpret_cast<uintptr_t>(aux.data_ptr()) % kAuxAlignment == 0;
+}
+
+const char* epilogue_name(Epilogue e) {
+  switch (e) {
+    case Epilogue::Bias: return "gemm_bias";
+    case Epilogue::BiasGeluAux: return "gemm_bias_gelu";
+    case Epilogue::Dgelu: return "gemm_dgelu";
+  }
+  return "gemm_epilogue";
+}
+
+cudaDataType lt_type(Epilogue e, DType dt) {
   switch (dt) {
     case DType::f32: return CUDA_R_32F;
     case DType::f16: return CUDA_R_16F;
     case DType::bf16: return CUDA_R_16BF;
-    default: throw Error(detail::cat("gemm_bias: dtype ", dtype_name(dt), " is not supported (f32, f16, bf16)"));
+    default:
+      throw Error(detail::cat(epilogue_name(e), ": dtype ", dtype_name(dt), " is not supported (f32, f16, bf16)"));
   }
 }
 
@@ -40,7 +63,18 @@ struct LtPlan {
   }
 };
 
-using Key = std::tuple<int64_t, int64_t, int64_t, bool, int64_t, bool, int64_t, int, int, int, int>;
+// Operands of one call: bias for Bias and BiasGeluAux, aux (the pre-activation, y's shape and dtype)
+// for BiasGeluAux (written) and Dgelu (read).
+struct Operands {
+  const Tensor& a;
+  const Tensor& b;
+  const Tensor* bias;
+  const Tensor* aux;
+  const Tensor& y;
+};
+
+// epilogue, M, N, K, a's layout, b's layout, a/y/bias dtypes (bias -1 when absent), device.
+using Key = std::tuple<int, int64_t, int64_t, int64_t, bool, int64_t, bool, int64_t, int, int, int, int>;
 
 // cuBLASLt's view of reel's row-major operand t (rows x cols): see matmul.cu.
 void describe(const MatLayout& l, int64_t rows, int64_t cols, cudaDataType type, cublasOperation_t* op,
@@ -51,15 +85,34 @@ void describe(const MatLayout& l, int64_t rows, int64_t cols, cudaDataType type,
   else REEL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(layout, type, uint64_t(rows), uint64_t(cols), l.outer));
 }
 
-const LtPlan& lt_plan(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y) {
+template <typename T>
+void set_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
+  REEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof value));
+}
+
+void check_shapes(Epilogue e, const Operands& o) {
+  const Tensor &a = o.a, &b = o.b, &y = o.y;
+  const bool dims = a.dim() == 2 && b.dim() == 2 && y.dim() == 2;
+  const int64_t M = dims ? a.shape()[0] : -1, K = dims ? a.shape()[1] : -1, N = dims ? b.shape()[1] : -1;
+  bool ok = dims && matrix_layout(a) && matrix_layout(b) && y.is_contiguous() && b.shape()[0] == K &&
+            y.shape()[0] == M && y.shape()[1] == N;
+  if (o.bias) ok = ok && o.bias->is_contiguous() && o.bias->numel() == N;
+  if (o.aux) ok = ok && o.aux->is_contiguous() && o.aux->shape() == y.shape() && o.aux->dtype() == y.dtype();
+  REEL_CHECK(ok, epilogue_name(e), ": shapes ", shape_str(a.shape()), " @ ", shape_str(b.shape()),
+             o.bias ? " + " + shape_str(o.bias->shape()) : std::string(), " -> ", shape_str(y.shape()),
+             o.aux ? " (pre-activation " + shape_str(o.aux->shape()) + " " + dtype_name(o.aux->dtype()) + ")"
+                   : std::string(),
+             " do not form (M, K) @ (K, N) -> (M, N) with readable layouts",
+             o.aux ? " and a contiguous pre-activation of the result's shape and dtype" : "");
+}
+
+const LtPlan& lt_plan(Epilogue e, const Operands& o) {
+  check_shapes(e, o);
+  const Tensor &a = o.a, &b = o.b, &y = o.y;
   const int64_t M = a.shape()[0], K = a.shape()[1], N = b.shape()[1];
-  std::optional<MatLayout> la = matrix_layout(a), lb = matrix_layout(b);
-  REEL_CHECK(la && lb && y.is_contiguous() && bias.is_contiguous() && bias.numel() == N && b.shape()[0] == K &&
-                 y.shape()[0] == M && y.shape()[1] == N,
-             "gemm_bias: shapes ", shape_str(a.shape()), " @ ", shape_str(b.shape()), " + ", shape_str(bias.shape()),
-             " -> ", shape_str(y.shape()), " do not form (M, K) @ (K, N) + (N) -> (M, N) with readable layouts");
-  const Key key{M, N, K, la->row_major, la->outer, lb->row_major, lb->outer, int(a.dtype()), int(y.dtype()),
-                int(bias.dtype()), y.device().index};
+  const MatLayout la = *matrix_layout(a), lb = *matrix_layout(b);
+  const Key key{int(e), M, N, K, la.row_major, la.outer, lb.row_major, lb.outer, int(a.dtype()), int(y.dtype()),
+                o.bias ? int(o.bias->dtype()) : -1, y.device().index};
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<LtPlan>> plans;
   std::lock_guard<std::mutex> lock(mutex);
@@ -68,16 +121,22 @@ const LtPlan& lt_plan(const Tensor& a, const Tensor& b, const Tensor& bias, cons
   auto p = std::make_unique<LtPlan>();
   REEL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t op_b, op_a;
-  describe(*lb, K, N, lt_type(b.dtype()), &op_b, &p->la);  // cuBLASLt's A is reel's b
-  describe(*la, M, K, lt_type(a.dtype()), &op_a, &p->lb);  // and its B is reel's a
-  REEL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->ly, lt_type(y.dtype()), uint64_t(N), uint64_t(M), N));
-  REEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
-  REEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a));
-  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-  REEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-  cudaDataType bias_type = lt_type(bias.dtype());
-  REEL_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+  describe(lb, K, N, lt_type(e, b.dtype()), &op_b, &p->la);  // cuBLASLt's A is reel's b
+  describe(la, M, K, lt_type(e, a.dtype()), &op_a, &p->lb);  // and its B is reel's a
+  REEL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->ly, lt_type(e, y.dtype()), uint64_t(N), uint64_t(M), N));
+  set_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, op_b);
+  set_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, op_a);
+  const cublasLtEpilogue_t epi = e == Epilogue::Bias          ? CUBLASLT_EPILOGUE_BIAS
+                                 : e == Epilogue::BiasGeluAux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                              : CUBLASLT_EPILOGUE_DGELU;
+  set_attr(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
+  if (o.bias) set_attr(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, lt_type(e, o.bias->dtype()));
+  if (o.aux) {
+    // The heuristic reads the aux pointer's alignment (not its memory): a stand-in aligned to
+    // kAuxAlignment, which supported() and run() ask of every real one.
+    set_attr(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, N);
+    set_attr(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, reinterpret_cast<void*>(kAuxAlignment));
+  }
   cublasLtMatmulPreference_t pref;
   REEL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   size_t ws = kBlasWorkspaceBytes;
@@ -94,29 +153,62 @@ const LtPlan& lt_plan(const Tensor& a, const Tensor& b, const Tensor& bias, cons
   return *slot;
 }
 
+// The structural conditions every epilogue shares (no device work); then cuBLASLt's heuristic.
+bool supported(Epilogue e, const Operands& o) {
+  const Tensor &a = o.a, &b = o.b, &y = o.y;
+  if (a.dim() != 2 || b.dim() != 2 || y.dim() != 2) return false;
+  if (a.dtype() != b.dtype() || !(y.dtype() == a.dtype() || y.dtype() == DType::f32)) return false;
+  if (a.dtype() != DType::f32 && a.dtype() != DType::f16 && a.dtype() != DType::bf16) return false;
+  if (!matrix_layout(a) || !matrix_layout(b) || !y.is_contiguous()) return false;
+  if (a.numel() == 0 || b.numel() == 0 || b.shape()[0] != a.shape()[1] || y.shape() != Shape{a.shape()[0], b.shape()[1]})
+    return false;
+  if (o.bias && (o.bias->dim() != 1 || !(o.bias->dtype() == y.dtype() || o.bias->dtype() == DType::f32) ||
+                 !o.bias->is_contiguous() || o.bias->numel() != b.shape()[1]))
+    return false;
+  if (o.aux && (o.aux->shape() != y.shape() || o.aux->dtype() != y.dtype() || !o.aux->is_contiguous() ||
+                y.shape()[1] % 8 != 0 || !aux_aligned(*o.aux)))
+    return false;
+  return lt_plan(e, o).found;
+}
+
+void run(Epilogue e, const Operands& o) {
+  const LtPlan& p = lt_plan(e, o);
+  REEL_CHECK(p.found, epilogue_name(e), ": cuBLASLt has no algorithm for ", shape_str(o.a.shape()), " @ ",
+             shape_str(o.b.shape()));
+  if (o.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, o.bias->data_ptr());
+  if (o.aux) {
+    REEL_CHECK(aux_aligned(*o.aux), epilogue_name(e), ": the pre-activation ", shape_str(o.aux->shape()),
+               " must start ", kAuxAlignment, "-byte aligned");
+    set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, o.aux->data_ptr());
+  }
+  const float one = 1.0f, zero = 0.0f;
+  const Tensor& ws = blas_workspace(o.y.device());
+  REEL_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(o.y.device()), p.desc, &one, o.b.data_ptr(), p.la, o.a.data_ptr(),
+                                   p.lb, &zero, o.y.data_ptr(), p.ly, o.y.data_ptr(), p.ly, &p.algo, ws.data_ptr(),
+                                   kBlasWorkspaceBytes, stream_of(o.y)));
+}
+
 }  // namespace
 
 bool gemm_bias_supported(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y) {
-  if (a.dim() != 2 || b.dim() != 2 || bias.dim() != 1 || y.dim() != 2) return false;
-  if (a.dtype() != b.dtype() || !(bias.dtype() == y.dtype() || bias.dtype() == DType::f32)) return false;
-  if (!(y.dtype() == a.dtype() || y.dtype() == DType::f32)) return false;
-  if (a.dtype() != DType::f32 && a.dtype() != DType::f16 && a.dtype() != DType::bf16) return false;
-  if (!matrix_layout(a) || !matrix_layout(b) || !y.is_contiguous() || !bias.is_contiguous()) return false;
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  return lt_plan(a, b, bias, y).found;
+  return supported(Epilogue::Bias, {a, b, &bias, nullptr, y});
+}
+void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y) {
+  run(Epilogue::Bias, {a, b, &bias, nullptr, y});
 }
 
-void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y) {
-  const LtPlan& p = lt_plan(a, b, bias, y);
-  REEL_CHECK(p.found, "gemm_bias: cuBLASLt has no algorithm for ", shape_str(a.shape()), " @ ", shape_str(b.shape()));
-  const void* bias_ptr = bias.data_ptr();
-  REEL_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr));
-  const float one = 1.0f, zero = 0.0f;
-  const Tensor& ws = blas_workspace(y.device());
-  REEL_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(y.device()), p.desc, &one, b.data_ptr(), p.la, a.data_ptr(), p.lb,
-                                   &zero, y.data_ptr(), p.ly, y.data_ptr(), p.ly, &p.algo, ws.data_ptr(),
-                                   kBlasWorkspaceBytes, stream_of(y)));
+bool gemm_bias_gelu_supported(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y, const Tensor& pre) {
+  return supported(Epilogue::BiasGeluAux, {a, b, &bias, &pre, y});
+}
+void gemm_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y, const Tensor& pre) {
+  run(Epilogue::BiasGeluAux, {a, b, &bias, &pre, y});
+}
+
+bool gemm_dgelu_supported(const Tensor& a, const Tensor& b, const Tensor& pre, const Tensor& dx) {
+  return supported(Epilogue::Dgelu, {a, b, nullptr, &pre, dx});
+}
+void gemm_dgelu(const Tensor& a, const Tensor& b, const Tensor& pre, const Tensor& dx) {
+  run(Epilogue::Dgelu, {a, b, nullptr, &pre, dx});
 }
 
 }  // namespace reel::cuda

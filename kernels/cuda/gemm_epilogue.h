@@ -1,21 +1,38 @@
-// GEMM with a bias epilogue on cuBLASLt, for the compiler's epilogue fusion (compile/fuse_gemm_epilogue.h):
+// GEMMs with a fused epilogue on cuBLASLt, for the compiler's epilogue fusions
+// (compile/fuse_gemm_epilogue.h, compile/fuse_gemm_gelu.h):
 //
-//   y (M, N) = a (M, K) @ b (K, N) + bias (N)        one kernel: the bias is added to the f32
-//                                                    accumulator before the single rounding to y's dtype
+//   gemm_bias       y (M, N) = a (M, K) @ b (K, N) + bias (N)
+//   gemm_bias_gelu  pre (M, N) = a @ b + bias,  y (M, N) = gelu(pre)       a Linear layer and its GELU
+//   gemm_dgelu      dx (M, N) = (a @ b) * gelu'(pre)                       GELU's backward on the GEMM
+//                                                                          that makes its incoming gradient
+//
+// One kernel each: the bias is added to the f32 accumulator, and GELU (cuBLASLt's, the tanh form
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as reel's Gelu op) and its derivative are applied
+// to the f32 value, before the single rounding to y's dtype. pre is written (gemm_bias_gelu) or read
+// (gemm_dgelu) in y's dtype: the 16-bit pre-activation a GPT keeps for the backward.
 //
 // a and b are read in place when matrix_layout() allows (row-major or a transposed view), share a
 // dtype (f32, f16 or bf16); y is contiguous, in a's dtype or f32 (autocast's f32 result of a 16-bit
 // GEMM, which saves the cast); bias is contiguous, in y's dtype or f32 (a 16-bit y from an f32 bias:
-// the compiler's 16-bit activations, compile/fuse_gemm_epilogue.h). f32 uses CUBLAS_COMPUTE_32F: no
-// TF32, as every reel f32 GEMM. Declared without CUDA types; defined in gemm_epilogue.cu.
+// the compiler's 16-bit activations, compile/fuse_gemm_epilogue.h); pre is contiguous, 256-byte
+// aligned (as every allocation), of y's shape and dtype, with N divisible by 8 (cuBLASLt's rule for its leading dimension).
+// f32 uses CUBLAS_COMPUTE_32F: no TF32, as every reel f32 GEMM. Declared without CUDA types; defined
+// in gemm_epilogue.cu.
 #pragma once
 #include "tensor/tensor.h"
 
 namespace reel::cuda {
 
 // Whether cuBLASLt has an algorithm for this problem (asks its heuristics once per shape; no device
-// work), so that a pass can decide before it rewrites anything.
+// work), so that a pass can decide before it rewrites anything. False, not an error, for operands
+// that do not fit the rules above.
 bool gemm_bias_supported(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y);
 void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y);
+
+bool gemm_bias_gelu_supported(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y, const Tensor& pre);
+void gemm_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y, const Tensor& pre);
+
+bool gemm_dgelu_supported(const Tensor& a, const Tensor& b, const Tensor& pre, const Tensor& dx);
+void gemm_dgelu(const Tensor& a, const Tensor& b, const Tensor& pre, const Tensor& dx);
 
 }  // namespace reel::cuda
