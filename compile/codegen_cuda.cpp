@@ -34,6 +34,10 @@ REEL_FM_FN unsigned short reel_store_bf16(float f) {
   x += 0x7fffu + ((x >> 16) & 1u);
   return (unsigned short)(x >> 16);
 }
+struct alignas(16) reel_pack_u16 { unsigned short v[8]; };
+struct alignas(16) reel_pack_f32 { float v[8]; };
+struct alignas(16) reel_pack_f64 { double v[8]; };
+struct alignas(16) reel_pack_i64 { long long v[8]; };
 )";
 
 const char* storage_type(DType t) {
@@ -42,6 +46,17 @@ const char* storage_type(DType t) {
     case DType::f64: return "double";
     case DType::f16: case DType::bf16: return "unsigned short";
     case DType::i64: return "long long";
+  }
+  return "?";
+}
+
+// The prelude's type of kFusedVectorWidth consecutive elements of dtype t, 16-byte aligned.
+const char* pack_type(DType t) {
+  switch (t) {
+    case DType::f32: return "reel_pack_f32";
+    case DType::f64: return "reel_pack_f64";
+    case DType::f16: case DType::bf16: return "reel_pack_u16";
+    case DType::i64: return "reel_pack_i64";
   }
   return "?";
 }
@@ -116,13 +131,11 @@ std::string signature(const FusedExpr& e) {
   return s + ")";
 }
 
-// The loop header and the dim indices of element e (innermost dim last, as in the loop's sizes).
-void emit_loop_head(std::ostringstream& os, const FusedLoop& l, bool idx32) {
-  const char* suffix = idx32 ? "u" : "LL";
-  os << "  typedef " << (idx32 ? "unsigned int" : "long long") << " index_t;\n";
-  os << "  const index_t n = " << l.numel << suffix << ";\n";
-  os << "  for (index_t e = index_t(blockIdx.x) * " << kFusedBlockThreads << suffix << " + threadIdx.x; e < n; e += index_t(gridDim.x) * "
-     << kFusedBlockThreads << suffix << ") {\n";
+// The scalar loop's header, from element `first` on, and the dim indices of element e (innermost dim
+// last, as in the loop's sizes).
+void emit_loop_head(std::ostringstream& os, const FusedLoop& l, const char* suffix) {
+  os << "  for (index_t e = first + index_t(blockIdx.x) * " << kFusedBlockThreads << suffix
+     << " + threadIdx.x; e < n; e += index_t(gridDim.x) * " << kFusedBlockThreads << suffix << ") {\n";
   const size_t nd = l.sizes.size();
   if (nd == 1) {
     os << "    const index_t i0 = e;\n";
@@ -134,21 +147,56 @@ void emit_loop_head(std::ostringstream& os, const FusedLoop& l, bool idx32) {
   os << "    const index_t i0 = rest;\n";
 }
 
-void emit_instr(std::ostringstream& os, const FusedExpr& e, const FusedLoop& l, size_t r, const char* suffix) {
+// Instruction r of the program, `indent` deep. Input k's element is read as load(k) and output k's
+// written as store(k) (the scalar loop: in k at its offset, out k at e; the vector loop: element j of
+// the packs).
+template <typename Load, typename Store>
+void emit_instr(std::ostringstream& os, const FusedExpr& e, size_t r, const char* indent, Load load, Store store) {
   const Instr& i = e.code[r];
   const char* type = value_type_name(i.type);
   switch (i.kind) {
-    case InstrKind::Load: {
-      const std::string at = "in" + std::to_string(i.index) + "[" + offset_text(l, size_t(i.index) + 1, suffix) + "]";
-      os << "    const " << type << " " << reg(int(r)) << " = " << widen(i.dtype, at) << ";\n";
-      break;
-    }
-    case InstrKind::Op: os << "    const " << type << " " << reg(int(r)) << " = " << op_text(i) << ";\n"; break;
-    case InstrKind::Cast: os << "    const " << type << " " << reg(int(r)) << " = " << cast_text(i.args[0], i.dtype) << ";\n"; break;
-    case InstrKind::Store:
-      os << "    out" << i.index << "[e] = " << narrow(i.dtype, reg(i.args[0])) << ";\n";
-      break;
+    case InstrKind::Load: os << indent << "const " << type << " " << reg(int(r)) << " = " << widen(i.dtype, load(i.index)) << ";\n"; break;
+    case InstrKind::Op: os << indent << "const " << type << " " << reg(int(r)) << " = " << op_text(i) << ";\n"; break;
+    case InstrKind::Cast: os << indent << "const " << type << " " << reg(int(r)) << " = " << cast_text(i.args[0], i.dtype) << ";\n"; break;
+    case InstrKind::Store: os << indent << store(i.index) << " = " << narrow(i.dtype, reg(i.args[0])) << ";\n"; break;
   }
+}
+
+void emit_scalar_body(std::ostringstream& os, const FusedExpr& e, const FusedLoop& l, const char* suffix) {
+  for (size_t r = 0; r < e.code.size(); ++r)
+    emit_instr(
+        os, e, r, "    ",
+        [&](int k) { return "in" + std::to_string(k) + "[" + offset_text(l, size_t(k) + 1, suffix) + "]"; },
+        [&](int k) { return "out" + std::to_string(k) + "[e]"; });
+}
+
+// The vector loop of a contiguous program: each thread reads kFusedVectorWidth elements of every
+// operand with 16-byte loads, computes them one by one exactly as the scalar loop would, and stores
+// them as packs; then the scalar loop takes the last numel % width elements. Only when every pointer
+// is 16-byte aligned (views may start anywhere): otherwise the scalar loop takes everything.
+void emit_vector_loop(std::ostringstream& os, const FusedExpr& e, const char* suffix) {
+  const int w = kFusedVectorWidth;
+  os << "  const unsigned long long addresses = 0ull";
+  for (size_t k = 0; k < e.inputs.size(); ++k) os << " | (unsigned long long)in" << k;
+  for (size_t k = 0; k < e.outputs.size(); ++k) os << " | (unsigned long long)out" << k;
+  os << ";\n  if ((addresses & 15ull) == 0) {\n";
+  os << "    const index_t packs = n / " << w << suffix << ";\n";
+  os << "    for (index_t p = index_t(blockIdx.x) * " << kFusedBlockThreads << suffix
+     << " + threadIdx.x; p < packs; p += index_t(gridDim.x) * " << kFusedBlockThreads << suffix << ") {\n";
+  for (size_t k = 0; k < e.inputs.size(); ++k)
+    os << "      const " << pack_type(e.inputs[k]) << " l" << k << " = *reinterpret_cast<const " << pack_type(e.inputs[k])
+       << "*>(in" << k << " + p * " << w << suffix << ");\n";
+  for (size_t k = 0; k < e.outputs.size(); ++k) os << "      " << pack_type(e.outputs[k]) << " s" << k << ";\n";
+  os << "#pragma unroll\n      for (int j = 0; j < " << w << "; ++j) {\n";
+  for (size_t r = 0; r < e.code.size(); ++r)
+    emit_instr(
+        os, e, r, "        ", [](int k) { return "l" + std::to_string(k) + ".v[j]"; },
+        [](int k) { return "s" + std::to_string(k) + ".v[j]"; });
+  os << "      }\n";
+  for (size_t k = 0; k < e.outputs.size(); ++k)
+    os << "      *reinterpret_cast<" << pack_type(e.outputs[k]) << "*>(out" << k << " + p * " << w << suffix << ") = s" << k
+       << ";\n";
+  os << "    }\n    first = packs * " << w << suffix << ";\n  }\n";
 }
 
 }  // namespace
@@ -173,11 +221,23 @@ std::string cuda_fused_source(const FusedExpr& expr, const FusedLoop& loop, cons
   os << "// reel fused elementwise kernel: " << label << "\n// loop " << shape_str(loop.shape) << " merged to "
      << shape_str(loop.sizes) << ", " << (idx32 ? "32" : "64") << "-bit indices\n";
   os << kPrelude << kNvrtcMathSource << "\n";
+  const char* suffix = idx32 ? "u" : "LL";
   os << signature(expr) << " {\n";
-  emit_loop_head(os, loop, idx32);
-  for (size_t r = 0; r < expr.code.size(); ++r) emit_instr(os, expr, loop, r, idx32 ? "u" : "LL");
+  os << "  typedef " << (idx32 ? "unsigned int" : "long long") << " index_t;\n";
+  os << "  const index_t n = " << loop.numel << suffix << ";\n";
+  os << "  index_t first = 0;\n";
+  if (fused_vector_width(loop) > 1) emit_vector_loop(os, expr, suffix);
+  emit_loop_head(os, loop, suffix);
+  emit_scalar_body(os, expr, loop, suffix);
   os << "  }\n}\n";
   return os.str();
+}
+
+int fused_vector_width(const FusedLoop& loop) {
+  if (loop.sizes.size() != 1 || loop.numel < kFusedVectorWidth) return 1;
+  for (const auto& strides : loop.strides)
+    if (strides.size() != 1 || strides[0] != 1) return 1;
+  return kFusedVectorWidth;
 }
 
 }  // namespace reel::compile

@@ -11,6 +11,11 @@
 //     each output written at e.
 //   Index math is 32-bit (unsigned) when the element count and every operand's largest offset are
 //   below 2^31, else 64-bit. Views' element offsets are not in the source: they are in the pointers.
+//   A loop whose operands are all contiguous first runs a vector loop (fused_vector_width): when
+//   every pointer is 16-byte aligned, each thread loads 8 consecutive elements of each input at once
+//   (16 bytes of a 16-bit one), computes them one after another with the same instructions, and
+//   stores 8 of each output; the grid-stride loop above then takes the remainder (or, misaligned,
+//   everything). The values are the scalar loop's: only the memory accesses are wider.
 // The device formulas are compile/nvrtc_math.h's text; 16-bit values are converted with the
 // cvt.f32.f16 / cvt.rn.f16.f32 PTX instructions and bf16's bit arithmetic (round to nearest even),
 // as cuda_fp16.h and the host's BFloat16 do, so the program needs no header at all.
@@ -23,6 +28,14 @@ namespace reel::compile {
 
 constexpr const char* kFusedKernelName = "fused_elementwise_kernel";
 constexpr int kFusedBlockThreads = 256;
+
+// Elements a thread of the vector loop takes at once (one 16-byte load of a 16-bit operand).
+constexpr int kFusedVectorWidth = 8;
+
+// kFusedVectorWidth when every operand is contiguous in the loop's order (one merged dim of stride
+// 1) and there are at least that many elements, so the kernel gets the vector loop; else 1. The
+// launch sizes its grid by it.
+int fused_vector_width(const FusedLoop& loop);
 
 // True when the loop's element count and every operand's offsets fit 32-bit index math.
 bool fused_loop_fits_32bit(const FusedLoop& loop);

@@ -117,9 +117,12 @@ std::shared_ptr<LoadedKernel> load_kernel(const std::string& code, int device) {
 // One launch of a loaded fused kernel per run: pointers of the bound inputs, then of the outputs.
 class CudaFusedKernel : public FusedKernel {
  public:
-  CudaFusedKernel(std::shared_ptr<LoadedKernel> k, int device, int64_t numel, size_t nin, size_t nout, std::string label)
+  // width: elements a thread takes at once (fused_vector_width): the grid covers numel / width threads.
+  CudaFusedKernel(std::shared_ptr<LoadedKernel> k, int device, int64_t numel, int width, size_t nin, size_t nout,
+                  std::string label)
       : k_(std::move(k)), device_(device), nin_(nin), nout_(nout), label_(std::move(label)) {
-    const int64_t blocks = (numel + kFusedBlockThreads - 1) / kFusedBlockThreads;
+    const int64_t per_block = int64_t(kFusedBlockThreads) * width;
+    const int64_t blocks = (numel + per_block - 1) / per_block;
     grid_ = unsigned(std::clamp<int64_t>(blocks, 1, 65535 * 8));
   }
 
@@ -191,7 +194,7 @@ std::shared_ptr<FusedKernel> make_cuda_fused_kernel(const FusedExpr& expr, const
     k = load_kernel(nvrtc_compile_cached(source, arch, label), device.index);
     kernel_memory_cache_put(key, k);
   }
-  return std::make_shared<CudaFusedKernel>(std::move(k), device.index, loop.numel, expr.inputs.size(),
+  return std::make_shared<CudaFusedKernel>(std::move(k), device.index, loop.numel, fused_vector_width(loop), expr.inputs.size(),
                                            expr.outputs.size(), label);
 }
 

@@ -178,6 +178,38 @@ TEST(CudaCodegen, StridesSixteenBitTypesAndConstants) {
   EXPECT_NE(big.find("const index_t n = 4294967296LL;"), std::string::npos) << big;
 }
 
+TEST(CudaCodegen, ContiguousLoopsGetTheSixteenByteVectorLoop) {
+  // x (bf16) * y (f32) -> bf16 and f32 outputs over 1000 contiguous elements: the vector loop (8
+  // elements a thread, packs in and out) before the scalar loop, which starts where it stopped.
+  FusedExpr e;
+  const int x = e.load(0, DType::bf16), y = e.load(1, DType::f32);
+  const int xy = e.op(OpKind::Mul, {e.cast(x, DType::f32), y}, DType::f32);
+  e.store(0, e.cast(xy, DType::bf16), DType::bf16);
+  e.store(1, xy, DType::f32);
+  const FusedLoop flat = compile::make_fused_loop({10, 100}, {{100, 1}, {100, 1}});
+  EXPECT_EQ(compile::fused_vector_width(flat), compile::kFusedVectorWidth);
+  const std::string src = compile::cuda_fused_source(e, flat, "mul");
+  for (const char* part : {"struct alignas(16) reel_pack_u16 { unsigned short v[8]; };",
+                           "| (unsigned long long)in0 | (unsigned long long)in1 | (unsigned long long)out0 | (unsigned long long)out1;",
+                           "if ((addresses & 15ull) == 0) {", "const index_t packs = n / 8u;",
+                           "const reel_pack_u16 l0 = *reinterpret_cast<const reel_pack_u16*>(in0 + p * 8u);",
+                           "const reel_pack_f32 l1 = *reinterpret_cast<const reel_pack_f32*>(in1 + p * 8u);",
+                           "= reel_load_bf16(l0.v[j]);", "s0.v[j] = reel_store_bf16(", "s1.v[j] = r",
+                           "*reinterpret_cast<reel_pack_u16*>(out0 + p * 8u) = s0;", "first = packs * 8u;",
+                           "for (index_t e = first + index_t(blockIdx.x) * 256u + threadIdx.x; e < n;",
+                           "= reel_load_bf16(in0[e]);", "out0[e] = reel_store_bf16("})
+    EXPECT_NE(src.find(part), std::string::npos) << part << "\n" << src;
+  // A broadcast operand, a transposed one, or fewer elements than a pack: the scalar loop alone.
+  for (const FusedLoop& l : {compile::make_fused_loop({10, 100}, {{100, 1}, {0, 1}}),
+                             compile::make_fused_loop({10, 100}, {{100, 1}, {1, 10}}),
+                             compile::make_fused_loop({7}, {{1}, {1}})}) {
+    EXPECT_EQ(compile::fused_vector_width(l), 1);
+    const std::string scalar = compile::cuda_fused_source(e, l, "mul");
+    EXPECT_EQ(scalar.find("addresses"), std::string::npos) << scalar;
+    EXPECT_NE(scalar.find("index_t first = 0;"), std::string::npos) << scalar;
+  }
+}
+
 // ---- NVRTC and the disk cache (CUDA backend built; no device needed) ------------------------------
 
 #define REEL_REQUIRE_CUDA_BUILD() \
@@ -186,11 +218,15 @@ TEST(CudaCodegen, StridesSixteenBitTypesAndConstants) {
 TEST(Nvrtc, ProgramsWithEveryOpCompileForSm90InEveryDtype) {
   REEL_REQUIRE_CUDA_BUILD();
   TempCacheDir cache;
+  // The strided test loop (scalar) and a contiguous one (the vector loop too).
+  const FusedLoop flat = compile::make_fused_loop({6, 5, 4}, {{20, 4, 1}, {20, 4, 1}});
   for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64}) {
-    const std::string src = compile::cuda_fused_source(every_op_expr(dt), test_loop(), "every op");
-    std::string code;
-    EXPECT_NO_THROW(code = compile::nvrtc_compile_cached(src, "sm_90", "every op")) << dtype_name(dt);
-    EXPECT_GT(code.size(), 1000u) << dtype_name(dt);
+    for (const FusedLoop& loop : {test_loop(), flat}) {
+      const std::string src = compile::cuda_fused_source(every_op_expr(dt), loop, "every op");
+      std::string code;
+      EXPECT_NO_THROW(code = compile::nvrtc_compile_cached(src, "sm_90", "every op")) << dtype_name(dt);
+      EXPECT_GT(code.size(), 1000u) << dtype_name(dt);
+    }
   }
   FusedExpr e;
   e.store(0, e.op(OpKind::Neg, {e.load(0, DType::f32)}, DType::f32), DType::f32);

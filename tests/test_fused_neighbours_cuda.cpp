@@ -8,8 +8,7 @@
 //     sums it calls (kernels/cuda/column_sums.h) give the f32 Sum op's bits, checked on both routes;
 //   - compile/fuse_gemm_epilogue.h (store_gemm_bias_16bit): GEMM results that attention or GELU read
 //     are written in 16 bits, and attention's backward reads the 16-bit y (fuse_attention_cast.h);
-//     GELU then joins the GEMMs on either side of it (compile/fuse_gemm_gelu.h, also in
-//     test_gemm_gelu_cuda.cpp).
+//     GELU then joins the GEMM before it (compile/fuse_gemm_gelu.h, also in test_gemm_gelu_cuda.cpp).
 // Each pass fires on a traced function shaped like the block's use (the norm's not when dx has another
 // reader), and the compiled function equals eager: to the bit where only these passes change kernels. Skips without a GPU; compiled only with the CUDA backend.
 #include <gtest/gtest.h>
@@ -237,26 +236,29 @@ TEST(StoreGemmBias16BitCuda, QkvAndGeluInputsAreKeptIn16BitsWithinToleranceOfEag
       if (n.op == OpKind::CausalAttentionBackward) {
         EXPECT_EQ(n.inputs[1]->dtype, DType::bf16);
       }
-      // GELU and its backward read h in bf16, in the epilogues of the GEMMs around them
-      // (compile/fuse_gemm_gelu.h): no node writes an f32 copy of it.
-      const bool gelu_kernel = std::find(n.fused.begin(), n.fused.end(), "gelu") != n.fused.end() ||
-                               std::find(n.fused.begin(), n.fused.end(), "gelu_backward") != n.fused.end();
-      if (gelu_kernel) {
+      // GELU runs in the epilogue of the GEMM that writes h (compile/fuse_gemm_gelu.h), and its
+      // backward reads h in bf16 through a cast its kernel folds in: no node writes an f32 copy of h.
+      const bool gelu = std::find(n.fused.begin(), n.fused.end(), "gelu") != n.fused.end();
+      const bool gelu_backward = std::find(n.fused.begin(), n.fused.end(), "gelu_backward") != n.fused.end();
+      if (gelu) {
         EXPECT_EQ(n.fused.front(), "matmul") << fused_ops(n);
-        bool reads_or_writes_h16 = false;
-        for (const auto& r : n.inputs)
-          reads_or_writes_h16 = reads_or_writes_h16 || (r && r->dtype == DType::bf16 && r->shape.back() == 4 * d);
-        for (const auto& r : n.outputs)
-          reads_or_writes_h16 = reads_or_writes_h16 || (r.dtype == DType::bf16 && r.shape.back() == 4 * d);
-        EXPECT_TRUE(reads_or_writes_h16) << fused_ops(n);
+        ASSERT_EQ(n.outputs.size(), 2u) << fused_ops(n);
+        EXPECT_EQ(n.outputs[1].dtype, DType::bf16);
+        EXPECT_EQ(n.outputs[1].shape.back(), 4 * d);
+      }
+      if (gelu_backward) {
+        EXPECT_EQ(n.fused.front(), "copy") << fused_ops(n);
+        bool reads_bf16 = false;
+        for (const auto& r : n.inputs) reads_bf16 = reads_bf16 || (r && r->dtype == DType::bf16 && r->shape.back() == 4 * d);
+        EXPECT_TRUE(reads_bf16);
       }
       const bool reads16 = n.op == OpKind::Copy && n.inputs[0] &&
                            std::find(written16.begin(), written16.end(), n.inputs[0]->buffer) != written16.end();
       EXPECT_FALSE(reads16 && n.fused.empty()) << "an unfused cast of a 16-bit GEMM result back to f32";
     }
     // Eager rounds the GEMM results to bf16 before the f32 bias; compiled, the bias itself is rounded
-    // (cuBLASLt's epilogue takes it in the result's dtype), and GELU and its derivative see the f32
-    // accumulator rather than its rounding: near, not equal.
+    // (cuBLASLt's epilogue takes it in the result's dtype), and GELU sees the f32 accumulator rather
+    // than its rounding: near, not equal.
     ASSERT_EQ(out.size(), eager.size());
     for (size_t k = 0; k < out.size(); ++k)
       EXPECT_LT(testing_util::max_rel_diff(out[k], eager[k]), 5e-2) << "output " << k;

@@ -20,9 +20,9 @@ namespace reel::cuda {
 
 namespace {
 
-enum class Epilogue { Bias, BiasGeluAux, Dgelu };
+enum class Epilogue { Bias, BiasGeluAux };
 
-// The alignment the GELU epilogues' pre-activation must have: what the caching allocator and the
+// The alignment the GELU epilogue's pre-activation must have: what the caching allocator and the
 // compiled plan's arena give every block.
 constexpr uintptr_t kAuxAlignment = 256;
 
@@ -35,7 +35,6 @@ const char* epilogue_name(Epilogue e) {
   switch (e) {
     case Epilogue::Bias: return "gemm_bias";
     case Epilogue::BiasGeluAux: return "gemm_bias_gelu";
-    case Epilogue::Dgelu: return "gemm_dgelu";
   }
   return "gemm_epilogue";
 }
@@ -63,8 +62,8 @@ struct LtPlan {
   }
 };
 
-// Operands of one call: bias for Bias and BiasGeluAux, aux (the pre-activation, y's shape and dtype)
-// for BiasGeluAux (written) and Dgelu (read).
+// Operands of one call: the bias, and for BiasGeluAux aux (the pre-activation it writes, of y's shape
+// and dtype).
 struct Operands {
   const Tensor& a;
   const Tensor& b;
@@ -126,9 +125,7 @@ const LtPlan& lt_plan(Epilogue e, const Operands& o) {
   REEL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->ly, lt_type(e, y.dtype()), uint64_t(N), uint64_t(M), N));
   set_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, op_b);
   set_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, op_a);
-  const cublasLtEpilogue_t epi = e == Epilogue::Bias          ? CUBLASLT_EPILOGUE_BIAS
-                                 : e == Epilogue::BiasGeluAux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                                              : CUBLASLT_EPILOGUE_DGELU;
+  const cublasLtEpilogue_t epi = e == Epilogue::Bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   set_attr(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
   if (o.bias) set_attr(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, lt_type(e, o.bias->dtype()));
   if (o.aux) {
@@ -202,13 +199,6 @@ bool gemm_bias_gelu_supported(const Tensor& a, const Tensor& b, const Tensor& bi
 }
 void gemm_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y, const Tensor& pre) {
   run(Epilogue::BiasGeluAux, {a, b, &bias, &pre, y});
-}
-
-bool gemm_dgelu_supported(const Tensor& a, const Tensor& b, const Tensor& pre, const Tensor& dx) {
-  return supported(Epilogue::Dgelu, {a, b, nullptr, &pre, dx});
-}
-void gemm_dgelu(const Tensor& a, const Tensor& b, const Tensor& pre, const Tensor& dx) {
-  run(Epilogue::Dgelu, {a, b, nullptr, &pre, dx});
 }
 
 }  // namespace reel::cuda

@@ -3,13 +3,11 @@
 //
 //   gemm_bias       y (M, N) = a (M, K) @ b (K, N) + bias (N)
 //   gemm_bias_gelu  pre (M, N) = a @ b + bias,  y (M, N) = gelu(pre)       a Linear layer and its GELU
-//   gemm_dgelu      dx (M, N) = (a @ b) * gelu'(pre)                       GELU's backward on the GEMM
-//                                                                          that makes its incoming gradient
 //
 // One kernel each: the bias is added to the f32 accumulator, and GELU (cuBLASLt's, the tanh form
-// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as reel's Gelu op) and its derivative are applied
-// to the f32 value, before the single rounding to y's dtype. pre is written (gemm_bias_gelu) or read
-// (gemm_dgelu) in y's dtype: the 16-bit pre-activation a GPT keeps for the backward.
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as reel's Gelu op) is applied to the f32 value,
+// before the single rounding to y's dtype. pre is written in y's dtype: the 16-bit pre-activation a
+// GPT keeps for GELU's backward.
 //
 // a and b are read in place when matrix_layout() allows (row-major or a transposed view), share a
 // dtype (f32, f16 or bf16); y is contiguous, in a's dtype or f32 (autocast's f32 result of a 16-bit
@@ -31,8 +29,5 @@ void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tenso
 
 bool gemm_bias_gelu_supported(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y, const Tensor& pre);
 void gemm_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y, const Tensor& pre);
-
-bool gemm_dgelu_supported(const Tensor& a, const Tensor& b, const Tensor& pre, const Tensor& dx);
-void gemm_dgelu(const Tensor& a, const Tensor& b, const Tensor& pre, const Tensor& dx);
 
 }  // namespace reel::cuda
