@@ -222,6 +222,72 @@ void causal_attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType comput
   });
 }
 
+namespace {
+
+// The backward's launch, once visit_operand has typed its operands (In the value dtype, C the compute
+// dtype; Q, Y, Dy those qkv, y and dy are stored in): the register-resident kernels for head sizes up
+// to 64, the tiled ones for larger heads, the row kernels otherwise.
+template <typename In, typename C, typename Q, typename Y, typename Dy>
+void launch_attention_bwd(const Tensor& dy, const Tensor& qkv, const Tensor& y, const Tensor& lse, DType value,
+                          const AttentionGeometry& g, const Tensor& dqkv, const Tensor& dqkv16, DType compute,
+                          cudaStream_t stream) {
+  using A = Acc<In>;
+  // The kernels other than the register-resident ones read dy in the value dtype: a 16-bit dy
+  // is widened for them first (exactly: its f32 image).
+  Tensor dy_wide;
+  auto wide_dy = [&]() -> const In* {
+    if constexpr (!std::is_same_v<Dy, In>) {
+      dy_wide = Tensor::empty(dy.shape(), value, dy.device());
+      copy_on_device(dy_wide, dy);
+      return static_cast<const In*>(dy_wide.data_ptr());
+    }
+    return static_cast<const In*>(dy.data_ptr());
+  };
+  const Q* px = static_cast<const Q*>(qkv.data_ptr());
+  const Y* py = static_cast<const Y*>(y.data_ptr());
+  In* pd = dqkv.defined() ? static_cast<In*>(dqkv.data_ptr()) : nullptr;
+  C* p16 = copy16_ptr<C>(dqkv16, compute, qkv.shape(), "causal_attention_backward");
+  bool tiled = false;
+  if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
+    tiled = visit_tiled_head(g.hd, [&]<int HD>() {
+      const dim3 grid((g.T + kTile - 1) / kTile, g.B * g.H, 2);
+      const float* pl = static_cast<const float*>(lse.data_ptr());
+      const float scale = 1.0f / std::sqrt(float(g.hd));
+      if constexpr (HD <= 64) {  // the register-resident kernel, after dO and D are prepared
+        const Prepared<C> prep =
+            prepare_dout<C, HD>(static_cast<const Dy*>(dy.data_ptr()), py, g, qkv.device(), stream);
+        constexpr size_t bytes = mma_bwd_smem_bytes<C, HD>();
+        static const bool ready = (allow_smem(attention_bwd_mma<Q, C, In, HD, 1>, bytes),
+                                   allow_smem(attention_bwd_mma<Q, C, In, HD, 3>, bytes), true);
+        (void)ready;
+        auto kernel = attention_bwd_mma<Q, C, In, HD, 1>;
+        if (more_than_one_wave(kernel, bytes, grid, qkv.device().index)) kernel = attention_bwd_mma<Q, C, In, HD, 3>;
+        Tensor keep;
+        const Q* q = aligned_operand(px, size_t(qkv.numel()), qkv.device(), stream, keep);
+        kernel<<<grid, kThreads, bytes, stream>>>(prep.dout, prep.D, q, pl, pd, p16, g.T, g.H, g.d, scale);
+      } else {
+        constexpr size_t bytes = tiled_smem_bytes<C, HD>();
+        static const bool ready = (allow_smem(attention_bwd_tiled<In, Q, Y, C, HD>, bytes), true);
+        (void)ready;
+        attention_bwd_tiled<In, Q, Y, C, HD><<<grid, kThreads, bytes, stream>>>(wide_dy(), px, py, pl, pd, p16,
+                                                                              g.T, g.H, g.d, scale);
+      }
+      REEL_CUDA_LAUNCH_CHECK();
+    });
+  }
+  if (!tiled) {
+    const size_t bytes = 2 * sizeof(A) * size_t(g.T);
+    check_row_smem(bytes, g.T, "causal_attention_backward");
+    if (bytes > 48 * 1024) allow_smem(attention_bwd_rows<In, Q, Y, C, A>, bytes);
+    attention_bwd_rows<In, Q, Y, C, A><<<dim3(g.T, g.B * g.H, 2), kRowThreads, bytes, stream>>>(
+        wide_dy(), px, py, static_cast<const A*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d, g.hd,
+        A(1) / std::sqrt(A(g.hd)));
+    REEL_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
 void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const Tensor& y_in, const Tensor& lse_in,
                                int64_t heads, DType compute, const Tensor& dqkv, const Tensor& dqkv16) {
   Tensor dy = contiguous_on_device(dy_in), qkv = contiguous_on_device(qkv_in);
@@ -242,59 +308,7 @@ void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const 
       visit_operand<In, C>(qkv, value, compute, "causal_attention_backward", "qkv", [&]<typename Q>() {
         visit_operand<In, C>(y, value, compute, "causal_attention_backward", "y", [&]<typename Y>() {
          visit_operand<In, C>(dy, value, compute, "causal_attention_backward", "dy", [&]<typename Dy>() {
-          using A = Acc<In>;
-          // The kernels other than the register-resident ones read dy in the value dtype: a 16-bit dy
-          // is widened for them first (exactly: its f32 image).
-          Tensor dy_wide;
-          auto wide_dy = [&]() -> const In* {
-            if constexpr (!std::is_same_v<Dy, In>) {
-              dy_wide = Tensor::empty(dy.shape(), value, dy.device());
-              copy_on_device(dy_wide, dy);
-              return static_cast<const In*>(dy_wide.data_ptr());
-            }
-            return static_cast<const In*>(dy.data_ptr());
-          };
-          const Q* px = static_cast<const Q*>(qkv.data_ptr());
-          const Y* py = static_cast<const Y*>(y.data_ptr());
-          In* pd = dqkv.defined() ? static_cast<In*>(dqkv.data_ptr()) : nullptr;
-          C* p16 = copy16_ptr<C>(dqkv16, compute, qkv.shape(), "causal_attention_backward");
-          bool tiled = false;
-          if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
-            tiled = visit_tiled_head(g.hd, [&]<int HD>() {
-              const dim3 grid((g.T + kTile - 1) / kTile, g.B * g.H, 2);
-              const float* pl = static_cast<const float*>(lse.data_ptr());
-              const float scale = 1.0f / std::sqrt(float(g.hd));
-              if constexpr (HD <= 64) {  // the register-resident kernel, after dO and D are prepared
-                const Prepared<C> prep =
-                    prepare_dout<C, HD>(static_cast<const Dy*>(dy.data_ptr()), py, g, qkv.device(), stream);
-                constexpr size_t bytes = mma_bwd_smem_bytes<C, HD>();
-                static const bool ready = (allow_smem(attention_bwd_mma<Q, C, In, HD, 1>, bytes),
-                                           allow_smem(attention_bwd_mma<Q, C, In, HD, 3>, bytes), true);
-                (void)ready;
-                auto kernel = attention_bwd_mma<Q, C, In, HD, 1>;
-                if (more_than_one_wave(kernel, bytes, grid, qkv.device().index)) kernel = attention_bwd_mma<Q, C, In, HD, 3>;
-                Tensor keep;
-                const Q* q = aligned_operand(px, size_t(qkv.numel()), qkv.device(), stream, keep);
-                kernel<<<grid, kThreads, bytes, stream>>>(prep.dout, prep.D, q, pl, pd, p16, g.T, g.H, g.d, scale);
-              } else {
-                constexpr size_t bytes = tiled_smem_bytes<C, HD>();
-                static const bool ready = (allow_smem(attention_bwd_tiled<In, Q, Y, C, HD>, bytes), true);
-                (void)ready;
-                attention_bwd_tiled<In, Q, Y, C, HD><<<grid, kThreads, bytes, stream>>>(wide_dy(), px, py, pl, pd, p16,
-                                                                                      g.T, g.H, g.d, scale);
-              }
-              REEL_CUDA_LAUNCH_CHECK();
-            });
-          }
-          if (!tiled) {
-            const size_t bytes = 2 * sizeof(A) * size_t(g.T);
-            check_row_smem(bytes, g.T, "causal_attention_backward");
-            if (bytes > 48 * 1024) allow_smem(attention_bwd_rows<In, Q, Y, C, A>, bytes);
-            attention_bwd_rows<In, Q, Y, C, A><<<dim3(g.T, g.B * g.H, 2), kRowThreads, bytes, stream>>>(
-                wide_dy(), px, py, static_cast<const A*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d, g.hd,
-                A(1) / std::sqrt(A(g.hd)));
-            REEL_CUDA_LAUNCH_CHECK();
-          }
+          launch_attention_bwd<In, C, Q, Y, Dy>(dy, qkv, y, lse, value, g, dqkv, dqkv16, compute, stream);
          });
         });
       });

@@ -234,6 +234,34 @@ int64_t param_chunks(int64_t rows, int64_t cols) {
   return std::max<int64_t>(1, std::min(want, (rows + 31) / 32));
 }
 
+// dx (+ residual) and dw, db of f32 rows in one pass, with the row-in-registers kernel
+// (layer_norm_rows.cuh) and the finish kernel that adds its blocks' partials; false, with nothing
+// launched, where those kernels do not apply (see visit_vec_row).
+bool layer_norm_bwd_vec(const float* pg, const float* px, const float* pw, const float* pm, const float* pr,
+                        const float* presidual, const Tensor& dx, const Tensor& dx16, const Tensor& dw,
+                        const Tensor& db, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows == 0) return false;
+  auto run = [&]<typename O>(O* p16) {
+    float* pdx = out_ptr<float>(dx);
+    return visit_vec_row(cols, {pg, px, pw, presidual, pdx}, p16, [&]<int K>() {
+      // One wave of resident blocks (fewer registers per thread at small K, more blocks): every
+      // block adds one row of partials for the finish kernel to sum.
+      const int per_sm = K <= 2 ? 4 : K <= 4 ? 2 : 1;
+      const int64_t blocks = std::min<int64_t>((rows + 7) / 8, per_sm * multiprocessor_count(dx.device().index));
+      Tensor part = workspace(sizeof(float) * size_t(blocks * 2 * cols), dx.device());
+      float* pp = out_ptr<float>(part);
+      layer_norm_bwd_vec_kernel<K, O><<<unsigned(blocks), 256, 0, s>>>(pg, px, pw, pm, pr, presidual, pdx, p16, pp, rows);
+      REEL_CUDA_LAUNCH_CHECK();
+      layer_norm_param_finish_kernel<<<unsigned((cols + 31) / 32), dim3(32, 8), 0, s>>>(pp, blocks, cols,
+                                                                                       out_ptr<float>(dw),
+                                                                                       out_ptr<float>(db));
+      REEL_CUDA_LAUNCH_CHECK();
+    });
+  };
+  if (!dx16.defined()) return run(static_cast<float*>(nullptr));
+  return dx16.dtype() == DType::bf16 ? run(out_ptr<__nv_bfloat16>(dx16)) : run(out_ptr<__half>(dx16));
+}
+
 // dx (+ residual, when defined) into dx (and its 16-bit copy into dx16, when defined), and dw, db.
 // dx, dx16, dw, db contiguous.
 void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w_in, const Tensor& mean_in,
@@ -251,28 +279,8 @@ void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w
     const D *pg = in_ptr<D>(g), *px = in_ptr<D>(x);
     const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
     if constexpr (std::is_same_v<D, float>) {  // dx and the partial dw, db in one pass, where it applies
-      auto vec = [&]<typename O>(O* p16) {
-        float* pdx = out_ptr<float>(dx);
-        return rows > 0 && visit_vec_row(cols, {pg, px, in_ptr<float>(w), in_ptr<float>(residual), pdx}, p16, [&]<int K>() {
-          // One wave of resident blocks (fewer registers per thread at small K, more blocks): every
-          // block adds one row of partials for the finish kernel to sum.
-          const int per_sm = K <= 2 ? 4 : K <= 4 ? 2 : 1;
-          const int64_t blocks = std::min<int64_t>((rows + 7) / 8, per_sm * multiprocessor_count(x.device().index));
-          Tensor part = workspace(sizeof(float) * size_t(blocks * 2 * cols), x.device());
-          float* pp = out_ptr<float>(part);
-          layer_norm_bwd_vec_kernel<K, O><<<unsigned(blocks), 256, 0, s>>>(pg, px, in_ptr<float>(w), pm, pr,
-                                                                           in_ptr<float>(residual), pdx, p16, pp, rows);
-          REEL_CUDA_LAUNCH_CHECK();
-          layer_norm_param_finish_kernel<<<unsigned((cols + 31) / 32), dim3(32, 8), 0, s>>>(pp, blocks, cols,
-                                                                                           out_ptr<float>(dw),
-                                                                                           out_ptr<float>(db));
-          REEL_CUDA_LAUNCH_CHECK();
-        });
-      };
-      const bool done = !dx16.defined()                ? vec(static_cast<float*>(nullptr))
-                        : dx16.dtype() == DType::bf16 ? vec(out_ptr<__nv_bfloat16>(dx16))
-                                                      : vec(out_ptr<__half>(dx16));
-      if (done) return;
+      if (layer_norm_bwd_vec(pg, px, in_ptr<float>(w), pm, pr, in_ptr<float>(residual), dx, dx16, dw, db, rows, cols, s))
+        return;
     }
     auto launch_dx = [&]<typename O>(O* p16) {
       launch_rows(layer_norm_bwd_dx_rows_kernel<true, D, O>, layer_norm_bwd_dx_rows_kernel<false, D, O>, rows, cols,
