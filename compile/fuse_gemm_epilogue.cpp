@@ -7,7 +7,6 @@
 #include <optional>
 
 #include "compile/fused_expr.h"
-#include "kernels/schema/views.h"
 #ifdef REEL_CUDA
 #include "kernels/cuda/gemm_epilogue.h"
 #endif
