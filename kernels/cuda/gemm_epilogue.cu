@@ -2,7 +2,7 @@
 //
 // Row-major vs column-major as in matmul.cu: reel computes y^T (N, M) = b^T (N, K) @ a^T (K, M), so b is
 // cuBLASLt's A operand and a its B. CUBLASLT_EPILOGUE_BIAS adds bias[i] to row i of the column-major
-// result, i.e. to column i of reel's row-major y: exactly a Linear layer's bias. The GELU epilogues'
+// result, i.e. to column i of reel's row-major y: exactly a Linear layer's bias. The GELU epilogue's
 // auxiliary matrix (the pre-activation) is laid out as y: column-major (N, M) with leading dimension N,
 // which cuBLASLt wants divisible by 8.
 // The matmul descriptor, layouts and the heuristic's algorithm are made once per problem and cached;
