@@ -189,10 +189,7 @@ class MpiCommunicator : public Communicator {
   void do_all_reduce(const Tensor& t, ReduceOp op) override {
     if (t.device().is_cuda()) {
       if (DeviceCollectives* d = device_collectives(t.device())) return d->all_reduce(t, op);
-      Tensor host = t.to(Device::cpu());
-      do_all_reduce(host, op);
-      copy_(t, host);
-      return;
+      return through_host(t, [&](const Tensor& host) { do_all_reduce(host, op); });
     }
     char err[kErrLen] = "";
     check(p_.all_reduce(comm_, t.data_ptr(), t.numel(), mpi_dtype(t.dtype()), mpi_op(op), timeout_seconds(), err,
@@ -202,10 +199,7 @@ class MpiCommunicator : public Communicator {
   void do_broadcast(const Tensor& t, int root) override {
     if (t.device().is_cuda()) {
       if (DeviceCollectives* d = device_collectives(t.device())) return d->broadcast(t, root);
-      Tensor host = t.to(Device::cpu());
-      do_broadcast(host, root);
-      copy_(t, host);
-      return;
+      return through_host(t, [&](const Tensor& host) { do_broadcast(host, root); });
     }
     char err[kErrLen] = "";
     check(p_.broadcast(comm_, t.data_ptr(), int64_t(t.nbytes()), root, timeout_seconds(), err, kErrLen), err);
@@ -213,10 +207,7 @@ class MpiCommunicator : public Communicator {
   void do_all_gather(const Tensor& in, const Tensor& out) override {
     if (in.device().is_cuda()) {
       if (DeviceCollectives* d = device_collectives(in.device())) return d->all_gather(in, out);
-      Tensor host_out = Tensor::empty(out.shape(), out.dtype());
-      do_all_gather(in.to(Device::cpu()), host_out);
-      copy_(out, host_out);
-      return;
+      return through_host(out, [&](const Tensor& host) { do_all_gather(in.to(Device::cpu()), host); });
     }
     char err[kErrLen] = "";
     check(p_.all_gather(comm_, in.data_ptr(), out.data_ptr(), int64_t(in.nbytes()), timeout_seconds(), err, kErrLen),
@@ -228,6 +219,16 @@ class MpiCommunicator : public Communicator {
   }
 
  private:
+  // A collective on CUDA tensors without device collectives, staged through host memory: `run` gets
+  // a host copy of `result` (reduced or broadcast in place, or gathered into) and what it leaves there
+  // is copied back.
+  template <typename Run>
+  static void through_host(const Tensor& result, Run run) {
+    Tensor host = result.to(Device::cpu());
+    run(host);
+    copy_(result, host);
+  }
+
   void check(int rc, const char* err) {
     if (rc == REEL_MPI_OK) return;
     if (rc == REEL_MPI_TIMEOUT) mark_broken(err);
