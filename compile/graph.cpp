@@ -32,6 +32,7 @@ bool is_contiguous(const TensorRef& r) {
 std::string ref_str(const TensorRef& r) {
   std::ostringstream os;
   os << "b" << r.buffer << shape_str(r.shape) << " " << dtype_name(r.dtype);
+  if (!is_contiguous(r)) os << " strides " << shape_str(r.strides);
   if (r.offset != 0) os << " +" << r.offset;
   return os.str();
 }

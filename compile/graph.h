@@ -83,7 +83,8 @@ bool same_ref(const TensorRef& a, const TensorRef& b);
 // Row-major strides on every dim of size > 1 (as Tensor::is_contiguous).
 bool is_contiguous(const TensorRef& r);
 
-// "b12(16, 256, 512) f32 +3" — a ref as plans print it.
+// "b12(16, 256, 512) f32 +3" — a ref as plans print it; one that is not contiguous (a transposed
+// view, a channels-last tensor, a slice) also shows its strides: "b19(512, 1536) f32 strides (1, 512)".
 std::string ref_str(const TensorRef& r);
 
 // The tensor `r` describes, over `storage` with the buffer starting `byte_offset` bytes in.

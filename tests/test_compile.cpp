@@ -291,6 +291,8 @@ TEST(CompilePlan, OutputsStayValidAndTheArenaReusesMemory) {
   EXPECT_NE(compile::memory_summary(*plan).find("busiest at k" + std::to_string(m.node) + ":"), std::string::npos)
       << compile::memory_summary(*plan);
   EXPECT_NE(compile::plan_summary(*plan).find("kernels"), std::string::npos);
+  // Views that are not contiguous show their strides (the GEMMs read each Linear's W^T).
+  EXPECT_NE(plan->graph().str().find("(16, 48) f32 strides (1, 16)"), std::string::npos) << plan->graph().str();
   EXPECT_NE(compile::plan_dot(*plan).find("digraph plan"), std::string::npos);
 }
 
