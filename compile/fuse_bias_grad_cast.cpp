@@ -98,13 +98,8 @@ int cast_of_input(const Graph& g, const BufferUses& u, size_t s) {
   const TensorRef& db = g.nodes[s].outputs[0];
   if (!internal_once(g, u, x) || !g.buffers[x.buffer].device.is_cuda()) return -1;
   for (int k : u.readers[x.buffer]) {
-    if (k == int(s) || k >= int(g.nodes.size())) continue;
-    const Node& c = g.nodes[size_t(k)];
-    if (c.op == OpKind::Copy && !c.in_place && !c.kernel && c.inputs[0] && same_ref(*c.inputs[0], x) &&
-        (c.outputs[0].dtype == DType::bf16 || c.outputs[0].dtype == DType::f16) && is_contiguous(c.outputs[0]) &&
-        c.outputs[0].shape == x.shape && internal_once(g, u, c.outputs[0]) &&
-        (k < int(s) || !u.touched_between(db.buffer, int(s), k)))
-      return k;
+    if (k == int(s) || !is_plain_cast_of(g, u, k, x) || !is_16bit(g.nodes[size_t(k)].outputs[0].dtype)) continue;
+    if (k < int(s) || !u.touched_between(db.buffer, int(s), k)) return k;
   }
   return -1;
 }

@@ -79,7 +79,7 @@ std::optional<Node> match(const Graph& g, size_t i, const std::vector<int>& read
 bool is_16bit_gemm_bias_to_f32(const Node& n) {
   return n.op == OpKind::Add && n.kernel && dynamic_cast<const GemmBiasKernel*>(n.kernel.get()) &&
          n.inputs.size() == 3 && n.inputs[0] && n.inputs[1] && n.inputs[2] &&
-         (n.inputs[0]->dtype == DType::bf16 || n.inputs[0]->dtype == DType::f16) && n.outputs.size() == 1 &&
+         is_16bit(n.inputs[0]->dtype) && n.outputs.size() == 1 &&
          n.outputs[0].dtype == DType::f32;
 }
 

@@ -11,8 +11,6 @@ namespace reel::compile {
 #ifdef REEL_CUDA
 namespace {
 
-bool is_16bit(DType d) { return d == DType::bf16 || d == DType::f16; }
-
 // 2-D views of the bound tensors with the geometry the pass worked out (offsets come from the bindings).
 Tensor as_2d(const Tensor& t, const TensorRef& r) { return Tensor::make_view(t, r.shape, r.strides, t.offset()); }
 
@@ -28,18 +26,6 @@ class GemmBiasGeluKernel : public FusedKernel {
  private:
   TensorRef a_, y_, pre_;
 };
-
-// Node k as a plain cast of all of src into a new contiguous Internal buffer of src's shape in
-// dtype `to`, written only there.
-bool is_cast_of(const Graph& g, const BufferUses& u, int k, const TensorRef& src, DType to) {
-  if (k < 0) return false;
-  const Node& c = g.nodes[size_t(k)];
-  if (c.op != OpKind::Copy || c.in_place || c.kernel || c.inputs.size() != 1 || !c.inputs[0] ||
-      !same_ref(*c.inputs[0], src) || c.outputs.size() != 1)
-    return false;
-  const TensorRef& out = c.outputs[0];
-  return out.dtype == to && out.shape == src.shape && is_contiguous(out) && internal_once(g, u, out);
-}
 
 // Node n as GELU of all of t (f32, no kernel yet), into f32.
 bool is_gelu_of(const Node& n, const TensorRef& t) {
@@ -62,13 +48,14 @@ std::optional<GeluChain> gelu_chain(const Graph& g, const BufferUses& u, size_t 
   if (!is_16bit(z.dtype) || n.inputs[0]->dtype != z.dtype || !internal_once(g, u, z) || !is_contiguous(z))
     return std::nullopt;
   for (int k : u.readers[z.buffer]) {
-    if (k >= int(g.nodes.size()) || !is_cast_of(g, u, k, z, DType::f32)) continue;
+    if (!is_plain_cast_of(g, u, k, z) || g.nodes[size_t(k)].outputs[0].dtype != DType::f32) continue;
     const TensorRef& t = g.nodes[size_t(k)].outputs[0];
     const int gl = sole_reader(g, u, t);
     if (gl < 0 || !is_gelu_of(g.nodes[size_t(gl)], t)) continue;
     const TensorRef& gu = g.nodes[size_t(gl)].outputs[0];
     const int c2 = sole_reader(g, u, gu);
-    if (!internal_once(g, u, gu) || !is_cast_of(g, u, c2, gu, z.dtype)) continue;
+    if (!internal_once(g, u, gu) || !is_plain_cast_of(g, u, c2, gu) || g.nodes[size_t(c2)].outputs[0].dtype != z.dtype)
+      continue;
     const TensorRef& v = g.nodes[size_t(c2)].outputs[0];
     if (!first_touched_at(u, v, c2)) continue;
     return GeluChain{k, gl, c2, v};

@@ -156,7 +156,7 @@ void fuse_matmul_cast(Graph& g, PassStats& stats) {
     const int i = u.producer(y.buffer);
     if (i < 0 || drop[size_t(i)]) continue;
     Node& m = g.nodes[size_t(i)];
-    const bool sixteen = y.dtype == DType::bf16 || y.dtype == DType::f16;
+    const bool sixteen = is_16bit(y.dtype);
     if (m.op != OpKind::Matmul || m.kernel || m.in_place || !same_ref(m.outputs[0], y) || !sixteen ||
         z.dtype != DType::f32 || z.shape != y.shape || z.strides != contiguous_strides(z.shape) || z.offset != 0)
       continue;

@@ -49,6 +49,16 @@ bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r) {
   return g.buffers[r.buffer].kind == BufferKind::Internal && u.writers[r.buffer].size() == 1;
 }
 
+bool is_plain_cast_of(const Graph& g, const BufferUses& u, int k, const TensorRef& src) {
+  if (k < 0 || k >= int(g.nodes.size())) return false;
+  const Node& c = g.nodes[size_t(k)];
+  if (c.op != OpKind::Copy || c.in_place || c.kernel || c.inputs.size() != 1 || !c.inputs[0] ||
+      !same_ref(*c.inputs[0], src) || c.outputs.size() != 1)
+    return false;
+  const TensorRef& out = c.outputs[0];
+  return out.shape == src.shape && is_contiguous(out) && internal_once(g, u, out);
+}
+
 int sole_reader(const Graph& g, const BufferUses& u, const TensorRef& z) {
   const std::vector<int>& readers = u.readers[z.buffer];
   if (readers.size() != 1 || readers[0] < 0 || readers[0] >= int(g.nodes.size())) return -1;
@@ -74,15 +84,10 @@ Tensor traced(const Graph& g, const TensorRef& r) {
 }
 
 int later_16bit_cast(const Graph& g, const BufferUses& u, const TensorRef& out) {
-  for (int k : u.readers[out.buffer]) {
-    if (k >= int(g.nodes.size())) continue;
-    const Node& c = g.nodes[size_t(k)];
-    if (c.op == OpKind::Copy && !c.in_place && !c.kernel && c.inputs[0] && same_ref(*c.inputs[0], out) &&
-        (c.outputs[0].dtype == DType::bf16 || c.outputs[0].dtype == DType::f16) && is_contiguous(c.outputs[0]) &&
-        c.outputs[0].shape == out.shape && internal_once(g, u, c.outputs[0]) &&
-        u.touches[c.outputs[0].buffer].front() == k)
+  for (int k : u.readers[out.buffer])
+    if (is_plain_cast_of(g, u, k, out) && is_16bit(g.nodes[size_t(k)].outputs[0].dtype) &&
+        u.touches[g.nodes[size_t(k)].outputs[0].buffer].front() == k)
       return k;
-  }
   return -1;
 }
 

@@ -49,6 +49,11 @@ void fuse_each(Graph& g, Visit visit) {
 }
 // An Internal buffer written by exactly one node.
 bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r);
+// bf16 or f16: the compute dtypes of autocast.
+inline bool is_16bit(DType d) { return d == DType::bf16 || d == DType::f16; }
+// Node k as a plain cast (a copy no pass has given a kernel) of all of src into a contiguous Internal
+// buffer of src's shape written only there. Which dtype it casts to is for the caller to check.
+bool is_plain_cast_of(const Graph& g, const BufferUses& u, int k, const TensorRef& src);
 // The node that alone reads z's buffer, reading it once (not a graph output): its index, or -1.
 int sole_reader(const Graph& g, const BufferUses& u, const TensorRef& z);
 // A ref with its leading dims folded into rows, (..., C) -> (rows, C), when its strides allow: how
