@@ -62,17 +62,16 @@ struct LtPlan {
   }
 };
 
-// Operands of one call: the bias, and for BiasGeluAux aux (the pre-activation it writes, of y's shape
-// and dtype).
+// Operands of one call; aux only for BiasGeluAux (the pre-activation it writes, of y's shape and dtype).
 struct Operands {
   const Tensor& a;
   const Tensor& b;
-  const Tensor* bias;
+  const Tensor& bias;
   const Tensor* aux;
   const Tensor& y;
 };
 
-// epilogue, M, N, K, a's layout, b's layout, a/y/bias dtypes (bias -1 when absent), device.
+// epilogue, M, N, K, a's layout, b's layout, a/y/bias dtypes, device.
 using Key = std::tuple<int, int64_t, int64_t, int64_t, bool, int64_t, bool, int64_t, int, int, int, int>;
 
 // cuBLASLt's view of reel's row-major operand t (rows x cols): see matmul.cu.
@@ -95,10 +94,10 @@ void check_shapes(Epilogue e, const Operands& o) {
   const int64_t M = dims ? a.shape()[0] : -1, K = dims ? a.shape()[1] : -1, N = dims ? b.shape()[1] : -1;
   bool ok = dims && matrix_layout(a) && matrix_layout(b) && y.is_contiguous() && b.shape()[0] == K &&
             y.shape()[0] == M && y.shape()[1] == N;
-  if (o.bias) ok = ok && o.bias->is_contiguous() && o.bias->numel() == N;
+  ok = ok && o.bias.is_contiguous() && o.bias.numel() == N;
   if (o.aux) ok = ok && o.aux->is_contiguous() && o.aux->shape() == y.shape() && o.aux->dtype() == y.dtype();
   REEL_CHECK(ok, epilogue_name(e), ": shapes ", shape_str(a.shape()), " @ ", shape_str(b.shape()),
-             o.bias ? " + " + shape_str(o.bias->shape()) : std::string(), " -> ", shape_str(y.shape()),
+             " + ", shape_str(o.bias.shape()), " -> ", shape_str(y.shape()),
              o.aux ? " (pre-activation " + shape_str(o.aux->shape()) + " " + dtype_name(o.aux->dtype()) + ")"
                    : std::string(),
              " do not form (M, K) @ (K, N) -> (M, N) with readable layouts",
@@ -111,7 +110,7 @@ const LtPlan& lt_plan(Epilogue e, const Operands& o) {
   const int64_t M = a.shape()[0], K = a.shape()[1], N = b.shape()[1];
   const MatLayout la = *matrix_layout(a), lb = *matrix_layout(b);
   const Key key{int(e), M, N, K, la.row_major, la.outer, lb.row_major, lb.outer, int(a.dtype()), int(y.dtype()),
-                o.bias ? int(o.bias->dtype()) : -1, y.device().index};
+                int(o.bias.dtype()), y.device().index};
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<LtPlan>> plans;
   std::lock_guard<std::mutex> lock(mutex);
@@ -127,7 +126,7 @@ const LtPlan& lt_plan(Epilogue e, const Operands& o) {
   set_attr(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, op_a);
   const cublasLtEpilogue_t epi = e == Epilogue::Bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   set_attr(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
-  if (o.bias) set_attr(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, lt_type(e, o.bias->dtype()));
+  set_attr(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, lt_type(e, o.bias.dtype()));
   if (o.aux) {
     // The heuristic reads the aux pointer's alignment (not its memory): a stand-in aligned to
     // kAuxAlignment, which supported() and run() ask of every real one.
@@ -159,8 +158,8 @@ bool supported(Epilogue e, const Operands& o) {
   if (!matrix_layout(a) || !matrix_layout(b) || !y.is_contiguous()) return false;
   if (a.numel() == 0 || b.numel() == 0 || b.shape()[0] != a.shape()[1] || y.shape() != Shape{a.shape()[0], b.shape()[1]})
     return false;
-  if (o.bias && (o.bias->dim() != 1 || !(o.bias->dtype() == y.dtype() || o.bias->dtype() == DType::f32) ||
-                 !o.bias->is_contiguous() || o.bias->numel() != b.shape()[1]))
+  if (o.bias.dim() != 1 || !(o.bias.dtype() == y.dtype() || o.bias.dtype() == DType::f32) || !o.bias.is_contiguous() ||
+      o.bias.numel() != b.shape()[1])
     return false;
   if (o.aux && (o.aux->shape() != y.shape() || o.aux->dtype() != y.dtype() || !o.aux->is_contiguous() ||
                 y.shape()[1] % 8 != 0 || !aux_aligned(*o.aux)))
@@ -172,7 +171,7 @@ void run(Epilogue e, const Operands& o) {
   const LtPlan& p = lt_plan(e, o);
   REEL_CHECK(p.found, epilogue_name(e), ": cuBLASLt has no algorithm for ", shape_str(o.a.shape()), " @ ",
              shape_str(o.b.shape()));
-  if (o.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, o.bias->data_ptr());
+  set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, o.bias.data_ptr());
   if (o.aux) {
     REEL_CHECK(aux_aligned(*o.aux), epilogue_name(e), ": the pre-activation ", shape_str(o.aux->shape()),
                " must start ", kAuxAlignment, "-byte aligned");
@@ -188,17 +187,17 @@ void run(Epilogue e, const Operands& o) {
 }  // namespace
 
 bool gemm_bias_supported(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y) {
-  return supported(Epilogue::Bias, {a, b, &bias, nullptr, y});
+  return supported(Epilogue::Bias, {a, b, bias, nullptr, y});
 }
 void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y) {
-  run(Epilogue::Bias, {a, b, &bias, nullptr, y});
+  run(Epilogue::Bias, {a, b, bias, nullptr, y});
 }
 
 bool gemm_bias_gelu_supported(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y, const Tensor& pre) {
-  return supported(Epilogue::BiasGeluAux, {a, b, &bias, &pre, y});
+  return supported(Epilogue::BiasGeluAux, {a, b, bias, &pre, y});
 }
 void gemm_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y, const Tensor& pre) {
-  run(Epilogue::BiasGeluAux, {a, b, &bias, &pre, y});
+  run(Epilogue::BiasGeluAux, {a, b, bias, &pre, y});
 }
 
 }  // namespace reel::cuda
