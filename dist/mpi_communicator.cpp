@@ -207,7 +207,7 @@ class MpiCommunicator : public Communicator {
   void do_all_gather(const Tensor& in, const Tensor& out) override {
     if (in.device().is_cuda()) {
       if (DeviceCollectives* d = device_collectives(in.device())) return d->all_gather(in, out);
-      return through_host(out, [&](const Tensor& host) { do_all_gather(in.to(Device::cpu()), host); });
+      return through_host(out, [&](const Tensor& host) { do_all_gather(in.to(Device::cpu()), host); }, false);
     }
     char err[kErrLen] = "";
     check(p_.all_gather(comm_, in.data_ptr(), out.data_ptr(), int64_t(in.nbytes()), timeout_seconds(), err, kErrLen),
@@ -220,11 +220,11 @@ class MpiCommunicator : public Communicator {
 
  private:
   // A collective on CUDA tensors without device collectives, staged through host memory: `run` gets
-  // a host copy of `result` (reduced or broadcast in place, or gathered into) and what it leaves there
-  // is copied back.
+  // a host tensor like `result` (holding its values when `in_place`: reduced or broadcast there; else
+  // uninitialised, gathered into) and what it leaves there is copied back.
   template <typename Run>
-  static void through_host(const Tensor& result, Run run) {
-    Tensor host = result.to(Device::cpu());
+  static void through_host(const Tensor& result, Run run, bool in_place = true) {
+    Tensor host = in_place ? result.to(Device::cpu()) : Tensor::empty(result.shape(), result.dtype());
     run(host);
     copy_(result, host);
   }
