@@ -12,6 +12,10 @@
 //   copy f32, 1 GiB device to device (copy_)                GB/s = 2 * 1 GiB (read + write): the ceiling
 //   softmax f32 over the rows of (8192, 8192)               GB/s = 2 * 4 n (read + write)
 //   layer_norm f32 forward, (16384, 1024), weight and bias  GB/s = 2 * 4 n (read + write)
+//   causal attention bf16, forward and backward, at gpt-tiny's and gpt-small's micro-batch
+//     (B 16, T 128, H 4, hd 64) and (B 16, T 256, H 8, hd 64)   TFLOP/s over the causal half, as
+//     FlashAttention counts it: forward 2 B H T^2 hd, backward 2.5 times that
+//     (bench/torch_attention.py times PyTorch's flash kernels on the same shapes)
 //
 // Rates are total work over total GPU time, already scaled ("TFLOP/s" in 1e12, "GB/s" in 1e9).
 // Every benchmark first runs its op once untimed (cuDNN algorithm choice, allocator warm-up). Without
@@ -22,6 +26,7 @@
 #include <exception>
 #include <functional>
 
+#include "kernels/dispatch.h"
 #include "reel.h"
 #include "tensor/cuda.h"
 
@@ -188,6 +193,35 @@ void BM_CudaLayerNormF32(benchmark::State& state) {
 BENCHMARK(BM_CudaLayerNormF32)
     ->ArgNames({"rows", "cols"})
     ->Args({16384, 1024})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// ---- fused causal attention: Args B, T, H, hd, backward (0: forward, 1: backward alone) ----
+
+// The compiled plan's case: qkv (B, T, 3 H hd) in bf16, bf16 compute; the backward is timed on the
+// forward's saved y and lse.
+void BM_CudaAttention(benchmark::State& state) {
+  const int64_t B = state.range(0), T = state.range(1), H = state.range(2), hd = state.range(3);
+  const bool backward = state.range(4) != 0;
+  auto make = [&]() -> Work {
+    const Attrs a = Attrs().set("heads", H).set("compute", DType::bf16);
+    Tensor qkv = random_cuda({B, T, 3 * H * hd}, DType::bf16, 13);
+    if (!backward) return [qkv, a] { benchmark::DoNotOptimize(dispatch(OpKind::CausalAttention, {qkv}, a)[0].data_ptr()); };
+    std::vector<Tensor> f = dispatch(OpKind::CausalAttention, {qkv}, a);
+    Tensor dy = random_cuda({B, T, H * hd}, DType::bf16, 14);
+    return [qkv, dy, f, a] {
+      benchmark::DoNotOptimize(dispatch(OpKind::CausalAttentionBackward, {dy, qkv, f[0], f[1]}, a)[0].data_ptr());
+    };
+  };
+  const double forward_flop = 2.0 * double(B * H) * double(T * T) * double(hd);
+  time_on_gpu(state, make, "TFLOP/s", backward ? 2.5 * forward_flop : forward_flop, 1e12);
+}
+BENCHMARK(BM_CudaAttention)
+    ->ArgNames({"B", "T", "H", "hd", "bwd"})
+    ->Args({16, 128, 4, 64, 0})
+    ->Args({16, 128, 4, 64, 1})
+    ->Args({16, 256, 8, 64, 0})
+    ->Args({16, 256, 8, 64, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

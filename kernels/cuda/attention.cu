@@ -189,7 +189,8 @@ void causal_attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType comput
         bool tiled = false;
         if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
           tiled = visit_tiled_head(g.hd, [&]<int HD>() {
-            const dim3 grid((g.T + kTile - 1) / kTile, g.B * g.H);
+            const unsigned tiles = (g.T + kTile - 1) / kTile;
+            const dim3 grid(tiles, g.B * g.H);
             float* pl = static_cast<float*>(lse.data_ptr());
             const float scale = 1.0f / std::sqrt(float(g.hd));
             if constexpr (HD <= 64) {  // the register-resident kernel
@@ -198,7 +199,8 @@ void causal_attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType comput
               if (more_than_one_wave(kernel, bytes, grid, qkv.device().index)) kernel = attention_fwd_mma<In, Q, C, HD, 4>;
               Tensor keep;
               const Q* q = aligned_operand(px, size_t(qkv.numel()), qkv.device(), stream, keep);
-              kernel<<<grid, kThreads, bytes, stream>>>(q, py, p16, pl, g.T, g.H, g.d, scale);
+              const dim3 heads_first(g.B * g.H, tiles);  // the block order of attention_mma.cuh
+              kernel<<<heads_first, kThreads, bytes, stream>>>(q, py, p16, pl, g.T, g.H, g.d, scale);
             } else {
               constexpr size_t bytes = tiled_smem_bytes<C, HD>();
               static const bool ready = (allow_smem(attention_fwd_tiled<In, Q, C, HD>, bytes), true);
@@ -250,7 +252,8 @@ void launch_attention_bwd(const Tensor& dy, const Tensor& qkv, const Tensor& y, 
   bool tiled = false;
   if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
     tiled = visit_tiled_head(g.hd, [&]<int HD>() {
-      const dim3 grid((g.T + kTile - 1) / kTile, g.B * g.H, 2);
+      const unsigned tiles = (g.T + kTile - 1) / kTile;
+      const dim3 grid(tiles, g.B * g.H, 2);
       const float* pl = static_cast<const float*>(lse.data_ptr());
       const float scale = 1.0f / std::sqrt(float(g.hd));
       if constexpr (HD <= 64) {  // the register-resident kernel, after dO and D are prepared
@@ -264,7 +267,8 @@ void launch_attention_bwd(const Tensor& dy, const Tensor& qkv, const Tensor& y, 
         if (more_than_one_wave(kernel, bytes, grid, qkv.device().index)) kernel = attention_bwd_mma<Q, C, In, HD, 3>;
         Tensor keep;
         const Q* q = aligned_operand(px, size_t(qkv.numel()), qkv.device(), stream, keep);
-        kernel<<<grid, kThreads, bytes, stream>>>(prep.dout, prep.D, q, pl, pd, p16, g.T, g.H, g.d, scale);
+        const dim3 heads_first(g.B * g.H, 2 * tiles);  // the block order of attention_mma.cuh
+        kernel<<<heads_first, kThreads, bytes, stream>>>(prep.dout, prep.D, q, pl, pd, p16, g.T, g.H, g.d, scale);
       } else {
         constexpr size_t bytes = tiled_smem_bytes<C, HD>();
         static const bool ready = (allow_smem(attention_bwd_tiled<In, Q, Y, C, HD>, bytes), true);

@@ -228,8 +228,15 @@ __device__ __forceinline__ void next_walk_step(bool more, Fetch&& fetch_next) {
   __syncthreads();
 }
 
-// Forward. grid (ceil(T / 64), B H); qkv (B, T, 3d), y (B, T, d), lse (B, H, T). y or y16 may be null.
-// qkv in C must be 16-byte aligned (cp.async fetches its tiles); in f32 it is rounded on the way.
+// Block order of both kernels: grid.x runs over the B H (batch, head) pairs and grid.y over the tiles,
+// the longest walks first. Blocks are handed to the SMs in index order, so each SM takes a mix of long
+// and short walks and the long ones start first. (Tile-fastest order gave SM i the blocks i, i + 132,
+// ...: with 132 a multiple of the tile count, every block of an SM had the same tile and walk length,
+// and the SMs with the diagonal's far end set the kernel's time.)
+//
+// Forward. grid (B H, ceil(T / 64)), query tile qt = tiles - 1 - blockIdx.y; qkv (B, T, 3d), y (B, T, d),
+// lse (B, H, T). y or y16 may be null. qkv in C must be 16-byte aligned (cp.async fetches its tiles);
+// in f32 it is rounded on the way.
 template <typename In, typename Q, typename C, int HD, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q* __restrict__ qkv, In* __restrict__ y,
                                                              C* __restrict__ y16, float* __restrict__ lse, int T,
@@ -238,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q
   extern __shared__ __align__(128) unsigned char raw[];
   const MmaSmem<C, HD, 1> sm{raw};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const int qt = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, q0 = qt * kTile;
+  const int bh = blockIdx.x, qt = gridDim.y - 1 - blockIdx.y, b = bh / H, h = bh % H, q0 = qt * kTile;
   const int64_t width = 3 * int64_t(d);
   const Q* base = qkv + int64_t(b) * T * width + h * HD;
   copy_tile<C, HD>(sm.own(0), base, width, q0, T);
@@ -302,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q
     l[r] += __shfl_xor_sync(kFullMask, l[r], 1);
     l[r] += __shfl_xor_sync(kFullMask, l[r], 2);
     inv[r] = 1.0f / l[r];
-    if (t4 == 0 && row[r] < T) lse[int64_t(blockIdx.y) * T + row[r]] = m[r] + logf(l[r]);
+    if (t4 == 0 && row[r] < T) lse[int64_t(bh) * T + row[r]] = m[r] + logf(l[r]);
   }
 #pragma unroll
   for (int n = 0; n < HD / 8; ++n) o[n][0] *= inv[0], o[n][1] *= inv[0], o[n][2] *= inv[1], o[n][3] *= inv[1];
@@ -310,8 +317,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q
   mma::store_rows<HD>(o, y ? y + at : nullptr, y16 ? y16 + at : nullptr, d, q0 + warp * 16, T, 1.0f);
 }
 
-// Backward. grid (ceil(T / 64), B H, 2); dqkv (B, T, 3d). The roles of the WMMA kernel: z = 0 a block
-// of 64 keys walks the query tiles t >= s (dK, dV), z = 1 a block of 64 queries the key tiles s <= t (dQ).
+// Backward. grid (B H, 2 ceil(T / 64)); dqkv (B, T, 3d). The roles of the WMMA kernel, alternating in
+// blockIdx.y (the longest walks of both first): even y, a block of 64 keys s = y / 2 walks the query
+// tiles t >= s (dK, dV); odd y, a block of 64 queries t = tiles - 1 - y / 2 the key tiles s <= t (dQ).
 // dout (B, T, d) and D (B H, T) come from attention_dout_prep; dout and qkv in C must be 16-byte aligned.
 template <typename Q, typename C, typename Out, int HD, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C* __restrict__ dout,
@@ -323,14 +331,14 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C
   extern __shared__ __align__(128) unsigned char raw[];
   const MmaSmem<C, HD, 2> sm{raw};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const int tile = blockIdx.x, tiles = (T + kTile - 1) / kTile;
+  const int tile = blockIdx.y / 2, tiles = (T + kTile - 1) / kTile;
   const int64_t width = 3 * int64_t(d);
   // This (batch, head)'s columns of qkv and dqkv (rows of 3d), of dO (rows of d), its lse and D rows.
-  const int b = blockIdx.y / H, h = blockIdx.y % H;
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
   const int64_t wide = int64_t(b) * T * width + h * HD;
   const Q* base = qkv + wide;
   const C* dout_b = dout + int64_t(b) * T * d + h * HD;
-  const float *lse_bh = lse + int64_t(blockIdx.y) * T, *D_bh = D + int64_t(blockIdx.y) * T;
+  const float *lse_bh = lse + int64_t(bh) * T, *D_bh = D + int64_t(bh) * T;
   Out* out = dqkv ? dqkv + wide : nullptr;
   C* out16 = dqkv16 ? dqkv16 + wide : nullptr;
   // Query tile q0 / 64's Q, dO, lse and D into (q, dO) tiles q_dst, do_dst and floats lse_dst, D_dst.
@@ -344,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C
   float s[mma::kPartTiles][4], dp[mma::kPartTiles][4];
   unsigned pa[mma::kPart / 16][4];
 
-  if (blockIdx.z == 0) {  // ---- keys role: this block's keys [k0, k0 + 64), the warp's 16 of them
+  if (blockIdx.y % 2 == 0) {  // ---- keys role: this block's keys [k0, k0 + 64), the warp's 16 of them
     const int k0 = tile * kTile, key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
     const C *sk = sm.own(0), *sv = sm.own(1);
     copy_tile<C, HD>(sm.own(0), base + d, width, k0, T);
