@@ -162,12 +162,14 @@ void emit_instr(std::ostringstream& os, const FusedExpr& e, size_t r, const char
   }
 }
 
+// The loads first, then the other instructions in program order (codegen_cuda.h: why, and why the
+// values are the same).
 void emit_scalar_body(std::ostringstream& os, const FusedExpr& e, const FusedLoop& l, const char* suffix) {
-  for (size_t r = 0; r < e.code.size(); ++r)
-    emit_instr(
-        os, e, r, "    ",
-        [&](int k) { return "in" + std::to_string(k) + "[" + offset_text(l, size_t(k) + 1, suffix) + "]"; },
-        [&](int k) { return "out" + std::to_string(k) + "[e]"; });
+  auto load = [&](int k) { return "in" + std::to_string(k) + "[" + offset_text(l, size_t(k) + 1, suffix) + "]"; };
+  auto store = [&](int k) { return "out" + std::to_string(k) + "[e]"; };
+  for (const bool loads : {true, false})
+    for (size_t r = 0; r < e.code.size(); ++r)
+      if ((e.code[r].kind == InstrKind::Load) == loads) emit_instr(os, e, r, "    ", load, store);
 }
 
 // The vector loop of a contiguous program: each thread reads kFusedVectorWidth elements of every
@@ -234,7 +236,8 @@ std::string cuda_fused_source(const FusedExpr& expr, const FusedLoop& loop, cons
 }
 
 int fused_vector_width(const FusedLoop& loop) {
-  if (loop.sizes.size() != 1 || loop.numel < kFusedVectorWidth) return 1;
+  if (loop.sizes.size() != 1 || loop.numel < kFusedVectorWidth || loop.strides.size() > 1 + kFusedVectorMaxInputs)
+    return 1;
   for (const auto& strides : loop.strides)
     if (strides.size() != 1 || strides[0] != 1) return 1;
   return kFusedVectorWidth;

@@ -8,7 +8,11 @@
 //     the merged dims' indices from e by constant divisions (shapes and strides are specialised as
 //     constants: the index math compiles to multiply-shifts), each input read at sum_d i_d * stride_d
 //     (an input laid out like the outputs is read at e), the instructions as `const A rK = ...;`,
-//     each output written at e.
+//     each output written at e. Every load comes first, before any instruction or store: a
+//     thread has all its reads in flight at once (a horizontal group of 32 small in-place adds waits
+//     on memory once, not 32 times; the compiler cannot move a load above a store to a pointer that
+//     may alias it). The same values: a group reads a buffer it writes only at the element it
+//     writes, and before writing it (compile/fuse_elementwise.h), so no load sees a store of the group.
 //   Index math is 32-bit (unsigned) when the element count and every operand's largest offset are
 //   below 2^31, else 64-bit. Views' element offsets are not in the source: they are in the pointers.
 //   A loop whose operands are all contiguous first runs a vector loop (fused_vector_width): when
@@ -32,9 +36,14 @@ constexpr int kFusedBlockThreads = 256;
 // Elements a thread of the vector loop takes at once (one 16-byte load of a 16-bit operand).
 constexpr int kFusedVectorWidth = 8;
 
+// Inputs past which a loop takes the scalar loop alone: a thread of the vector loop holds a pack of
+// every input in registers at once, and 9 or more packs of 8 values (up to 64 inputs in a horizontal
+// group of small gradient adds) spill to local memory.
+constexpr int kFusedVectorMaxInputs = 8;
+
 // kFusedVectorWidth when every operand is contiguous in the loop's order (one merged dim of stride
-// 1) and there are at least that many elements, so the kernel gets the vector loop; else 1. The
-// launch sizes its grid by it.
+// 1), there are at least that many elements and at most kFusedVectorMaxInputs inputs, so the kernel
+// gets the vector loop; else 1. The launch sizes its grid by it.
 int fused_vector_width(const FusedLoop& loop);
 
 // True when the loop's element count and every operand's offsets fit 32-bit index math.

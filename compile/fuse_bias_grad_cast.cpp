@@ -22,6 +22,7 @@ class ColumnSumsKernel : public FusedKernel {
     return accumulate_ ? "bias gradient: column sums of the 16-bit gradient, added to the gradient"
                        : "bias gradient: column sums of the 16-bit gradient";
   }
+  bool accumulate() const { return accumulate_; }
 
  private:
   bool accumulate_;
@@ -106,6 +107,16 @@ int cast_of_input(const Graph& g, const BufferUses& u, size_t s) {
 
 }  // namespace
 #endif
+
+std::optional<bool> column_sums_accumulate(const Node& n) {
+#ifdef REEL_CUDA
+  if (const auto* k = dynamic_cast<const ColumnSumsKernel*>(n.kernel.get()); k && n.op == OpKind::Sum)
+    return k->accumulate();
+#else
+  (void)n;
+#endif
+  return std::nullopt;
+}
 
 void fuse_bias_grad_cast(Graph& g, PassStats& stats) {
 #ifdef REEL_CUDA

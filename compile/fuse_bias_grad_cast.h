@@ -22,4 +22,9 @@ namespace reel::compile {
 
 void fuse_bias_grad_cast(Graph& g, PassStats& stats);
 
+// Node n as one of this pass's column sums (in: the 16-bit gradient, then the parameter's gradient
+// when accumulating; out: the sums): whether it adds them to its output (params +=); nullopt for
+// any other node.
+std::optional<bool> column_sums_accumulate(const Node& n);
+
 }  // namespace reel::compile

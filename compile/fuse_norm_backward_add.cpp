@@ -1,6 +1,8 @@
 // Layer-norm backward + residual add fusion (see fuse_norm_backward_add.h).
 #include "compile/fuse_norm_backward_add.h"
 
+#include "compile/fuse_bias_grad_cast.h"
+
 #ifdef REEL_CUDA
 #include "kernels/cuda/layer_norm_fused.h"
 #endif
@@ -10,15 +12,23 @@ namespace reel::compile {
 #ifdef REEL_CUDA
 namespace {
 
-// in: g, x, w, mean, rstd, r (w possibly undefined); out: dx + r, dw, db, and (dx + r) in 16 bits when
-// the pass also took a cast.
+// in: g, x, w, mean, rstd, r (w possibly undefined), and the bias gradient when the column sums add to
+// it; out: dx + r, dw, db, and (dx + r) in 16 bits when the pass also took a cast, then its column
+// sums when it took those too.
 class LayerNormBackwardAddKernel : public FusedKernel {
  public:
+  explicit LayerNormBackwardAddKernel(bool accumulate = false) : accumulate_(accumulate) {}
   void run(const std::vector<Tensor>& in, const std::vector<Tensor>& out) override {
     cuda::layer_norm_bwd_add(in[0], in[1], in[2], in[3], in[4], in[5], out[0], out[1], out[2],
-                             out.size() > 3 ? out[3] : Tensor());
+                             out.size() > 3 ? out[3] : Tensor(), out.size() > 4 ? out[4] : Tensor(), accumulate_);
   }
-  std::string name() const override { return "layer norm backward + residual add"; }
+  std::string name() const override {
+    return accumulate_ ? "layer norm backward + residual add, the 16-bit copy's column sums added to a gradient"
+                       : "layer norm backward + residual add";
+  }
+
+ private:
+  bool accumulate_;
 };
 
 struct Match {
@@ -51,6 +61,25 @@ Match match(const Graph& g, const BufferUses& u, size_t i) {
   return {j, 1 - mine};
 }
 
+// The column sums (compile/fuse_bias_grad_cast.h) of the 16-bit sum x16 that node i now writes, when
+// they can move into node i: their node index, or -1. They must read all of x16, one sum per
+// normalised column (cols), and nothing from i to them may touch their output.
+int column_sums_of(const Graph& g, const BufferUses& u, size_t i, const TensorRef& x16, int64_t cols,
+                   const std::vector<bool>& drop) {
+  for (int k : u.readers[x16.buffer]) {
+    if (k <= int(i) || drop[size_t(k)]) continue;
+    const Node& s = g.nodes[size_t(k)];
+    const std::optional<bool> add = column_sums_accumulate(s);
+    if (!add || s.outputs.size() != 1 || !s.inputs[0] || !same_ref(*s.inputs[0], x16)) continue;
+    const TensorRef& z = s.outputs[0];
+    if (x16.shape.empty() || x16.shape.back() != cols || z.dtype != DType::f32 || numel_of(z.shape) != cols ||
+        !is_contiguous(z) || u.touched_between(z.buffer, int(i), k))
+      continue;
+    return k;
+  }
+  return -1;
+}
+
 }  // namespace
 #endif
 
@@ -75,6 +104,19 @@ void fuse_norm_backward_add(Graph& g, PassStats& stats) {
       n.fused.push_back("copy");
       drop[size_t(cast)] = true;
       stats.fused += 1;
+      // And the bias gradient summed from that 16-bit copy, by the same pass over the rows.
+      const int s = column_sums_of(g, u, i, n.outputs.back(), numel_of(n.outputs[1].shape), drop);
+      if (s >= 0) {
+        const Node& sums = g.nodes[size_t(s)];
+        const bool add = *column_sums_accumulate(sums);
+        n.outputs.push_back(sums.outputs[0]);
+        if (add) n.inputs.push_back(sums.outputs[0]);
+        if (sums.fused.empty()) n.fused.push_back("sum");  // summed into a buffer of its own
+        else n.fused.insert(n.fused.end(), sums.fused.begin(), sums.fused.end());  // "sum" and "copy" or "add"
+        n.kernel = std::make_shared<LayerNormBackwardAddKernel>(add);
+        drop[size_t(s)] = true;
+        stats.fused += 1;
+      }
     }
   });
 #else

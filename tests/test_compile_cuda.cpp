@@ -213,13 +213,20 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
       bias_sums_16 += n.op == OpKind::Sum && n.kernel && n.inputs[0] && n.inputs[0]->dtype == DType::bf16;
     EXPECT_EQ(bias_sums_16 > 0, std::string(prec) == "bf16") << prec;
     if (std::string(prec) == "bf16") {  // and write, or add, into the biases' gradients themselves
-      int into_grad = 0, added = 0;
+      int into_grad = 0, added = 0, in_norm = 0;
       for (const compile::Node& n : step.last_plan()->graph().nodes) {
         const bool sums = n.op == OpKind::Sum && n.fused.size() == 2 && n.fused[0] == "sum";
         into_grad += sums && (n.fused[1] == "copy" || n.fused[1] == "add");
         added += sums && n.fused[1] == "add" && n.in_place;
+        // summed by a layer-norm backward's pass over the rows (compile/fuse_norm_backward_add.h)
+        const bool norm = n.op == OpKind::LayerNormBackward && n.fused.size() == 5 && n.fused[3] == "sum";
+        in_norm += norm && (n.fused[4] == "copy" || n.fused[4] == "add");
+        added += norm && n.fused[4] == "add";
       }
-      EXPECT_EQ(into_grad, 8 * 3) << "qkv, proj, fc and fc2 biases of 2 layers x 3 micro-batches";
+      EXPECT_EQ(into_grad + in_norm, 8 * 3) << "qkv, proj, fc and fc2 biases of 2 layers x 3 micro-batches";
+      // proj of both layers and fc2 of the first: their output gradient is a norm's dx plus the
+      // residual's (the last fc2's is the final norm's dx alone)
+      EXPECT_EQ(in_norm, 3 * 3);
       EXPECT_GE(added, 8 * 2) << "the later micro-batches add to the gradient";
     }
     if (std::string(prec) == "bf16") {

@@ -210,6 +210,32 @@ TEST(CudaCodegen, ContiguousLoopsGetTheSixteenByteVectorLoop) {
   }
 }
 
+TEST(CudaCodegen, ManyInputsTakeTheScalarLoopWithEveryLoadFirst) {
+  // 12 in-place adds side by side (a horizontal group of gradient accumulations: out k = in 2k +
+  // in 2k+1, 24 inputs) over 512 contiguous elements: past kFusedVectorMaxInputs the vector loop
+  // would hold 24 packs per thread, so the scalar loop alone runs, and it reads every input before
+  // its first instruction and store.
+  FusedExpr e;
+  const int adds = 12;
+  std::vector<int> loads;
+  for (int k = 0; k < 2 * adds; ++k) loads.push_back(e.load(k, DType::f32));
+  for (int k = 0; k < adds; ++k) e.store(k, e.op(OpKind::Add, {loads[2 * k], loads[2 * k + 1]}, DType::f32), DType::f32);
+  const FusedLoop wide = compile::make_fused_loop({512}, std::vector<std::vector<int64_t>>(2 * adds, {1}));
+  EXPECT_EQ(compile::fused_vector_width(wide), 1);
+  const std::string src = compile::cuda_fused_source(e, wide, "add x12");
+  EXPECT_EQ(src.find("addresses"), std::string::npos) << src;
+  const size_t body = src.find(std::string("void __launch_bounds__(256) ") + compile::kFusedKernelName);
+  ASSERT_NE(body, std::string::npos) << src;
+  const size_t last_load = src.rfind("= in"), first_op = src.find("= op_", body), first_store = src.find("out0[e] =", body);
+  ASSERT_NE(last_load, std::string::npos) << src;
+  ASSERT_NE(first_store, std::string::npos) << src;
+  EXPECT_LT(last_load, first_op) << src;
+  EXPECT_LT(last_load, first_store) << src;
+  // At the limit the vector loop stays.
+  const FusedLoop eight = compile::make_fused_loop({512}, std::vector<std::vector<int64_t>>(compile::kFusedVectorMaxInputs, {1}));
+  EXPECT_EQ(compile::fused_vector_width(eight), compile::kFusedVectorWidth);
+}
+
 // ---- NVRTC and the disk cache (CUDA backend built; no device needed) ------------------------------
 
 #define REEL_REQUIRE_CUDA_BUILD() \

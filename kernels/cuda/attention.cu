@@ -196,11 +196,12 @@ void causal_attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType comput
             if constexpr (HD <= 64) {  // the register-resident kernel
               constexpr size_t bytes = mma_fwd_smem_bytes<C, HD>();
               auto kernel = attention_fwd_mma<In, Q, C, HD, 1>;
-              if (more_than_one_wave(kernel, bytes, grid, qkv.device().index)) kernel = attention_fwd_mma<In, Q, C, HD, 4>;
+              const bool waves = more_than_one_wave(kernel, bytes, grid, qkv.device().index);
+              if (waves) kernel = attention_fwd_mma<In, Q, C, HD, 4>;
               Tensor keep;
               const Q* q = aligned_operand(px, size_t(qkv.numel()), qkv.device(), stream, keep);
-              const dim3 heads_first(g.B * g.H, tiles);  // the block order of attention_mma.cuh
-              kernel<<<heads_first, kThreads, bytes, stream>>>(q, py, p16, pl, g.T, g.H, g.d, scale);
+              const dim3 order = waves ? dim3(g.B * g.H, tiles) : grid;  // block order: attention_mma.cuh
+              kernel<<<order, kThreads, bytes, stream>>>(q, py, p16, pl, g.T, g.H, g.d, scale, waves);
             } else {
               constexpr size_t bytes = tiled_smem_bytes<C, HD>();
               static const bool ready = (allow_smem(attention_fwd_tiled<In, Q, C, HD>, bytes), true);
@@ -264,11 +265,12 @@ void launch_attention_bwd(const Tensor& dy, const Tensor& qkv, const Tensor& y, 
                                    allow_smem(attention_bwd_mma<Q, C, In, HD, 3>, bytes), true);
         (void)ready;
         auto kernel = attention_bwd_mma<Q, C, In, HD, 1>;
-        if (more_than_one_wave(kernel, bytes, grid, qkv.device().index)) kernel = attention_bwd_mma<Q, C, In, HD, 3>;
+        const bool waves = more_than_one_wave(kernel, bytes, grid, qkv.device().index);
+        if (waves) kernel = attention_bwd_mma<Q, C, In, HD, 3>;
         Tensor keep;
         const Q* q = aligned_operand(px, size_t(qkv.numel()), qkv.device(), stream, keep);
-        const dim3 heads_first(g.B * g.H, 2 * tiles);  // the block order of attention_mma.cuh
-        kernel<<<heads_first, kThreads, bytes, stream>>>(prep.dout, prep.D, q, pl, pd, p16, g.T, g.H, g.d, scale);
+        const dim3 order = waves ? dim3(g.B * g.H, 2 * tiles) : grid;  // block order: attention_mma.cuh
+        kernel<<<order, kThreads, bytes, stream>>>(prep.dout, prep.D, q, pl, pd, p16, g.T, g.H, g.d, scale, waves);
       } else {
         constexpr size_t bytes = tiled_smem_bytes<C, HD>();
         static const bool ready = (allow_smem(attention_bwd_tiled<In, Q, Y, C, HD>, bytes), true);

@@ -228,24 +228,27 @@ __device__ __forceinline__ void next_walk_step(bool more, Fetch&& fetch_next) {
   __syncthreads();
 }
 
-// Block order of both kernels: grid.x runs over the B H (batch, head) pairs and grid.y over the tiles,
-// the longest walks first. Blocks are handed to the SMs in index order, so each SM takes a mix of long
-// and short walks and the long ones start first. (Tile-fastest order gave SM i the blocks i, i + 132,
-// ...: with 132 a multiple of the tile count, every block of an SM had the same tile and walk length,
-// and the SMs with the diagonal's far end set the kernel's time.)
-//
-// Forward. grid (B H, ceil(T / 64)), query tile qt = tiles - 1 - blockIdx.y; qkv (B, T, 3d), y (B, T, d),
-// lse (B, H, T). y or y16 may be null. qkv in C must be 16-byte aligned (cp.async fetches its tiles);
-// in f32 it is rounded on the way.
+// Block order of both kernels. Tile-fastest (grid.x over the tiles, grid.y over the B H (batch, head)
+// pairs): a head's tiles run side by side. Heads-first (heads_first set: grid.x over the pairs, grid.y
+// over the tiles, the longest walks first) for grids of more than one wave: the long walks start first
+// and the short ones fill in behind them. Measured on the H200 (bench/gpu_bench.cpp): gpt-small's
+// micro-batch (1024 backward blocks, about 2.6 waves) forward 20.5 -> 17.3 us, backward 59 -> 56 us;
+// gpt-tiny's (one wave) backward went 18.0 -> 19.2 us heads-first, so one-wave grids keep tile-fastest.
+__device__ __forceinline__ int block_pair(bool heads_first) { return heads_first ? blockIdx.x : blockIdx.y; }
+
+// Forward. grid (ceil(T / 64), B H), or heads-first (B H, ceil(T / 64)) with query tile
+// qt = tiles - 1 - blockIdx.y; qkv (B, T, 3d), y (B, T, d), lse (B, H, T). y or y16 may be null.
+// qkv in C must be 16-byte aligned (cp.async fetches its tiles); in f32 it is rounded on the way.
 template <typename In, typename Q, typename C, int HD, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q* __restrict__ qkv, In* __restrict__ y,
                                                              C* __restrict__ y16, float* __restrict__ lse, int T,
-                                                             int H, int d, float scale) {
+                                                             int H, int d, float scale, bool heads_first) {
   constexpr int ld = Strides<HD>::ld;
   extern __shared__ __align__(128) unsigned char raw[];
   const MmaSmem<C, HD, 1> sm{raw};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const int bh = blockIdx.x, qt = gridDim.y - 1 - blockIdx.y, b = bh / H, h = bh % H, q0 = qt * kTile;
+  const int bh = block_pair(heads_first), qt = heads_first ? gridDim.y - 1 - blockIdx.y : blockIdx.x;
+  const int b = bh / H, h = bh % H, q0 = qt * kTile;
   const int64_t width = 3 * int64_t(d);
   const Q* base = qkv + int64_t(b) * T * width + h * HD;
   copy_tile<C, HD>(sm.own(0), base, width, q0, T);
@@ -317,24 +320,26 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q
   mma::store_rows<HD>(o, y ? y + at : nullptr, y16 ? y16 + at : nullptr, d, q0 + warp * 16, T, 1.0f);
 }
 
-// Backward. grid (B H, 2 ceil(T / 64)); dqkv (B, T, 3d). The roles of the WMMA kernel, alternating in
-// blockIdx.y (the longest walks of both first): even y, a block of 64 keys s = y / 2 walks the query
-// tiles t >= s (dK, dV); odd y, a block of 64 queries t = tiles - 1 - y / 2 the key tiles s <= t (dQ).
+// Backward. grid (ceil(T / 64), B H, 2); dqkv (B, T, 3d). The roles of the WMMA kernel: z = 0 a block
+// of 64 keys s = blockIdx.x walks the query tiles t >= s (dK, dV), z = 1 a block of 64 queries
+// t = tiles - 1 - blockIdx.x the key tiles s <= t (dQ). Heads-first: grid (B H, 2 ceil(T / 64)), the
+// roles alternating in blockIdx.y (the longest walks of both first), tile y / 2.
 // dout (B, T, d) and D (B H, T) come from attention_dout_prep; dout and qkv in C must be 16-byte aligned.
 template <typename Q, typename C, typename Out, int HD, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C* __restrict__ dout,
                                                              const float* __restrict__ D, const Q* __restrict__ qkv,
                                                              const float* __restrict__ lse, Out* __restrict__ dqkv,
                                                              C* __restrict__ dqkv16, int T, int H, int d,
-                                                             float scale) {
+                                                             float scale, bool heads_first) {
   constexpr int ld = Strides<HD>::ld;
   extern __shared__ __align__(128) unsigned char raw[];
   const MmaSmem<C, HD, 2> sm{raw};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const int tile = blockIdx.y / 2, tiles = (T + kTile - 1) / kTile;
+  const int tile = heads_first ? blockIdx.y / 2 : blockIdx.x, tiles = (T + kTile - 1) / kTile;
+  const bool keys_role = heads_first ? blockIdx.y % 2 == 0 : blockIdx.z == 0;
   const int64_t width = 3 * int64_t(d);
   // This (batch, head)'s columns of qkv and dqkv (rows of 3d), of dO (rows of d), its lse and D rows.
-  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int bh = block_pair(heads_first), b = bh / H, h = bh % H;
   const int64_t wide = int64_t(b) * T * width + h * HD;
   const Q* base = qkv + wide;
   const C* dout_b = dout + int64_t(b) * T * d + h * HD;
@@ -352,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C
   float s[mma::kPartTiles][4], dp[mma::kPartTiles][4];
   unsigned pa[mma::kPart / 16][4];
 
-  if (blockIdx.y % 2 == 0) {  // ---- keys role: this block's keys [k0, k0 + 64), the warp's 16 of them
+  if (keys_role) {  // ---- keys role: this block's keys [k0, k0 + 64), the warp's 16 of them
     const int k0 = tile * kTile, key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
     const C *sk = sm.own(0), *sv = sm.own(1);
     copy_tile<C, HD>(sm.own(0), base + d, width, k0, T);

@@ -16,7 +16,11 @@
 // as layer_norm_backward's; residual and out: x's shape and dtype, contiguous. Each element is dx
 // rounded to x's dtype plus residual, as the unfused add computes it: equal to the bit. When out16 is
 // given (bf16 or f16, contiguous), out is also written rounded into it: autocast's cast of the
-// residual stream's gradient for the next GEMM, equal to the unfused cast to the bit.
+// residual stream's gradient for the next GEMM, equal to the unfused cast to the bit. When sums16 is
+// given too (f32, contiguous, one value per normalised column), the same pass sums out16's values
+// per column into it, or adds the sums to it with `accumulate`: the bias gradient of the Linear whose
+// output gradient out16 is, as kernels/cuda/column_sums.h would sum it (f32 sums of the 16-bit
+// values, in another fixed order: equal to those sums up to f32 rounding, the same bits every run).
 #pragma once
 #include "tensor/tensor.h"
 
@@ -28,6 +32,6 @@ void layer_norm_fwd_16(const Tensor& x, const Tensor& w, const Tensor& b, double
 
 void layer_norm_bwd_add(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                         const Tensor& residual, const Tensor& out, const Tensor& dw, const Tensor& db,
-                        const Tensor& out16 = Tensor());
+                        const Tensor& out16 = Tensor(), const Tensor& sums16 = Tensor(), bool accumulate = false);
 
 }  // namespace reel::cuda

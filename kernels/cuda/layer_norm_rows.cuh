@@ -103,15 +103,19 @@ __global__ void __launch_bounds__(256) layer_norm_fwd_vec_kernel(const float* x,
 // dx (+ residual; its 16-bit copy dx16 when given) of layer_norm_bwd_dx_rows_kernel for f32 rows, and
 // in the same pass the block's partial dw, db: each warp sums g xhat and g of its rows per column in
 // registers, the block adds its warps' sums in warp order through shared memory and writes them to
-// part (gridDim.x, 2, cols); layer_norm_param_finish_kernel adds the blocks' rows in a fixed order.
-template <int K, typename O>
+// part (gridDim.x, kSums, cols); layer_norm_param_finish_kernel adds the blocks' rows in a fixed order.
+// kSums 3 (16-bit dx16 only) also sums dx16's values per column (as f32, the 16-bit values exactly):
+// the bias gradient of the Linear whose output gradient dx16 is (compile/fuse_norm_backward_add.h).
+template <int K, typename O, int kSums = 2>
 __global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g, const float* x, const float* w,
                                                                  const float* mean, const float* rstd,
                                                                  const float* residual, float* dx, O* dx16,
                                                                  float* part, int64_t rows) {
+  static_assert(kSums == 2 || (kSums == 3 && !std::is_same_v<O, float>), "the third sum is of the 16-bit copy");
   using Row = VecRow<K>;
-  __shared__ float4 block_sums[2][K][32];  // dw, db of the block, in the lanes' layout
-  float4 wv[K], dw[K] = {}, db[K] = {};
+  __shared__ float4 block_sums[kSums][K][32];  // dw, db (and the sums of dx16) of the block, in the lanes' layout
+  float4 wv[K], sums[kSums][K] = {};  // dw, db, dx16
+  float4 (&dw)[K] = sums[0], (&db)[K] = sums[1];
   if (w) Row::load(wv, w);
   for (int64_t r = RowTeam<true>::first_row(); r < rows; r += RowTeam<true>::row_step()) {
     float4 gv[K], xh[K];
@@ -145,6 +149,8 @@ __global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g,
       });
       store4(dx + r * Row::cols + Row::col(i), o[0], o[1], o[2], o[3]);
       if (dx16) store4(dx16 + r * Row::cols + Row::col(i), o[0], o[1], o[2], o[3]);
+      if constexpr (kSums == 3)
+        for_each4(sums[2][i], [&](float& e, int c) { e += to_acc(from_acc<O>(o[c])); });
     }
   }
   // The block's sums, warp 0 first, then each warp adds its own in turn (a fixed order).
@@ -152,39 +158,45 @@ __global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g,
   for (int k = 0; k < warps; ++k) {
     if (warp == k) {
 #pragma unroll
-      for (int i = 0; i < K; ++i) {
-        block_sums[0][i][lane] = k == 0 ? dw[i] : block_sums[0][i][lane] + dw[i];
-        block_sums[1][i][lane] = k == 0 ? db[i] : block_sums[1][i][lane] + db[i];
-      }
+      for (int which = 0; which < kSums; ++which)
+#pragma unroll
+        for (int i = 0; i < K; ++i)
+          block_sums[which][i][lane] = k == 0 ? sums[which][i] : block_sums[which][i][lane] + sums[which][i];
     }
     __syncthreads();
   }
-  float* out = part + int64_t(blockIdx.x) * 2 * Row::cols;
-  for (int t = threadIdx.x; t < 2 * K * 32; t += blockDim.x) {
+  float* out = part + int64_t(blockIdx.x) * kSums * Row::cols;
+  for (int t = threadIdx.x; t < kSums * K * 32; t += blockDim.x) {
     const int which = t / (K * 32), i = t / 32 % K, l = t % 32;
     *reinterpret_cast<float4*>(out + which * Row::cols + 128 * i + 4 * l) = block_sums[which][i][l];
   }
 }
 
-// dw[j] = sum over p of part[p, 0, j], db[j] = sum of part[p, 1, j] (part: (parts, 2, cols)). Block
-// (32, 8) per 32 columns: thread (tx, ty) sums p = ty, ty + 8, ... of column 32 bx + tx (the lanes read
-// adjacent columns), then the 8 sums are added in ty order.
-__global__ void layer_norm_param_finish_kernel(const float* part, int64_t parts, int64_t cols, float* dw, float* db) {
-  __shared__ float s[2][8][33];
+// dw[j] = sum over p of part[p, 0, j], db[j] = sum of part[p, 1, j] (part: (parts, kSums, cols)), and
+// with kSums 3 ds[j] = the sum of part[p, 2, j], or ds[j] += it with `accumulate` (a parameter's
+// gradient over micro-batches: the bits of the sum and then an f32 add). Block (32, 8) per 32
+// columns: thread (tx, ty) sums p = ty, ty + 8, ... of column 32 bx + tx (the lanes read adjacent
+// columns), then the 8 sums are added in ty order.
+template <int kSums = 2>
+__global__ void layer_norm_param_finish_kernel(const float* part, int64_t parts, int64_t cols, float* dw, float* db,
+                                               float* ds = nullptr, bool accumulate = false) {
+  __shared__ float s[kSums][8][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t j = int64_t(blockIdx.x) * 32 + tx;
-  float sw = 0.0f, sb = 0.0f;
-  if (j < cols) {
-    for (int64_t p = ty; p < parts; p += 8) {
-      sw += part[p * 2 * cols + j];
-      sb += part[p * 2 * cols + cols + j];
-    }
-  }
-  s[0][ty][tx] = sw, s[1][ty][tx] = sb;
+  float sum[kSums] = {};
+  if (j < cols)
+    for (int64_t p = ty; p < parts; p += 8)
+#pragma unroll
+      for (int which = 0; which < kSums; ++which) sum[which] += part[(p * kSums + which) * cols + j];
+#pragma unroll
+  for (int which = 0; which < kSums; ++which) s[which][ty][tx] = sum[which];
   __syncthreads();
   if (ty == 0 && j < cols) {
-    for (int k = 1; k < 8; ++k) sw += s[0][k][tx], sb += s[1][k][tx];
-    dw[j] = sw, db[j] = sb;
+    for (int k = 1; k < 8; ++k)
+#pragma unroll
+      for (int which = 0; which < kSums; ++which) sum[which] += s[which][k][tx];
+    dw[j] = sum[0], db[j] = sum[1];
+    if constexpr (kSums == 3) ds[j] = accumulate ? ds[j] + sum[2] : sum[2];
   }
 }
 

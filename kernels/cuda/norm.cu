@@ -31,6 +31,7 @@
 //     and the stage-2 kernel above sums the partials over N into dw, db.
 #include <cstdint>
 
+#include "kernels/cuda/column_sums.h"
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/cuda/layer_norm_fused.h"
 #include "kernels/cuda/layer_norm_rows.cuh"
@@ -236,10 +237,12 @@ int64_t param_chunks(int64_t rows, int64_t cols) {
 
 // dx (+ residual) and dw, db of f32 rows in one pass, with the row-in-registers kernel
 // (layer_norm_rows.cuh) and the finish kernel that adds its blocks' partials; false, with nothing
-// launched, where those kernels do not apply (see visit_vec_row).
+// launched, where those kernels do not apply (see visit_vec_row). With sums16 (cols, f32; dx16 given)
+// the same pass also sums dx16's values per column into it (added to it with `accumulate`).
 bool layer_norm_bwd_vec(const float* pg, const float* px, const float* pw, const float* pm, const float* pr,
                         const float* presidual, const Tensor& dx, const Tensor& dx16, const Tensor& dw,
-                        const Tensor& db, int64_t rows, int64_t cols, cudaStream_t s) {
+                        const Tensor& db, const Tensor& sums16, bool accumulate, int64_t rows, int64_t cols,
+                        cudaStream_t s) {
   if (rows == 0) return false;
   auto run = [&]<typename O>(O* p16) {
     float* pdx = out_ptr<float>(dx);
@@ -248,25 +251,33 @@ bool layer_norm_bwd_vec(const float* pg, const float* px, const float* pw, const
       // block adds one row of partials for the finish kernel to sum.
       const int per_sm = K <= 2 ? 4 : K <= 4 ? 2 : 1;
       const int64_t blocks = std::min<int64_t>((rows + 7) / 8, per_sm * multiprocessor_count(dx.device().index));
-      Tensor part = workspace(sizeof(float) * size_t(blocks * 2 * cols), dx.device());
-      float* pp = out_ptr<float>(part);
-      layer_norm_bwd_vec_kernel<K, O><<<unsigned(blocks), 256, 0, s>>>(pg, px, pw, pm, pr, presidual, pdx, p16, pp, rows);
-      REEL_CUDA_LAUNCH_CHECK();
-      layer_norm_param_finish_kernel<<<unsigned((cols + 31) / 32), dim3(32, 8), 0, s>>>(pp, blocks, cols,
-                                                                                       out_ptr<float>(dw),
-                                                                                       out_ptr<float>(db));
-      REEL_CUDA_LAUNCH_CHECK();
+      auto launch = [&]<int kSums>() {
+        Tensor part = workspace(sizeof(float) * size_t(blocks * kSums * cols), dx.device());
+        float* pp = out_ptr<float>(part);
+        layer_norm_bwd_vec_kernel<K, O, kSums><<<unsigned(blocks), 256, 0, s>>>(pg, px, pw, pm, pr, presidual, pdx,
+                                                                                p16, pp, rows);
+        REEL_CUDA_LAUNCH_CHECK();
+        layer_norm_param_finish_kernel<kSums><<<unsigned((cols + 31) / 32), dim3(32, 8), 0, s>>>(
+            pp, blocks, cols, out_ptr<float>(dw), out_ptr<float>(db), kSums == 3 ? out_ptr<float>(sums16) : nullptr,
+            accumulate);
+        REEL_CUDA_LAUNCH_CHECK();
+      };
+      if constexpr (std::is_same_v<O, float>) launch.template operator()<2>();
+      else if (sums16.defined()) launch.template operator()<3>();
+      else launch.template operator()<2>();
     });
   };
   if (!dx16.defined()) return run(static_cast<float*>(nullptr));
   return dx16.dtype() == DType::bf16 ? run(out_ptr<__nv_bfloat16>(dx16)) : run(out_ptr<__half>(dx16));
 }
 
-// dx (+ residual, when defined) into dx (and its 16-bit copy into dx16, when defined), and dw, db.
-// dx, dx16, dw, db contiguous.
+// dx (+ residual, when defined) into dx (and its 16-bit copy into dx16, when defined), and dw, db;
+// with sums16, dx16's column sums into it (added to it with `accumulate`). dx, dx16, dw, db, sums16
+// contiguous.
 void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w_in, const Tensor& mean_in,
                          const Tensor& rstd_in, const Tensor& residual_in, const Tensor& dx, const Tensor& dx16,
-                         const Tensor& dw, const Tensor& db) {
+                         const Tensor& dw, const Tensor& db, const Tensor& sums16 = Tensor(),
+                         bool accumulate = false) {
   Tensor g = contiguous_on_device(g_in), x = contiguous_on_device(x_in), w = contiguous_on_device(w_in);
   Tensor mean = contiguous_on_device(mean_in), rstd = contiguous_on_device(rstd_in);
   Tensor residual = contiguous_on_device(residual_in);
@@ -279,7 +290,8 @@ void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w
     const D *pg = in_ptr<D>(g), *px = in_ptr<D>(x);
     const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
     if constexpr (std::is_same_v<D, float>) {  // dx and the partial dw, db in one pass, where it applies
-      if (layer_norm_bwd_vec(pg, px, in_ptr<float>(w), pm, pr, in_ptr<float>(residual), dx, dx16, dw, db, rows, cols, s))
+      if (layer_norm_bwd_vec(pg, px, in_ptr<float>(w), pm, pr, in_ptr<float>(residual), dx, dx16, dw, db, sums16,
+                             accumulate, rows, cols, s))
         return;
     }
     auto launch_dx = [&]<typename O>(O* p16) {
@@ -302,6 +314,8 @@ void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w
     layer_norm_bwd_param_kernel<D><<<grid, block, 0, s>>>(pg, px, pm, pr, rows, cols, rows_per_chunk, pp,
                                                           pp + chunks * cols, out_ptr<D>(dw), out_ptr<D>(db));
     REEL_CUDA_LAUNCH_CHECK();
+    // Outside the row-in-registers kernel, dx16's column sums are a launch of their own.
+    if (sums16.defined()) column_sums_into(dx16, sums16, accumulate);
   });
 }
 
@@ -454,7 +468,7 @@ void layer_norm_fwd_16(const Tensor& x_in, const Tensor& w_in, const Tensor& b_i
 
 void layer_norm_bwd_add(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                         const Tensor& residual, const Tensor& out, const Tensor& dw, const Tensor& db,
-                        const Tensor& out16) {
+                        const Tensor& out16, const Tensor& sums16, bool accumulate) {
   REEL_CHECK(!out16.defined() || (out16.shape() == x.shape() && out16.is_contiguous() &&
                                   (out16.dtype() == DType::bf16 || out16.dtype() == DType::f16)),
              "layer_norm_bwd_add: the 16-bit copy ", shape_str(out16.shape()), " ", out16.dtype(),
@@ -465,7 +479,12 @@ void layer_norm_bwd_add(const Tensor& g, const Tensor& x, const Tensor& w, const
              "layer_norm_bwd_add: x ", shape_str(x.shape()), " ", x.dtype(), ", residual ", shape_str(residual.shape()),
              " ", residual.dtype(), ", out ", shape_str(out.shape()), " ", out.dtype(),
              ": expects a residual and a contiguous out of x's shape and dtype");
-  layer_norm_bwd_into(g, x, w, mean, rstd, residual, out, out16, dw, db);
+  REEL_CHECK(!sums16.defined() || (out16.defined() && sums16.dtype() == DType::f32 && sums16.is_contiguous() &&
+                                    sums16.numel() == dw.numel()),
+             "layer_norm_bwd_add: the column sums ", shape_str(sums16.shape()), " ", sums16.dtype(),
+             " must be a contiguous f32 tensor of ", dw.numel(), " elements (one per normalised column of x ",
+             shape_str(x.shape()), "), summing a 16-bit copy that is asked for", out16.defined() ? "" : " (none is)");
+  layer_norm_bwd_into(g, x, w, mean, rstd, residual, out, out16, dw, db, sums16, accumulate);
 }
 
 }  // namespace cuda
