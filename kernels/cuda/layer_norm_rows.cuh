@@ -118,9 +118,10 @@ __global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g,
   float4 (&dw)[K] = sums[0], (&db)[K] = sums[1];
   if (w) Row::load(wv, w);
   for (int64_t r = RowTeam<true>::first_row(); r < rows; r += RowTeam<true>::row_step()) {
-    float4 gv[K], xh[K];
+    float4 gv[K], xh[K], res[K];
     Row::load(gv, g + r * Row::cols);
     Row::load(xh, x + r * Row::cols);
+    if (residual) Row::load(res, residual + r * Row::cols);  // in flight with g and x
     const float mu = mean[r], rs = rstd[r];
     float s_gw = 0.0f, s_gwx = 0.0f;
 #pragma unroll
@@ -137,15 +138,13 @@ __global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g,
     const float mean_gw = warp_sum(s_gw) / float(Row::cols), mean_gwx = warp_sum(s_gwx) / float(Row::cols);
 #pragma unroll
     for (int i = 0; i < K; ++i) {
-      float4 res = {};
-      if (residual) res = *reinterpret_cast<const float4*>(residual + r * Row::cols + Row::col(i));
       float o[4];
       for_each4(xh[i], [&](float e, int c) {
         const float gj = (&gv[i].x)[c], gw = w ? gj * (&wv[i].x)[c] : gj;
         // dx rounded on its own before the residual is added (no fused multiply-add across the
         // two), as the unfused layer_norm_backward and add compute it: equal to the bit.
         const float v = __fmul_rn(rs, gw - mean_gw - e * mean_gwx);
-        o[c] = residual ? v + (&res.x)[c] : v;
+        o[c] = residual ? v + (&res[i].x)[c] : v;
       });
       store4(dx + r * Row::cols + Row::col(i), o[0], o[1], o[2], o[3]);
       if (dx16) store4(dx16 + r * Row::cols + Row::col(i), o[0], o[1], o[2], o[3]);
@@ -172,27 +171,29 @@ __global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g,
   }
 }
 
+constexpr int kFinishRows = 32;  // threads per column of layer_norm_param_finish_kernel: block (32, kFinishRows)
+
 // dw[j] = sum over p of part[p, 0, j], db[j] = sum of part[p, 1, j] (part: (parts, kSums, cols)), and
 // with kSums 3 ds[j] = the sum of part[p, 2, j], or ds[j] += it with `accumulate` (a parameter's
-// gradient over micro-batches: the bits of the sum and then an f32 add). Block (32, 8) per 32
-// columns: thread (tx, ty) sums p = ty, ty + 8, ... of column 32 bx + tx (the lanes read adjacent
-// columns), then the 8 sums are added in ty order.
+// gradient over micro-batches: the bits of the sum and then an f32 add). Block (32, kFinishRows) per 32
+// columns: thread (tx, ty) sums p = ty, ty + kFinishRows, ... of column 32 bx + tx (the lanes read
+// adjacent columns), then the kFinishRows sums are added in ty order.
 template <int kSums = 2>
 __global__ void layer_norm_param_finish_kernel(const float* part, int64_t parts, int64_t cols, float* dw, float* db,
                                                float* ds = nullptr, bool accumulate = false) {
-  __shared__ float s[kSums][8][33];
+  __shared__ float s[kSums][kFinishRows][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t j = int64_t(blockIdx.x) * 32 + tx;
   float sum[kSums] = {};
   if (j < cols)
-    for (int64_t p = ty; p < parts; p += 8)
+    for (int64_t p = ty; p < parts; p += kFinishRows)
 #pragma unroll
       for (int which = 0; which < kSums; ++which) sum[which] += part[(p * kSums + which) * cols + j];
 #pragma unroll
   for (int which = 0; which < kSums; ++which) s[which][ty][tx] = sum[which];
   __syncthreads();
   if (ty == 0 && j < cols) {
-    for (int k = 1; k < 8; ++k)
+    for (int k = 1; k < kFinishRows; ++k)
 #pragma unroll
       for (int which = 0; which < kSums; ++which) sum[which] += s[which][k][tx];
     dw[j] = sum[0], db[j] = sum[1];

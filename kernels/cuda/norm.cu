@@ -257,7 +257,7 @@ bool layer_norm_bwd_vec(const float* pg, const float* px, const float* pw, const
         layer_norm_bwd_vec_kernel<K, O, kSums><<<unsigned(blocks), 256, 0, s>>>(pg, px, pw, pm, pr, presidual, pdx,
                                                                                 p16, pp, rows);
         REEL_CUDA_LAUNCH_CHECK();
-        layer_norm_param_finish_kernel<kSums><<<unsigned((cols + 31) / 32), dim3(32, 8), 0, s>>>(
+        layer_norm_param_finish_kernel<kSums><<<unsigned((cols + 31) / 32), dim3(32, kFinishRows), 0, s>>>(
             pp, blocks, cols, out_ptr<float>(dw), out_ptr<float>(db), kSums == 3 ? out_ptr<float>(sums16) : nullptr,
             accumulate);
         REEL_CUDA_LAUNCH_CHECK();
