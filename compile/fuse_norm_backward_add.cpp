@@ -66,14 +66,14 @@ Match match(const Graph& g, const BufferUses& u, size_t i) {
 // normalised column (cols), and nothing from i to them may touch their output.
 int column_sums_of(const Graph& g, const BufferUses& u, size_t i, const TensorRef& x16, int64_t cols,
                    const std::vector<bool>& drop) {
+  if (x16.shape.empty() || x16.shape.back() != cols) return -1;
   for (int k : u.readers[x16.buffer]) {
     if (k <= int(i) || drop[size_t(k)]) continue;
     const Node& s = g.nodes[size_t(k)];
     const std::optional<bool> add = column_sums_accumulate(s);
     if (!add || s.outputs.size() != 1 || !s.inputs[0] || !same_ref(*s.inputs[0], x16)) continue;
     const TensorRef& z = s.outputs[0];
-    if (x16.shape.empty() || x16.shape.back() != cols || z.dtype != DType::f32 || numel_of(z.shape) != cols ||
-        !is_contiguous(z) || u.touched_between(z.buffer, int(i), k))
+    if (z.dtype != DType::f32 || numel_of(z.shape) != cols || !is_contiguous(z) || u.touched_between(z.buffer, int(i), k))
       continue;
     return k;
   }

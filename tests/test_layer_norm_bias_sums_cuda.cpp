@@ -1,8 +1,9 @@
 // The bias gradient summed by the layer-norm backward's own pass over the rows, on the GPU
 // (kernels/cuda/layer_norm_fused.h, compile/fuse_norm_backward_add.h):
 //   - layer_norm_bwd_add with sums16 writes out, dw, db and out16 to the bit as without it, and sums
-//     out16's values per column: against a double sum of out16 on the host, for rows in registers
-//     (cols 512) and the generic kernels (cols 96, 1500: the sums are a launch of their own there);
+//     out16's values per normalised column: against a double sum of out16 on the host, for rows in
+//     registers (512 columns, also as (2, 256)) and the generic kernels (96 as well as (2, 48), and
+//     1500 columns: the sums are a launch of their own there);
 //     accumulating, the bits of the sums and then an f32 add; the same bits every run;
 //   - a sums tensor of the wrong size is a reel::Error that names the op and shows the shapes;
 //   - the pass folds the bias-gradient pass's column sums of the cast into the norm's node when the
@@ -40,17 +41,16 @@ struct NormBackwardOut {
   Tensor out, dw, db, out16, sums;
 };
 
-// layer_norm_bwd_add on x (rows.., cols) with everything else random; sums16 given when `sums`,
+// layer_norm_bwd_add on x, normalised over w's dims (its last ones); sums16 given when `sums`,
 // holding `start` (accumulating onto it when `accumulate`).
 NormBackwardOut run(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& r, bool sums, const Tensor& start,
                     bool accumulate) {
-  const int64_t cols = x.shape().back();
   std::vector<Tensor> f = dispatch(OpKind::LayerNorm, {x, w, Tensor()},
-                                   Attrs().set("eps", 1e-5).set("normalized_ndim", int64_t(1)));
+                                   Attrs().set("eps", 1e-5).set("normalized_ndim", w.dim()));
   NormBackwardOut o;
   o.out = Tensor::empty(x.shape(), DType::f32, kGpu);
-  o.dw = Tensor::empty({cols}, DType::f32, kGpu);
-  o.db = Tensor::empty({cols}, DType::f32, kGpu);
+  o.dw = Tensor::empty(w.shape(), DType::f32, kGpu);
+  o.db = Tensor::empty(w.shape(), DType::f32, kGpu);
   o.out16 = Tensor::empty(x.shape(), DType::bf16, kGpu);
   if (sums) o.sums = start.clone();
   cuda::layer_norm_bwd_add(g, x, w, f[1], f[2], r, o.out, o.dw, o.db, o.out16, o.sums, accumulate);
@@ -68,11 +68,15 @@ size_t nodes_fused_as(const compile::Plan& p, const std::vector<std::string>& op
 TEST(LayerNormBiasSumsCuda, KernelSumsTheSixteenBitCopyPerColumn) {
   REEL_REQUIRE_GPU();
   Generator gen(44);
-  for (int64_t C : {512, 96, 1500}) {  // rows in registers; a warp per row; a block per row
-    SCOPED_TRACE("cols " + std::to_string(C));
-    const Shape shape{4, 75, C};
+  // Rows in registers; a warp per row; a block per row; then norms over the last two dims, whose
+  // sums are one per normalised column, not per last-dim column (rows in registers, a warp per row).
+  for (const Shape& norm : {Shape{512}, Shape{96}, Shape{1500}, Shape{2, 256}, Shape{2, 48}}) {
+    SCOPED_TRACE("normalised over " + shape_str(norm));
+    const int64_t C = numel_of(norm);
+    Shape shape{4, 75};
+    shape.insert(shape.end(), norm.begin(), norm.end());
     Tensor x = randn(shape, {}, &gen).to(kGpu), g = randn(shape, {}, &gen).to(kGpu);
-    Tensor r = randn(shape, {}, &gen).to(kGpu), w = randn({C}, {}, &gen).to(kGpu);
+    Tensor r = randn(shape, {}, &gen).to(kGpu), w = randn(norm, {}, &gen).to(kGpu);
     Tensor start = randn({C}, {}, &gen).to(kGpu);
     const NormBackwardOut plain = run(g, x, w, r, false, Tensor(), false);
     const NormBackwardOut with = run(g, x, w, r, true, start, false);

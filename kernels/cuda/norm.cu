@@ -314,8 +314,10 @@ void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w
     layer_norm_bwd_param_kernel<D><<<grid, block, 0, s>>>(pg, px, pm, pr, rows, cols, rows_per_chunk, pp,
                                                           pp + chunks * cols, out_ptr<D>(dw), out_ptr<D>(db));
     REEL_CUDA_LAUNCH_CHECK();
-    // Outside the row-in-registers kernel, dx16's column sums are a launch of their own.
-    if (sums16.defined()) column_sums_into(dx16, sums16, accumulate);
+    // Outside the row-in-registers kernel, dx16's column sums are a launch of their own: over its
+    // rows of cols normalised values, as that kernel sums them (the last dim alone when
+    // normalized_ndim is 1).
+    if (sums16.defined()) column_sums_into(dx16.view({rows, cols}), sums16, accumulate);
   });
 }
 
