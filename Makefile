@@ -18,7 +18,7 @@ NVCC      ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin
 CUDA_HOME ?= $(if $(NVCC),$(abspath $(dir $(NVCC))/..))
 CUDA_ARCH ?= sm_90
 
-LIB_DIRS := tensor kernels kernels/schema kernels/cpu autograd autograd/functions autograd/cases nn optim data compile dist
+LIB_DIRS := tensor kernels kernels/schema kernels/cpu kernels/jit autograd autograd/functions autograd/cases nn optim data compile/ir compile/passes compile/codegen compile/runtime dist
 NO_CUDA_SRCS := kernels/cuda_stub.cpp tensor/cuda_none.cpp
 CUDA_HOST_SRCS := tensor/cuda_runtime.cpp
 LIB_SRCS := $(filter-out $(NO_CUDA_SRCS) $(CUDA_HOST_SRCS),$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cpp)))

@@ -46,7 +46,7 @@ const std::vector<int64_t>& Attrs::ints(const char* name) const {
   return std::get<std::vector<int64_t>>(*v);
 }
 
-std::string Attrs::str() const {
+std::string Attrs::str(size_t max_list) const {
   std::ostringstream os;
   bool first = true;
   for (const auto& [name, v] : items_) {
@@ -56,6 +56,10 @@ std::string Attrs::str() const {
     else if (auto d = std::get_if<double>(&v)) os << *d;
     else {
       const auto& l = std::get<std::vector<int64_t>>(v);
+      if (l.size() > max_list) {
+        os << "[" << l.size() << " values]";
+        continue;
+      }
       os << "[";
       for (size_t k = 0; k < l.size(); ++k) os << (k ? "," : "") << l[k];
       os << "]";

@@ -4,6 +4,7 @@
 // them and the plan cache can hash them. Values are int64, double or a list of int64; bools and
 // dtypes are stored as int64.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -37,7 +38,9 @@ class Attrs {
   const std::vector<int64_t>& ints(const char* name) const;
 
   const std::vector<std::pair<std::string, Value>>& items() const { return items_; }
-  std::string str() const;  // "dim=1, keepdim=1"
+  // "dim=1, keepdim=1". Lists longer than max_list show their size only ("program=[120 values]"): a
+  // fused elementwise op's program would drown a plan listing. The default prints everything.
+  std::string str(size_t max_list = SIZE_MAX) const;
 
  private:
   Attrs& put(const char* name, Value v);

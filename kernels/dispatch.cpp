@@ -13,6 +13,8 @@ struct OpEntry {
   InferFn infer = nullptr;
   ViewFn view = nullptr;
   KernelFn kernels[2] = {nullptr, nullptr};  // indexed by DeviceType
+  SupportsFn supports[2] = {nullptr, nullptr};
+  PrepareFn prepare[2] = {nullptr, nullptr};
 };
 
 OpEntry& entry(OpKind op) {
@@ -112,10 +114,48 @@ void register_kernel(DeviceType device, OpKind op, KernelFn kernel) {
   entry(op).kernels[static_cast<int>(device)] = kernel;
 }
 
+void register_supports(DeviceType device, OpKind op, SupportsFn fn) {
+  entry(op).supports[static_cast<int>(device)] = fn;
+}
+
+void register_prepare(DeviceType device, OpKind op, PrepareFn fn) { entry(op).prepare[static_cast<int>(device)] = fn; }
+
 bool supports(OpKind op, DeviceType device) {
   ensure_registered();
   const OpEntry& e = entry(op);
   return e.view != nullptr || e.kernels[static_cast<int>(device)] != nullptr;
+}
+
+bool supports_call(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                   const Attrs& attrs) {
+  const OpEntry& e = checked_entry(op);
+  std::vector<TensorMeta> metas;
+  Device in_device;
+  try {
+    in_device = common_device(op, inputs);
+    metas = e.infer(inputs, attrs);
+  } catch (const Error&) {
+    return false;
+  }
+  if (metas.size() != outputs.size()) return false;
+  for (size_t i = 0; i < metas.size(); ++i) {
+    const Tensor& o = outputs[i];
+    if (!o.defined() || o.shape() != metas[i].shape || o.dtype() != metas[i].dtype || o.device() != metas[i].device)
+      return false;
+  }
+  const Device device = kernel_device(op, in_device, outputs.empty() ? in_device : outputs[0].device());
+  const int d = static_cast<int>(device.type);
+  if (e.kernels[d] == nullptr) return false;
+  return e.supports[d] == nullptr || e.supports[d](KernelCall{op, inputs, outputs, attrs});
+}
+
+void prepare_kernel(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                    const Attrs& attrs) {
+  const OpEntry& e = checked_entry(op);
+  if (e.view) return;
+  const Device in_device = common_device(op, inputs);
+  const Device device = kernel_device(op, in_device, outputs.empty() ? in_device : outputs[0].device());
+  if (PrepareFn p = e.prepare[static_cast<int>(device.type)]) p(KernelCall{op, inputs, outputs, attrs});
 }
 
 bool is_view_op(OpKind op) { return checked_entry(op).view != nullptr; }

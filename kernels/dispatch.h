@@ -19,7 +19,13 @@
 // tensor's data on the host throws from Tensor::data_ptr, rather than returning garbage.
 //
 // Kernels are registered per device type; supports(op, device) tells whether one exists, so that the
-// compiler can report a graph break instead of failing.
+// compiler can report a graph break instead of failing, and a fusion pass whether a device can take
+// the fused op it would write. A kernel may also register
+//   - a SupportsFn: whether it takes one particular call (shapes, layouts, alignment: a cuBLASLt
+//     epilogue with no algorithm for the problem, say); supports_call() asks it after the schema;
+//   - a PrepareFn: work it can do before its first run (compiling a generated kernel); a Plan calls
+//     prepare_kernel() for each of its nodes when it is built, so nothing compiles inside a replay
+//     or a CUDA-graph capture. A kernel still works unprepared (eager dispatch): it prepares itself.
 #pragma once
 #include <vector>
 
@@ -46,11 +52,24 @@ struct KernelCall {
 using InferFn = std::vector<TensorMeta> (*)(const std::vector<Tensor>& in, const Attrs& attrs);
 using ViewFn = Tensor (*)(const Tensor& in, const Attrs& attrs);
 using KernelFn = void (*)(const KernelCall& call);
+using SupportsFn = bool (*)(const KernelCall& call);
+using PrepareFn = void (*)(const KernelCall& call);
 
 // Schema registration (kernels/schema/*.cpp) and kernel registration (kernels/<device>/*.cpp).
 void register_schema(OpKind op, InferFn infer, ViewFn view = nullptr);
 void register_kernel(DeviceType device, OpKind op, KernelFn kernel);
+void register_supports(DeviceType device, OpKind op, SupportsFn fn);
+void register_prepare(DeviceType device, OpKind op, PrepareFn fn);
 bool supports(OpKind op, DeviceType device);
+// Whether op can run on these tensors (real or meta: only shapes, strides, dtypes and devices are
+// looked at): the device of the outputs has a kernel, the schema accepts the inputs and attrs and
+// predicts the outputs' shapes and dtypes, and the kernel's SupportsFn, if any, takes the call.
+// Never throws for a call it refuses: it answers false.
+bool supports_call(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                   const Attrs& attrs);
+// The kernel's PrepareFn on these (bound) tensors, if it registered one; nothing otherwise.
+void prepare_kernel(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                    const Attrs& attrs);
 bool is_view_op(OpKind op);
 
 std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs = {});

@@ -12,6 +12,7 @@ void register_builtin_ops() {
   register_norm_schemas();
   register_attention_schemas();
   register_optim_schemas();
+  register_fused_elementwise_schemas();
 
   register_memory_cpu_kernels();
   register_elementwise_cpu_kernels();
@@ -21,6 +22,7 @@ void register_builtin_ops() {
   register_norm_cpu_kernels();
   register_attention_cpu_kernels();
   register_optim_cpu_kernels();
+  register_fused_elementwise_cpu_kernel();
 
   register_cuda_backend();
 }

@@ -14,6 +14,7 @@ void register_pool_schemas();
 void register_norm_schemas();
 void register_attention_schemas();
 void register_optim_schemas();
+void register_fused_elementwise_schemas();
 
 void register_memory_cpu_kernels();
 void register_elementwise_cpu_kernels();
@@ -23,6 +24,7 @@ void register_pool_cpu_kernels();
 void register_norm_cpu_kernels();
 void register_attention_cpu_kernels();
 void register_optim_cpu_kernels();
+void register_fused_elementwise_cpu_kernel();
 
 // Defined by the CUDA backend when it is built (kernels/cuda/), else by a stub that does nothing.
 void register_cuda_backend();

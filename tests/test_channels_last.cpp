@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "autograd/node.h"
-#include "compile/train_step.h"
+#include "compile/runtime/train_step.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "optim/precision.h"

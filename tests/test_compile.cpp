@@ -11,10 +11,10 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "compile/compile.h"
-#include "compile/describe.h"
-#include "compile/log.h"
-#include "compile/train_step.h"
+#include "compile/runtime/compile.h"
+#include "compile/runtime/describe.h"
+#include "tensor/log.h"
+#include "compile/runtime/train_step.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "test_util.h"
@@ -41,7 +41,7 @@ compile::Graph graph_with_buffers(const std::vector<size_t>& sizes) {
 compile::TensorRef whole(int buffer, int64_t floats) { return {buffer, {floats}, {1}, 0, DType::f32}; }
 
 compile::Node node(std::vector<int> in, std::vector<int> out) {
-  compile::Node n{OpKind::Add, Attrs(), {}, {}, false, {}, nullptr};
+  compile::Node n{OpKind::Add, Attrs(), {}, {}, false, {}};
   for (int b : in) n.inputs.push_back(whole(b, 256));
   for (int b : out) n.outputs.push_back(whole(b, 256));
   return n;
@@ -209,7 +209,7 @@ TEST(CompileParity, AccumulatedCompiledStepEqualsOneLargeBatch) {
 
 TEST(CompileGuards, AnotherShapeRetracesAndIsLogged) {
   setenv("REEL_LOG", "recompiles", 1);
-  compile::reload_log_topics();
+  reload_log_topics();
   Tensor w = full({4}, 0.5);
   auto f = compile::compile([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{relu(in[0] * w).sum()}; });
   Tensor a = arange(8).reshape({2, 4}), b = arange(12).reshape({3, 4}) - 5.0;
@@ -218,7 +218,7 @@ TEST(CompileGuards, AnotherShapeRetracesAndIsLogged) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(f({b})[0].item(), relu(b * w).sum().item());
   std::string err = testing::internal::GetCapturedStderr();
   unsetenv("REEL_LOG");
-  compile::reload_log_topics();
+  reload_log_topics();
   EXPECT_EQ(f.traces(), 2);
   EXPECT_EQ(f.replays(), 2);
   EXPECT_NE(err.find("recompiling: input 0 is (3, 4) f32 cpu, traced as (2, 4) f32 cpu"), std::string::npos) << err;

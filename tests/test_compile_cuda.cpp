@@ -7,8 +7,8 @@
 #include <cmath>
 #include <limits>
 
-#include "compile/compile.h"
-#include "compile/train_step.h"
+#include "compile/runtime/compile.h"
+#include "compile/runtime/train_step.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/cuda.h"
@@ -192,7 +192,7 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
     EXPECT_TRUE(epilogue) << prec << ": no GEMM took its bias add as an epilogue";
     int attention = 0, softmaxes = 0;  // attention runs as its one fused op, no softmax around it
     for (const compile::Node& n : step.last_plan()->graph().nodes) {
-      attention += n.op == OpKind::CausalAttention;
+      attention += n.op == OpKind::CausalAttention || n.op == OpKind::CausalAttentionCast;
       softmaxes += n.op == OpKind::Softmax || (!n.fused.empty() && n.fused.back() == "softmax");
     }
     EXPECT_EQ(attention, 3 * 2) << prec << ": one causal_attention per layer and micro-batch";
@@ -210,16 +210,16 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
     EXPECT_TRUE(grad_by_gemm) << prec << ": no weight gradient accumulated by its GEMM";
     size_t bias_sums_16 = 0;  // bias gradients summed from the bf16 gradient (compile/fuse_bias_grad_cast.h)
     for (const compile::Node& n : step.last_plan()->graph().nodes)
-      bias_sums_16 += n.op == OpKind::Sum && n.kernel && n.inputs[0] && n.inputs[0]->dtype == DType::bf16;
+      bias_sums_16 += n.op == OpKind::ColumnSums && n.inputs[0] && n.inputs[0]->dtype == DType::bf16;
     EXPECT_EQ(bias_sums_16 > 0, std::string(prec) == "bf16") << prec;
     if (std::string(prec) == "bf16") {  // and write, or add, into the biases' gradients themselves
       int into_grad = 0, added = 0, in_norm = 0;
       for (const compile::Node& n : step.last_plan()->graph().nodes) {
-        const bool sums = n.op == OpKind::Sum && n.fused.size() == 2 && n.fused[0] == "sum";
+        const bool sums = n.op == OpKind::ColumnSums && n.fused.size() == 2 && n.fused[0] == "sum";
         into_grad += sums && (n.fused[1] == "copy" || n.fused[1] == "add");
         added += sums && n.fused[1] == "add" && n.in_place;
         // summed by a layer-norm backward's pass over the rows (compile/fuse_norm_backward_add.h)
-        const bool norm = n.op == OpKind::LayerNormBackward && n.fused.size() == 5 && n.fused[3] == "sum";
+        const bool norm = n.op == OpKind::LayerNormBackwardAdd && n.fused.size() == 5 && n.fused[3] == "sum";
         in_norm += norm && (n.fused[4] == "copy" || n.fused[4] == "add");
         added += norm && n.fused[4] == "add";
       }
@@ -243,9 +243,9 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
         const bool gemm_bias = n.fused.size() >= 3 && std::vector<std::string>(n.fused.begin(), n.fused.begin() + 3) ==
                                                           std::vector<std::string>{"matmul", "copy", "add"};
         gemm16 += gemm_bias && !n.in_place && n.outputs[0].dtype == DType::bf16;
-        attention_y16 += n.op == OpKind::CausalAttention && n.outputs.size() == 2 && n.inputs[0]->dtype == DType::bf16 &&
+        attention_y16 += n.op == OpKind::CausalAttentionCast && n.outputs.size() == 2 && n.inputs[0]->dtype == DType::bf16 &&
                          n.outputs[1].dtype == DType::bf16;
-        attention_bwd16 += n.op == OpKind::CausalAttentionBackward && n.inputs[0]->dtype == DType::bf16 &&
+        attention_bwd16 += n.op == OpKind::CausalAttentionBackwardCast && n.inputs[0]->dtype == DType::bf16 &&
                            n.inputs[1]->dtype == DType::bf16 &&
                            n.inputs[2]->dtype == DType::bf16 && n.outputs.size() == 1 &&
                            n.outputs[0].dtype == DType::bf16;

@@ -18,10 +18,10 @@
 #include <limits>
 #include <optional>
 
-#include "compile/codegen_cuda.h"
-#include "compile/kernel_cache.h"
-#include "compile/nvrtc.h"
-#include "compile/nvrtc_math.h"
+#include "kernels/jit/codegen_cuda.h"
+#include "kernels/jit/kernel_cache.h"
+#include "kernels/jit/nvrtc.h"
+#include "kernels/jit/nvrtc_math.h"
 #include "kernels/elementwise_math.h"
 #include "tensor/cuda.h"
 #include "test_util.h"
@@ -29,9 +29,7 @@
 
 using namespace reel;
 using reel::testing_util::TempCacheDir;
-using compile::FusedExpr;
-using compile::FusedLoop;
-namespace fm = reel::compile::nvrtc_math;
+namespace fm = reel::jit::nvrtc_math;
 
 namespace {
 
@@ -103,11 +101,11 @@ TEST(NvrtcMath, FormulasEqualTheSharedOnesBitForBit) {
 }
 
 TEST(NvrtcMath, EveryFusableOpHasADeviceFormula) {
-  const std::string text = compile::kNvrtcMathSource;
+  const std::string text = jit::kNvrtcMathSource;
   int n = 0;
   for (int k = 0; k < kNumOps; ++k) {
     const OpKind op = static_cast<OpKind>(k);
-    if (!compile::is_fusable_op(op)) continue;
+    if (!is_fusable_op(op)) continue;
     ++n;
     EXPECT_NE(text.find(std::string("op_") + op_name(op) + "("), std::string::npos) << op_name(op);
   }
@@ -143,15 +141,15 @@ FusedExpr every_op_expr(DType dt) {
 }
 
 // (6, 5, 4): input 0 read transposed from a (4, 5, 6) buffer, input 1 a (5, 4) broadcast.
-FusedLoop test_loop() { return compile::make_fused_loop({6, 5, 4}, {{1, 6, 30}, {0, 4, 1}}); }
+FusedLoop test_loop() { return make_fused_loop({6, 5, 4}, {{1, 6, 30}, {0, 4, 1}}); }
 
 TEST(CudaCodegen, BroadcastBiasAndGeluCompileToConstantIndexMath) {
   FusedExpr e;
   const int x = e.load(0, DType::f32), b = e.load(1, DType::f32);
   e.store(0, e.op(OpKind::Gelu, {e.op(OpKind::Add, {x, b}, DType::f32)}, DType::f32), DType::f32);
-  FusedLoop loop = compile::make_fused_loop({2, 128, 1024}, {{131072, 1024, 1}, {0, 0, 1}});
+  FusedLoop loop = make_fused_loop({2, 128, 1024}, {{131072, 1024, 1}, {0, 0, 1}});
   EXPECT_EQ(loop.sizes, std::vector<int64_t>({256, 1024}));
-  const std::string src = compile::cuda_fused_source(e, loop, "add gelu");
+  const std::string src = jit::cuda_fused_source(e, loop, "add gelu");
   for (const char* part : {"extern \"C\" __global__ void __launch_bounds__(256) fused_elementwise_kernel(const float* in0, "
                            "const float* in1, float* out0)",
                            "typedef unsigned int index_t;", "const index_t n = 262144u;",
@@ -159,21 +157,21 @@ TEST(CudaCodegen, BroadcastBiasAndGeluCompileToConstantIndexMath) {
                            "const float r1 = in1[i1];", "const float r2 = op_add(r0, r1);", "const float r3 = op_gelu(r2);",
                            "out0[e] = r3;", "// reel fused elementwise kernel: add gelu"})
     EXPECT_NE(src.find(part), std::string::npos) << part << "\n" << src;
-  EXPECT_NE(src.find(compile::kNvrtcMathSource), std::string::npos);
+  EXPECT_NE(src.find(jit::kNvrtcMathSource), std::string::npos);
 }
 
 TEST(CudaCodegen, StridesSixteenBitTypesAndConstants) {
-  const std::string src = compile::cuda_fused_source(every_op_expr(DType::f16), test_loop(), "every op");
+  const std::string src = jit::cuda_fused_source(every_op_expr(DType::f16), test_loop(), "every op");
   for (const char* part : {"const unsigned short* in0", "unsigned short* out0", "reel_load_f16(in0[i0 + i1 * 6u + i2 * 30u])",
                            "reel_load_f16(in1[i1 * 4u + i2])", "out0[e] = reel_store_f16(",
                            "__longlong_as_double(0x7ff0000000000000LL)", "reel_load_bf16(reel_store_bf16((float)(double)r"})
     EXPECT_NE(src.find(part), std::string::npos) << part << "\n" << src;
-  EXPECT_TRUE(compile::fused_loop_fits_32bit(test_loop()));
-  FusedLoop huge = compile::make_fused_loop({int64_t(1) << 16, int64_t(1) << 16}, {{0, 1}});
-  EXPECT_FALSE(compile::fused_loop_fits_32bit(huge));
+  EXPECT_TRUE(jit::fused_loop_fits_32bit(test_loop()));
+  FusedLoop huge = make_fused_loop({int64_t(1) << 16, int64_t(1) << 16}, {{0, 1}});
+  EXPECT_FALSE(jit::fused_loop_fits_32bit(huge));
   FusedExpr e;
   e.store(0, e.op(OpKind::Neg, {e.load(0, DType::f32)}, DType::f32), DType::f32);
-  const std::string big = compile::cuda_fused_source(e, huge, "neg");
+  const std::string big = jit::cuda_fused_source(e, huge, "neg");
   EXPECT_NE(big.find("typedef long long index_t;"), std::string::npos) << big;
   EXPECT_NE(big.find("const index_t n = 4294967296LL;"), std::string::npos) << big;
 }
@@ -186,9 +184,9 @@ TEST(CudaCodegen, ContiguousLoopsGetTheSixteenByteVectorLoop) {
   const int xy = e.op(OpKind::Mul, {e.cast(x, DType::f32), y}, DType::f32);
   e.store(0, e.cast(xy, DType::bf16), DType::bf16);
   e.store(1, xy, DType::f32);
-  const FusedLoop flat = compile::make_fused_loop({10, 100}, {{100, 1}, {100, 1}});
-  EXPECT_EQ(compile::fused_vector_width(flat), compile::kFusedVectorWidth);
-  const std::string src = compile::cuda_fused_source(e, flat, "mul");
+  const FusedLoop flat = make_fused_loop({10, 100}, {{100, 1}, {100, 1}});
+  EXPECT_EQ(jit::fused_vector_width(flat), jit::kFusedVectorWidth);
+  const std::string src = jit::cuda_fused_source(e, flat, "mul");
   for (const char* part : {"struct alignas(16) reel_pack_u16 { unsigned short v[8]; };",
                            "| (unsigned long long)in0 | (unsigned long long)in1 | (unsigned long long)out0 | (unsigned long long)out1;",
                            "if ((addresses & 15ull) == 0) {", "const index_t packs = n / 8u;",
@@ -200,11 +198,11 @@ TEST(CudaCodegen, ContiguousLoopsGetTheSixteenByteVectorLoop) {
                            "= reel_load_bf16(in0[e]);", "out0[e] = reel_store_bf16("})
     EXPECT_NE(src.find(part), std::string::npos) << part << "\n" << src;
   // A broadcast operand, a transposed one, or fewer elements than a pack: the scalar loop alone.
-  for (const FusedLoop& l : {compile::make_fused_loop({10, 100}, {{100, 1}, {0, 1}}),
-                             compile::make_fused_loop({10, 100}, {{100, 1}, {1, 10}}),
-                             compile::make_fused_loop({7}, {{1}, {1}})}) {
-    EXPECT_EQ(compile::fused_vector_width(l), 1);
-    const std::string scalar = compile::cuda_fused_source(e, l, "mul");
+  for (const FusedLoop& l : {make_fused_loop({10, 100}, {{100, 1}, {0, 1}}),
+                             make_fused_loop({10, 100}, {{100, 1}, {1, 10}}),
+                             make_fused_loop({7}, {{1}, {1}})}) {
+    EXPECT_EQ(jit::fused_vector_width(l), 1);
+    const std::string scalar = jit::cuda_fused_source(e, l, "mul");
     EXPECT_EQ(scalar.find("addresses"), std::string::npos) << scalar;
     EXPECT_NE(scalar.find("index_t first = 0;"), std::string::npos) << scalar;
   }
@@ -220,11 +218,11 @@ TEST(CudaCodegen, ManyInputsTakeTheScalarLoopWithEveryLoadFirst) {
   std::vector<int> loads;
   for (int k = 0; k < 2 * adds; ++k) loads.push_back(e.load(k, DType::f32));
   for (int k = 0; k < adds; ++k) e.store(k, e.op(OpKind::Add, {loads[2 * k], loads[2 * k + 1]}, DType::f32), DType::f32);
-  const FusedLoop wide = compile::make_fused_loop({512}, std::vector<std::vector<int64_t>>(2 * adds, {1}));
-  EXPECT_EQ(compile::fused_vector_width(wide), 1);
-  const std::string src = compile::cuda_fused_source(e, wide, "add x12");
+  const FusedLoop wide = make_fused_loop({512}, std::vector<std::vector<int64_t>>(2 * adds, {1}));
+  EXPECT_EQ(jit::fused_vector_width(wide), 1);
+  const std::string src = jit::cuda_fused_source(e, wide, "add x12");
   EXPECT_EQ(src.find("addresses"), std::string::npos) << src;
-  const size_t body = src.find(std::string("void __launch_bounds__(256) ") + compile::kFusedKernelName);
+  const size_t body = src.find(std::string("void __launch_bounds__(256) ") + jit::kFusedKernelName);
   ASSERT_NE(body, std::string::npos) << src;
   const size_t last_load = src.rfind("= in"), first_op = src.find("= op_", body), first_store = src.find("out0[e] =", body);
   ASSERT_NE(last_load, std::string::npos) << src;
@@ -232,8 +230,8 @@ TEST(CudaCodegen, ManyInputsTakeTheScalarLoopWithEveryLoadFirst) {
   EXPECT_LT(last_load, first_op) << src;
   EXPECT_LT(last_load, first_store) << src;
   // At the limit the vector loop stays.
-  const FusedLoop eight = compile::make_fused_loop({512}, std::vector<std::vector<int64_t>>(compile::kFusedVectorMaxInputs, {1}));
-  EXPECT_EQ(compile::fused_vector_width(eight), compile::kFusedVectorWidth);
+  const FusedLoop eight = make_fused_loop({512}, std::vector<std::vector<int64_t>>(jit::kFusedVectorMaxInputs, {1}));
+  EXPECT_EQ(jit::fused_vector_width(eight), jit::kFusedVectorWidth);
 }
 
 // ---- NVRTC and the disk cache (CUDA backend built; no device needed) ------------------------------
@@ -245,49 +243,49 @@ TEST(Nvrtc, ProgramsWithEveryOpCompileForSm90InEveryDtype) {
   REEL_REQUIRE_CUDA_BUILD();
   TempCacheDir cache;
   // The strided test loop (scalar) and a contiguous one (the vector loop too).
-  const FusedLoop flat = compile::make_fused_loop({6, 5, 4}, {{20, 4, 1}, {20, 4, 1}});
+  const FusedLoop flat = make_fused_loop({6, 5, 4}, {{20, 4, 1}, {20, 4, 1}});
   for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i64}) {
     for (const FusedLoop& loop : {test_loop(), flat}) {
-      const std::string src = compile::cuda_fused_source(every_op_expr(dt), loop, "every op");
+      const std::string src = jit::cuda_fused_source(every_op_expr(dt), loop, "every op");
       std::string code;
-      EXPECT_NO_THROW(code = compile::nvrtc_compile_cached(src, "sm_90", "every op")) << dtype_name(dt);
+      EXPECT_NO_THROW(code = jit::nvrtc_compile_cached(src, "sm_90", "every op")) << dtype_name(dt);
       EXPECT_GT(code.size(), 1000u) << dtype_name(dt);
     }
   }
   FusedExpr e;
   e.store(0, e.op(OpKind::Neg, {e.load(0, DType::f32)}, DType::f32), DType::f32);
-  FusedLoop huge = compile::make_fused_loop({int64_t(1) << 16, int64_t(1) << 16}, {{1, int64_t(1) << 16}});
-  EXPECT_NO_THROW(compile::nvrtc_compile_cached(compile::cuda_fused_source(e, huge, "neg"), "sm_90", "neg"));
+  FusedLoop huge = make_fused_loop({int64_t(1) << 16, int64_t(1) << 16}, {{1, int64_t(1) << 16}});
+  EXPECT_NO_THROW(jit::nvrtc_compile_cached(jit::cuda_fused_source(e, huge, "neg"), "sm_90", "neg"));
   // PTX for a virtual architecture (what an unknown, newer GPU gets): text the driver can load.
-  const std::string ptx = compile::nvrtc_compile_cached(compile::cuda_fused_source(e, test_loop(), "neg"), "compute_90", "neg");
+  const std::string ptx = jit::nvrtc_compile_cached(jit::cuda_fused_source(e, test_loop(), "neg"), "compute_90", "neg");
   EXPECT_NE(ptx.find(".entry fused_elementwise_kernel"), std::string::npos);
 }
 
 TEST(Nvrtc, TheDiskCacheServesTheSecondCompilation) {
   REEL_REQUIRE_CUDA_BUILD();
   TempCacheDir cache;
-  EXPECT_EQ(compile::kernel_cache_dir(), cache.dir());
-  const std::string src = compile::cuda_fused_source(every_op_expr(DType::f32), test_loop(), "every op");
-  const compile::KernelCacheStats s0 = compile::kernel_cache_stats();
-  const std::string first = compile::nvrtc_compile_cached(src, "sm_90", "every op");
-  const compile::KernelCacheStats s1 = compile::kernel_cache_stats();
+  EXPECT_EQ(jit::kernel_cache_dir(), cache.dir());
+  const std::string src = jit::cuda_fused_source(every_op_expr(DType::f32), test_loop(), "every op");
+  const jit::KernelCacheStats s0 = jit::kernel_cache_stats();
+  const std::string first = jit::nvrtc_compile_cached(src, "sm_90", "every op");
+  const jit::KernelCacheStats s1 = jit::kernel_cache_stats();
   EXPECT_EQ(s1.compilations, s0.compilations + 1);
   EXPECT_EQ(s1.disk_hits, s0.disk_hits);
-  EXPECT_EQ(compile::nvrtc_compile_cached(src, "sm_90", "every op"), first);
-  const compile::KernelCacheStats s2 = compile::kernel_cache_stats();
+  EXPECT_EQ(jit::nvrtc_compile_cached(src, "sm_90", "every op"), first);
+  const jit::KernelCacheStats s2 = jit::kernel_cache_stats();
   EXPECT_EQ(s2.compilations, s1.compilations) << "the second compilation should be a disk hit";
   EXPECT_EQ(s2.disk_hits, s1.disk_hits + 1);
   // Another architecture is another kernel.
-  compile::nvrtc_compile_cached(src, "sm_80", "every op");
-  EXPECT_EQ(compile::kernel_cache_stats().compilations, s2.compilations + 1);
+  jit::nvrtc_compile_cached(src, "sm_80", "every op");
+  EXPECT_EQ(jit::kernel_cache_stats().compilations, s2.compilations + 1);
   // A damaged entry is a miss (and is replaced), never the wrong code.
   std::vector<std::filesystem::path> files;
   for (const auto& f : std::filesystem::directory_iterator(cache.dir())) files.push_back(f.path());
   ASSERT_EQ(files.size(), 2u);
   for (const auto& f : files) std::filesystem::resize_file(f, std::filesystem::file_size(f) - 7);
-  EXPECT_EQ(compile::nvrtc_compile_cached(src, "sm_90", "every op"), first);
-  EXPECT_EQ(compile::kernel_cache_stats().compilations, s2.compilations + 2);
-  EXPECT_EQ(compile::clear_kernel_cache(), 2u);
+  EXPECT_EQ(jit::nvrtc_compile_cached(src, "sm_90", "every op"), first);
+  EXPECT_EQ(jit::kernel_cache_stats().compilations, s2.compilations + 2);
+  EXPECT_EQ(jit::clear_kernel_cache(), 2u);
   EXPECT_TRUE(std::filesystem::is_empty(cache.dir()));
 }
 
@@ -295,7 +293,7 @@ TEST(Nvrtc, CompileErrorsCarryTheLog) {
   REEL_REQUIRE_CUDA_BUILD();
   TempCacheDir cache;
   testing_util::expect_error(
-      [] { compile::nvrtc_compile_cached("extern \"C\" __global__ void k() { undeclared_name(); }", "sm_90", "broken"); },
+      [] { jit::nvrtc_compile_cached("extern \"C\" __global__ void k() { undeclared_name(); }", "sm_90", "broken"); },
       {"NVRTC could not compile the fused kernel (broken) for sm_90", "undeclared_name", "nvrtc.cpp:"});
   EXPECT_TRUE(std::filesystem::is_empty(cache.dir())) << "a failed compilation must not be cached";
 }
@@ -309,11 +307,11 @@ TEST(KernelCache, DirectoryFollowsTheEnvironment) {
   setenv("REEL_CACHE_DIR", "/r/k", 1);
   setenv("XDG_CACHE_HOME", "/x", 1);
   setenv("HOME", "/h", 1);
-  EXPECT_EQ(compile::kernel_cache_dir(), "/r/k");
+  EXPECT_EQ(jit::kernel_cache_dir(), "/r/k");
   unsetenv("REEL_CACHE_DIR");
-  EXPECT_EQ(compile::kernel_cache_dir(), "/x/reel/kernels");
+  EXPECT_EQ(jit::kernel_cache_dir(), "/x/reel/kernels");
   unsetenv("XDG_CACHE_HOME");
-  EXPECT_EQ(compile::kernel_cache_dir(), "/h/.cache/reel/kernels");
+  EXPECT_EQ(jit::kernel_cache_dir(), "/h/.cache/reel/kernels");
   auto restore = [](const char* name, const std::optional<std::string>& v) {
     if (v) setenv(name, v->c_str(), 1);
     else unsetenv(name);

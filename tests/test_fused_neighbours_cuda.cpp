@@ -16,7 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "compile/compile.h"
+#include "compile/runtime/compile.h"
 #include "kernels/dispatch.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/column_sums.h"
@@ -157,11 +157,11 @@ TEST(FuseAttentionCastCuda, PassFusesTheCastsOfTheResultAndOfTheGradient) {
     EXPECT_EQ(nodes_fused_as(*f.last_plan(), {"causal_attention_backward", "copy"}), 1u);
     // Only the backward reads the f32 y: it reads y16 instead, and the forward writes no f32 y.
     for (const compile::Node& n : f.last_plan()->graph().nodes) {
-      if (n.op == OpKind::CausalAttention) {
+      if (n.op == OpKind::CausalAttentionCast) {
         ASSERT_EQ(n.outputs.size(), 2u) << "lse and y16 only";
         EXPECT_EQ(n.outputs[1].dtype, DType::bf16);
       }
-      if (n.op == OpKind::CausalAttentionBackward) {  // reads y16; writes dqkv16 only (no f32 reader)
+      if (n.op == OpKind::CausalAttentionBackwardCast) {  // reads y16; writes dqkv16 only (no f32 reader)
         EXPECT_EQ(n.inputs[2]->dtype, DType::bf16);
         ASSERT_EQ(n.outputs.size(), 1u);
         EXPECT_EQ(n.outputs[0].dtype, DType::bf16);
@@ -230,10 +230,10 @@ TEST(StoreGemmBias16BitCuda, QkvAndGeluInputsAreKeptIn16BitsWithinToleranceOfEag
     EXPECT_EQ(gemm16, 2) << g.str();
     EXPECT_EQ(gemm32, 0);
     for (const compile::Node& n : g.nodes) {
-      if (n.op == OpKind::CausalAttention) {
+      if (n.op == OpKind::CausalAttention || n.op == OpKind::CausalAttentionCast) {
         EXPECT_EQ(n.inputs[0]->dtype, DType::bf16);
       }
-      if (n.op == OpKind::CausalAttentionBackward) {
+      if (n.op == OpKind::CausalAttentionBackward || n.op == OpKind::CausalAttentionBackwardCast) {
         EXPECT_EQ(n.inputs[1]->dtype, DType::bf16);
       }
       // GELU runs in the epilogue of the GEMM that writes h (compile/fuse_gemm_gelu.h), and its
@@ -410,7 +410,7 @@ TEST(FuseBiasGradCastCuda, BiasGradientSumsTheSixteenBitCopy) {
     const compile::Plan& p = *f.last_plan();
     size_t sums_of_16bit = 0, f32_g_writes = 0;
     for (const compile::Node& n : p.graph().nodes) {
-      sums_of_16bit += n.op == OpKind::Sum && n.kernel && n.inputs[0]->dtype == DType::bf16;
+      sums_of_16bit += n.op == OpKind::ColumnSums && n.inputs[0]->dtype == DType::bf16;
       for (const compile::TensorRef& r : n.outputs) f32_g_writes += r.dtype == DType::f32 && r.shape == Shape{8, 64, 96};
     }
     const bool fused = v != kDbReadBetween;

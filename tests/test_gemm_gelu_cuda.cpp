@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "compile/compile.h"
+#include "compile/runtime/compile.h"
 #include "kernels/cuda/gemm_epilogue.h"
 #include "optim/precision.h"
 #include "reel.h"

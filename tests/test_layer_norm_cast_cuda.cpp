@@ -8,7 +8,7 @@
 // Skips without a GPU; compiled only with the CUDA backend.
 #include <gtest/gtest.h>
 
-#include "compile/compile.h"
+#include "compile/runtime/compile.h"
 #include "kernels/dispatch.h"
 #include "reel.h"
 #include "tensor/cuda.h"

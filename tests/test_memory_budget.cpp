@@ -14,10 +14,10 @@
 
 #include <optional>
 
-#include "compile/memory_budget.h"
-#include "compile/memory_plan.h"
-#include "compile/trace.h"
-#include "compile/train_step.h"
+#include "compile/runtime/memory_budget.h"
+#include "compile/passes/memory_plan.h"
+#include "compile/ir/trace.h"
+#include "compile/runtime/train_step.h"
 #include "kernels/dispatch.h"
 #include "kernels/library_workspaces.h"
 #include "nn/nn.h"

@@ -17,6 +17,7 @@
 
 #include <Eigen/Dense>
 
+#include "kernels/cpu/compose.h"
 #include "kernels/cpu/dense_outputs.h"
 #include "kernels/dispatch.h"
 
@@ -154,14 +155,37 @@ void causal_attention_bwd_kernel(const KernelCall& c) {
   });
 }
 
+// Operands held in the compute dtype for an f32 result (the compiler's 16-bit storage) are widened to
+// the result's dtype first: exact, and the kernels round them to compute anyway. `operands`: how many
+// leading inputs hold such values (qkv; or dy, qkv, y: lse is in its own dtype).
+void run_widened(const KernelCall& c, KernelFn kernel, size_t operands) {
+  std::vector<Tensor> in = c.in;
+  for (size_t i = 0; i < operands; ++i) in[i] = cpu::converted(in[i], c.out[0].dtype());
+  cpu::run_into_contiguous(KernelCall{c.op, in, c.out, c.attrs}, kernel);
+}
+
+void causal_attention_kernel(const KernelCall& c) { run_widened(c, causal_attention_fwd_kernel, 1); }
+void causal_attention_backward_kernel(const KernelCall& c) { run_widened(c, causal_attention_bwd_kernel, 3); }
+
+// The fused variants: the plain op into f32 (a temporary when the f32 result is not kept), then its
+// copy in the compute dtype.
+void with_16bit_copy(const KernelCall& c, OpKind plain) {
+  std::vector<Tensor> out(c.out.begin(), c.out.end() - 1);
+  if (!c.attrs.b("keep_f32", true)) out.insert(out.begin(), cpu::scratch(c.out.back().shape(), DType::f32));
+  cpu::run_op(plain, c.in, out, Attrs(c.attrs).set("dtype", DType::f32));
+  cpu::run_op(OpKind::Copy, {out[0]}, {c.out.back()});
+}
+
 }  // namespace
 
 void register_attention_cpu_kernels() {
   constexpr DeviceType cpu = DeviceType::CPU;
-  register_kernel(cpu, OpKind::CausalAttention,
-                  [](const KernelCall& c) { cpu::run_into_contiguous(c, causal_attention_fwd_kernel); });
-  register_kernel(cpu, OpKind::CausalAttentionBackward,
-                  [](const KernelCall& c) { cpu::run_into_contiguous(c, causal_attention_bwd_kernel); });
+  register_kernel(cpu, OpKind::CausalAttention, causal_attention_kernel);
+  register_kernel(cpu, OpKind::CausalAttentionBackward, causal_attention_backward_kernel);
+  register_kernel(cpu, OpKind::CausalAttentionCast,
+                  [](const KernelCall& c) { with_16bit_copy(c, OpKind::CausalAttention); });
+  register_kernel(cpu, OpKind::CausalAttentionBackwardCast,
+                  [](const KernelCall& c) { with_16bit_copy(c, OpKind::CausalAttentionBackward); });
 }
 
 }  // namespace reel

@@ -18,10 +18,15 @@
 //
 // Dtypes. f32 and f64 multiply in their own type; f16 and bf16 are widened to f32, multiplied, and
 // rounded back once (f32 accumulation, as GPUs do). i64 is refused by the schema.
+//
+// The fused GEMMs (matmul_into, gemm_epilogue) take that unrounded product and run their epilogue
+// (transpose, add, bias, GELU, the one rounding) as the kernels of those ops, so in f32 they give the
+// bits of matmul followed by the unfused ops.
 #include <Eigen/Dense>
 #include <optional>
 #include <type_traits>
 
+#include "kernels/cpu/compose.h"
 #include "kernels/cpu/gemm_threading.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
@@ -142,10 +147,59 @@ void matmul_kernel(const KernelCall& c) {
   });
 }
 
+// ---- fused GEMMs (kernels/ops.def): the f32 product, then the epilogue's ops as their own kernels ----
+
+// a @ b before any rounding: in f32 for f32, f16 and bf16 operands (widened, as matmul_kernel does),
+// in f64 for f64. Written into `into` when that is a contiguous tensor of the accumulation dtype (the
+// fused op's own output: no temporary), else into a contiguous temporary.
+Tensor accumulated_product(const Tensor& a, const Tensor& b, const Tensor& into = Tensor()) {
+  const DType acc = a.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor a_acc = cpu::converted(a, acc), b_acc = cpu::converted(b, acc);
+  const Shape shape = infer_outputs(OpKind::Matmul, {a_acc, b_acc})[0].shape;
+  const bool direct = into.defined() && into.dtype() == acc && into.shape() == shape && into.is_contiguous();
+  Tensor out = direct ? into : cpu::scratch(shape, acc);
+  cpu::run_op(OpKind::Matmul, {a_acc, b_acc}, {out});
+  return out;
+}
+
+// out (=|+=) a @ b or its transpose. in: a, b[, c]; attrs transpose, accumulate.
+void matmul_into_kernel(const KernelCall& c) {
+  const bool transpose = c.attrs.b("transpose", false), accumulate = c.attrs.b("accumulate", false);
+  Tensor p = accumulated_product(c.in[0], c.in[1], transpose || accumulate ? Tensor() : c.out[0]);
+  if (p.is_same(c.out[0])) return;
+  if (transpose) p = Tensor::make_view(p, {p.shape()[1], p.shape()[0]}, {p.strides()[1], p.strides()[0]}, p.offset());
+  if (!accumulate) {
+    cpu::run_op(OpKind::Copy, {p}, {c.out[0]});
+    return;
+  }
+  if (c.out[0].dtype() == p.dtype()) {
+    cpu::run_op(OpKind::Add, {c.in[2], p}, {c.out[0]});
+    return;
+  }
+  // A 16-bit result: the sum in f32, rounded once (as beta = 1 in the GEMM's epilogue).
+  Tensor sum = cpu::scratch(p.shape(), p.dtype());
+  cpu::run_op(OpKind::Add, {cpu::converted(c.in[2], p.dtype()), p}, {sum});
+  cpu::run_op(OpKind::Copy, {sum}, {c.out[0]});
+}
+
+// y = a @ b + bias [pre = that, y = gelu(pre)], the bias added to the unrounded product.
+void gemm_epilogue_kernel(const KernelCall& c) {
+  const bool gelu = c.attrs.b("gelu", false);
+  Tensor p = accumulated_product(c.in[0], c.in[1], gelu ? Tensor() : c.out[0]);
+  cpu::run_op(OpKind::Add, {p, cpu::converted(c.in[2], p.dtype())}, {p});
+  if (gelu) {
+    cpu::run_op(OpKind::Copy, {p}, {c.out[1]});
+    cpu::run_op(OpKind::Gelu, {p}, {p});
+  }
+  if (!p.is_same(c.out[0])) cpu::run_op(OpKind::Copy, {p}, {c.out[0]});
+}
+
 }  // namespace
 
 void register_matmul_cpu_kernel() {
   register_kernel(DeviceType::CPU, OpKind::Matmul, [](const KernelCall& c) { run_into_contiguous(c, matmul_kernel); });
+  register_kernel(DeviceType::CPU, OpKind::MatmulInto, matmul_into_kernel);
+  register_kernel(DeviceType::CPU, OpKind::GemmEpilogue, gemm_epilogue_kernel);
 }
 
 }  // namespace reel::cpu

@@ -17,10 +17,12 @@
 // dropout: element i (row-major) is kept iff philox_uniform(seed, offset, i) >= float(p) (the Philox
 // convention of tensor/rng.h, shared with the CUDA kernel); mask = kept ? 1/(1-p) : 0 rounded to x's
 // dtype, y = x * mask. p == 1 drops everything (mask 0, never inf).
+#include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/compose.h"
 #include "kernels/cpu/dense_outputs.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
@@ -404,6 +406,43 @@ void dropout_fwd_kernel(const KernelCall& c) {
   });
 }
 
+// ---------------------------------------------------------------- fused layer norms (kernels/ops.def)
+// The references of the compiler's fused kernels: the composition of the kernels above with the add,
+// cast and column-sum kernels, so a CPU plan computes exactly what the unfused ops would.
+
+// [s = x + addend]  y = layer_norm(s, w, b)  y16 = y.to(dtype). in: x, w?, b?[, addend];
+// out: y16, mean, rstd[, s].
+void layer_norm_cast_kernel(const KernelCall& c) {
+  Tensor x = c.in[0];
+  if (c.in.size() == 4 && c.in[3].defined()) {
+    cpu::run_op(OpKind::Add, {c.in[0], c.in[3]}, {c.out[3]});
+    x = c.out[3];
+  }
+  Tensor y = cpu::scratch(x.shape(), x.dtype());
+  cpu::run_op(OpKind::LayerNorm, {x, c.in[1], c.in[2]}, {y, c.out[1], c.out[2]}, c.attrs);
+  cpu::run_op(OpKind::Copy, {y}, {c.out[0]});
+}
+
+// out = layer_norm_backward(g, x, w, mean, rstd).dx + residual  [out16 = out.to(dtype)]
+// [sums (=|+=) column sums of out16]. in: g, x, w?, mean, rstd, residual[, sums_in];
+// out: out, dw, db[, out16][, sums].
+void layer_norm_backward_add_kernel(const KernelCall& c) {
+  const Tensor& x = c.in[1];
+  Tensor dx = cpu::scratch(x.shape(), x.dtype());
+  cpu::run_op(OpKind::LayerNormBackward, {c.in[0], x, c.in[2], c.in[3], c.in[4]}, {dx, c.out[1], c.out[2]});
+  cpu::run_op(OpKind::Add, {dx, c.in[5]}, {c.out[0]});
+  if (!c.attrs.has("dtype")) return;
+  cpu::run_op(OpKind::Copy, {c.out[0]}, {c.out[3]});
+  if (!c.attrs.b("column_sums", false)) return;
+  const bool accumulate = c.attrs.b("accumulate", false);
+  const int64_t cols = c.out[4].numel();
+  const Tensor rows = Tensor::make_view(c.out[3], {c.out[3].numel() / std::max<int64_t>(cols, 1), cols},
+                                        {cols, 1}, c.out[3].offset());
+  std::vector<Tensor> in{rows};
+  if (accumulate) in.push_back(c.in[6]);
+  cpu::run_op(OpKind::ColumnSums, in, {c.out[4]}, Attrs().set("accumulate", accumulate));
+}
+
 }  // namespace
 
 void register_norm_cpu_kernels() {
@@ -415,6 +454,8 @@ void register_norm_cpu_kernels() {
   register_kernel(cpu, OpKind::BatchNorm, [](const KernelCall& c) { cpu::run_into_contiguous(c, batch_norm_fwd_kernel); });
   register_kernel(cpu, OpKind::BatchNormBackward, [](const KernelCall& c) { cpu::run_into_contiguous(c, batch_norm_bwd_kernel); });
   register_kernel(cpu, OpKind::Dropout, [](const KernelCall& c) { cpu::run_into_contiguous(c, dropout_fwd_kernel); });
+  register_kernel(cpu, OpKind::LayerNormCast, layer_norm_cast_kernel);
+  register_kernel(cpu, OpKind::LayerNormBackwardAdd, layer_norm_backward_add_kernel);
 }
 
 }  // namespace reel

@@ -5,12 +5,15 @@
 // parameters round once per step. found_inf, lr and the step count are read here on the CPU, which
 // is their device: the host never reads a GPU value (kernels/cuda/optim.cu reads them inside the
 // kernels). The AdamW and SGD element formulas live in kernels/optim_math.h, shared with the CUDA
-// kernels and with the compiler's multi-tensor (fused) optimizer kernels.
+// kernels and with the multi-tensor (fused) optimizer kernels at the end of this file.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
 #include "kernels/lr_schedule_math.h"
+#include "kernels/multi_tensor.h"
 #include "kernels/optim_math.h"
 
 namespace reel {
@@ -137,6 +140,70 @@ void lr_schedule_kernel(const KernelCall& c) {
   *c.out[0].data<double>() = math::scheduled_lr(math::lr_schedule_params(c.attrs), scalar_of(c.in[0]));
 }
 
+// ---- multi_tensor_adamw / multi_tensor_sgd (fused; layout in kernels/multi_tensor.h) ----
+// The per-tensor kernels' loops over chunks of every tensor of the run, the chunks spread over the
+// OpenMP threads at once (one parallel loop for the run instead of one per tensor).
+
+constexpr int64_t kMultiTensorChunk = int64_t(1) << 14;  // elements per unit of work
+
+struct TensorChunk {
+  size_t tensor;
+  int64_t begin, end;
+};
+
+template <typename T>
+void multi_tensor_chunk(OpKind op, const Attrs& a, const OptimTensor& x, const TensorChunk& c, double lr, double t) {
+  using A = AccType<T>;
+  T* p = static_cast<T*>(x.param);
+  const T* g = static_cast<const T*>(x.grad);
+  if (op == OpKind::MultiTensorAdamW) {
+    T* m = static_cast<T*>(x.state0);
+    T* v = static_cast<T*>(x.state1);
+    const auto s = math::adamw_scalars<A>(a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay"), lr, t);
+    for (int64_t i = c.begin; i < c.end; ++i) {
+      A pi = load(p[i]), mi = load(m[i]), vi = load(v[i]);
+      math::adamw_update(pi, load(g[i]), mi, vi, s);
+      p[i] = store<T>(pi);
+      m[i] = store<T>(mi);
+      v[i] = store<T>(vi);
+    }
+    return;
+  }
+  T* buf = static_cast<T*>(x.state0);
+  const auto s = math::sgd_scalars<A>(lr, a.f("momentum"), a.f("dampening"), a.f("weight_decay"), a.b("nesterov"),
+                                      a.b("first_step"));
+  for (int64_t i = c.begin; i < c.end; ++i) {
+    A pi = load(p[i]);
+    A bi = buf ? load(buf[i]) : A(0);
+    math::sgd_update(pi, load(g[i]), buf != nullptr, bi, s);
+    p[i] = store<T>(pi);
+    if (buf) buf[i] = store<T>(bi);
+  }
+}
+
+void multi_tensor_kernel(const KernelCall& c) {
+  const MultiTensorShared shared = multi_tensor_shared(c);
+  if (flag_set(*shared.found_inf)) return;
+  const double lr = scalar_of(*shared.lr), t = shared.step ? scalar_of(*shared.step) : 0.0;
+  const std::vector<OptimTensor> tensors = multi_tensor_list(c);
+  std::vector<TensorChunk> chunks;
+  int64_t total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    total += tensors[i].numel;
+    for (int64_t b = 0; b < tensors[i].numel; b += kMultiTensorChunk)
+      chunks.push_back({i, b, std::min(b + kMultiTensorChunk, tensors[i].numel)});
+  }
+  const int64_t n = int64_t(chunks.size());
+  // The schema checked every dtype, so nothing below throws inside the parallel loop.
+#pragma omp parallel for schedule(dynamic, 1) if (total >= cpu::kParallelGrain)
+  for (int64_t k = 0; k < n; ++k) {
+    const TensorChunk& chunk = chunks[size_t(k)];
+    visit_float_dtype(tensors[chunk.tensor].dtype, op_name(c.op), [&]<typename T>() {
+      multi_tensor_chunk<T>(c.op, c.attrs, tensors[chunk.tensor], chunk, lr, t);
+    });
+  }
+}
+
 }  // namespace
 
 void register_optim_cpu_kernels() {
@@ -147,6 +214,8 @@ void register_optim_cpu_kernels() {
   register_kernel(cpu, OpKind::ScalerUpdate, scaler_update_kernel);
   register_kernel(cpu, OpKind::ClampScalar, clamp_scalar_kernel);
   register_kernel(cpu, OpKind::LrSchedule, lr_schedule_kernel);
+  register_kernel(cpu, OpKind::MultiTensorAdamW, multi_tensor_kernel);
+  register_kernel(cpu, OpKind::MultiTensorSgd, multi_tensor_kernel);
 }
 
 }  // namespace reel

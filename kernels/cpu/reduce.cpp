@@ -18,12 +18,14 @@
 // in double; global_norm adds per-input sums of squares in double.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
 
+#include "kernels/cpu/compose.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/reduce_layout.h"
 #include "kernels/dispatch.h"
@@ -513,6 +515,53 @@ void global_norm_kernel(const KernelCall& c) {
   out.commit();
 }
 
+// ---- fused (kernels/ops.def): references composed of the kernels above ----
+
+// out (N) (=|+=) the f32 sums of x (..., N) over its rows.
+void column_sums_kernel(const KernelCall& c) {
+  const Tensor x = cpu::converted(c.in[0], DType::f32);
+  std::vector<int64_t> rows(size_t(x.dim() - 1));
+  for (size_t d = 0; d < rows.size(); ++d) rows[d] = int64_t(d);
+  // An empty dims list means "all dims" to sum: a 1-D x has no rows to sum over, its sums are x.
+  auto sum_rows = [&](const Tensor& into) {
+    if (rows.empty()) cpu::run_op(OpKind::Copy, {x}, {into});
+    else cpu::run_op(OpKind::Sum, {x}, {into}, Attrs().set("dims", rows));
+  };
+  if (!c.attrs.b("accumulate", false)) {
+    sum_rows(c.out[0]);
+    return;
+  }
+  Tensor sums = cpu::scratch(c.out[0].shape(), DType::f32);
+  sum_rows(sums);
+  cpu::run_op(OpKind::Add, {c.in[1], sums}, {c.out[0]});
+}
+
+// The f32 result into out[0] when kept, and its 16-bit copy into the last output when asked for.
+void softmax_results(const KernelCall& c, const std::function<void(const Tensor&)>& compute) {
+  const bool keep = c.attrs.b("keep_f32", true);
+  Tensor y = keep ? c.out[0] : cpu::scratch(c.out[0].shape(), DType::f32);
+  compute(y);
+  if (c.attrs.has("dtype")) cpu::run_op(OpKind::Copy, {y}, {c.out.back()});
+}
+
+// y = softmax(masked_fill(x, mask, value), -1). in: x, mask.
+void masked_softmax_kernel(const KernelCall& c) {
+  softmax_results(c, [&](const Tensor& y) {
+    Tensor z = cpu::scratch(c.in[0].shape(), DType::f32);
+    cpu::run_op(OpKind::MaskedFill, {c.in[0], c.in[1]}, {z}, Attrs().set("value", c.attrs.f("value")));
+    cpu::run_op(OpKind::Softmax, {z}, {y}, Attrs().set("dim", int64_t(-1)));
+  });
+}
+
+// dx = masked_fill(softmax_backward(g, y, -1), mask, 0). in: g, y, mask.
+void masked_softmax_backward_kernel(const KernelCall& c) {
+  softmax_results(c, [&](const Tensor& dx) {
+    Tensor d = cpu::scratch(c.in[0].shape(), DType::f32);
+    cpu::run_op(OpKind::SoftmaxBackward, {c.in[0], c.in[1]}, {d}, Attrs().set("dim", int64_t(-1)));
+    cpu::run_op(OpKind::MaskedFill, {d, c.in[2]}, {dx}, Attrs().set("value", 0.0));
+  });
+}
+
 }  // namespace
 
 void register_reduce_cpu_kernels() {
@@ -527,6 +576,9 @@ void register_reduce_cpu_kernels() {
   register_kernel(cpu, OpKind::CrossEntropy, cross_entropy_kernel);
   register_kernel(cpu, OpKind::CrossEntropyBackward, cross_entropy_backward_kernel);
   register_kernel(cpu, OpKind::GlobalNorm, global_norm_kernel);
+  register_kernel(cpu, OpKind::ColumnSums, column_sums_kernel);
+  register_kernel(cpu, OpKind::MaskedSoftmax, masked_softmax_kernel);
+  register_kernel(cpu, OpKind::MaskedSoftmaxBackward, masked_softmax_backward_kernel);
 }
 
 }  // namespace reel

@@ -334,6 +334,20 @@ void causal_attention_bwd(const KernelCall& c) {
                             static_cast<DType>(c.attrs.i("compute")), c.out[0], Tensor());
 }
 
+// The fused variants (schemas in kernels/schema/attention.cpp): the f32 result when kept, and its copy
+// in the compute dtype, by the same kernel.
+void causal_attention_cast(const KernelCall& c) {
+  const bool keep = c.attrs.b("keep_f32", true);
+  causal_attention_fwd_into(c.in[0], c.attrs.i("heads"), static_cast<DType>(c.attrs.i("compute")),
+                            keep ? c.out[0] : Tensor(), c.out[keep ? 1 : 0], c.out.back());
+}
+
+void causal_attention_backward_cast(const KernelCall& c) {
+  const bool keep = c.attrs.b("keep_f32", true);
+  causal_attention_bwd_into(c.in[0], c.in[1], c.in[2], c.in[3], c.attrs.i("heads"),
+                            static_cast<DType>(c.attrs.i("compute")), keep ? c.out[0] : Tensor(), c.out.back());
+}
+
 }  // namespace
 }  // namespace cuda
 
@@ -343,6 +357,8 @@ void register_attention_cuda_kernels() {
   register_kernel(gpu, OpKind::CausalAttention, [](const KernelCall& c) { run_into_contiguous(c, cuda::causal_attention_fwd); });
   register_kernel(gpu, OpKind::CausalAttentionBackward,
                   [](const KernelCall& c) { run_into_contiguous(c, cuda::causal_attention_bwd); });
+  register_kernel(gpu, OpKind::CausalAttentionCast, cuda::causal_attention_cast);
+  register_kernel(gpu, OpKind::CausalAttentionBackwardCast, cuda::causal_attention_backward_cast);
 }
 
 }  // namespace reel

@@ -16,5 +16,8 @@ void register_optim_cuda_kernels();
 namespace cuda {
 void install_allocator();  // tensor/cuda_runtime.cpp
 }
+namespace jit {
+void register_fused_elementwise_cuda_kernel();  // kernels/jit/nvrtc.cpp (NVRTC-generated kernels)
+}
 
 }  // namespace reel

@@ -8,6 +8,7 @@
 // The matmul descriptor, layouts and the heuristic's algorithm are made once per problem and cached;
 // the workspace is the one cuBLAS uses (blas_workspace: allocated once, so a capture never allocates).
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <tuple>
@@ -15,6 +16,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/gemm_epilogue.h"
 #include "kernels/matrix_layout.h"
+#include "kernels/schema/views.h"
 
 namespace reel::cuda {
 
@@ -198,6 +200,46 @@ bool gemm_bias_gelu_supported(const Tensor& a, const Tensor& b, const Tensor& bi
 }
 void gemm_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& y, const Tensor& pre) {
   run(Epilogue::BiasGeluAux, {a, b, bias, &pre, y});
+}
+
+namespace {
+
+// The gemm_epilogue op (schema in kernels/schema/linalg.cpp): a (..., K) and its results (..., N) are
+// handed to cuBLASLt as (rows, K) and (rows, N) matrices, when their strides fold the leading dims.
+std::optional<Tensor> rows_of(const Tensor& t) {
+  if (t.dim() == 2) return t;
+  const int64_t cols = t.dim() ? t.shape().back() : 1, rows = cols ? t.numel() / cols : 0;
+  const std::optional<Shape> s = view_strides(t.shape(), t.strides(), {rows, cols});
+  if (!s) return std::nullopt;
+  return Tensor::make_view(t, {rows, cols}, *s, t.offset());
+}
+
+std::optional<Tensor> gelu_pre(const KernelCall& c) {
+  if (!c.attrs.b("gelu", false)) return Tensor();
+  return rows_of(c.out[1]);
+}
+
+bool gemm_epilogue_supported(const KernelCall& c) {
+  const std::optional<Tensor> a = rows_of(c.in[0]), y = rows_of(c.out[0]), pre = gelu_pre(c);
+  if (!a || !y || !pre) return false;
+  if (pre->defined()) return gemm_bias_gelu_supported(*a, c.in[1], c.in[2], *y, *pre);
+  return gemm_bias_supported(*a, c.in[1], c.in[2], *y);
+}
+
+void gemm_epilogue_kernel(const KernelCall& c) {
+  const std::optional<Tensor> a = rows_of(c.in[0]), y = rows_of(c.out[0]), pre = gelu_pre(c);
+  REEL_CHECK(a && y && pre, "gemm_epilogue: a ", shape_str(c.in[0].shape()), " strides ", shape_str(c.in[0].strides()),
+             " or its result ", shape_str(c.out[0].shape()), " does not fold into a (rows, cols) matrix on ",
+             c.out[0].device().str());
+  if (pre->defined()) gemm_bias_gelu(*a, c.in[1], c.in[2], *y, *pre);
+  else gemm_bias(*a, c.in[1], c.in[2], *y);
+}
+
+}  // namespace
+
+void register_gemm_epilogue_cuda_kernel() {
+  register_kernel(DeviceType::CUDA, OpKind::GemmEpilogue, gemm_epilogue_kernel);
+  register_supports(DeviceType::CUDA, OpKind::GemmEpilogue, gemm_epilogue_supported);
 }
 
 }  // namespace reel::cuda

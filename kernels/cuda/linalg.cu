@@ -10,11 +10,13 @@ namespace reel {
 namespace cuda {
 void register_matmul_cuda_kernel();   // kernels/cuda/matmul.cu
 void register_conv2d_cuda_kernels();  // kernels/cuda/conv2d.cu
+void register_gemm_epilogue_cuda_kernel();  // kernels/cuda/gemm_epilogue.cu
 }  // namespace cuda
 
 void register_linalg_cuda_kernels() {
   cuda::register_matmul_cuda_kernel();
   cuda::register_conv2d_cuda_kernels();
+  cuda::register_gemm_epilogue_cuda_kernel();
 }
 
 }  // namespace reel

@@ -5,7 +5,10 @@
 // One team (a warp for rows up to 1024, else a block) per row, with softmax.cu's online statistics and
 // reductions (reduce_common.cuh) in the same order, so results match the unfused ops exactly.
 #include "kernels/cuda/masked_softmax.h"
+
+#include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/reduce_common.cuh"
+#include "kernels/dispatch.h"
 
 namespace reel::cuda {
 
@@ -110,6 +113,30 @@ void masked_softmax_bwd(const Tensor& g, const Tensor& y, const Tensor& mask, co
         in_ptr<float>(g), in_ptr<float>(y), in_ptr<float>(mask), mask_rows, opt_ptr<float>(dx), opt_ptr<H>(dx16), rows, C);
     REEL_CUDA_LAUNCH_CHECK();
   });
+}
+
+namespace {
+
+// The fused ops' kernels (schemas in kernels/schema/reduce.cpp): the f32 result when kept, then the
+// 16-bit copy when asked for.
+Tensor kept_f32(const KernelCall& c) { return c.attrs.b("keep_f32", true) ? c.out[0] : Tensor(); }
+Tensor copy_16(const KernelCall& c) { return c.attrs.has("dtype") ? c.out.back() : Tensor(); }
+
+void masked_softmax_kernel(const KernelCall& c) {
+  masked_softmax_fwd(contiguous_on_device(c.in[0]), contiguous_on_device(c.in[1]), c.attrs.f("value"), kept_f32(c),
+                     copy_16(c));
+}
+
+void masked_softmax_backward_kernel(const KernelCall& c) {
+  masked_softmax_bwd(contiguous_on_device(c.in[0]), contiguous_on_device(c.in[1]), contiguous_on_device(c.in[2]),
+                     kept_f32(c), copy_16(c));
+}
+
+}  // namespace
+
+void register_masked_softmax_cuda_kernels() {
+  register_kernel(DeviceType::CUDA, OpKind::MaskedSoftmax, masked_softmax_kernel);
+  register_kernel(DeviceType::CUDA, OpKind::MaskedSoftmaxBackward, masked_softmax_backward_kernel);
 }
 
 }  // namespace reel::cuda

@@ -246,6 +246,24 @@ void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, bool accum
   matmul_dense(a, b, out, accumulate);
 }
 
-void register_matmul_cuda_kernel() { register_kernel(DeviceType::CUDA, OpKind::Matmul, matmul_kernel); }
+namespace {
+
+// The matmul_into op (schema in kernels/schema/linalg.cpp); its transpose (a b)^T is b^T a^T.
+Tensor transposed(const Tensor& m) {
+  return Tensor::make_view(m, {m.shape()[1], m.shape()[0]}, {m.strides()[1], m.strides()[0]}, m.offset());
+}
+
+void matmul_into_kernel(const KernelCall& c) {
+  const bool accumulate = c.attrs.b("accumulate", false);
+  if (c.attrs.b("transpose", false)) matmul_into(transposed(c.in[1]), transposed(c.in[0]), c.out[0], accumulate);
+  else matmul_into(c.in[0], c.in[1], c.out[0], accumulate);
+}
+
+}  // namespace
+
+void register_matmul_cuda_kernel() {
+  register_kernel(DeviceType::CUDA, OpKind::Matmul, matmul_kernel);
+  register_kernel(DeviceType::CUDA, OpKind::MatmulInto, matmul_into_kernel);
+}
 
 }  // namespace reel::cuda

@@ -1,6 +1,7 @@
 // Multi-tensor (horizontally fused) optimizer updates on the GPU: one kernel launch applies AdamW or
 // SGD to many tensors, instead of one launch per parameter. The compiler's optimizer-fusion pass
-// (compile/fuse_optimizer.cpp) uses it for a traced step's run of adamw_step / sgd_step nodes.
+// writes multi_tensor_adamw / multi_tensor_sgd nodes for a traced step's run of adamw_step / sgd_step
+// nodes; their CUDA kernels (kernels/cuda/optim.cu) launch through a MultiTensorList.
 //
 // The math is the per-tensor kernels' (kernels/optim_math.h): every element sees the same formula and
 // the same coefficients, so the results are bit-identical to one adamw_step / sgd_step per tensor.
@@ -20,20 +21,13 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/multi_tensor.h"
 #include "tensor/dtype.h"
 
 namespace reel::cuda {
 
-// One tensor of a multi-tensor update. AdamW: state0 = exp_avg, state1 = exp_avg_sq. SGD: state0 =
-// the momentum buffer (null without momentum), state1 unused.
-struct OptimTensor {
-  DType dtype = DType::f32;
-  int64_t numel = 0;
-  void* param = nullptr;
-  const void* grad = nullptr;
-  void* state0 = nullptr;
-  void* state1 = nullptr;
-};
+// One tensor of a multi-tensor update (kernels/multi_tensor.h).
+using ::reel::OptimTensor;
 
 struct AdamWHyper {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;

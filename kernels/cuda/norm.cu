@@ -489,6 +489,22 @@ void layer_norm_bwd_add(const Tensor& g, const Tensor& x, const Tensor& w, const
   layer_norm_bwd_into(g, x, w, mean, rstd, residual, out, out16, dw, db, sums16, accumulate);
 }
 
+namespace {
+
+// The fused ops' kernels (kernels/ops.def; schemas in kernels/schema/norm.cpp).
+void layer_norm_cast_kernel(const KernelCall& c) {
+  const bool add = c.in.size() == 4 && c.in[3].defined();
+  layer_norm_fwd_16(c.in[0], c.in[1], c.in[2], c.attrs.f("eps"), c.out[0], c.out[1], c.out[2],
+                    add ? c.in[3] : Tensor(), add ? c.out[3] : Tensor());
+}
+
+void layer_norm_backward_add_kernel(const KernelCall& c) {
+  const bool copy16 = c.attrs.has("dtype"), sums = c.attrs.b("column_sums", false);
+  layer_norm_bwd_add(c.in[0], c.in[1], c.in[2], c.in[3], c.in[4], c.in[5], c.out[0], c.out[1], c.out[2],
+                     copy16 ? c.out[3] : Tensor(), sums ? c.out[4] : Tensor(), c.attrs.b("accumulate", false));
+}
+
+}  // namespace
 }  // namespace cuda
 
 void register_batch_norm_cuda_kernels();  // batch_norm.cu
@@ -503,6 +519,8 @@ void register_norm_cuda_kernels() {
   register_kernel(gpu, OpKind::GroupNorm, [](const KernelCall& c) { run_into_contiguous(c, cuda::group_norm_fwd); });
   register_kernel(gpu, OpKind::GroupNormBackward,
                   [](const KernelCall& c) { run_into_contiguous(c, cuda::group_norm_bwd); });
+  register_kernel(gpu, OpKind::LayerNormCast, cuda::layer_norm_cast_kernel);
+  register_kernel(gpu, OpKind::LayerNormBackwardAdd, cuda::layer_norm_backward_add_kernel);
   register_batch_norm_cuda_kernels();
   register_dropout_cuda_kernels();
 }

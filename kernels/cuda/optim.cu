@@ -19,6 +19,8 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/multi_tensor_common.cuh"
 #include "kernels/cuda/cuda_registry.h"
+#include "kernels/cuda/multi_tensor_optim.h"
+#include "kernels/multi_tensor.h"
 #include "kernels/lr_schedule_math.h"
 #include "kernels/optim_math.h"
 
@@ -227,6 +229,23 @@ void lr_schedule(const KernelCall& c) {
   REEL_CUDA_LAUNCH_CHECK();
 }
 
+// multi_tensor_adamw / multi_tensor_sgd: the run's tensors grouped into launch tables (host work, no
+// device memory), then one launch per dtype and per kMaxTensorsPerLaunch tensors. Building the tables
+// on every call keeps the kernel free of state; under a CUDA graph it runs once, at the capture.
+void multi_tensor_step(const KernelCall& c) {
+  const MultiTensorShared shared = multi_tensor_shared(c);
+  const MultiTensorList list(c.out[0].device().index, multi_tensor_list(c), op_name(c.op));
+  const float* flag = shared.found_inf->defined() ? static_cast<const float*>(shared.found_inf->data_ptr()) : nullptr;
+  const double* lr = static_cast<const double*>(shared.lr->data_ptr());
+  const Attrs& a = c.attrs;
+  if (c.op == OpKind::MultiTensorAdamW) {
+    list.adamw(flag, lr, static_cast<const double*>(shared.step->data_ptr()),
+               {a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay")});
+  } else {
+    list.sgd(flag, lr, {a.f("momentum"), a.f("dampening"), a.f("weight_decay"), a.b("nesterov"), a.b("first_step")});
+  }
+}
+
 }  // namespace
 }  // namespace cuda
 
@@ -238,6 +257,8 @@ void register_optim_cuda_kernels() {
   register_kernel(gpu, OpKind::ScalerUpdate, cuda::scaler_update);
   register_kernel(gpu, OpKind::ClampScalar, cuda::clamp_scalar);
   register_kernel(gpu, OpKind::LrSchedule, cuda::lr_schedule);
+  register_kernel(gpu, OpKind::MultiTensorAdamW, cuda::multi_tensor_step);
+  register_kernel(gpu, OpKind::MultiTensorSgd, cuda::multi_tensor_step);
 }
 
 }  // namespace reel

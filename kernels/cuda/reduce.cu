@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_registry.h"
+#include "kernels/cuda/device_copy.h"
 #include "kernels/reduce_layout.h"
 #include "kernels/cuda/reduce_common.cuh"
 #include "kernels/cuda/last_block.cuh"
@@ -495,9 +496,17 @@ void column_sums_into(const Tensor& x, const Tensor& out, bool accumulate) {
   });
 }
 
-// softmax.cu and cross_entropy.cu
+// softmax.cu, masked_softmax.cu and cross_entropy.cu
 void register_softmax_cuda_kernels();
+void register_masked_softmax_cuda_kernels();
 void register_cross_entropy_cuda_kernels();
+
+namespace {
+// The fused column_sums op (schema in kernels/schema/reduce.cpp): out (=|+=) the sums of x's rows.
+void column_sums_kernel(const KernelCall& c) {
+  column_sums_into(contiguous_on_device(c.in[0]), c.out[0], c.attrs.b("accumulate", false));
+}
+}  // namespace
 
 }  // namespace cuda
 
@@ -508,7 +517,9 @@ void register_reduce_cuda_kernels() {
   register_kernel(gpu, OpKind::Mean, reduce_kernel<MeanOp>);
   register_kernel(gpu, OpKind::Max, reduce_kernel<MaxOp>);
   register_kernel(gpu, OpKind::GlobalNorm, global_norm_kernel);
+  register_kernel(gpu, OpKind::ColumnSums, column_sums_kernel);
   register_softmax_cuda_kernels();
+  register_masked_softmax_cuda_kernels();
   register_cross_entropy_cuda_kernels();
 }
 

@@ -22,6 +22,7 @@ void register_cuda_backend() {
   register_norm_cuda_kernels();
   register_attention_cuda_kernels();
   register_optim_cuda_kernels();
+  jit::register_fused_elementwise_cuda_kernel();
 }
 
 namespace cuda {

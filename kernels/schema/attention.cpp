@@ -5,6 +5,15 @@
 //   causal_attention_backward (dy (B, T, d), qkv (B, T, 3d), y (B, T, d), lse (B, H, T))
 //       attrs heads, compute                          -> dqkv (B, T, 3d) qkv's dtype
 //
+// Both take attr dtype (optional): the result's dtype, qkv's by default, or f32 from a qkv (and dy, y)
+// in the compute dtype: how the compiler keeps a GEMM's qkv in 16 bits for the f32 attention.
+//
+// Fused (the compiler writes them; kernels/ops.def):
+//   causal_attention_cast (qkv)     attrs heads, compute (bf16 | f16), keep_f32 (default 1)
+//       -> [y (B, T, d) f32,] lse, y16 = y.to(compute)          (qkv f32 or in compute)
+//   causal_attention_backward_cast (dy, qkv, y, lse)   same attrs
+//       -> [dqkv (B, T, 3d) f32,] dqkv.to(compute)               (dy, qkv, y f32 or in compute)
+//
 // qkv holds q, k and v side by side in its last dim, as a Linear(d -> 3d) writes them, and y comes out
 // with the heads already merged: the op reads and writes the layouts the projections use, so no head
 // transposes or copies run around it. `compute` is the dtype the products' inputs are rounded to:
@@ -36,12 +45,29 @@ AttentionDims expect_qkv(OpKind op, const Tensor& qkv, const Attrs& a) {
   return {qkv.size(0), qkv.size(1), d, H};
 }
 
+// The result's dtype: attr dtype, else qkv's. f32 from 16-bit operands is the compiler's 16-bit
+// storage of what autocast computes in f32 (the kernels round the operands to compute anyway).
+DType result_dtype(OpKind op, const Tensor& qkv, const Attrs& a) {
+  const DType d = a.has("dtype") ? a.dtype("dtype") : qkv.dtype();
+  REEL_CHECK(d == qkv.dtype() || (d == DType::f32 && qkv.dtype() == static_cast<DType>(a.i("compute"))), op_name(op),
+             ": result dtype ", dtype_name(d), " must be qkv's (", dtype_name(qkv.dtype()),
+             ") or f32 from a qkv in the compute dtype");
+  return d;
+}
+
+// An operand that holds a (B, T, d) result or its gradient: the result's dtype, or the compute dtype.
+void expect_result_like(OpKind op, const Tensor& t, const char* what, const Shape& shape, DType result, DType compute) {
+  schema::expect_defined(op, t, what);
+  REEL_CHECK(t.shape() == shape && (t.dtype() == result || t.dtype() == compute), op_name(op), ": ", what, " ",
+             schema::desc(t), " does not match the output ", shape_str(shape), " ", dtype_name(result));
+}
+
 std::vector<TensorMeta> infer_causal_attention(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::CausalAttention;
   schema::expect_inputs(op, in, 1);
   const AttentionDims n = expect_qkv(op, in[0], a);
   const Device dev = in[0].device();
-  return {{{n.B, n.T, n.d}, in[0].dtype(), dev}, {{n.B, n.H, n.T}, lse_dtype(in[0].dtype()), dev}};
+  return {{{n.B, n.T, n.d}, result_dtype(op, in[0], a), dev}, {{n.B, n.H, n.T}, lse_dtype(in[0].dtype()), dev}};
 }
 
 std::vector<TensorMeta> infer_causal_attention_backward(const std::vector<Tensor>& in, const Attrs& a) {
@@ -49,17 +75,36 @@ std::vector<TensorMeta> infer_causal_attention_backward(const std::vector<Tensor
   schema::expect_inputs(op, in, 4);
   const Tensor &dy = in[0], &qkv = in[1], &y = in[2], &lse = in[3];
   const AttentionDims n = expect_qkv(op, qkv, a);
+  const DType result = result_dtype(op, qkv, a), compute = static_cast<DType>(a.i("compute"));
   const Shape out_shape{n.B, n.T, n.d}, lse_shape{n.B, n.H, n.T};
-  for (auto [t, what] : {std::pair{&dy, "gradient dy"}, std::pair{&y, "y"}}) {
-    schema::expect_defined(op, *t, what);
-    REEL_CHECK(t->shape() == out_shape && t->dtype() == qkv.dtype(), op_name(op), ": ", what, " ", schema::desc(*t),
-               " does not match the output ", shape_str(out_shape), " ", dtype_name(qkv.dtype()), " of qkv ",
-               schema::desc(qkv));
-  }
+  expect_result_like(op, dy, "gradient dy", out_shape, result, compute);
+  expect_result_like(op, y, "y", out_shape, result, compute);
   schema::expect_defined(op, lse, "lse");
   REEL_CHECK(lse.shape() == lse_shape && lse.dtype() == lse_dtype(qkv.dtype()), op_name(op), ": lse ",
              schema::desc(lse), ", expected ", shape_str(lse_shape), " ", dtype_name(lse_dtype(qkv.dtype())));
-  return {schema::meta_like(qkv)};
+  return {{qkv.shape(), result, qkv.device()}};
+}
+
+// The fused variants: the plain op's results in f32 (the first one dropped without keep_f32), then the
+// result's copy in the compute dtype.
+std::vector<TensorMeta> with_16bit_copy(OpKind op, std::vector<TensorMeta> out, const Attrs& a) {
+  const DType compute = static_cast<DType>(a.i("compute"));
+  REEL_CHECK(compute == DType::bf16 || compute == DType::f16, op_name(op), ": compute dtype ", dtype_name(compute),
+             " must be bf16 or f16 (the dtype of the copy)");
+  TensorMeta copy{out[0].shape, compute, out[0].device};
+  if (!a.b("keep_f32", true)) out.erase(out.begin());
+  out.push_back(copy);
+  return out;
+}
+
+Attrs f32_result(const Attrs& a) { return Attrs(a).set("dtype", DType::f32); }
+
+std::vector<TensorMeta> infer_causal_attention_cast(const std::vector<Tensor>& in, const Attrs& a) {
+  return with_16bit_copy(OpKind::CausalAttentionCast, infer_causal_attention(in, f32_result(a)), a);
+}
+
+std::vector<TensorMeta> infer_causal_attention_backward_cast(const std::vector<Tensor>& in, const Attrs& a) {
+  return with_16bit_copy(OpKind::CausalAttentionBackwardCast, infer_causal_attention_backward(in, f32_result(a)), a);
 }
 
 }  // namespace
@@ -67,6 +112,8 @@ std::vector<TensorMeta> infer_causal_attention_backward(const std::vector<Tensor
 void register_attention_schemas() {
   register_schema(OpKind::CausalAttention, infer_causal_attention);
   register_schema(OpKind::CausalAttentionBackward, infer_causal_attention_backward);
+  register_schema(OpKind::CausalAttentionCast, infer_causal_attention_cast);
+  register_schema(OpKind::CausalAttentionBackwardCast, infer_causal_attention_backward_cast);
 }
 
 }  // namespace reel

@@ -11,9 +11,23 @@
 //   conv2d_backward_input (g, w)   attrs input_shape [N, C, H, W], stride, padding -> dx (N, C, H, W)
 //   conv2d_backward_weight (g, x)  attrs weight_shape [O, C, kH, kW], stride, padding -> dw (O, C, kH, kW)
 //
+// Fused (the compiler writes them; kernels/ops.def). Products accumulate in f32 (f64 for f64) and
+// are rounded once, to the result's dtype:
+//   matmul_into (a, b[, c])   attrs dtype (the result's: a's or f32; default a's), transpose (0/1),
+//                             accumulate (0/1)
+//     out = a @ b as matmul computes it (batch dims broadcast), or its transpose (2-D operands only;
+//     a Linear's weight gradient is (a @ b)^T), and with accumulate out = c + that, c being out
+//     itself (cuBLAS's beta = 1: a weight gradient over micro-batches). A 16-bit product in f32 is
+//     autocast's cast back to f32 without the rounding to 16 bits.
+//   gemm_epilogue (a (..., K), b (K, N), bias (N))   attrs dtype (y's: a's or f32), gelu (0/1)
+//     y = a @ b + bias, the bias added to the accumulator (bias in y's dtype or f32); with gelu,
+//     pre = a @ b + bias and y = gelu(pre), GELU of the unrounded value -> y (..., N)[, pre (..., N)]
+//
 // Stride and padding are stored as two-element lists [h, w] even though the public conv2d() takes
 // single ints and repeats them: the kernels already honour separate h/w values, so a future
 // conv2d(x, w, b, {sh, sw}, {ph, pw}) overload only needs to fill the attrs differently.
+#include <utility>
+
 #include "kernels/schema/schema_util.h"
 
 namespace reel {
@@ -148,11 +162,54 @@ std::vector<TensorMeta> infer_conv2d_backward_weight(const std::vector<Tensor>& 
 
 }  // namespace
 
+// The dtype of a fused GEMM's result: a's, or f32 (autocast's f32 result of a 16-bit product).
+DType product_dtype(OpKind op, const Tensor& a, const Attrs& attrs) {
+  const DType d = attrs.has("dtype") ? attrs.dtype("dtype") : a.dtype();
+  REEL_CHECK(d == a.dtype() || d == DType::f32, op_name(op), ": result dtype ", dtype_name(d), " must be ",
+             dtype_name(a.dtype()), " (the operands') or f32");
+  return d;
+}
+
+std::vector<TensorMeta> infer_matmul_into(const std::vector<Tensor>& in, const Attrs& attrs) {
+  constexpr OpKind op = OpKind::MatmulInto;
+  const bool accumulate = attrs.b("accumulate", false), transpose = attrs.b("transpose", false);
+  schema::expect_inputs(op, in, accumulate ? 3 : 2);
+  TensorMeta out = infer_matmul({in[0], in[1]}, {})[0];
+  out.dtype = product_dtype(op, in[0], attrs);
+  if (transpose) {
+    REEL_CHECK(out.shape.size() == 2, "matmul_into: transpose takes 2-D operands, got ", schema::desc(in[0]), " and ",
+               schema::desc(in[1]));
+    std::swap(out.shape[0], out.shape[1]);
+  }
+  if (accumulate)
+    REEL_CHECK(in[2].defined() && in[2].shape() == out.shape && in[2].dtype() == out.dtype, "matmul_into: the tensor to add to ",
+               in[2].defined() ? schema::desc(in[2]) : "(undefined)", " must be ", shape_str(out.shape), " ",
+               dtype_name(out.dtype));
+  return {out};
+}
+
+std::vector<TensorMeta> infer_gemm_epilogue(const std::vector<Tensor>& in, const Attrs& attrs) {
+  constexpr OpKind op = OpKind::GemmEpilogue;
+  schema::expect_inputs(op, in, 3);
+  for (size_t i = 0; i < 3; ++i) schema::expect_defined(op, in[i], i == 0 ? "a" : i == 1 ? "b" : "bias");
+  schema::expect_ndim(op, in[1], 2, "b");
+  TensorMeta y = infer_matmul({in[0], in[1]}, {})[0];
+  y.dtype = product_dtype(op, in[0], attrs);
+  const Tensor& bias = in[2];
+  REEL_CHECK(bias.shape() == Shape{in[1].size(1)} && (bias.dtype() == y.dtype || bias.dtype() == DType::f32),
+             "gemm_epilogue: bias ", schema::desc(bias), " must be (", in[1].size(1), ") in ", dtype_name(y.dtype),
+             " or f32");
+  if (!attrs.b("gelu", false)) return {y};
+  return {y, y};
+}
+
 void register_linalg_schemas() {
   register_schema(OpKind::Matmul, infer_matmul);
   register_schema(OpKind::Conv2d, infer_conv2d);
   register_schema(OpKind::Conv2dBackwardInput, infer_conv2d_backward_input);
   register_schema(OpKind::Conv2dBackwardWeight, infer_conv2d_backward_weight);
+  register_schema(OpKind::MatmulInto, infer_matmul_into);
+  register_schema(OpKind::GemmEpilogue, infer_gemm_epilogue);
 }
 
 }  // namespace reel

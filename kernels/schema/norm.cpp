@@ -94,6 +94,55 @@ std::vector<TensorMeta> infer_layer_norm_backward(const std::vector<Tensor>& in,
   return {schema::meta_like(x), {normalized, x.dtype(), x.device()}, {normalized, x.dtype(), x.device()}};
 }
 
+// A 16-bit dtype attr (the fused ops' casts for the next GEMM).
+DType cast_dtype(OpKind op, const Attrs& a) {
+  const DType d = a.dtype("dtype");
+  REEL_CHECK(d == DType::bf16 || d == DType::f16, op_name(op), ": dtype ", dtype_name(d),
+             " must be bf16 or f16 (the 16-bit copy for a GEMM)");
+  return d;
+}
+
+std::vector<TensorMeta> infer_layer_norm_cast(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::LayerNormCast;
+  REEL_ASSERT(in.size() == 3 || in.size() == 4, "layer_norm_cast takes 3 or 4 inputs, got ", in.size());
+  const Tensor& x = in[0];
+  schema::expect_defined(op, x, "x");
+  schema::expect_dtype(op, x, DType::f32, "x");
+  const DType d = cast_dtype(op, a);
+  std::vector<TensorMeta> out = infer_layer_norm({x, in[1], in[2]}, a);
+  out[0].dtype = d;
+  if (in.size() == 4 && in[3].defined()) {
+    REEL_CHECK(in[3].shape() == x.shape() && in[3].dtype() == DType::f32, "layer_norm_cast: addend ",
+               schema::desc(in[3]), " must be f32 of x's shape ", shape_str(x.shape()));
+    out.push_back(schema::meta_like(x));
+  }
+  return out;
+}
+
+std::vector<TensorMeta> infer_layer_norm_backward_add(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::LayerNormBackwardAdd;
+  const bool sums = a.b("column_sums", false), accumulate = a.b("accumulate", false);
+  REEL_ASSERT(in.size() == size_t(accumulate ? 7 : 6), "layer_norm_backward_add takes ", accumulate ? 7 : 6,
+              " inputs, got ", in.size());
+  std::vector<TensorMeta> out = infer_layer_norm_backward({in[0], in[1], in[2], in[3], in[4]}, a);
+  const Tensor &x = in[1], &r = in[5];
+  schema::expect_defined(op, r, "residual");
+  REEL_CHECK(r.shape() == x.shape() && r.dtype() == x.dtype(), "layer_norm_backward_add: residual ", schema::desc(r),
+             " must match x ", schema::desc(x));
+  if (a.has("dtype")) out.push_back({x.shape(), cast_dtype(op, a), x.device()});
+  if (sums) {
+    REEL_CHECK(a.has("dtype"), "layer_norm_backward_add: column_sums sums the 16-bit copy, which needs a dtype attr");
+    const Shape cols{numel_of(out[1].shape)};
+    if (accumulate)
+      REEL_CHECK(in[6].defined() && in[6].shape() == cols && in[6].dtype() == DType::f32,
+                 "layer_norm_backward_add: the sums to add to ", in[6].defined() ? schema::desc(in[6]) : "(undefined)",
+                 " must be f32 of shape ", shape_str(cols));
+    out.push_back({cols, DType::f32, x.device()});
+  }
+  REEL_CHECK(!accumulate || sums, "layer_norm_backward_add: accumulate adds column sums, which need column_sums");
+  return out;
+}
+
 int64_t checked_groups(OpKind op, const Tensor& x, const Attrs& a) {
   int64_t groups = a.i("groups"), C = x.shape()[1];
   REEL_CHECK(groups >= 1, op_name(op), ": groups must be >= 1, got ", groups);
@@ -203,6 +252,8 @@ void register_norm_schemas() {
   register_schema(OpKind::BatchNorm, infer_batch_norm);
   register_schema(OpKind::BatchNormBackward, infer_batch_norm_backward);
   register_schema(OpKind::Dropout, infer_dropout);
+  register_schema(OpKind::LayerNormCast, infer_layer_norm_cast);
+  register_schema(OpKind::LayerNormBackwardAdd, infer_layer_norm_backward_add);
 }
 
 }  // namespace reel

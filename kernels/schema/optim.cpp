@@ -31,6 +31,7 @@
 #include <cmath>
 #include <initializer_list>
 
+#include "kernels/multi_tensor.h"
 #include "kernels/lr_schedule_math.h"
 #include "kernels/schema/schema_util.h"
 
@@ -99,6 +100,29 @@ std::vector<TensorMeta> infer_sgd(const std::vector<Tensor>& in, const Attrs& a)
   require_attrs(a, {"dampening", "weight_decay", "nesterov", "first_step"});
   std::vector<TensorMeta> out{schema::meta_like(in[0])};
   if (in[2].defined()) out.push_back(schema::meta_like(in[2]));
+  return out;
+}
+
+// multi_tensor_adamw / multi_tensor_sgd (fused: a run of adamw_step / sgd_step as one kernel)
+//   inputs and outputs: kernels/multi_tensor.h; attrs those of the per-tensor op and tensors (k >= 1).
+//   Each tensor's slice is checked as its own adamw_step / sgd_step would be; every tensor shares the
+//   step-wide inputs. The same formulas, so a fused run gives the per-tensor ops' bits.
+std::vector<TensorMeta> infer_multi_tensor(OpKind op, const std::vector<Tensor>& in, const Attrs& a) {
+  const MultiTensorLayout& l = multi_tensor_layout(op);
+  const int64_t k = a.i("tensors");
+  REEL_CHECK(k >= 1, op_name(op), ": tensors ", k, " must be >= 1");
+  REEL_ASSERT(in.size() == size_t(k) * l.per_tensor + l.shared, op_name(op), " of ", k, " tensors takes ",
+              size_t(k) * l.per_tensor + l.shared, " inputs, got ", in.size());
+  std::vector<TensorMeta> out;
+  const std::vector<Tensor> shared(in.end() - long(l.shared), in.end());
+  for (int64_t i = 0; i < k; ++i) {
+    std::vector<Tensor> one(in.begin() + long(size_t(i) * l.per_tensor), in.begin() + long(size_t(i + 1) * l.per_tensor));
+    one.insert(one.end(), shared.begin(), shared.end());
+    REEL_CHECK(op != OpKind::MultiTensorSgd || one[2].defined() == in[2].defined(), op_name(op), ": tensor ", i,
+               " has ", one[2].defined() ? "a" : "no", " momentum buffer, unlike tensor 0");
+    std::vector<TensorMeta> m = op == OpKind::MultiTensorAdamW ? infer_adamw(one, a) : infer_sgd(one, a);
+    out.insert(out.end(), m.begin(), m.end());
+  }
   return out;
 }
 
@@ -234,6 +258,10 @@ void register_optim_schemas() {
   register_schema(OpKind::ScalerUpdate, infer_scaler_update);
   register_schema(OpKind::ClampScalar, infer_clamp);
   register_schema(OpKind::LrSchedule, infer_lr_schedule);
+  register_schema(OpKind::MultiTensorAdamW,
+                  [](const std::vector<Tensor>& in, const Attrs& a) { return infer_multi_tensor(OpKind::MultiTensorAdamW, in, a); });
+  register_schema(OpKind::MultiTensorSgd,
+                  [](const std::vector<Tensor>& in, const Attrs& a) { return infer_multi_tensor(OpKind::MultiTensorSgd, in, a); });
 }
 
 }  // namespace reel

@@ -27,6 +27,17 @@
 //                         rows whose target is ignore_index get 0.
 //   global_norm (x0, ..., xk)   -> 0-dim sqrt(sum over every element of every x_i of x^2)
 //                      inputs: at least one, any shapes, one float dtype; output f32 (f64 for f64)
+//
+// Fused (the compiler writes them; kernels/ops.def):
+//   column_sums (x (..., N)[, c (N)])   attr accumulate (0/1)
+//                      -> out (N) f32: the sums of x over every dim but the last, accumulated in
+//                         f32 (x f32, f16 or bf16: a bias gradient from the 16-bit gradient); with
+//                         accumulate, out = c + sums, c being out itself (a gradient over micro-batches)
+//   masked_softmax (x (..., T, C), mask (T, C))   attrs value, keep_f32 (default 1), dtype (optional)
+//                      y = softmax(masked_fill(x, mask, value), -1)   x, mask f32; the mask broadcast
+//                      over x's leading dims -> [y (x.shape) f32 if keep_f32][, y.to(dtype) if dtype]
+//   masked_softmax_backward (g, y, mask (T, C))   attrs keep_f32, dtype (optional)
+//                      dx = masked_fill(softmax_backward(g, y, -1), mask, 0)  -> [dx][, dx.to(dtype)]
 #include "kernels/schema/schema_util.h"
 
 namespace reel {
@@ -150,6 +161,63 @@ std::vector<TensorMeta> infer_global_norm(const std::vector<Tensor>& in, const A
 
 }  // namespace
 
+std::vector<TensorMeta> infer_column_sums(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::ColumnSums;
+  const bool accumulate = a.b("accumulate", false);
+  schema::expect_inputs(op, in, accumulate ? 2 : 1);
+  schema::expect_defined(op, in[0], "x");
+  const Tensor& x = in[0];
+  REEL_CHECK(x.dim() >= 1 && (x.dtype() == DType::f32 || x.dtype() == DType::f16 || x.dtype() == DType::bf16),
+             "column_sums: x ", schema::desc(x), " must be f32, f16 or bf16 with at least one dim");
+  const Shape cols{x.shape().back()};
+  if (accumulate)
+    REEL_CHECK(in[1].defined() && in[1].shape() == cols && in[1].dtype() == DType::f32, "column_sums: the sums to add to ",
+               in[1].defined() ? schema::desc(in[1]) : "(undefined)", " must be f32 of shape ", shape_str(cols));
+  return {{cols, DType::f32, x.device()}};
+}
+
+// The results of a fused softmax: the f32 one when kept, the 16-bit copy when asked for.
+std::vector<TensorMeta> softmax_results(OpKind op, const Tensor& like, const Attrs& a) {
+  std::vector<TensorMeta> out;
+  if (a.b("keep_f32", true)) out.push_back(schema::meta_like(like));
+  if (a.has("dtype")) {
+    const DType d = a.dtype("dtype");
+    REEL_CHECK(d == DType::bf16 || d == DType::f16, op_name(op), ": dtype ", dtype_name(d), " must be bf16 or f16");
+    out.push_back({like.shape(), d, like.device()});
+  }
+  REEL_CHECK(!out.empty(), op_name(op), ": keep_f32 is off and no 16-bit dtype is asked for: nothing to write");
+  return out;
+}
+
+// x (..., T, C) and its (T, C) mask, both f32.
+void expect_rows_and_mask(OpKind op, const Tensor& x, const Tensor& mask, const char* what) {
+  schema::expect_defined(op, x, what);
+  schema::expect_defined(op, mask, "mask");
+  schema::expect_dtype(op, x, DType::f32, what);
+  schema::expect_dtype(op, mask, DType::f32, "mask");
+  REEL_CHECK(x.dim() >= 2 && mask.dim() == 2 && mask.size(0) == x.size(x.dim() - 2) && mask.size(1) == x.size(x.dim() - 1),
+             op_name(op), ": mask ", schema::desc(mask), " must be (T, C) for ", what, " ", schema::desc(x),
+             " of shape (..., T, C)");
+}
+
+std::vector<TensorMeta> infer_masked_softmax(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::MaskedSoftmax;
+  schema::expect_inputs(op, in, 2);
+  expect_rows_and_mask(op, in[0], in[1], "x");
+  (void)a.f("value");
+  return softmax_results(op, in[0], a);
+}
+
+std::vector<TensorMeta> infer_masked_softmax_backward(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::MaskedSoftmaxBackward;
+  schema::expect_inputs(op, in, 3);
+  expect_rows_and_mask(op, in[1], in[2], "y");
+  schema::expect_defined(op, in[0], "gradient");
+  REEL_CHECK(in[0].shape() == in[1].shape() && in[0].dtype() == in[1].dtype(), "masked_softmax_backward: gradient ",
+             schema::desc(in[0]), " does not match y ", schema::desc(in[1]));
+  return softmax_results(op, in[1], a);
+}
+
 void register_reduce_schemas() {
   register_schema(OpKind::Sum, infer_reduce<OpKind::Sum>);
   register_schema(OpKind::Mean, infer_reduce<OpKind::Mean>);
@@ -161,6 +229,9 @@ void register_reduce_schemas() {
   register_schema(OpKind::CrossEntropy, infer_cross_entropy);
   register_schema(OpKind::CrossEntropyBackward, infer_cross_entropy_backward);
   register_schema(OpKind::GlobalNorm, infer_global_norm);
+  register_schema(OpKind::ColumnSums, infer_column_sums);
+  register_schema(OpKind::MaskedSoftmax, infer_masked_softmax);
+  register_schema(OpKind::MaskedSoftmaxBackward, infer_masked_softmax_backward);
 }
 
 }  // namespace reel

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <optional>
 
-#include "compile/plan.h"
-#include "compile/train_step.h"
+#include "compile/runtime/plan.h"
+#include "compile/runtime/train_step.h"
 #include "dist/data_parallel.h"
 #include "nn/nn.h"
 #include "optim/optim.h"

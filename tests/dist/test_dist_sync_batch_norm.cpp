@@ -8,8 +8,8 @@
 
 #include <optional>
 
-#include "compile/plan.h"
-#include "compile/train_step.h"
+#include "compile/runtime/plan.h"
+#include "compile/runtime/train_step.h"
 
 namespace reel {
 namespace {

@@ -1,0 +1,85 @@
+// The compiler's IR: a traced step as a list of kernel nodes over buffers.
+//
+// A Buffer is one block of memory the step touches, identified while tracing by its Storage:
+//   Input     a call argument (a micro-batch's inputs or targets): rebound on every call;
+//   External  memory that outlives the step and is read or updated in place by it (parameters,
+//             optimizer and scaler state, BatchNorm running stats, constants the step built on the
+//             host): bound to the same Storage on every replay;
+//   Internal  memory the step allocated (activations, gradients, temporaries): placed by the memory
+//             planner in one arena per device, reused as soon as its last reader has run.
+// A TensorRef is a strided view of a buffer (shape, strides and offset in elements of its dtype), so
+// view ops (reshape, transpose, slice, expand) need no node at all: their outputs are just other
+// TensorRefs of the same buffer. Every Node is a kernel: op, attrs, the refs it reads and the refs it
+// writes. Nodes keep the traced order, which also orders in-place updates and reads of the same
+// memory; a pass may only reorder or merge nodes whose buffers prove them independent. A fusion pass
+// rewrites nodes into a fused op of kernels/ops.def (layer_norm_cast, gemm_epilogue,
+// fused_elementwise, ...): every node, fused or not, runs through the kernel table.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/attrs.h"
+#include "kernels/op.h"
+#include "tensor/tensor.h"
+
+namespace reel::compile {
+
+enum class BufferKind { Input, External, Internal };
+const char* buffer_kind_name(BufferKind k);
+
+struct Buffer {
+  int id = -1;
+  BufferKind kind = BufferKind::Internal;
+  size_t nbytes = 0;
+  Device device;
+  std::shared_ptr<Storage> storage;  // Input/External: bound memory; Internal: the traced block (dropped once planned)
+  int input_index = -1;              // Input: which call argument
+  // Internal, from the tracer: the node by whose end the traced program itself had dropped its last
+  // reference to the block (eager execution frees it there); -1: still held when the trace finished.
+  int released_after = -1;
+};
+
+struct TensorRef {
+  int buffer = -1;
+  Shape shape, strides;
+  int64_t offset = 0;  // in elements of dtype
+  DType dtype = DType::f32;
+
+  size_t nbytes() const { return size_t(numel_of(shape)) * dtype_size(dtype); }
+};
+
+struct Node {
+  OpKind op;
+  Attrs attrs;
+  std::vector<std::optional<TensorRef>> inputs;  // nullopt: an absent optional input
+  std::vector<TensorRef> outputs;
+  bool in_place = false;       // outputs existed before the op (dispatch_out)
+  std::vector<std::string> fused;  // the traced ops a pass merged into this node (for `reel plan`)
+};
+
+struct Graph {
+  std::vector<Buffer> buffers;
+  std::vector<Node> nodes;
+  std::vector<TensorRef> inputs;   // the call's arguments as traced (one Input buffer each)
+  std::vector<TensorRef> outputs;  // what the step function returned
+  int num_inputs = 0;
+
+  // Human-readable listing: one line per node with its buffers, as `reel plan` prints it.
+  std::string str() const;
+};
+
+// The same view: buffer, shape, strides, offset and dtype.
+bool same_ref(const TensorRef& a, const TensorRef& b);
+// Row-major strides on every dim of size > 1 (as Tensor::is_contiguous).
+bool is_contiguous(const TensorRef& r);
+
+// "b12(16, 256, 512) f32 +3" — a ref as plans print it; one that is not contiguous (a transposed
+// view, a channels-last tensor, a slice) also shows its strides: "b19(512, 1536) f32 strides (1, 512)".
+std::string ref_str(const TensorRef& r);
+
+// The tensor `r` describes, over `storage` with the buffer starting `byte_offset` bytes in.
+Tensor view_of(const std::shared_ptr<Storage>& storage, size_t byte_offset, const TensorRef& r);
+
+}  // namespace reel::compile

@@ -1,0 +1,64 @@
+// Tracer — records a step function's ops at the dispatch door into a Graph (compile/graph.h).
+//
+// Installed as the DispatchObserver while the function runs eagerly (so the traced call also
+// produces its real result), it sees every op after its kernel ran: kernel ops become Nodes, view
+// ops only become TensorRefs. Buffers are keyed by Storage; the tracer holds a reference to every
+// Storage it has seen for as long as the traced program does, and when the program drops one the
+// tracer lets it go too (keeping a meta block of its size and forgetting its address, so a later
+// Storage there is a new buffer): a traced call holds no more memory than the eager one.
+// At the end, an Internal buffer still referenced from outside the step (say a gradient the
+// optimizer keeps, or a tensor saved by an autograd graph that was not run backward) is state that
+// outlives the step: it becomes External and keeps its memory on every replay.
+// It also notes when the traced program dropped its last reference to each Internal block (only the
+// tracer's own reference is left): Buffer::released_after, which gives eager execution's own lifetimes
+// (autograd holds saved tensors until their backward ran) to the memory budget's planner.
+//
+// Ops a replay cannot honour are recorded as graph breaks, with the reason:
+//   random ops (dropout, rand_*): their Philox offset is an attr, so a replay would repeat the numbers;
+//   a copy from a GPU to the host: the host reads a device value, which stops a captured graph.
+#pragma once
+#include <unordered_map>
+#include <vector>
+
+#include "compile/ir/graph.h"
+#include "kernels/dispatch.h"
+
+namespace reel::compile {
+
+struct GraphBreak {
+  std::string op;
+  std::string reason;
+};
+
+class Tracer : public DispatchObserver {
+ public:
+  // `inputs` are the call's arguments: their buffers become Input buffers.
+  explicit Tracer(const std::vector<Tensor>& inputs);
+  ~Tracer() override;
+  Tracer(const Tracer&) = delete;
+  Tracer& operator=(const Tracer&) = delete;
+
+  void start();  // installs the observer
+  void stop();   // removes it
+  void on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                   const Attrs& attrs, bool into_given) override;
+
+  // The graph, with `outputs` (what the function returned) as its outputs. Call after stop().
+  Graph finish(const std::vector<Tensor>& outputs);
+  const std::vector<GraphBreak>& breaks() const { return breaks_; }
+
+ private:
+  int buffer_of(const Tensor& t, BufferKind kind_if_new);
+  TensorRef ref_of(const Tensor& t, BufferKind kind_if_new);
+
+  void note_releases();
+
+  Graph graph_;
+  std::unordered_map<const Storage*, int> ids_;
+  std::vector<int> held_;  // Internal buffers the traced program still references
+  std::vector<GraphBreak> breaks_;
+  DispatchObserver* previous_ = nullptr;
+  bool active_ = false;
+};
+
+}  // namespace reel::compile

@@ -1,0 +1,88 @@
+// GEMM epilogue fusion: a Linear layer's
+//
+//   y = matmul(x, W^T)            x (..., K), W^T (K, N)          (16-bit under autocast)
+//  [y = copy(y) to f32]           autocast's cast of the result back to f32
+//   z = add(y, bias)              bias (N)
+//
+// traced as two or three consecutive kernels, becomes one gemm_epilogue node (on CUDA a cuBLASLt GEMM
+// with the BIAS epilogue): the bias is added to the f32 accumulator and the result written once, in
+// f32 when the cast was there. Applies when the intermediates are Internal buffers read by nothing
+// else and the device takes the call (on CUDA: x's batch folds into the GEMM's rows and cuBLASLt has
+// an algorithm). In f32 on the CPU the fused kernel is matmul then the add: eager's bits.
+// Results differ from the unfused kernels only by the GEMM's summation order (and, in 16-bit, by
+// skipping the rounding of y before the bias: the fused result is the more accurate one).
+#include <optional>
+#include <utility>
+
+#include "compile/passes/passes.h"
+
+namespace reel::compile {
+
+namespace {
+
+// The fused node for nodes [i, i + span) when they match the pattern, and span; else nullopt.
+std::optional<std::pair<Node, size_t>> match(const Graph& g, size_t i, const std::vector<int>& readers,
+                                             const std::vector<bool>& is_output) {
+  const Node& mm = g.nodes[i];
+  if (mm.op != OpKind::Matmul || mm.in_place || mm.inputs.size() != 2 || !mm.inputs[0] || !mm.inputs[1])
+    return std::nullopt;
+  const TensorRef& x = *mm.inputs[0];
+  const TensorRef& wt = *mm.inputs[1];
+  auto private_internal = [&](const TensorRef& r) {
+    return g.buffers[r.buffer].kind == BufferKind::Internal && readers[r.buffer] == 1 && !is_output[r.buffer];
+  };
+  if (wt.shape.size() != 2 || !private_internal(mm.outputs[0])) return std::nullopt;
+  size_t j = i + 1;
+  TensorRef y = mm.outputs[0];
+  std::vector<std::string> fused{"matmul"};
+  if (j < g.nodes.size() && g.nodes[j].op == OpKind::Copy && !g.nodes[j].in_place && g.nodes[j].inputs[0] &&
+      same_ref(*g.nodes[j].inputs[0], y) && g.nodes[j].outputs[0].dtype == DType::f32 &&
+      g.nodes[j].outputs[0].shape == y.shape && is_contiguous(g.nodes[j].outputs[0]) &&
+      private_internal(g.nodes[j].outputs[0])) {
+    y = g.nodes[j].outputs[0];
+    fused.push_back("copy");
+    ++j;
+  }
+  if (j >= g.nodes.size()) return std::nullopt;
+  const Node& add = g.nodes[j];
+  if (add.op != OpKind::Add || add.in_place || add.inputs.size() != 2 || !add.inputs[0] ||
+      !add.inputs[1] || !same_ref(*add.inputs[0], y))
+    return std::nullopt;
+  const TensorRef& bias = *add.inputs[1];
+  const TensorRef& z = add.outputs[0];
+  if (bias.shape.size() != 1 || bias.shape[0] != wt.shape[1] || !is_contiguous(bias) || z.shape != y.shape ||
+      !is_contiguous(z) || z.dtype != y.dtype)
+    return std::nullopt;
+  for (const TensorRef* r : {&x, &wt, &bias, &z})
+    if (!g.buffers[r->buffer].storage) return std::nullopt;
+  fused.push_back("add");
+  Node n{OpKind::GemmEpilogue, Attrs().set("dtype", z.dtype), {x, wt, bias}, {z}, false, fused};
+  if (!device_supports(g, z, OpKind::GemmEpilogue) || !call_supported(g, n)) return std::nullopt;
+  return std::make_pair(std::move(n), j - i + 1);
+}
+
+}  // namespace
+
+void fuse_gemm_epilogue(Graph& g, PassStats& stats) {
+  std::vector<int> readers(g.buffers.size(), 0);
+  for (const Node& n : g.nodes)
+    for (const auto& r : n.inputs)
+      if (r) readers[r->buffer] += 1;
+  std::vector<bool> is_output(g.buffers.size(), false);
+  for (const TensorRef& r : g.outputs) is_output[r.buffer] = true;
+  std::vector<Node> out;
+  for (size_t i = 0; i < g.nodes.size();) {
+    std::optional<std::pair<Node, size_t>> fused = match(g, i, readers, is_output);
+    if (!fused) {
+      out.push_back(std::move(g.nodes[i++]));
+      continue;
+    }
+    const size_t span = fused->second;
+    stats.fused += span - 1;
+    i += span;
+    out.push_back(std::move(fused->first));
+  }
+  g.nodes = std::move(out);
+}
+
+}  // namespace reel::compile

@@ -1,0 +1,116 @@
+// Layer-norm backward + residual add: in a pre-norm block x + f(layer_norm(x)) the gradient of x is
+// the sum of the residual branch's and the norm's:
+//   dx, dw, db = layer_norm_backward(g, x, w, mean, rstd)     (node i)
+//   ...                                                       nodes that touch neither dx nor out
+//   out = add(dx, r)  or  add(r, dx)                          (node j > i; r final before node i)
+// becomes one layer_norm_backward_add node at i that writes out = dx + r: dx is never written, and
+// one kernel and two passes over memory go. Applies when dx is read only by the add, no node from i
+// to j writes r, the add's output is untouched before j, everything is contiguous and of one dtype,
+// and the device has the fused op. Equal to the unfused pair to the bit.
+// A later cast of the sum to 16 bits (autocast's, for the GEMMs of the layer before) joins the same
+// kernel, which writes both copies. That 16-bit sum is also the output gradient of the layer before's
+// last Linear (a GPT's proj or fc2), whose bias gradient the bias-gradient pass sums from it
+// (compile/fuse_bias_grad_cast.h, a column_sums node): the same pass over the rows then sums it too,
+// into (or onto) the bias's gradient, and that launch goes. Applies when the column sums read the whole 16-bit sum, one
+// value per normalised column, and nothing touches their output between the two nodes. Equal to
+// those column sums up to f32 rounding (another fixed order; the same bits every run).
+#include "compile/passes/passes.h"
+
+
+namespace reel::compile {
+
+namespace {
+
+struct Match {
+  int add = -1;     // the add's node index
+  int operand = 0;  // which of the add's inputs is r
+};
+
+// Node i as a layer_norm_backward whose dx only a later add with an operand ready before i reads.
+Match match(const Graph& g, const BufferUses& u, size_t i) {
+  const Node& n = g.nodes[i];
+  if (n.op != OpKind::LayerNormBackward || n.in_place || n.inputs.size() != 5 || n.outputs.size() != 3) return {};
+  const TensorRef& dx = n.outputs[0];
+  if (!is_contiguous(dx) || !internal_once(g, u, dx) || !device_supports(g, dx, OpKind::LayerNormBackwardAdd) ||
+      u.readers[dx.buffer].size() != 1)
+    return {};
+  const int j = u.readers[dx.buffer][0];
+  if (j >= int(g.nodes.size())) return {};
+  const Node& a = g.nodes[size_t(j)];
+  if (a.op != OpKind::Add || a.in_place || a.inputs.size() != 2 || !a.inputs[0] || !a.inputs[1]) return {};
+  const int mine = same_ref(*a.inputs[0], dx) ? 0 : same_ref(*a.inputs[1], dx) ? 1 : -1;
+  if (mine < 0) return {};
+  const TensorRef &r = *a.inputs[size_t(1 - mine)], &out = a.outputs[0];
+  if (r.buffer == dx.buffer || r.shape != dx.shape || r.dtype != dx.dtype || !is_contiguous(r) || out.shape != dx.shape ||
+      out.dtype != dx.dtype || !is_contiguous(out) || !internal_once(g, u, out) || u.touches[out.buffer].front() != j)
+    return {};
+  // r must hold at node i the value the add reads at node j: nothing writes it from i to j.
+  for (int w : u.writers[r.buffer])
+    if (w >= int(i) && w <= j) return {};
+  return {j, 1 - mine};
+}
+
+// The column sums (a column_sums node of compile/fuse_bias_grad_cast.h) of the 16-bit sum x16 that
+// node i now writes, when they can move into node i: their node index, or -1. They must read all of
+// x16, one sum per normalised column (cols), and nothing from i to them may touch their output.
+int column_sums_of(const Graph& g, const BufferUses& u, size_t i, const TensorRef& x16, int64_t cols,
+                   const std::vector<bool>& drop) {
+  if (x16.shape.empty() || x16.shape.back() != cols) return -1;
+  for (int k : u.readers[x16.buffer]) {
+    if (k <= int(i) || drop[size_t(k)]) continue;
+    const Node& s = g.nodes[size_t(k)];
+    if (s.op != OpKind::ColumnSums || s.outputs.size() != 1 || !s.inputs[0] || !same_ref(*s.inputs[0], x16)) continue;
+    const TensorRef& z = s.outputs[0];
+    if (z.dtype != DType::f32 || z.shape != Shape{cols} || !is_contiguous(z) || u.touched_between(z.buffer, int(i), k))
+      continue;
+    return k;
+  }
+  return -1;
+}
+
+}  // namespace
+
+void fuse_norm_backward_add(Graph& g, PassStats& stats) {
+  const BufferUses u = buffer_uses(g);
+  fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
+    const Match m = match(g, u, i);
+    if (m.add < 0 || drop[size_t(m.add)]) return;
+    Node& n = g.nodes[i];
+    const Node& a = g.nodes[size_t(m.add)];
+    Node fused{OpKind::LayerNormBackwardAdd, Attrs(), n.inputs, n.outputs, false, {"layer_norm_backward", "add"}};
+    fused.inputs.push_back(a.inputs[size_t(m.operand)]);
+    fused.outputs[0] = a.outputs[0];
+    if (!call_supported(g, fused)) return;
+    n = std::move(fused);
+    drop[size_t(m.add)] = true;
+    stats.fused += 1;
+    // The sum's cast to 16 bits for the next GEMM, if any, is written by the same kernel.
+    const int cast = later_16bit_cast(g, u, a.outputs[0]);
+    if (cast < 0 || drop[size_t(cast)]) return;
+    Node with_cast = n;
+    with_cast.outputs.push_back(g.nodes[size_t(cast)].outputs[0]);
+    with_cast.attrs.set("dtype", with_cast.outputs.back().dtype);
+    with_cast.fused.push_back("copy");
+    if (!call_supported(g, with_cast)) return;
+    n = std::move(with_cast);
+    drop[size_t(cast)] = true;
+    stats.fused += 1;
+    // And the bias gradient summed from that 16-bit copy, by the same pass over the rows.
+    const int s = column_sums_of(g, u, i, n.outputs.back(), numel_of(n.outputs[1].shape), drop);
+    if (s < 0) return;
+    const Node& sums = g.nodes[size_t(s)];
+    const bool add = sums.attrs.b("accumulate", false);
+    Node with_sums = n;
+    with_sums.outputs.push_back(sums.outputs[0]);
+    if (add) with_sums.inputs.push_back(sums.outputs[0]);
+    with_sums.attrs.set("column_sums", true).set("accumulate", add);
+    if (sums.fused.empty()) with_sums.fused.push_back("sum");  // summed into a buffer of its own
+    else with_sums.fused.insert(with_sums.fused.end(), sums.fused.begin(), sums.fused.end());  // "sum" and "copy" or "add"
+    if (!call_supported(g, with_sums)) return;
+    n = std::move(with_sums);
+    drop[size_t(s)] = true;
+    stats.fused += 1;
+  });
+}
+
+}  // namespace reel::compile

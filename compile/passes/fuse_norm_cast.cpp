@@ -1,0 +1,84 @@
+// Layer norm + cast fusion: under autocast a layer norm feeds a Linear, which casts it to 16 bits:
+//   y, mean, rstd = layer_norm(x, w, b)   (y f32)      y16 = copy(y) to bf16/f16
+// When the cast is y's only reader, the two become one layer_norm_cast node that writes y16 directly:
+// the f32 y is never written nor read back. mean and rstd stay outputs (the backward reads them).
+// The cast may come later than the norm (its output untouched until then). Bit-identical to the
+// unfused pair. f32 x only, on a device with a layer_norm_cast kernel.
+// The residual connection's add that feeds a pre-norm block's norm (x = r + h; layer_norm(x)) joins
+// the same kernel when nothing reads x in between: the kernel computes x, writes it (the residual
+// stream goes on) and normalises it, bit-identical to the add followed by the norm (the op's fourth
+// input and output).
+#include "compile/passes/passes.h"
+
+namespace reel::compile {
+
+namespace {
+
+// Node i as a layer norm whose f32 result only a later 16-bit cast reads: the cast's index, or -1.
+int match(const Graph& g, const BufferUses& u, size_t i) {
+  const Node& n = g.nodes[i];
+  if (n.op != OpKind::LayerNorm || n.in_place || n.inputs.size() != 3 || !n.inputs[0] || n.outputs.size() != 3)
+    return -1;
+  const TensorRef& y = n.outputs[0];
+  if (n.inputs[0]->dtype != DType::f32 || y.dtype != DType::f32 || !is_contiguous(y) || !internal_once(g, u, y) ||
+      !device_supports(g, y, OpKind::LayerNormCast))
+    return -1;
+  const int cast = later_16bit_cast(g, u, y);
+  if (cast < 0 || u.readers[y.buffer] != std::vector<int>{cast}) return -1;
+  return cast;
+}
+
+// The residual add that produces norm i's input, when it can move into the norm's kernel: a
+// same-shape f32 add (node p < i, the add's only writer of its output) whose result nothing touches
+// between p and i and whose operands nothing writes from p to i. Its index, or -1.
+int residual_add(const Graph& g, const BufferUses& u, size_t i) {
+  const TensorRef& x = *g.nodes[i].inputs[0];
+  if (!internal_once(g, u, x) || !is_contiguous(x)) return -1;
+  const int p = u.producer(x.buffer);
+  if (p < 0 || p >= int(i)) return -1;
+  const Node& a = g.nodes[size_t(p)];
+  if (a.op != OpKind::Add || a.in_place || a.inputs.size() != 2 || !a.inputs[0] || !a.inputs[1] ||
+      !same_ref(a.outputs[0], x) || u.touched_between(x.buffer, p, int(i)))
+    return -1;
+  for (const auto& r : a.inputs) {
+    if (r->shape != x.shape || r->dtype != DType::f32 || !is_contiguous(*r) || r->buffer == x.buffer) return -1;
+    for (int w : u.writers[r->buffer])
+      if (w >= p && w <= int(i)) return -1;
+  }
+  return p;
+}
+
+}  // namespace
+
+void fuse_norm_cast(Graph& g, PassStats& stats) {
+  const BufferUses u = buffer_uses(g);
+  fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
+    const int cast = match(g, u, i);
+    if (cast < 0 || drop[size_t(cast)]) return;
+    Node& n = g.nodes[i];
+    const TensorRef y16 = g.nodes[size_t(cast)].outputs[0];
+    Node fused{OpKind::LayerNormCast, Attrs(n.attrs).set("dtype", y16.dtype), n.inputs, n.outputs, false,
+               {"layer_norm", "copy"}};
+    fused.outputs[0] = y16;
+    if (!call_supported(g, fused)) return;
+    const TensorRef x = *n.inputs[0];
+    n = std::move(fused);
+    drop[size_t(cast)] = true;
+    stats.fused += 1;
+    // A pre-norm block's residual add just before: the norm's kernel computes the sum and writes it.
+    const int add = residual_add(g, u, i);
+    if (add < 0 || drop[size_t(add)]) return;
+    const Node& a = g.nodes[size_t(add)];
+    Node with_add = n;
+    with_add.inputs[0] = a.inputs[0];
+    with_add.inputs.push_back(a.inputs[1]);
+    with_add.outputs.push_back(x);
+    with_add.fused.insert(with_add.fused.begin(), "add");
+    if (!call_supported(g, with_add)) return;
+    n = std::move(with_add);
+    drop[size_t(add)] = true;
+    stats.fused += 1;
+  });
+}
+
+}  // namespace reel::compile

@@ -1,0 +1,41 @@
+// The graph passes, one file each in this folder; passes/pipeline.cpp runs them in order. Every pass
+// takes the graph and the statistics it adds to; each file opens with the pattern it rewrites, the
+// fused op it writes (kernels/ops.def) and what the result equals (to the bit, or within tolerance).
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "compile/ir/graph.h"
+#include "compile/passes/pattern.h"
+
+namespace reel::compile {
+
+struct PassStats {
+  size_t traced = 0;        // nodes as traced
+  size_t dead = 0;          // removed by dead-code elimination
+  size_t folded = 0;        // run once at build time
+  size_t deduplicated = 0;  // common subexpressions removed
+  size_t fused = 0;         // nodes merged into fused ops (a chain of k nodes counts k - 1)
+  size_t kernels = 0;       // nodes left: kernels per replay
+};
+
+// ---- cleanup ----
+void eliminate_dead_code(Graph& g, PassStats& stats);             // eliminate_dead_code.cpp
+void fold_constants(Graph& g, PassStats& stats);                  // fold_constants.cpp
+void eliminate_common_subexpressions(Graph& g, PassStats& stats); // eliminate_common_subexpressions.cpp
+
+// ---- fusion: each rewrites node chains into a fused op of kernels/ops.def ----
+void fuse_bias_grad_cast(Graph& g, PassStats& stats);     // column_sums
+void fuse_gemm_epilogue(Graph& g, PassStats& stats);      // gemm_epilogue
+void fuse_matmul_cast(Graph& g, PassStats& stats);        // matmul_into (f32 result)
+void fuse_matmul_accumulate(Graph& g, PassStats& stats);  // matmul_into (into a gradient)
+void fuse_masked_softmax(Graph& g, PassStats& stats);     // masked_softmax(_backward)
+void fuse_norm_cast(Graph& g, PassStats& stats);          // layer_norm_cast
+void fuse_attention_cast(Graph& g, PassStats& stats);     // causal_attention(_backward)_cast
+void store_gemm_bias_16bit(Graph& g, PassStats& stats);   // gemm_epilogue in 16 bits (store_gemm_16bit.cpp)
+void fuse_norm_backward_add(Graph& g, PassStats& stats);  // layer_norm_backward_add
+void fuse_gemm_gelu(Graph& g, PassStats& stats);          // gemm_epilogue with GELU
+void fuse_elementwise(Graph& g, PassStats& stats);        // fused_elementwise
+void fuse_optimizer(Graph& g, PassStats& stats);          // multi_tensor_adamw / multi_tensor_sgd
+
+}  // namespace reel::compile

@@ -1,0 +1,125 @@
+// The passes' matching helpers (see pattern.h).
+#include "compile/passes/pattern.h"
+
+#include <algorithm>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/dispatch.h"
+#include "kernels/schema/views.h"
+#include "tensor/log.h"
+
+namespace reel::compile {
+
+BufferUses buffer_uses(const Graph& g) {
+  BufferUses u;
+  const size_t nb = g.buffers.size();
+  u.readers.resize(nb);
+  u.writers.resize(nb);
+  u.touches.resize(nb);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    for (const auto& r : g.nodes[i].inputs)
+      if (r) {
+        u.readers[r->buffer].push_back(int(i));
+        u.touches[r->buffer].push_back(int(i));
+      }
+    for (const TensorRef& r : g.nodes[i].outputs) {
+      u.writers[r.buffer].push_back(int(i));
+      u.touches[r.buffer].push_back(int(i));
+    }
+  }
+  for (const TensorRef& r : g.outputs) u.readers[r.buffer].push_back(int(g.nodes.size()));
+  return u;
+}
+
+bool BufferUses::touched_between(int buffer, int i, int j) const {
+  for (int k : touches[buffer])
+    if (k > i && k < j) return true;
+  return false;
+}
+
+void drop_nodes(Graph& g, const std::vector<bool>& drop) {
+  std::vector<Node> kept;
+  for (size_t k = 0; k < g.nodes.size(); ++k)
+    if (!drop[k]) kept.push_back(std::move(g.nodes[k]));
+  g.nodes = std::move(kept);
+}
+
+bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r) {
+  return g.buffers[r.buffer].kind == BufferKind::Internal && u.writers[r.buffer].size() == 1;
+}
+
+bool is_plain_cast_of(const Graph& g, const BufferUses& u, int k, const TensorRef& src) {
+  if (k < 0 || k >= int(g.nodes.size())) return false;
+  const Node& c = g.nodes[size_t(k)];
+  if (c.op != OpKind::Copy || c.in_place || c.inputs.size() != 1 || !c.inputs[0] ||
+      !same_ref(*c.inputs[0], src) || c.outputs.size() != 1)
+    return false;
+  const TensorRef& out = c.outputs[0];
+  return out.shape == src.shape && is_contiguous(out) && internal_once(g, u, out);
+}
+
+int sole_reader(const Graph& g, const BufferUses& u, const TensorRef& z) {
+  const std::vector<int>& readers = u.readers[z.buffer];
+  if (readers.size() != 1 || readers[0] < 0 || readers[0] >= int(g.nodes.size())) return -1;
+  int refs = 0;
+  for (const auto& in : g.nodes[size_t(readers[0])].inputs) refs += in && in->buffer == z.buffer;
+  return refs == 1 ? readers[0] : -1;
+}
+
+std::optional<TensorRef> as_matrix(const TensorRef& r) {
+  if (r.shape.size() < 2) return std::nullopt;
+  const int64_t cols = r.shape.back(), rows = numel_of(r.shape) / std::max<int64_t>(cols, 1);
+  std::optional<Shape> strides = view_strides(r.shape, r.strides, {rows, cols});
+  if (!strides) return std::nullopt;
+  return TensorRef{r.buffer, {rows, cols}, *strides, r.offset, r.dtype};
+}
+
+Tensor traced(const Graph& g, const TensorRef& r) {
+  const Buffer& b = g.buffers[r.buffer];
+  if (b.storage) return view_of(b.storage, 0, r);
+  // A buffer an earlier pass made (a 16-bit cast of a bias, say) has no traced memory: a meta block of
+  // its size stands in, which is all a support query looks at.
+  return view_of(std::make_shared<Storage>(Storage::Meta{}, b.nbytes, b.device), 0, r);
+}
+
+int later_16bit_cast(const Graph& g, const BufferUses& u, const TensorRef& out) {
+  for (int k : u.readers[out.buffer])
+    if (is_plain_cast_of(g, u, k, out) && is_16bit(g.nodes[size_t(k)].outputs[0].dtype) &&
+        u.touches[g.nodes[size_t(k)].outputs[0].buffer].front() == k)
+      return k;
+  return -1;
+}
+
+bool device_supports(const Graph& g, const TensorRef& r, OpKind op) {
+  return supports(op, g.buffers[r.buffer].device.type);
+}
+
+bool call_supported(const Graph& g, const Node& n) {
+  std::vector<Tensor> in, out;
+  for (const auto& r : n.inputs) in.push_back(r ? traced(g, *r) : Tensor());
+  for (const TensorRef& r : n.outputs) out.push_back(traced(g, r));
+  return supports_call(n.op, in, out, n.attrs);
+}
+
+std::optional<GradientWrite> gradient_write(const Node& c) {
+  const bool copy = c.op == OpKind::Copy && !c.in_place && c.inputs.size() == 1;
+  const bool add = c.op == OpKind::Add && c.in_place && c.inputs.size() == 2 && c.inputs[0] &&
+                   same_ref(*c.inputs[0], c.outputs[0]);
+  if (!(copy || add) || !c.inputs.back()) return std::nullopt;
+  return GradientWrite{&*c.inputs.back(), add};
+}
+
+bool may_write_gradient_early(const BufferUses& u, const TensorRef& z, int i, int j, bool add) {
+  if (u.touched_between(z.buffer, i, j)) return false;
+  return add || u.touches[z.buffer].front() == j;  // a copy must create the gradient
+}
+
+void why_not(const char* pass, const Graph& g, size_t i, const char* with, const std::string& reason) {
+  if (!log_enabled("fusion")) return;
+  const char* op = i < g.nodes.size() ? op_name(g.nodes[i].op) : "?";
+  log_line("fusion", detail::cat(pass, ": ", op, " k", i, " not fused with ", with, ": ", reason));
+}
+
+}  // namespace reel::compile

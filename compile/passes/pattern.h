@@ -1,0 +1,85 @@
+// What the passes match with: who reads and writes each buffer (BufferUses), the shapes of nodes
+// every fusion looks for (a plain cast, a sole reader, a gradient write), whether a device takes
+// the fused op a pass would write (call_supported), and why_not(), which says under REEL_LOG=fusion
+// why a pass declined a candidate, in the manner of Inductor's WhyNoFuse. Patterns are stated by
+// op, dtype and reader counts, never by model.
+#pragma once
+#include <optional>
+#include <cstddef>
+#include <vector>
+
+#include "compile/ir/graph.h"
+
+namespace reel::compile {
+
+
+// Who touches each buffer, in graph order (node indices), for the fusion passes' safety checks. A
+// graph output counts as a reader at index nodes.size().
+struct BufferUses {
+  std::vector<std::vector<int>> readers, writers, touches;
+  int producer(int buffer) const { return writers[buffer].empty() ? -1 : writers[buffer].back(); }
+  // Whether a node strictly between i and j reads or writes the buffer.
+  bool touched_between(int buffer, int i, int j) const;
+};
+BufferUses buffer_uses(const Graph& g);
+// Drops the nodes marked in `drop`, keeping the others in order.
+void drop_nodes(Graph& g, const std::vector<bool>& drop);
+// The loop of a pass that merges nodes into earlier ones: visit(i, drop) for each node i not yet
+// marked, in graph order (it may rewrite node i and mark later or earlier nodes in `drop`); then the
+// marked nodes go.
+template <typename Visit>
+void fuse_each(Graph& g, Visit visit) {
+  std::vector<bool> drop(g.nodes.size(), false);
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (!drop[i]) visit(i, drop);
+  drop_nodes(g, drop);
+}
+// An Internal buffer written by exactly one node.
+bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r);
+// bf16 or f16: the compute dtypes of autocast.
+inline bool is_16bit(DType d) { return d == DType::bf16 || d == DType::f16; }
+// Node k as a plain cast (a copy) of all of src into a contiguous Internal buffer of src's shape
+// written only there. Which dtype it casts to is for the caller to check.
+bool is_plain_cast_of(const Graph& g, const BufferUses& u, int k, const TensorRef& src);
+// The node that alone reads z's buffer, reading it once (not a graph output): its index, or -1.
+int sole_reader(const Graph& g, const BufferUses& u, const TensorRef& z);
+// A ref with its leading dims folded into rows, (..., C) -> (rows, C), when its strides allow: how
+// a GEMM node's batched operand or result is handed to a 2-D GEMM kernel.
+std::optional<TensorRef> as_matrix(const TensorRef& r);
+// The tensor r is in the traced step's memory, or a meta stand-in of its geometry where a pass made
+// the buffer: what a pass hands a kernel's support query, which looks at shapes, layouts and
+// alignment only, never at values.
+Tensor traced(const Graph& g, const TensorRef& r);
+// A later cast of `out` to 16 bits (autocast's cast for a GEMM), with out's own geometry, into a
+// contiguous Internal buffer that nothing touches before it: the cast's node index, or -1. The fusion
+// passes fold such a cast into the kernel that produces `out`.
+int later_16bit_cast(const Graph& g, const BufferUses& u, const TensorRef& out);
+
+// Whether n is a GEMM + bias node (gemm_epilogue without GELU, possibly kept 16-bit by gemm_16bit):
+// inputs x, W^T, bias; output z.
+inline bool is_gemm_bias(const Node& n) { return n.op == OpKind::GemmEpilogue && !n.attrs.b("gelu", false); }
+
+// Under REEL_LOG=fusion, one line saying why `pass` did not fuse node i of g with `with`:
+//   "norm_cast: layer_norm k41 not fused with its cast: the cast has 2 readers"
+void why_not(const char* pass, const Graph& g, size_t i, const char* with, const std::string& reason);
+
+// Whether the device of ref r has a kernel for op (the fused op a pass would write there).
+bool device_supports(const Graph& g, const TensorRef& r, OpKind op);
+// Whether node n, as a pass would write it, is a call its device's kernel takes: the schema accepts
+// its inputs and attrs and predicts its outputs, and the kernel's own support query (a cuBLASLt
+// epilogue's algorithm, say) says yes (kernels/dispatch.h: supports_call, on the traced tensors).
+bool call_supported(const Graph& g, const Node& n);
+
+// Node c as AccumulateGrad's write into a parameter's gradient: the copy that creates it (the first
+// micro-batch) or the in-place add (params +=, the later ones). `source`
+// is what it puts there; nullopt otherwise.
+struct GradientWrite {
+  const TensorRef* source;
+  bool add;
+};
+std::optional<GradientWrite> gradient_write(const Node& c);
+// Whether the producer at node i may write (or add to) the gradient z that node j writes, so that j
+// can go: nothing touches z between them, and a copy j creates z.
+bool may_write_gradient_early(const BufferUses& u, const TensorRef& z, int i, int j, bool add);
+
+}  // namespace reel::compile

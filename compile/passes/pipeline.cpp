@@ -1,0 +1,89 @@
+// The pass pipeline (see pipeline.h): the list, in order, and the loop that runs it.
+#include "compile/passes/pipeline.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+
+#include "tensor/log.h"
+
+namespace reel::compile {
+
+const std::vector<Pass>& pipeline() {
+  using S = PassStage;
+  static const std::vector<Pass> passes = {
+      {"dead_code", S::Cleanup, eliminate_dead_code, "nodes whose results nothing reads"},
+      {"constants", S::Cleanup, fold_constants, "nodes of constants only, run once at build time"},
+      {"common_subexpressions", S::Cleanup, eliminate_common_subexpressions, "a node repeating an earlier one"},
+      // Before any cast is folded: the bias sums read the 16-bit gradient the casts make.
+      {"bias_grad_cast", S::Fusion, fuse_bias_grad_cast, "bias gradients summed from the 16-bit gradient"},
+      // Before elementwise fusion would take the add after a GEMM.
+      {"gemm_epilogue", S::Fusion, fuse_gemm_epilogue, "a GEMM's bias add (and cast) in its epilogue"},
+      {"matmul_cast", S::Fusion, fuse_matmul_cast, "a 16-bit GEMM writing its f32 result directly"},
+      {"matmul_accumulate", S::Fusion, fuse_matmul_accumulate, "weight gradients written or added by their GEMM"},
+      {"masked_softmax", S::Fusion, fuse_masked_softmax, "mask + softmax (+ cast), forward and backward"},
+      {"norm_cast", S::Fusion, fuse_norm_cast, "(add +) layer norm writing its GEMM's 16-bit input"},
+      {"attention_cast", S::Fusion, fuse_attention_cast, "attention also writing its GEMM's 16-bit input"},
+      // After attention_cast: the attention nodes it reads are final.
+      {"gemm_16bit", S::Fusion, store_gemm_bias_16bit, "GEMM results that only 16-bit readers read, in 16 bits"},
+      {"norm_backward_add", S::Fusion, fuse_norm_backward_add, "layer-norm backward + the residual's gradient (+ cast, sums)"},
+      // After gemm_16bit: it fuses the 16-bit pre-activation that pass made.
+      {"gemm_gelu", S::Fusion, fuse_gemm_gelu, "GELU in the epilogue of the GEMM before it"},
+      {"elementwise", S::Fusion, fuse_elementwise, "runs of elementwise ops as one generated kernel"},
+      {"optimizer", S::Fusion, fuse_optimizer, "a run of per-parameter updates as one multi-tensor kernel"},
+  };
+  return passes;
+}
+
+namespace {
+
+bool is_pass(const std::string& name) {
+  const auto& p = pipeline();
+  return std::any_of(p.begin(), p.end(), [&](const Pass& x) { return name == x.name; });
+}
+
+std::string pass_names() {
+  std::string out;
+  for (const Pass& p : pipeline()) out += (out.empty() ? "" : ", ") + std::string(p.name);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> passes_disabled_by_env() {
+  const char* env = std::getenv("REEL_PASSES");
+  std::vector<std::string> out;
+  std::stringstream ss(env ? env : "");
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item.empty()) continue;
+    REEL_CHECK(item[0] == '-' && item.size() > 1, "REEL_PASSES: '", item,
+               "' must be -name, a pass to turn off (passes: ", pass_names(), ")");
+    const std::string name = item.substr(1);
+    REEL_CHECK(is_pass(name), "REEL_PASSES: no pass is called '", name, "' (passes: ", pass_names(), ")");
+    out.push_back(name);
+  }
+  return out;
+}
+
+Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats) {
+  stats.traced = g.nodes.size();
+  std::vector<std::string> off = options.disabled;
+  for (const std::string& name : off)
+    REEL_CHECK(is_pass(name), "compile: no pass is called '", name, "' (passes: ", pass_names(), ")");
+  const std::vector<std::string> env = passes_disabled_by_env();
+  off.insert(off.end(), env.begin(), env.end());
+  for (const Pass& p : pipeline()) {
+    if (p.stage == PassStage::Fusion && !options.fuse) continue;
+    if (std::find(off.begin(), off.end(), p.name) != off.end()) {
+      log_line("passes", std::string(p.name) + ": off");
+      continue;
+    }
+    const size_t before = g.nodes.size();
+    p.run(g, stats);
+    log_line("passes", detail::cat(p.name, ": ", before, " -> ", g.nodes.size(), " nodes"));
+  }
+  stats.kernels = g.nodes.size();
+  return g;
+}
+
+}  // namespace reel::compile

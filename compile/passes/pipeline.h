@@ -1,0 +1,48 @@
+// The pass pipeline: what runs on a traced graph before its memory is planned, in order. One entry
+// per pass, grouped by stage; pipeline.cpp holds the list, one line each, and is the place to read
+// (or change) the order. Each pass file opens with the pattern it rewrites and why.
+//
+//   cleanup  dead code, constants folded at build time, common subexpressions
+//   fusion   chains of nodes rewritten into the fused ops of kernels/ops.def, where the device of
+//            the tensors has the op (supports) and takes the call (supports_call)
+//   (then the Plan places every Internal buffer in one arena by liveness: passes/memory_plan.h)
+//
+// Turning passes off, for study and for bisecting a wrong result: PassOptions::disabled (from
+// CompileOptions::disabled_passes) and the environment, REEL_PASSES=-name,-name (every name in
+// pipeline(); a name not there is an error that lists them). PassOptions::fuse = false turns the
+// whole fusion stage off: the plan then runs eager's own kernels, bit for bit.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "compile/ir/graph.h"
+#include "compile/passes/passes.h"
+
+namespace reel::compile {
+
+enum class PassStage { Cleanup, Fusion };
+
+struct Pass {
+  const char* name;  // as REEL_PASSES and `reel plan` spell it
+  PassStage stage;
+  void (*run)(Graph& g, PassStats& stats);
+  const char* what;  // one line for listings
+};
+
+// Every pass, in the order the pipeline runs them.
+const std::vector<Pass>& pipeline();
+
+struct PassOptions {
+  bool fuse = true;                     // the fusion stage at all
+  std::vector<std::string> disabled;    // passes turned off by name
+};
+
+// The passes of `options` (and REEL_PASSES) on g, in order; `stats` gets the node counts before and
+// after. Under REEL_LOG=passes each pass logs the nodes it left.
+Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats);
+
+// The names REEL_PASSES turns off ("-elementwise,-optimizer" -> {"elementwise", "optimizer"}); a
+// name that is no pass is a reel::Error listing the passes. Read from the environment on each call.
+std::vector<std::string> passes_disabled_by_env();
+
+}  // namespace reel::compile

@@ -1,0 +1,140 @@
+// 16-bit GEMM results: a fused GEMM + bias (gemm_epilogue) of 16-bit operands writing f32 z, where
+// every reader of z either rounds it to 16 bits anyway or is elementwise, writes z in the operands'
+// dtype instead (the bias added to the f32 accumulator, one rounding), which halves what the step
+// keeps of z for the backward. Readers it takes, as a GPT's are:
+//   an attention op (forward or backward, with or without its cast) reading z as qkv (the qkv
+//     projection): the kernels round qkv to the compute dtype before use, so they read the same bits
+//     as before; the node gets attr dtype = f32, its result's, as its schema wants;
+//   elementwise ops (the MLP's GELU and its backward reading the fc layer's z): each gets a cast of
+//     z back to f32 just before it, which elementwise fusion folds into its kernel. GELU then sees z
+//     rounded to 16 bits, as under PyTorch's autocast: within tolerance of eager, not bitwise.
+// z must be an Internal buffer written once and read by nothing else, and the device must take the
+// 16-bit gemm_epilogue: with the f32 bias where it can (cuBLASLt on the H200 has no such kernel), or
+// else with the bias cast to 16 bits, as PyTorch's autocast rounds it (one cast per bias, made before
+// its first GEMM and reused until something writes the bias). Runs after gemm_epilogue and
+// attention_cast, before elementwise fusion (passes/pipeline.cpp).
+#include <algorithm>
+#include <map>
+
+#include "compile/passes/passes.h"
+#include "kernels/fused_expr.h"
+
+namespace reel::compile {
+
+namespace {
+
+// A node fuse_gemm_epilogue made from a 16-bit GEMM, autocast's cast to f32 and the bias add.
+bool is_16bit_gemm_bias_to_f32(const Node& n) {
+  return is_gemm_bias(n) && n.inputs.size() == 3 && n.inputs[0] && n.inputs[1] && n.inputs[2] &&
+         is_16bit(n.inputs[0]->dtype) && n.outputs.size() == 1 && n.outputs[0].dtype == DType::f32;
+}
+
+// How a node reads z's buffer, for store_gemm_bias_16bit.
+enum class Reader {
+  Other,         // the pass leaves z alone
+  AttentionQkv,  // an attention op (forward or backward, plain or with its cast) taking z as qkv: reads
+                 // 16 bits as they are
+  Elementwise,   // an elementwise op reading z once: reads it through a cast back to f32
+};
+Reader reader_kind(const Node& r, const TensorRef& z, DType compute) {
+  int refs = 0;
+  for (const auto& in : r.inputs) refs += in && in->buffer == z.buffer;
+  if (refs != 1) return Reader::Other;
+  const bool forward = r.op == OpKind::CausalAttention || r.op == OpKind::CausalAttentionCast;
+  const bool backward = r.op == OpKind::CausalAttentionBackward || r.op == OpKind::CausalAttentionBackwardCast;
+  const size_t qkv = forward ? 0 : backward ? 1 : SIZE_MAX;
+  if (qkv != SIZE_MAX)
+    return qkv < r.inputs.size() && r.inputs[qkv] && same_ref(*r.inputs[qkv], z) &&
+                   r.attrs.i("compute") == int64_t(compute)
+               ? Reader::AttentionQkv
+               : Reader::Other;
+  return is_fusable_op(r.op) && !r.in_place ? Reader::Elementwise : Reader::Other;
+}
+
+}  // namespace
+
+void store_gemm_bias_16bit(Graph& g, PassStats& stats) {
+  (void)stats;  // no node goes; the casts inserted here are folded by elementwise fusion
+  const BufferUses u = buffer_uses(g);
+  std::vector<std::vector<Node>> casts_before(g.nodes.size());
+  // The cast of `src` into a new Internal buffer of its shape (contiguous) in `dtype`.
+  auto cast_node = [&](const TensorRef& src, DType dtype, Device device) {
+    Buffer t;
+    t.id = int(g.buffers.size());
+    t.kind = BufferKind::Internal;
+    t.nbytes = size_t(numel_of(src.shape)) * dtype_size(dtype);
+    t.device = device;
+    TensorRef dst{t.id, src.shape, contiguous_strides(src.shape), 0, dtype};
+    g.buffers.push_back(std::move(t));
+    return Node{OpKind::Copy, Attrs(), {src}, {dst}, false, {}};
+  };
+  std::map<int, std::pair<TensorRef, int>> bias16_of;  // f32 bias buffer -> its 16-bit cast, made before node
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node& n = g.nodes[i];
+    if (!is_16bit_gemm_bias_to_f32(n)) continue;
+    const TensorRef z = n.outputs[0];
+    const DType c = n.inputs[0]->dtype;
+    Buffer& zb = g.buffers[z.buffer];
+    if (!internal_once(g, u, z) || !is_contiguous(z) || z.offset != 0 || zb.nbytes < z.nbytes() || !zb.storage ||
+        u.readers[z.buffer].empty())
+      continue;
+    bool ok = true;
+    for (int k : u.readers[z.buffer])
+      ok = ok && k < int(g.nodes.size()) && k > int(i) && reader_kind(g.nodes[size_t(k)], z, c) != Reader::Other;
+    if (!ok) continue;
+    // cuBLASLt's answer for the 16-bit result (the traced block is large enough for a view of it),
+    // with the f32 bias or, where it has no such kernel, the bias cast to 16 bits as PyTorch's
+    // autocast does (views of the f32 blocks stand in for the 16-bit tensors in the query).
+    TensorRef z16 = z, bias = *n.inputs[2], bias16 = *n.inputs[2];
+    z16.dtype = bias16.dtype = c;
+    auto supported = [&](const TensorRef& b) {
+      Node q = n;
+      q.attrs.set("dtype", c);
+      q.inputs[2] = b;
+      q.outputs[0] = z16;
+      return call_supported(g, q);
+    };
+    const bool f32_bias = supported(bias);
+    if (!f32_bias && !(is_contiguous(bias) && supported(bias16))) continue;
+    if (!f32_bias) {
+      auto it = bias16_of.find(bias.buffer);
+      bool reuse = it != bias16_of.end();
+      for (int w : u.writers[bias.buffer]) reuse = reuse && !(it->second.second <= w && w < int(i));
+      if (!reuse) {
+        Node cast = cast_node(bias, c, g.buffers[bias.buffer].device);
+        it = bias16_of.insert_or_assign(bias.buffer, std::make_pair(cast.outputs[0], int(i))).first;
+        casts_before[i].push_back(std::move(cast));
+      }
+      n.inputs[2] = it->second.first;
+    }
+    zb.nbytes = z16.nbytes();
+    n.outputs[0] = z16;
+    n.attrs.set("dtype", c);
+    std::vector<int> readers = u.readers[z.buffer];
+    readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
+    for (int k : readers) {
+      Node& r = g.nodes[size_t(k)];
+      const Reader kind = reader_kind(r, z, c);
+      // Attention reads the 16-bit qkv itself, its result staying f32.
+      if (kind == Reader::AttentionQkv) r.attrs.set("dtype", DType::f32);
+      for (auto& in : r.inputs) {
+        if (!in || in->buffer != z.buffer) continue;
+        in->dtype = c;
+        if (kind == Reader::AttentionQkv) continue;
+        // Elementwise: an f32 copy of what r reads, made just before r; r reads the copy.
+        Node cast = cast_node(*in, DType::f32, zb.device);
+        *in = cast.outputs[0];
+        casts_before[size_t(k)].push_back(std::move(cast));
+      }
+    }
+  }
+  std::vector<Node> out;
+  out.reserve(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    for (Node& c : casts_before[i]) out.push_back(std::move(c));
+    out.push_back(std::move(g.nodes[i]));
+  }
+  g.nodes = std::move(out);
+}
+
+}  // namespace reel::compile

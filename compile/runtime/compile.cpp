@@ -1,0 +1,174 @@
+// compile() (see compile.h).
+#include "compile/runtime/compile.h"
+
+#include <cstdio>
+
+#include "compile/runtime/describe.h"
+#include "tensor/log.h"
+#include "kernels/autotune.h"
+
+namespace reel::compile {
+
+namespace {
+
+struct InputMeta {
+  Shape shape;
+  DType dtype;
+  Device device;
+  bool operator==(const InputMeta& o) const { return shape == o.shape && dtype == o.dtype && device == o.device; }
+};
+
+using Signature = std::vector<InputMeta>;
+
+Signature signature_of(const std::vector<Tensor>& inputs) {
+  Signature s;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    REEL_CHECK(inputs[i].defined(), "compile: input ", i, " is undefined");
+    s.push_back({inputs[i].shape(), inputs[i].dtype(), inputs[i].device()});
+  }
+  return s;
+}
+
+std::string meta_str(const InputMeta& m) {
+  return shape_str(m.shape) + " " + dtype_name(m.dtype) + " " + m.device.str();
+}
+
+// Why `now` misses `cached`: the first differing argument.
+std::string mismatch(const Signature& now, const Signature& cached) {
+  if (now.size() != cached.size())
+    return detail::cat(now.size(), " arguments, traced with ", cached.size());
+  for (size_t i = 0; i < now.size(); ++i)
+    if (!(now[i] == cached[i])) return detail::cat("input ", i, " is ", meta_str(now[i]), ", traced as ", meta_str(cached[i]));
+  return "identical";
+}
+
+}  // namespace
+
+std::string signature_str(const std::vector<Tensor>& inputs) {
+  std::string out;
+  for (const InputMeta& m : signature_of(inputs)) out += (out.empty() ? "" : ", ") + meta_str(m);
+  return out;
+}
+
+struct CompiledFunction::State {
+  StepFn fn;
+  CompileOptions options;
+  struct Entry {
+    Signature sig;
+    int calls = 0;
+    std::unique_ptr<Plan> plan;
+    bool eager_only = false;
+  };
+  std::vector<Entry> entries;
+  const Plan* last = nullptr;
+  int traces = 0, replays = 0, eager = 0;
+  bool warned_limit = false;
+  std::vector<GraphBreak> breaks;
+
+  std::vector<Tensor> eager_call(const std::vector<Tensor>& in) {
+    ++eager;
+    last = nullptr;
+    return fn(in);
+  }
+
+  std::vector<Tensor> trace_call(Entry& e, const std::vector<Tensor>& in) {
+    Tracer tracer(in);
+    tracer.start();
+    std::vector<Tensor> out;
+    try {
+      out = fn(in);
+    } catch (...) {
+      tracer.stop();
+      throw;
+    }
+    tracer.stop();
+    Graph g = tracer.finish(out);
+    ++traces;
+    ++eager;
+    last = nullptr;
+    for (const GraphBreak& b : tracer.breaks()) {
+      breaks.push_back(b);
+      log_line("graph_breaks", detail::cat("graph break at ", b.op, ": ", b.reason));
+    }
+    bool random = false;
+    for (const GraphBreak& b : tracer.breaks()) random = random || b.reason.rfind("draws random", 0) == 0;
+    if (random) {
+      e.eager_only = true;
+      log_line("graph_breaks", "this signature runs eagerly from now on");
+      return out;
+    }
+    e.plan = std::make_unique<Plan>(std::move(g), options.mode, PassOptions{options.fuse});
+    for (const GraphBreak& b : e.plan->host_nodes()) breaks.push_back(b);
+    if (log_enabled("plan")) log_line("plan", plan_summary(*e.plan));
+    if (log_enabled("memory")) log_line("memory", memory_summary(*e.plan));
+    return out;
+  }
+};
+
+CompiledFunction::CompiledFunction(StepFn fn, CompileOptions options) : s_(std::make_unique<State>()) {
+  REEL_CHECK(fn != nullptr, "compile: the step function is empty");
+  REEL_CHECK(options.cache_limit >= 1, "compile: cache_limit must be >= 1, got ", options.cache_limit);
+  s_->fn = std::move(fn);
+  s_->options = options;
+}
+
+CompiledFunction::~CompiledFunction() = default;
+CompiledFunction::CompiledFunction(CompiledFunction&&) noexcept = default;
+CompiledFunction& CompiledFunction::operator=(CompiledFunction&&) noexcept = default;
+
+namespace {
+
+// max-autotune: kernels time their candidate algorithms on each shape's first (eager) use — for this
+// function's calls only, so that other code keeps the heuristic choices (and their cache entries).
+class AutotuneScope {
+ public:
+  explicit AutotuneScope(bool on) : prev_(autotune_enabled()) { set_autotune(on || prev_); }
+  ~AutotuneScope() { set_autotune(prev_); }
+  AutotuneScope(const AutotuneScope&) = delete;
+  AutotuneScope& operator=(const AutotuneScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
+}  // namespace
+
+std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& inputs) {
+  State& s = *s_;
+  AutotuneScope autotune(s.options.mode == Mode::MaxAutotune);
+  Signature sig = signature_of(inputs);
+  State::Entry* e = nullptr;
+  for (State::Entry& c : s.entries)
+    if (c.sig == sig) e = &c;
+  if (!e) {
+    if (int(s.entries.size()) >= s.options.cache_limit) {
+      if (!s.warned_limit) {
+        std::fprintf(stderr,
+                     "reel compile: cache limit reached (%d plans; raise CompileOptions::cache_limit). This call's "
+                     "signature %s matches none (%s); running eagerly from now on for new signatures.\n",
+                     s.options.cache_limit, signature_str(inputs).c_str(), mismatch(sig, s.entries.back().sig).c_str());
+        s.warned_limit = true;
+      }
+      return s.eager_call(inputs);
+    }
+    if (!s.entries.empty())
+      log_line("recompiles", detail::cat("recompiling: ", mismatch(sig, s.entries.back().sig)));
+    s.entries.push_back(State::Entry{sig, 0, nullptr, false});
+    e = &s.entries.back();
+  }
+  const int call = e->calls++;
+  if (e->eager_only || call == 0) return s.eager_call(inputs);
+  if (!e->plan) return s.trace_call(*e, inputs);
+  ++s.replays;
+  s.last = e->plan.get();
+  return e->plan->run(inputs);
+}
+
+const Plan* CompiledFunction::last_plan() const { return s_->last; }
+int CompiledFunction::traces() const { return s_->traces; }
+int CompiledFunction::replays() const { return s_->replays; }
+int CompiledFunction::eager_calls() const { return s_->eager; }
+const std::vector<GraphBreak>& CompiledFunction::graph_breaks() const { return s_->breaks; }
+const CompileOptions& CompiledFunction::options() const { return s_->options; }
+
+}  // namespace reel::compile

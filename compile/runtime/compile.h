@@ -1,0 +1,70 @@
+// compile() — a step function traced once and replayed as a plan, as torch.compile does for a
+// function and TinyJit for a step.
+//
+//   auto step = compile::compile([&](const std::vector<Tensor>& in) { ...; return {loss}; },
+//                                {.mode = compile::Mode::ReduceOverhead});
+//   for (...) std::vector<Tensor> out = step({x0, y0, x1, y1});
+//
+// Lifecycle, per input signature (the shapes, dtypes and devices of the arguments):
+//   call 0   runs the function eagerly: warm-up (lazily created optimizer state, cuDNN algorithm
+//            choice, library handles), so that the next call sees the steady state;
+//   call 1   runs it eagerly under the Tracer and builds a Plan (compile/plan.h) from the tape;
+//   call 2+  replays the Plan (in reduce-overhead mode the first replay also captures the graphs).
+// A call whose signature matches no cached plan is a recompile (logged under REEL_LOG=recompiles
+// with the mismatch); past `cache_limit` plans the function runs eagerly with a one-time warning,
+// as torch.compile does at its recompile limit. A trace containing an op a replay cannot honour (a
+// random op) is a graph break: that signature then always runs eagerly, reported with the op name.
+//
+// The contract, as for every tracing compiler: the function must do the same ops on every call
+// with the same signature, and read host values only through its arguments — a value computed on
+// the host at trace time (a Python-side lr, a host counter) is frozen into the plan. reel's own
+// training step meets it: the optimizer's lr and step count and the GradScaler live on the device.
+// Results are fresh tensors each call. Parameters and state are updated in place, as eagerly.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compile/runtime/plan.h"
+
+namespace reel::compile {
+
+struct CompileOptions {
+  Mode mode = Mode::Default;
+  int cache_limit = 8;  // plans kept per function (one per input signature)
+  bool fuse = true;     // fusion passes (off: the plan runs eager's kernels, bit for bit)
+};
+
+using StepFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs)>;
+
+class CompiledFunction {
+ public:
+  CompiledFunction(StepFn fn, CompileOptions options);
+  ~CompiledFunction();
+  CompiledFunction(CompiledFunction&&) noexcept;
+  CompiledFunction& operator=(CompiledFunction&&) noexcept;
+
+  std::vector<Tensor> operator()(const std::vector<Tensor>& inputs);
+
+  // The plan of the last call (nullptr when it ran eagerly).
+  const Plan* last_plan() const;
+  int traces() const;        // plans built so far (recompiles = traces - 1)
+  int replays() const;       // calls served by a plan
+  int eager_calls() const;   // calls run eagerly (warm-up, past the cache limit, graph breaks)
+  const std::vector<GraphBreak>& graph_breaks() const;  // of every trace so far
+  const CompileOptions& options() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+inline CompiledFunction compile(StepFn fn, CompileOptions options = {}) {
+  return CompiledFunction(std::move(fn), options);
+}
+
+// The signature of a call: "(16, 128) i64 cuda:0, (16, 128) i64 cuda:0".
+std::string signature_str(const std::vector<Tensor>& inputs);
+
+}  // namespace reel::compile

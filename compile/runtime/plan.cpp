@@ -1,0 +1,174 @@
+// Plan (see plan.h).
+#include "compile/runtime/plan.h"
+
+#include <chrono>
+
+#include "compile/runtime/describe.h"
+#include "compile/passes/passes.h"
+#include "kernels/dispatch.h"
+
+namespace reel::compile {
+
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::Default: return "default";
+    case Mode::ReduceOverhead: return "reduce-overhead";
+    case Mode::MaxAutotune: return "max-autotune";
+  }
+  return "?";
+}
+
+Mode parse_mode(const std::string& name) {
+  if (name == "default") return Mode::Default;
+  if (name == "reduce-overhead") return Mode::ReduceOverhead;
+  if (name == "max-autotune") return Mode::MaxAutotune;
+  throw Error("compile: unknown mode '" + name + "' (expected default, reduce-overhead or max-autotune)");
+}
+
+Plan::Plan(Graph graph, Mode mode, PassOptions passes)
+    : graph_(optimize_graph(std::move(graph), passes, stats_)), mode_(mode), memory_(plan_memory(graph_)) {
+  const size_t nb = graph_.buffers.size();
+  storage_.resize(nb);
+  byte_offset_.assign(nb, 0);
+  for (const Arena& a : memory_.arenas) {
+    auto arena = std::make_shared<Storage>(std::max<size_t>(a.bytes, 1), a.device);
+    for (const Placement& p : a.placements) {
+      storage_[p.buffer] = arena;
+      byte_offset_[p.buffer] = p.offset;
+    }
+  }
+  for (Buffer& b : graph_.buffers) {
+    if (b.kind == BufferKind::External) storage_[b.id] = b.storage;
+    if (b.kind == BufferKind::Input) storage_[b.id] = std::make_shared<Storage>(std::max<size_t>(b.nbytes, 1), b.device);
+    if (b.kind != BufferKind::External) b.storage.reset();  // the traced block is no longer needed
+  }
+  build_steps();
+  build_segments();
+}
+
+Plan::~Plan() = default;
+
+Tensor Plan::bind(const TensorRef& r) const { return view_of(storage_[r.buffer], byte_offset_[r.buffer], r); }
+
+void Plan::build_steps() {
+  steps_.clear();
+  for (const Node& n : graph_.nodes) {
+    Step s{n.op, &n.attrs, {}, {}, true};
+    for (const auto& r : n.inputs) {
+      s.in.push_back(r ? bind(*r) : Tensor());
+      if (r) s.on_gpu = s.on_gpu && graph_.buffers[r->buffer].device.is_cuda();
+    }
+    for (const TensorRef& r : n.outputs) {
+      s.out.push_back(bind(r));
+      s.on_gpu = s.on_gpu && graph_.buffers[r.buffer].device.is_cuda();
+    }
+    prepare_kernel(s.op, s.in, s.out, *s.attrs);
+    steps_.push_back(std::move(s));
+  }
+  for (const TensorRef& r : graph_.inputs) input_views_.push_back(bind(r));
+}
+
+void Plan::build_segments() {
+  segments_.clear();
+  const bool capture = mode_ != Mode::Default;
+  size_t i = 0;
+  while (i < steps_.size()) {
+    size_t j = i;
+    const bool gpu = capture && steps_[i].on_gpu;
+    while (j < steps_.size() && (capture && steps_[j].on_gpu) == gpu) ++j;
+    segments_.push_back(Segment{i, j, gpu, nullptr});
+    i = j;
+  }
+}
+
+size_t Plan::graphs() const {
+  size_t n = 0;
+  for (const Segment& s : segments_) n += s.graph ? 1 : 0;
+  return n;
+}
+
+std::vector<GraphBreak> Plan::host_nodes() const {
+  std::vector<GraphBreak> out;
+  if (mode_ == Mode::Default) return out;
+  for (const Step& s : steps_)
+    if (!s.on_gpu) out.push_back({op_name(s.op), "touches host memory, so it runs between CUDA graphs"});
+  return out;
+}
+
+void Plan::run_steps(size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    const Step& s = steps_[i];
+    run_kernel(s.op, s.in, s.out, *s.attrs);
+  }
+}
+
+std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) {
+  REEL_ASSERT(int(inputs.size()) == graph_.num_inputs, "compile: ", inputs.size(), " inputs for a plan of ",
+              graph_.num_inputs);
+  // Arguments into the static input buffers, in the traced geometry (the guards checked shapes).
+  for (size_t i = 0; i < inputs.size(); ++i) run_kernel(OpKind::Copy, {inputs[i]}, {input_views_[i]}, Attrs());
+  for (Segment& seg : segments_) {
+    if (!seg.captured) {
+      run_steps(seg.begin, seg.end);
+      continue;
+    }
+    if (!seg.graph) {
+      int device = steps_[seg.begin].out.empty() ? 0 : steps_[seg.begin].out[0].device().index;
+      seg.graph = std::make_unique<cuda::Graph>(device);
+      seg.graph->capture_begin();
+      try {
+        run_steps(seg.begin, seg.end);
+      } catch (...) {
+        try { seg.graph->capture_end(); } catch (...) {}
+        seg.graph.reset();
+        throw;
+      }
+      seg.graph->capture_end();
+    }
+    seg.graph->replay();
+  }
+  std::vector<Tensor> out;
+  for (const TensorRef& r : graph_.outputs) {
+    Tensor v = bind(r);
+    Tensor fresh = Tensor::empty(r.shape, r.dtype, graph_.buffers[r.buffer].device);
+    run_kernel(OpKind::Copy, {v}, {fresh}, Attrs());
+    out.push_back(fresh);
+  }
+  return out;
+}
+
+}  // namespace reel::compile
+
+namespace reel::compile {
+
+std::vector<Plan::KernelTime> Plan::profile(const std::vector<Tensor>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) run_kernel(OpKind::Copy, {inputs[i]}, {input_views_[i]}, Attrs());
+  std::vector<KernelTime> times;
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Node& n = graph_.nodes[i];
+    const Device device = steps_[i].out.empty() ? Device::cpu() : steps_[i].out[0].device();
+    std::string label = op_name(n.op);
+    if (!n.fused.empty()) label = "fused[" + fused_str(n.fused) + "]";
+    std::string key = label;
+    for (const auto& r : n.inputs)
+      if (r) key += " " + shape_str(r->shape);
+    if (!n.outputs.empty()) key += std::string(" ") + dtype_name(n.outputs[0].dtype);
+    double ms = 0;
+    if (device.is_cuda()) {
+      cuda::synchronize(device.index);
+      cuda::EventLog log(device.index);
+      log.mark();
+      run_steps(i, i + 1);
+      log.mark();
+      ms = log.intervals_ms()[0];
+    } else {
+      auto t0 = std::chrono::steady_clock::now();
+      run_steps(i, i + 1);
+      ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+    times.push_back({label, key, ms});
+  }
+  return times;
+}
+
+}  // namespace reel::compile

@@ -1,0 +1,93 @@
+// Plan — a traced Graph made executable: buffers bound to memory, nodes to kernels.
+//
+//   Input buffers     get static copies made at build time; each call copies its arguments in.
+//   External buffers  are the traced Storages themselves (parameters, optimizer state, ...).
+//   Internal buffers  are views into one arena per device, placed by the memory plan.
+// run() copies the arguments in, runs the nodes in order through the kernel table (run_kernel: no
+// schema checks, no allocation of activations, no autograd: the tape was recorded once; fused nodes
+// are ops like the others), and returns fresh copies of the outputs, so a caller may keep them while
+// later calls reuse the arena. Building a plan also prepares each node's kernel (prepare_kernel:
+// NVRTC compiles the fused elementwise programs then, not inside a replay or a capture).
+//
+// Modes (as torch.compile's):
+//   Default        nodes launched one by one from the host;
+//   ReduceOverhead the nodes captured once into CUDA graphs and replayed: one graph for each maximal
+//                  run of nodes whose tensors are all on the GPU (normally the whole step); nodes
+//                  touching the host run between them (each reported as a graph break);
+//   MaxAutotune    ReduceOverhead, with kernels' autotuning on during the function's calls (kernels/autotune.h:
+//                  cuDNN convolution algorithms timed on each shape's first, eager, use; the choice
+//                  cached). GEMMs likewise: cuBLASLt's candidates timed against cuBLAS's default.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compile/ir/graph.h"
+#include "compile/passes/memory_plan.h"
+#include "compile/passes/pipeline.h"
+#include "compile/ir/trace.h"
+#include "tensor/cuda.h"
+
+namespace reel::compile {
+
+enum class Mode { Default, ReduceOverhead, MaxAutotune };
+const char* mode_name(Mode m);
+Mode parse_mode(const std::string& name);  // "default" | "reduce-overhead" | "max-autotune"
+
+class Plan {
+ public:
+  Plan(Graph graph, Mode mode, PassOptions passes = {});
+  ~Plan();
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+
+  std::vector<Tensor> run(const std::vector<Tensor>& inputs);
+
+  // One call run kernel by kernel, outside any graph, with the device idle around each kernel so that
+  // its time is its own (CUDA events; the host clock on the CPU): what `reel bench --profile` shows of
+  // a compiled step. The call's results are discarded; parameters are updated as by run().
+  struct KernelTime {
+    std::string label;  // op name, or "fused[op+op+...]"
+    std::string key;    // label, input shapes and dtype
+    double ms;
+  };
+  std::vector<KernelTime> profile(const std::vector<Tensor>& inputs);
+
+  const Graph& graph() const { return graph_; }
+  const MemoryPlan& memory() const { return memory_; }
+  const PassStats& stats() const { return stats_; }
+  Mode mode() const { return mode_; }
+  size_t kernels() const { return steps_.size(); }
+  size_t graphs() const;                 // CUDA graphs captured so far
+  std::vector<GraphBreak> host_nodes() const;  // nodes that run outside the graphs (ReduceOverhead)
+
+ private:
+  struct Step {
+    OpKind op;
+    const Attrs* attrs;
+    std::vector<Tensor> in, out;
+    bool on_gpu;  // every tensor it touches is on a GPU: it can be captured
+  };
+  struct Segment {
+    size_t begin, end;  // steps [begin, end)
+    bool captured;      // replayed from `graph` (ReduceOverhead)
+    std::unique_ptr<cuda::Graph> graph;
+  };
+
+  Tensor bind(const TensorRef& r) const;
+  void build_steps();
+  void build_segments();
+  void run_steps(size_t begin, size_t end);
+
+  PassStats stats_;  // before graph_: the passes fill it while graph_ is initialised
+  Graph graph_;
+  Mode mode_;
+  MemoryPlan memory_;
+  std::vector<std::shared_ptr<Storage>> storage_;  // per buffer: where it lives now
+  std::vector<size_t> byte_offset_;                // per buffer: its start in that storage
+  std::vector<Tensor> input_views_;                // per input: its static copy, in the traced geometry
+  std::vector<Step> steps_;
+  std::vector<Segment> segments_;
+};
+
+}  // namespace reel::compile

@@ -1,0 +1,246 @@
+// CUDA source generation for fused elementwise kernels (see codegen_cuda.h).
+#include "kernels/jit/codegen_cuda.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "kernels/jit/nvrtc_math.h"
+
+namespace reel::jit {
+
+namespace {
+
+// Everything a generated program needs besides the formulas: their math primitives on CUDA's libm
+// (the same overloads by type as the host's std:: ones) and 16-bit conversions.
+constexpr const char* kPrelude = R"(#define REEL_FM_FN __device__ __forceinline__
+REEL_FM_FN float math_exp(float x) { return expf(x); }
+REEL_FM_FN double math_exp(double x) { return exp(x); }
+REEL_FM_FN float math_log(float x) { return logf(x); }
+REEL_FM_FN double math_log(double x) { return log(x); }
+REEL_FM_FN float math_sqrt(float x) { return sqrtf(x); }
+REEL_FM_FN double math_sqrt(double x) { return sqrt(x); }
+REEL_FM_FN float math_tanh(float x) { return tanhf(x); }
+REEL_FM_FN double math_tanh(double x) { return tanh(x); }
+REEL_FM_FN float math_pow(float x, float y) { return powf(x, y); }
+REEL_FM_FN double math_pow(double x, double y) { return pow(x, y); }
+REEL_FM_FN float reel_load_f16(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+REEL_FM_FN unsigned short reel_store_f16(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+REEL_FM_FN float reel_load_bf16(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
+REEL_FM_FN unsigned short reel_store_bf16(float f) {
+  unsigned int x = __float_as_uint(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (unsigned short)(x >> 16);
+}
+struct alignas(16) reel_pack_u16 { unsigned short v[8]; };
+struct alignas(16) reel_pack_f32 { float v[8]; };
+struct alignas(16) reel_pack_f64 { double v[8]; };
+struct alignas(16) reel_pack_i64 { long long v[8]; };
+)";
+
+const char* storage_type(DType t) {
+  switch (t) {
+    case DType::f32: return "float";
+    case DType::f64: return "double";
+    case DType::f16: case DType::bf16: return "unsigned short";
+    case DType::i64: return "long long";
+  }
+  return "?";
+}
+
+// The prelude's type of kFusedVectorWidth consecutive elements of dtype t, 16-byte aligned.
+const char* pack_type(DType t) {
+  switch (t) {
+    case DType::f32: return "reel_pack_f32";
+    case DType::f64: return "reel_pack_f64";
+    case DType::f16: case DType::bf16: return "reel_pack_u16";
+    case DType::i64: return "reel_pack_i64";
+  }
+  return "?";
+}
+
+// `text` (of dtype t's storage type) widened to its accumulation type.
+std::string widen(DType t, const std::string& text) {
+  if (t == DType::f16) return "reel_load_f16(" + text + ")";
+  if (t == DType::bf16) return "reel_load_bf16(" + text + ")";
+  return text;
+}
+
+// `text` (of dtype t's accumulation type) narrowed to its storage type.
+std::string narrow(DType t, const std::string& text) {
+  if (t == DType::f16) return "reel_store_f16(" + text + ")";
+  if (t == DType::bf16) return "reel_store_bf16(" + text + ")";
+  return text;
+}
+
+// An attr as an exact constant of type `type`: the double's bits, so infinities and every digit
+// survive, converted as the CPU converts A(param).
+std::string constant(double v, ValueType type) {
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "(%s)__longlong_as_double(0x%016" PRIx64 "LL) /* %.9g */", value_type_name(type), bits, v);
+  return buf;
+}
+
+std::string reg(int r) { return "r" + std::to_string(r); }
+
+// A copy's conversion of register `r` (any type) to dtype `to`, as the CPU's copy: through double.
+std::string cast_text(int r, DType to) {
+  const std::string d = "(double)" + reg(r);
+  switch (to) {
+    case DType::f32: return "(float)" + d;
+    case DType::f64: return d;
+    case DType::i64: return "(long long)" + d;
+    case DType::f16: return "reel_load_f16(reel_store_f16((float)" + d + "))";
+    case DType::bf16: return "reel_load_bf16(reel_store_bf16((float)" + d + "))";
+  }
+  return d;
+}
+
+std::string op_text(const Instr& i) {
+  std::string s = std::string("op_") + op_name(i.op) + "(";
+  for (int k = 0; k < 3 && i.args[k] >= 0; ++k) s += (k ? ", " : "") + reg(i.args[k]);
+  if (i.op == OpKind::PowScalar || i.op == OpKind::AddScalar || i.op == OpKind::MulScalar || i.op == OpKind::MaskedFill)
+    s += ", " + constant(i.p0, i.type);
+  if (i.op == OpKind::ClampScalar) s += ", " + constant(i.p0, i.type) + ", " + constant(i.p1, i.type);
+  return s + ")";
+}
+
+// The element offset of loop operand k (0: the outputs) at element e, from the dim indices i0...
+std::string offset_text(const FusedLoop& l, size_t k, const char* suffix) {
+  if (l.strides[k] == l.strides[0]) return "e";
+  std::string s;
+  for (size_t d = 0; d < l.sizes.size(); ++d) {
+    if (l.strides[k][d] == 0) continue;
+    s += (s.empty() ? "" : " + ") + ("i" + std::to_string(d));
+    if (l.strides[k][d] != 1) s += " * " + std::to_string(l.strides[k][d]) + suffix;
+  }
+  return s.empty() ? "0" : s;
+}
+
+std::string signature(const FusedExpr& e) {
+  std::string s = std::string("extern \"C\" __global__ void __launch_bounds__(") + std::to_string(kFusedBlockThreads) +
+                  ") " + kFusedKernelName + "(";
+  for (size_t k = 0; k < e.inputs.size(); ++k)
+    s += (k ? ", " : "") + std::string("const ") + storage_type(e.inputs[k]) + "* in" + std::to_string(k);
+  for (size_t k = 0; k < e.outputs.size(); ++k)
+    s += ", " + std::string(storage_type(e.outputs[k])) + "* out" + std::to_string(k);
+  return s + ")";
+}
+
+// The scalar loop's header, from element `first` on, and the dim indices of element e (innermost dim
+// last, as in the loop's sizes).
+void emit_loop_head(std::ostringstream& os, const FusedLoop& l, const char* suffix) {
+  os << "  for (index_t e = first + index_t(blockIdx.x) * " << kFusedBlockThreads << suffix
+     << " + threadIdx.x; e < n; e += index_t(gridDim.x) * " << kFusedBlockThreads << suffix << ") {\n";
+  const size_t nd = l.sizes.size();
+  if (nd == 1) {
+    os << "    const index_t i0 = e;\n";
+    return;
+  }
+  os << "    index_t rest = e;\n";
+  for (size_t d = nd - 1; d > 0; --d)
+    os << "    const index_t i" << d << " = rest % " << l.sizes[d] << suffix << "; rest /= " << l.sizes[d] << suffix << ";\n";
+  os << "    const index_t i0 = rest;\n";
+}
+
+// Instruction r of the program, `indent` deep. Input k's element is read as load(k) and output k's
+// written as store(k) (the scalar loop: in k at its offset, out k at e; the vector loop: element j of
+// the packs).
+template <typename Load, typename Store>
+void emit_instr(std::ostringstream& os, const FusedExpr& e, size_t r, const char* indent, Load load, Store store) {
+  const Instr& i = e.code[r];
+  const char* type = value_type_name(i.type);
+  switch (i.kind) {
+    case InstrKind::Load: os << indent << "const " << type << " " << reg(int(r)) << " = " << widen(i.dtype, load(i.index)) << ";\n"; break;
+    case InstrKind::Op: os << indent << "const " << type << " " << reg(int(r)) << " = " << op_text(i) << ";\n"; break;
+    case InstrKind::Cast: os << indent << "const " << type << " " << reg(int(r)) << " = " << cast_text(i.args[0], i.dtype) << ";\n"; break;
+    case InstrKind::Store: os << indent << store(i.index) << " = " << narrow(i.dtype, reg(i.args[0])) << ";\n"; break;
+  }
+}
+
+// The loads first, then the other instructions in program order (codegen_cuda.h: why, and why the
+// values are the same).
+void emit_scalar_body(std::ostringstream& os, const FusedExpr& e, const FusedLoop& l, const char* suffix) {
+  auto load = [&](int k) { return "in" + std::to_string(k) + "[" + offset_text(l, size_t(k) + 1, suffix) + "]"; };
+  auto store = [&](int k) { return "out" + std::to_string(k) + "[e]"; };
+  for (const bool loads : {true, false})
+    for (size_t r = 0; r < e.code.size(); ++r)
+      if ((e.code[r].kind == InstrKind::Load) == loads) emit_instr(os, e, r, "    ", load, store);
+}
+
+// The vector loop of a contiguous program: each thread reads kFusedVectorWidth elements of every
+// operand with 16-byte loads, computes them one by one exactly as the scalar loop would, and stores
+// them as packs; then the scalar loop takes the last numel % width elements. Only when every pointer
+// is 16-byte aligned (views may start anywhere): otherwise the scalar loop takes everything.
+void emit_vector_loop(std::ostringstream& os, const FusedExpr& e, const char* suffix) {
+  const int w = kFusedVectorWidth;
+  os << "  const unsigned long long addresses = 0ull";
+  for (size_t k = 0; k < e.inputs.size(); ++k) os << " | (unsigned long long)in" << k;
+  for (size_t k = 0; k < e.outputs.size(); ++k) os << " | (unsigned long long)out" << k;
+  os << ";\n  if ((addresses & 15ull) == 0) {\n";
+  os << "    const index_t packs = n / " << w << suffix << ";\n";
+  os << "    for (index_t p = index_t(blockIdx.x) * " << kFusedBlockThreads << suffix
+     << " + threadIdx.x; p < packs; p += index_t(gridDim.x) * " << kFusedBlockThreads << suffix << ") {\n";
+  for (size_t k = 0; k < e.inputs.size(); ++k)
+    os << "      const " << pack_type(e.inputs[k]) << " l" << k << " = *reinterpret_cast<const " << pack_type(e.inputs[k])
+       << "*>(in" << k << " + p * " << w << suffix << ");\n";
+  for (size_t k = 0; k < e.outputs.size(); ++k) os << "      " << pack_type(e.outputs[k]) << " s" << k << ";\n";
+  os << "#pragma unroll\n      for (int j = 0; j < " << w << "; ++j) {\n";
+  for (size_t r = 0; r < e.code.size(); ++r)
+    emit_instr(
+        os, e, r, "        ", [](int k) { return "l" + std::to_string(k) + ".v[j]"; },
+        [](int k) { return "s" + std::to_string(k) + ".v[j]"; });
+  os << "      }\n";
+  for (size_t k = 0; k < e.outputs.size(); ++k)
+    os << "      *reinterpret_cast<" << pack_type(e.outputs[k]) << "*>(out" << k << " + p * " << w << suffix << ") = s" << k
+       << ";\n";
+  os << "    }\n    first = packs * " << w << suffix << ";\n  }\n";
+}
+
+}  // namespace
+
+bool fused_loop_fits_32bit(const FusedLoop& loop) {
+  constexpr int64_t kLimit = int64_t(1) << 31;
+  if (loop.numel >= kLimit) return false;
+  for (const auto& strides : loop.strides) {
+    int64_t reach = 0;
+    for (size_t d = 0; d < loop.sizes.size(); ++d) {
+      if (strides[d] < 0) return false;
+      reach += (loop.sizes[d] - 1) * strides[d];
+    }
+    if (reach >= kLimit) return false;
+  }
+  return true;
+}
+
+std::string cuda_fused_source(const FusedExpr& expr, const FusedLoop& loop, const std::string& label) {
+  const bool idx32 = fused_loop_fits_32bit(loop);
+  std::ostringstream os;
+  os << "// reel fused elementwise kernel: " << label << "\n// loop " << shape_str(loop.shape) << " merged to "
+     << shape_str(loop.sizes) << ", " << (idx32 ? "32" : "64") << "-bit indices\n";
+  os << kPrelude << kNvrtcMathSource << "\n";
+  const char* suffix = idx32 ? "u" : "LL";
+  os << signature(expr) << " {\n";
+  os << "  typedef " << (idx32 ? "unsigned int" : "long long") << " index_t;\n";
+  os << "  const index_t n = " << loop.numel << suffix << ";\n";
+  os << "  index_t first = 0;\n";
+  if (fused_vector_width(loop) > 1) emit_vector_loop(os, expr, suffix);
+  emit_loop_head(os, loop, suffix);
+  emit_scalar_body(os, expr, loop, suffix);
+  os << "  }\n}\n";
+  return os.str();
+}
+
+int fused_vector_width(const FusedLoop& loop) {
+  if (loop.sizes.size() != 1 || loop.numel < kFusedVectorWidth || loop.strides.size() > 1 + kFusedVectorMaxInputs)
+    return 1;
+  for (const auto& strides : loop.strides)
+    if (strides.size() != 1 || strides[0] != 1) return 1;
+  return kFusedVectorWidth;
+}
+
+}  // namespace reel::jit

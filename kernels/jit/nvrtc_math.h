@@ -1,0 +1,96 @@
+// The scalar formulas of the fusable elementwise ops as source text for NVRTC — and the very same
+// text compiled on the host, so that a test can hold it to kernels/elementwise_math.h bit for bit.
+//
+// Why a copy at all: fused kernels are generated and compiled at run time, and the build has no
+// step that could turn kernels/elementwise_math.h (host/device C++ that includes reel headers and
+// <cmath>, which NVRTC does not have) into a string. So the formulas are written once, below, as
+// the argument of REEL_NVRTC_MATH(...). That macro both
+//   - compiles them here, in namespace reel::jit::nvrtc_math, with REEL_FM_FN = inline and the
+//     math_* primitives on std::, and
+//   - stringizes them (kNvrtcMathSource), unexpanded, for the generated programs, whose prelude
+//     defines REEL_FM_FN = __device__ __forceinline__ and the math_* primitives on CUDA's libm.
+// tests/test_compile_fusion.cpp compares every op_* function with math::unary / math::binary in
+// f32 and f64 over many arguments, bit for bit: a change made to one side only fails the tests.
+//
+// Each op_<name> takes and returns the accumulation type A (float, double or long long), exactly
+// as math::unary<Op, A> / math::binary<Op, A> do; the scalar attr is passed already converted to A.
+// Rules for the text: no preprocessor lines, no string literals; comments vanish when stringized.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#define REEL_FM_FN inline
+
+namespace reel::jit::nvrtc_math {
+
+// Host primitives: std:: overloads in the argument's type, as elementwise_math.h's `using std::exp`.
+inline float math_exp(float x) { return std::exp(x); }
+inline double math_exp(double x) { return std::exp(x); }
+inline float math_log(float x) { return std::log(x); }
+inline double math_log(double x) { return std::log(x); }
+inline float math_sqrt(float x) { return std::sqrt(x); }
+inline double math_sqrt(double x) { return std::sqrt(x); }
+inline float math_tanh(float x) { return std::tanh(x); }
+inline double math_tanh(double x) { return std::tanh(x); }
+inline float math_pow(float x, float y) { return std::pow(x, y); }
+inline double math_pow(double x, double y) { return std::pow(x, y); }
+
+}  // namespace reel::jit::nvrtc_math
+
+// Compiles the formulas here and keeps their text (not macro-expanded: `#` stringizes the raw
+// argument, so REEL_FM_FN stays a name that each side defines).
+#define REEL_NVRTC_MATH(...)                                                   \
+  namespace reel::jit::nvrtc_math {                                        \
+  __VA_ARGS__                                                                  \
+  }                                                                            \
+  namespace reel::jit {                                                    \
+  inline constexpr const char* kNvrtcMathSource = #__VA_ARGS__;                \
+  }
+
+REEL_NVRTC_MATH(
+  template <typename A> REEL_FM_FN A op_neg(A x) { return -x; }
+  template <typename A> REEL_FM_FN A op_abs(A x) { return x < A(0) ? -x : x; }
+  template <typename A> REEL_FM_FN A op_exp(A x) { return math_exp(x); }
+  template <typename A> REEL_FM_FN A op_log(A x) { return math_log(x); }
+  template <typename A> REEL_FM_FN A op_sqrt(A x) { return math_sqrt(x); }
+  template <typename A> REEL_FM_FN A op_rsqrt(A x) { return A(1) / math_sqrt(x); }
+  template <typename A> REEL_FM_FN A op_tanh(A x) { return math_tanh(x); }
+  template <typename A> REEL_FM_FN A op_sigmoid(A x) { return A(1) / (A(1) + math_exp(-x)); }
+  template <typename A> REEL_FM_FN A op_relu(A x) { return x > A(0) ? x : A(0); }
+  // gelu, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  template <typename A> REEL_FM_FN A op_gelu(A x) {
+    A u = A(0.7978845608028654) * (x + A(0.044715) * x * x * x);
+    return A(0.5) * x * (A(1) + math_tanh(u));
+  }
+  template <typename A> REEL_FM_FN A op_pow_scalar(A x, A p) { return math_pow(x, p); }
+  template <typename A> REEL_FM_FN A op_add_scalar(A x, A p) { return x + p; }
+  template <typename A> REEL_FM_FN A op_mul_scalar(A x, A p) { return x * p; }
+
+  template <typename A> REEL_FM_FN A op_add(A a, A b) { return a + b; }
+  template <typename A> REEL_FM_FN A op_sub(A a, A b) { return a - b; }
+  template <typename A> REEL_FM_FN A op_mul(A a, A b) { return a * b; }
+  template <typename A> REEL_FM_FN A op_div(A a, A b) { return a / b; }
+  template <typename A> REEL_FM_FN A op_eq(A a, A b) { return A(a == b); }
+  template <typename A> REEL_FM_FN A op_ne(A a, A b) { return A(a != b); }
+  template <typename A> REEL_FM_FN A op_lt(A a, A b) { return A(a < b); }
+  template <typename A> REEL_FM_FN A op_le(A a, A b) { return A(a <= b); }
+  template <typename A> REEL_FM_FN A op_gt(A a, A b) { return A(a > b); }
+  template <typename A> REEL_FM_FN A op_ge(A a, A b) { return A(a >= b); }
+  // Backward helpers: a is the incoming gradient, b the saved tensor (y, or gelu's x).
+  template <typename A> REEL_FM_FN A op_relu_backward(A a, A b) { return b > A(0) ? a : A(0); }
+  template <typename A> REEL_FM_FN A op_tanh_backward(A a, A b) { return a * (A(1) - b * b); }
+  template <typename A> REEL_FM_FN A op_sigmoid_backward(A a, A b) { return a * b * (A(1) - b); }
+  template <typename A> REEL_FM_FN A op_gelu_backward(A a, A b) {
+    A x = b;
+    A u = A(0.7978845608028654) * (x + A(0.044715) * x * x * x);
+    A t = math_tanh(u);
+    A du = A(0.7978845608028654) * (A(1) + A(3 * 0.044715) * x * x);
+    return a * (A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * du);
+  }
+
+  // where(cond, a, b), masked_fill(x, mask; value), clamp_scalar(x; lo, hi) as their kernels do
+  // (clamp's comparisons let NaN through unchanged).
+  template <typename A> REEL_FM_FN A op_where(A c, A a, A b) { return c != A(0) ? a : b; }
+  template <typename A> REEL_FM_FN A op_masked_fill(A x, A m, A v) { return m != A(0) ? v : x; }
+  template <typename A> REEL_FM_FN A op_clamp_scalar(A x, A lo, A hi) { return x < lo ? lo : (x > hi ? hi : x); }
+)
