@@ -17,9 +17,9 @@
 #include <optional>
 #include <sstream>
 
-#include "compile/describe.h"
-#include "compile/memory_budget.h"
-#include "compile/train_step.h"
+#include "compile/runtime/describe.h"
+#include "compile/runtime/memory_budget.h"
+#include "compile/runtime/train_step.h"
 #include "kernels/autotune.h"
 #include "kernels/dispatch.h"
 #include "nn/nn.h"

@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <fstream>
 
-#include "compile/describe.h"
-#include "compile/train_step.h"
+#include "compile/runtime/describe.h"
+#include "compile/runtime/train_step.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "reel.h"

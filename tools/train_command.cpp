@@ -24,9 +24,9 @@
 #include <memory>
 #include <optional>
 
-#include "compile/describe.h"
-#include "compile/memory_budget.h"
-#include "compile/train_step.h"
+#include "compile/runtime/describe.h"
+#include "compile/runtime/memory_budget.h"
+#include "compile/runtime/train_step.h"
 #include "data/data.h"
 #include "dist/data_parallel.h"
 #include "nn/nn.h"

@@ -4,7 +4,7 @@
 #include <functional>
 #include <map>
 
-#include "compile/memory_budget.h"
+#include "compile/runtime/memory_budget.h"
 #include "tensor/error.h"
 
 namespace reel::tools {
