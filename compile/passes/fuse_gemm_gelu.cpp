@@ -1,5 +1,5 @@
-// GELU into the GEMM before it, under autocast (cuBLASLt's GELU_AUX_BIAS epilogue,
-// kernels/cuda/gemm_epilogue.h). A GPT's MLP forward, as the earlier passes leave it:
+// GELU into the GEMM before it, under autocast: gemm_epilogue with gelu (on CUDA cuBLASLt's
+// GELU_AUX_BIAS epilogue). An MLP's forward (a GPT's, a ViT's), as the earlier passes leave it:
 //
 //   z = gemm_bias(x, Wfc^T, bfc)     (B, T, 4d) in c, the 16-bit compute dtype: the pre-activation,
 //                                    kept for GELU's backward (store_gemm_bias_16bit)       (node i)
@@ -7,7 +7,7 @@
 //   u = gelu(t)                      f32
 //   v = copy(u) to c                 autocast's cast for fc2's GEMM
 //
-// becomes one GEMM that writes v = gelu(acc + bias) and z = acc + bias: three kernels fewer per
+// becomes one gemm_epilogue node (gelu) that writes v = gelu(acc + bias) and z = acc + bias: three kernels fewer per
 // layer and micro-batch, and u and t never go through memory. GELU reads the f32 acc + bias instead
 // of its 16-bit rounding (one rounding fewer; cuBLASLt's tanh is its own): within the dtype tolerance
 // of the compiled-against-eager parity tests, not equal to the bit. Applies on CUDA when t and u are

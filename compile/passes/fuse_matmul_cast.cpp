@@ -29,15 +29,15 @@ Node* sole_reader(Graph& g, const BufferUses& u, const TensorRef& z) {
 // Whether z's sole reader is an elementwise op: elementwise fusion then folds the cast into that
 // op's kernel, which reads the 16-bit y (2 bytes an element, not 4) while the GEMM writes 2 bytes
 // instead of 4; and the values are eager's, which rounds to 16 bits and casts back as well. (The
-// GPT's case: fc2's input gradient, read by GELU's backward.)
+// MLP's case: fc2's input gradient, read by GELU's backward.)
 bool read_by_one_elementwise_op(Graph& g, const BufferUses& u, const TensorRef& z) {
   const Node* r = sole_reader(g, u, z);
   return r && is_fusable_op(r->op) && !r->in_place;
 }
 
 // z's sole reader when it is an attention backward reading z as its dy and its compute dtype is
-// y's: it takes y itself, with the bits its f32 image z gives (kernels/cuda/attention.h). (The GPT's
-// case: the projection's input gradient.)
+// y's: it takes y itself, with the bits its f32 image z gives (the attention kernels round dy to the
+// compute dtype). (A transformer's case: the projection's input gradient.)
 Node* attention_backward_reading_dy(Graph& g, const BufferUses& u, const TensorRef& z, DType y_dtype) {
   Node* r = sole_reader(g, u, z);
   const bool dy = r && r->op == OpKind::CausalAttentionBackward && !r->inputs.empty() && r->inputs[0] &&

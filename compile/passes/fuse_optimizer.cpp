@@ -3,8 +3,8 @@
 // A traced optimizer step is one adamw_step (or sgd_step) node per parameter, each a tiny kernel; a
 // GPT of 12 layers has 101 of them. They are independent updates that read the same step-wide
 // tensors (found_inf, lr, and AdamW's step count), so a run of consecutive such nodes with the same
-// attrs and the same step-wide refs becomes ONE node whose kernel updates every (param, grad, state)
-// of the run: on the GPU a single multi-tensor launch (kernels/cuda/multi_tensor_optim.h; one per
+// attrs and the same step-wide refs becomes ONE multi_tensor_adamw (multi_tensor_sgd) node that
+// updates every (param, grad, state) of the run: on the GPU a single multi-tensor launch (one per
 // dtype and per 128 tensors), on the CPU one OpenMP loop over chunks of every tensor.
 //
 // The fused node, for tensors 0..k-1 of the run:

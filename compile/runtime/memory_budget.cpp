@@ -19,8 +19,8 @@ namespace reel::compile {
 
 namespace {
 
-// The workspace cuBLAS and cuBLASLt share, one per device (kernels/cuda/register.cu allocates it once
-// and keeps it, under this name, for eager and compiled GEMMs alike).
+// The workspace cuBLAS and cuBLASLt share, one per device (the CUDA backend allocates it once and
+// keeps it, under this name, for eager and compiled GEMMs alike).
 constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
 
 // Sets the parameters' gradients aside for the traced step and puts them back after it, so that
