@@ -356,7 +356,7 @@ TEST(CompileCuda, UnfusedAttentionsMaskAndSoftmaxBecomeOneKernel) {
     return {y.detach(), x.grad()};
   };
   std::vector<Tensor> eager = attention({qkv});
-  auto step = compile::compile(attention, {.mode = compile::Mode::ReduceOverhead});
+  auto step = compile::compile(attention, {compile::Mode::ReduceOverhead});
   std::vector<Tensor> out;
   for (int call = 0; call < 3; ++call) out = step({qkv});
   ASSERT_NE(step.last_plan(), nullptr);

@@ -20,19 +20,28 @@ namespace reel::compile {
 
 namespace {
 
-// Node i as an attention op whose f32 result a later cast to its compute dtype reads: the cast's index, or -1.
-int match(const Graph& g, const BufferUses& u, size_t i) {
+constexpr const char* kPass = "attention_cast";
+
+bool is_attention(const Node& n) {
+  return (n.op == OpKind::CausalAttention || n.op == OpKind::CausalAttentionBackward) && !n.in_place && !n.outputs.empty();
+}
+
+// Node i (an attention op) whose f32 result a later cast to its compute dtype reads: the cast's
+// index, or -1 with the reason in `why`.
+int match(const Graph& g, const BufferUses& u, size_t i, Why& why) {
   const Node& n = g.nodes[i];
-  if ((n.op != OpKind::CausalAttention && n.op != OpKind::CausalAttentionBackward) || n.in_place || n.outputs.empty())
-    return -1;
   const TensorRef& out = n.outputs[0];
   const DType compute = static_cast<DType>(n.attrs.i("compute"));
-  if (out.dtype != DType::f32 || (compute != DType::bf16 && compute != DType::f16) || !is_contiguous(out) ||
-      !internal_once(g, u, out) ||
-      !device_supports(g, out, n.op == OpKind::CausalAttention ? OpKind::CausalAttentionCast : OpKind::CausalAttentionBackwardCast))
+  if (!why(out.dtype == DType::f32 && (compute == DType::bf16 || compute == DType::f16),
+           "it is not an f32 result computed in 16 bits") ||
+      !why(is_contiguous(out) && internal_once(g, u, out), "its result is not a contiguous buffer of its own") ||
+      !why(device_supports(g, out, n.op == OpKind::CausalAttention ? OpKind::CausalAttentionCast
+                                                                   : OpKind::CausalAttentionBackwardCast),
+           "the device has no attention with a 16-bit copy"))
     return -1;
   const int cast = later_16bit_cast(g, u, out);
-  if (cast < 0 || g.nodes[size_t(cast)].outputs[0].dtype != compute) return -1;
+  if (!why(cast >= 0 && g.nodes[size_t(cast)].outputs[0].dtype == compute, "nothing casts its result to the compute dtype"))
+    return -1;
   return cast;
 }
 
@@ -75,14 +84,16 @@ void keep_only_16bit_y(Graph& g) {
 void fuse_attention_cast(Graph& g, PassStats& stats) {
   const BufferUses u = buffer_uses(g);
   fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
-    const int cast = match(g, u, i);
-    if (cast < 0 || drop[size_t(cast)]) return;
+    if (!is_attention(g.nodes[i])) return;
+    Why why;
+    const int cast = match(g, u, i, why);
+    if (cast < 0 || drop[size_t(cast)]) return why_not(kPass, g, i, "its cast", why.reason());
     Node& n = g.nodes[i];
     const bool forward = n.op == OpKind::CausalAttention;
     Node fused{forward ? OpKind::CausalAttentionCast : OpKind::CausalAttentionBackwardCast, n.attrs, n.inputs, n.outputs,
                false, {op_name(n.op), "copy"}};
     fused.outputs.push_back(g.nodes[size_t(cast)].outputs[0]);
-    if (!call_supported(g, fused)) return;
+    if (!call_supported(g, fused)) return why_not(kPass, g, i, "its cast", "the device's kernel does not take the call");
     n = std::move(fused);
     drop[size_t(cast)] = true;
     stats.fused += 1;

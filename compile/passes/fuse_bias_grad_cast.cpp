@@ -107,7 +107,11 @@ void fuse_bias_grad_cast(Graph& g, PassStats& stats) {
   for (size_t s = 0; s < g.nodes.size(); ++s) {
     if (!is_bias_sum(g.nodes[s])) continue;
     const int c = cast_of_input(g, u, s);
-    if (c < 0) continue;
+    if (c < 0) {
+      why_not("bias_grad_cast", g, s, "a 16-bit cast of its input",
+              "no such cast, or something touches the sum between the two");
+      continue;
+    }
     Node& n = g.nodes[s];
     Node sums{OpKind::ColumnSums, Attrs(), {g.nodes[size_t(c)].outputs[0]}, n.outputs, false, {}};
     if (!call_supported(g, sums)) continue;

@@ -20,18 +20,25 @@ namespace reel::compile {
 
 namespace {
 
-// The fused node for nodes [i, i + span) when they match the pattern, and span; else nullopt.
+constexpr const char* kPass = "gemm_epilogue";
+
+bool is_matmul(const Node& n) {
+  return n.op == OpKind::Matmul && !n.in_place && n.inputs.size() == 2 && n.inputs[0] && n.inputs[1];
+}
+
+// The fused node for nodes [i, i + span) (node i a matmul) when they match the pattern, and span;
+// else nullopt with the reason in `why`.
 std::optional<std::pair<Node, size_t>> match(const Graph& g, size_t i, const std::vector<int>& readers,
-                                             const std::vector<bool>& is_output) {
+                                             const std::vector<bool>& is_output, Why& why) {
   const Node& mm = g.nodes[i];
-  if (mm.op != OpKind::Matmul || mm.in_place || mm.inputs.size() != 2 || !mm.inputs[0] || !mm.inputs[1])
-    return std::nullopt;
   const TensorRef& x = *mm.inputs[0];
   const TensorRef& wt = *mm.inputs[1];
   auto private_internal = [&](const TensorRef& r) {
     return g.buffers[r.buffer].kind == BufferKind::Internal && readers[r.buffer] == 1 && !is_output[r.buffer];
   };
-  if (wt.shape.size() != 2 || !private_internal(mm.outputs[0])) return std::nullopt;
+  if (!why(wt.shape.size() == 2, "the weight is batched") ||
+      !why(private_internal(mm.outputs[0]), "the product has readers besides the next node"))
+    return std::nullopt;
   size_t j = i + 1;
   TensorRef y = mm.outputs[0];
   std::vector<std::string> fused{"matmul"};
@@ -43,21 +50,24 @@ std::optional<std::pair<Node, size_t>> match(const Graph& g, size_t i, const std
     fused.push_back("copy");
     ++j;
   }
-  if (j >= g.nodes.size()) return std::nullopt;
+  if (!why(j < g.nodes.size(), "nothing follows it")) return std::nullopt;
   const Node& add = g.nodes[j];
-  if (add.op != OpKind::Add || add.in_place || add.inputs.size() != 2 || !add.inputs[0] ||
-      !add.inputs[1] || !same_ref(*add.inputs[0], y))
+  if (!why(add.op == OpKind::Add && !add.in_place && add.inputs.size() == 2 && add.inputs[0] && add.inputs[1] &&
+               same_ref(*add.inputs[0], y),
+           "the next node is not an add of the product"))
     return std::nullopt;
   const TensorRef& bias = *add.inputs[1];
   const TensorRef& z = add.outputs[0];
-  if (bias.shape.size() != 1 || bias.shape[0] != wt.shape[1] || !is_contiguous(bias) || z.shape != y.shape ||
-      !is_contiguous(z) || z.dtype != y.dtype)
+  if (!why(bias.shape.size() == 1 && bias.shape[0] == wt.shape[1] && is_contiguous(bias), "the addend is not a bias (N)") ||
+      !why(z.shape == y.shape && is_contiguous(z) && z.dtype == y.dtype, "the sum is not contiguous in the product's dtype"))
     return std::nullopt;
   for (const TensorRef* r : {&x, &wt, &bias, &z})
-    if (!g.buffers[r->buffer].storage) return std::nullopt;
+    if (!why(g.buffers[r->buffer].storage != nullptr, "an operand has no traced memory")) return std::nullopt;
   fused.push_back("add");
   Node n{OpKind::GemmEpilogue, Attrs().set("dtype", z.dtype), {x, wt, bias}, {z}, false, fused};
-  if (!device_supports(g, z, OpKind::GemmEpilogue) || !call_supported(g, n)) return std::nullopt;
+  if (!why(device_supports(g, z, OpKind::GemmEpilogue), "the device has no gemm_epilogue") ||
+      !why(call_supported(g, n), "the device's kernel does not take the call (no cuBLASLt algorithm, say)"))
+    return std::nullopt;
   return std::make_pair(std::move(n), j - i + 1);
 }
 
@@ -72,8 +82,11 @@ void fuse_gemm_epilogue(Graph& g, PassStats& stats) {
   for (const TensorRef& r : g.outputs) is_output[r.buffer] = true;
   std::vector<Node> out;
   for (size_t i = 0; i < g.nodes.size();) {
-    std::optional<std::pair<Node, size_t>> fused = match(g, i, readers, is_output);
+    Why why;
+    std::optional<std::pair<Node, size_t>> fused =
+        is_matmul(g.nodes[i]) ? match(g, i, readers, is_output, why) : std::nullopt;
     if (!fused) {
+      if (is_matmul(g.nodes[i])) why_not(kPass, g, i, "a bias add", why.reason());
       out.push_back(std::move(g.nodes[i++]));
       continue;
     }

@@ -27,55 +27,48 @@ namespace reel::compile {
 
 namespace {
 
-// Node n as GELU of all of t (f32), into f32.
-bool is_gelu_of(const Node& n, const TensorRef& t) {
-  return n.op == OpKind::Gelu && !n.in_place && n.inputs.size() == 1 && n.inputs[0] &&
-         same_ref(*n.inputs[0], t) && n.outputs.size() == 1 && n.outputs[0].dtype == DType::f32;
+constexpr const char* kPass = "gemm_gelu";
+
+// A GEMM + bias of 16-bit operands writing its own 16-bit buffer z.
+bool is_16bit_gemm_bias(const Graph& g, const BufferUses& u, const Node& n) {
+  if (!is_gemm_bias(n) || n.outputs.size() != 1 || n.inputs.size() != 3 || !n.inputs[0]) return false;
+  const TensorRef& z = n.outputs[0];
+  return is_16bit(z.dtype) && n.inputs[0]->dtype == z.dtype && internal_once(g, u, z) && is_contiguous(z);
 }
 
-// Nothing touches r's buffer before node k writes it.
-bool first_touched_at(const BufferUses& u, const TensorRef& r, int k) { return u.touches[r.buffer].front() == k; }
-
-// The chain after the GEMM at node i: its node indices (cast, gelu, cast) and what fc2 reads.
-struct GeluChain {
-  int cast_in, gelu, cast_out;
-  TensorRef v;
-};
-std::optional<GeluChain> gelu_chain(const Graph& g, const BufferUses& u, size_t i) {
-  const Node& n = g.nodes[i];
-  if (!is_gemm_bias(n) || n.outputs.size() != 1 || n.inputs.size() != 3 || !n.inputs[0]) return std::nullopt;
-  const TensorRef& z = n.outputs[0];
-  if (!is_16bit(z.dtype) || n.inputs[0]->dtype != z.dtype || !internal_once(g, u, z) || !is_contiguous(z))
+// The chain after the GEMM at node i: the nodes (cast to f32, gelu, cast back) and their last output
+// v, written there first (fc2's input), or nullopt with the reason in `why`.
+std::optional<std::pair<std::vector<int>, TensorRef>> gelu_chain(const Graph& g, const BufferUses& u, size_t i, Why& why) {
+  const TensorRef& z = g.nodes[i].outputs[0];
+  const std::optional<std::vector<int>> c =
+      match_chain(g, u, z,
+                  {cast_link("a cast to f32", DType::f32, false, /*sole=*/false), op_link("gelu", OpKind::Gelu, DType::f32),
+                   cast_link("a cast back to the GEMM's dtype", z.dtype)},
+                  why);
+  if (!c) return std::nullopt;
+  const TensorRef& v = g.nodes[size_t(c->back())].outputs[0];
+  if (!why(u.touches[v.buffer].front() == c->back(), "the 16-bit GELU output is touched before the cast writes it"))
     return std::nullopt;
-  for (int k : u.readers[z.buffer]) {
-    if (!is_plain_cast_of(g, u, k, z) || g.nodes[size_t(k)].outputs[0].dtype != DType::f32) continue;
-    const TensorRef& t = g.nodes[size_t(k)].outputs[0];
-    const int gl = sole_reader(g, u, t);
-    if (gl < 0 || !is_gelu_of(g.nodes[size_t(gl)], t)) continue;
-    const TensorRef& gu = g.nodes[size_t(gl)].outputs[0];
-    const int c2 = sole_reader(g, u, gu);
-    if (!internal_once(g, u, gu) || !is_plain_cast_of(g, u, c2, gu) || g.nodes[size_t(c2)].outputs[0].dtype != z.dtype)
-      continue;
-    const TensorRef& v = g.nodes[size_t(c2)].outputs[0];
-    if (!first_touched_at(u, v, c2)) continue;
-    return GeluChain{k, gl, c2, v};
-  }
-  return std::nullopt;
+  return std::make_pair(*c, v);
 }
 
 void fuse_gelu_into_gemms(Graph& g, PassStats& stats) {
   const BufferUses u = buffer_uses(g);
   fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
-    const std::optional<GeluChain> c = gelu_chain(g, u, i);
-    if (!c || drop[size_t(c->cast_in)] || drop[size_t(c->gelu)] || drop[size_t(c->cast_out)]) return;
+    if (!is_16bit_gemm_bias(g, u, g.nodes[i])) return;
+    Why why;
+    const auto c = gelu_chain(g, u, i, why);
+    if (!c) return why_not(kPass, g, i, "a GELU", why.reason());
+    for (int k : c->first)
+      if (drop[size_t(k)]) return;
     Node& n = g.nodes[i];
     Node fused = n;
-    fused.outputs = {c->v, n.outputs[0]};
+    fused.outputs = {c->second, n.outputs[0]};
     fused.attrs.set("gelu", true);
     fused.fused.insert(fused.fused.end(), {"copy", "gelu", "copy"});
-    if (!call_supported(g, fused)) return;
+    if (!call_supported(g, fused)) return why_not(kPass, g, i, "its GELU", "the device's kernel does not take the call");
     n = std::move(fused);
-    for (int k : {c->cast_in, c->gelu, c->cast_out}) drop[size_t(k)] = true;
+    for (int k : c->first) drop[size_t(k)] = true;
     stats.fused += 3;
   });
 }

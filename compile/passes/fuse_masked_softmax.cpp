@@ -28,21 +28,24 @@ bool mask_like(const TensorRef& m, const TensorRef& x) {
 
 // Nodes i, i+1 as (masked_fill, softmax) or (softmax_backward, masked_fill) over one intermediate:
 // the fused kernel's inputs (x, mask or g, y, mask), or nullopt.
-std::optional<std::vector<TensorRef>> match_pair(const Graph& g, const BufferUses& u, size_t i, bool* backward) {
+std::optional<std::vector<TensorRef>> match_pair(const Graph& g, const BufferUses& u, size_t i, bool* backward,
+                                                 Why& why) {
   const Node& a = g.nodes[i];
   const Node& b = g.nodes[i + 1];
-  if (a.in_place || b.in_place) return std::nullopt;
   const bool fwd = a.op == OpKind::MaskedFill && b.op == OpKind::Softmax;
   const bool bwd = a.op == OpKind::SoftmaxBackward && b.op == OpKind::MaskedFill;
   if (!fwd && !bwd) return std::nullopt;
   const TensorRef& mid = a.outputs[0];
-  if (!b.inputs[0] || !same_ref(*b.inputs[0], mid) || !internal_once(g, u, mid) ||
-      u.readers[mid.buffer] != std::vector<int>{int(i + 1)})
+  if (!why(!a.in_place && !b.in_place, "one of them is in place") ||
+      !why(b.inputs[0] && same_ref(*b.inputs[0], mid), "the second does not read the first's result as its input") ||
+      !why(internal_once(g, u, mid) && u.readers[mid.buffer] == std::vector<int>{int(i + 1)},
+           "the intermediate has other readers or writers"))
     return std::nullopt;
   const Node& mf = fwd ? a : b;
   const Node& sm = fwd ? b : a;
-  if (!mf.inputs[1] || !mask_like(*mf.inputs[1], mid) || (bwd && mf.attrs.f("value") != 0.0) ||
-      !last_dim(sm, mid.shape.size()))
+  if (!why(mf.inputs[1] && mask_like(*mf.inputs[1], mid), "the mask is not a contiguous f32 (T, C)") ||
+      !why(!bwd || mf.attrs.f("value") == 0.0, "the backward's fill is not 0") ||
+      !why(last_dim(sm, mid.shape.size()), "the softmax is not over the last dim"))
     return std::nullopt;
   std::vector<TensorRef> ins = fwd ? std::vector<TensorRef>{*a.inputs[0], *a.inputs[1]}
                                    : std::vector<TensorRef>{*a.inputs[0], *a.inputs[1], *b.inputs[1]};
@@ -50,8 +53,10 @@ std::optional<std::vector<TensorRef>> match_pair(const Graph& g, const BufferUse
   const TensorRef& out = b.outputs[0];
   bool ok = rows_f32(out) && rows_f32(mid) && mid.shape == out.shape;
   for (size_t k = 0; k + 1 < ins.size(); ++k) ok = ok && rows_f32(ins[k]) && ins[k].shape == out.shape;
-  ok = ok && device_supports(g, out, fwd ? OpKind::MaskedSoftmax : OpKind::MaskedSoftmaxBackward);
-  if (!ok) return std::nullopt;
+  if (!why(ok, "the rows are not contiguous f32 of one shape") ||
+      !why(device_supports(g, out, fwd ? OpKind::MaskedSoftmax : OpKind::MaskedSoftmaxBackward),
+           "the device has no masked softmax"))
+    return std::nullopt;
   *backward = bwd;
   return ins;
 }
@@ -63,8 +68,12 @@ void fuse_masked_softmax(Graph& g, PassStats& stats) {
   std::vector<bool> drop(g.nodes.size(), false);
   for (size_t i = 0; i + 1 < g.nodes.size(); ++i) {
     bool bwd = false;
-    std::optional<std::vector<TensorRef>> ins = drop[i] ? std::nullopt : match_pair(g, u, i, &bwd);
-    if (!ins) continue;
+    Why why;
+    std::optional<std::vector<TensorRef>> ins = drop[i] ? std::nullopt : match_pair(g, u, i, &bwd, why);
+    if (!ins) {
+      if (!why.reason().empty()) why_not("masked_softmax", g, i, "the node after it", why.reason());
+      continue;
+    }
     const Node& a = g.nodes[i];
     const Node& b = g.nodes[i + 1];
     const TensorRef out = b.outputs[0];
@@ -82,7 +91,10 @@ void fuse_masked_softmax(Graph& g, PassStats& stats) {
       fused.attrs.set("dtype", fused.outputs.back().dtype);
       fused.fused.push_back("copy");
     }
-    if (!call_supported(g, fused)) continue;
+    if (!call_supported(g, fused)) {
+      why_not("masked_softmax", g, i, "the node after it", "the device's kernel does not take the call");
+      continue;
+    }
     if (cast >= 0) drop[size_t(cast)] = true;
     stats.fused += cast >= 0 ? 2 : 1;
     g.nodes[i] = std::move(fused);

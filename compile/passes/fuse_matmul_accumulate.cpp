@@ -48,11 +48,18 @@ std::optional<GradWrite> grad_write(const Graph& g, const BufferUses& u, size_t 
   const TensorRef& y = m.outputs[0];
   const int how = reading(r, y);
   const Buffer& yb = g.buffers[y.buffer];
-  if (how < 0 || yb.kind != BufferKind::Internal || u.readers[y.buffer].size() != 1 || u.writers[y.buffer].size() != 1 ||
-      z.dtype != y.dtype || z.shape.size() != 2 || z.strides != contiguous_strides(z.shape) ||
-      g.buffers[z.buffer].device != yb.device || !device_supports(g, z, OpKind::MatmulInto) ||
-      !may_write_gradient_early(u, z, i, int(j), write->add))
+  Why why;
+  if (!why(how >= 0, "the gradient write reads only part of the product") ||
+      !why(yb.kind == BufferKind::Internal && u.readers[y.buffer].size() == 1 && u.writers[y.buffer].size() == 1,
+           "the product has other readers or writers") ||
+      !why(z.dtype == y.dtype && z.shape.size() == 2 && z.strides == contiguous_strides(z.shape) &&
+               g.buffers[z.buffer].device == yb.device,
+           "the gradient is not a contiguous matrix of the product's dtype") ||
+      !why(device_supports(g, z, OpKind::MatmulInto), "the device has no matmul_into") ||
+      !why(may_write_gradient_early(u, z, i, int(j), write->add), "something touches the gradient in between")) {
+    why_not("matmul_accumulate", g, size_t(i), "the write into its gradient", why.reason());
     return std::nullopt;
+  }
   return GradWrite{i, how, write->add};
 }
 

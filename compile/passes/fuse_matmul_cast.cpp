@@ -64,22 +64,33 @@ void fuse_matmul_cast(Graph& g, PassStats& stats) {
       continue;
     const Buffer& yb = g.buffers[y.buffer];
     const Buffer& zb = g.buffers[z.buffer];
-    if (yb.kind != BufferKind::Internal || u.readers[y.buffer].size() != 1 || u.writers[y.buffer].size() != 1 ||
-        zb.kind != BufferKind::Internal || u.writers[z.buffer].size() != 1 || zb.device != yb.device)
+    Why why;
+    if (!why(yb.kind == BufferKind::Internal && u.readers[y.buffer].size() == 1 && u.writers[y.buffer].size() == 1,
+             "the 16-bit product has other readers or writers") ||
+        !why(zb.kind == BufferKind::Internal && u.writers[z.buffer].size() == 1 && zb.device == yb.device,
+             "the f32 copy is written elsewhere too") ||
+        !why(!read_by_one_elementwise_op(g, u, z), "one elementwise op reads the copy: elementwise fusion takes the cast")) {
+      why_not("matmul_cast", g, size_t(i), "its cast to f32", why.reason());
       continue;
-    if (read_by_one_elementwise_op(g, u, z)) continue;  // that op's fused kernel takes the cast instead
+    }
     if (Node* r = attention_backward_reading_dy(g, u, z, y.dtype)) {  // it reads the 16-bit y itself
       Node reads_y = *r;
       reads_y.inputs[0] = y;
       reads_y.attrs.set("dtype", reads_y.outputs[0].dtype);
-      if (!call_supported(g, reads_y)) continue;
+      if (!call_supported(g, reads_y)) {
+        why_not("matmul_cast", g, size_t(i), "its cast to f32", "the attention backward does not take a 16-bit dy");
+        continue;
+      }
       *r = std::move(reads_y);
       drop[j] = true;
       ++stats.fused;
       continue;
     }
     Node into{OpKind::MatmulInto, Attrs().set("dtype", z.dtype), m.inputs, {z}, false, {"matmul", "copy"}};
-    if (!device_supports(g, z, OpKind::MatmulInto) || !call_supported(g, into)) continue;
+    if (!device_supports(g, z, OpKind::MatmulInto) || !call_supported(g, into)) {
+      why_not("matmul_cast", g, size_t(i), "its cast to f32", "the device's matmul_into does not take the call");
+      continue;
+    }
     m = std::move(into);
     drop[j] = true;
     ++stats.fused;

@@ -26,27 +26,38 @@ struct Match {
   int operand = 0;  // which of the add's inputs is r
 };
 
-// Node i as a layer_norm_backward whose dx only a later add with an operand ready before i reads.
-Match match(const Graph& g, const BufferUses& u, size_t i) {
-  const Node& n = g.nodes[i];
-  if (n.op != OpKind::LayerNormBackward || n.in_place || n.inputs.size() != 5 || n.outputs.size() != 3) return {};
-  const TensorRef& dx = n.outputs[0];
-  if (!is_contiguous(dx) || !internal_once(g, u, dx) || !device_supports(g, dx, OpKind::LayerNormBackwardAdd) ||
-      u.readers[dx.buffer].size() != 1)
+constexpr const char* kPass = "norm_backward_add";
+
+bool is_layer_norm_backward(const Node& n) {
+  return n.op == OpKind::LayerNormBackward && !n.in_place && n.inputs.size() == 5 && n.outputs.size() == 3;
+}
+
+// Node i (a layer_norm_backward) whose dx only a later add with an operand ready before i reads; the
+// reason in `why` when not.
+Match match(const Graph& g, const BufferUses& u, size_t i, Why& why) {
+  const TensorRef& dx = g.nodes[i].outputs[0];
+  if (!why(is_contiguous(dx) && internal_once(g, u, dx), "dx is not a contiguous buffer of its own") ||
+      !why(device_supports(g, dx, OpKind::LayerNormBackwardAdd), "the device has no layer_norm_backward_add") ||
+      !why(u.readers[dx.buffer].size() == 1 && u.readers[dx.buffer][0] < int(g.nodes.size()),
+           "dx has more than one reader"))
     return {};
   const int j = u.readers[dx.buffer][0];
-  if (j >= int(g.nodes.size())) return {};
   const Node& a = g.nodes[size_t(j)];
-  if (a.op != OpKind::Add || a.in_place || a.inputs.size() != 2 || !a.inputs[0] || !a.inputs[1]) return {};
+  if (!why(a.op == OpKind::Add && !a.in_place && a.inputs.size() == 2 && a.inputs[0] && a.inputs[1],
+           "dx's reader is not an add"))
+    return {};
   const int mine = same_ref(*a.inputs[0], dx) ? 0 : same_ref(*a.inputs[1], dx) ? 1 : -1;
-  if (mine < 0) return {};
+  if (!why(mine >= 0, "the add reads dx through another view")) return {};
   const TensorRef &r = *a.inputs[size_t(1 - mine)], &out = a.outputs[0];
-  if (r.buffer == dx.buffer || r.shape != dx.shape || r.dtype != dx.dtype || !is_contiguous(r) || out.shape != dx.shape ||
-      out.dtype != dx.dtype || !is_contiguous(out) || !internal_once(g, u, out) || u.touches[out.buffer].front() != j)
+  if (!why(r.buffer != dx.buffer && r.shape == dx.shape && r.dtype == dx.dtype && is_contiguous(r),
+           "the other addend is not a contiguous tensor of dx's shape and dtype") ||
+      !why(out.shape == dx.shape && out.dtype == dx.dtype && is_contiguous(out) && internal_once(g, u, out) &&
+               u.touches[out.buffer].front() == j,
+           "the sum is not a fresh contiguous buffer of dx's shape"))
     return {};
   // r must hold at node i the value the add reads at node j: nothing writes it from i to j.
   for (int w : u.writers[r.buffer])
-    if (w >= int(i) && w <= j) return {};
+    if (!why(w < int(i) || w > j, "the other addend is written between the two")) return {};
   return {j, 1 - mine};
 }
 
@@ -73,14 +84,16 @@ int column_sums_of(const Graph& g, const BufferUses& u, size_t i, const TensorRe
 void fuse_norm_backward_add(Graph& g, PassStats& stats) {
   const BufferUses u = buffer_uses(g);
   fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
-    const Match m = match(g, u, i);
-    if (m.add < 0 || drop[size_t(m.add)]) return;
+    if (!is_layer_norm_backward(g.nodes[i])) return;
+    Why why;
+    const Match m = match(g, u, i, why);
+    if (m.add < 0 || drop[size_t(m.add)]) return why_not(kPass, g, i, "the residual's add", why.reason());
     Node& n = g.nodes[i];
     const Node& a = g.nodes[size_t(m.add)];
     Node fused{OpKind::LayerNormBackwardAdd, Attrs(), n.inputs, n.outputs, false, {"layer_norm_backward", "add"}};
     fused.inputs.push_back(a.inputs[size_t(m.operand)]);
     fused.outputs[0] = a.outputs[0];
-    if (!call_supported(g, fused)) return;
+    if (!call_supported(g, fused)) return why_not(kPass, g, i, "the residual's add", "the device's kernel does not take the call");
     n = std::move(fused);
     drop[size_t(m.add)] = true;
     stats.fused += 1;

@@ -14,17 +14,25 @@ namespace reel::compile {
 
 namespace {
 
-// Node i as a layer norm whose f32 result only a later 16-bit cast reads: the cast's index, or -1.
-int match(const Graph& g, const BufferUses& u, size_t i) {
+constexpr const char* kPass = "norm_cast";
+
+bool is_layer_norm(const Node& n) {
+  return n.op == OpKind::LayerNorm && !n.in_place && n.inputs.size() == 3 && n.inputs[0] && n.outputs.size() == 3;
+}
+
+// Node i (a layer norm) whose f32 result only a later 16-bit cast reads: the cast's index, or -1 with
+// the reason in `why`.
+int match(const Graph& g, const BufferUses& u, size_t i, Why& why) {
   const Node& n = g.nodes[i];
-  if (n.op != OpKind::LayerNorm || n.in_place || n.inputs.size() != 3 || !n.inputs[0] || n.outputs.size() != 3)
-    return -1;
   const TensorRef& y = n.outputs[0];
-  if (n.inputs[0]->dtype != DType::f32 || y.dtype != DType::f32 || !is_contiguous(y) || !internal_once(g, u, y) ||
-      !device_supports(g, y, OpKind::LayerNormCast))
+  if (!why(n.inputs[0]->dtype == DType::f32 && y.dtype == DType::f32, "x is not f32") ||
+      !why(is_contiguous(y) && internal_once(g, u, y), "y is not a contiguous buffer of its own") ||
+      !why(device_supports(g, y, OpKind::LayerNormCast), "the device has no layer_norm_cast"))
     return -1;
   const int cast = later_16bit_cast(g, u, y);
-  if (cast < 0 || u.readers[y.buffer] != std::vector<int>{cast}) return -1;
+  if (!why(cast >= 0, "nothing casts y to 16 bits") ||
+      !why(u.readers[y.buffer] == std::vector<int>{cast}, "y has readers besides the cast"))
+    return -1;
   return cast;
 }
 
@@ -53,14 +61,16 @@ int residual_add(const Graph& g, const BufferUses& u, size_t i) {
 void fuse_norm_cast(Graph& g, PassStats& stats) {
   const BufferUses u = buffer_uses(g);
   fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
-    const int cast = match(g, u, i);
-    if (cast < 0 || drop[size_t(cast)]) return;
+    if (!is_layer_norm(g.nodes[i])) return;
+    Why why;
+    const int cast = match(g, u, i, why);
+    if (cast < 0 || drop[size_t(cast)]) return why_not(kPass, g, i, "its cast", why.reason());
     Node& n = g.nodes[i];
     const TensorRef y16 = g.nodes[size_t(cast)].outputs[0];
     Node fused{OpKind::LayerNormCast, Attrs(n.attrs).set("dtype", y16.dtype), n.inputs, n.outputs, false,
                {"layer_norm", "copy"}};
     fused.outputs[0] = y16;
-    if (!call_supported(g, fused)) return;
+    if (!call_supported(g, fused)) return why_not(kPass, g, i, "its cast", "the device's kernel does not take the call");
     const TensorRef x = *n.inputs[0];
     n = std::move(fused);
     drop[size_t(cast)] = true;
@@ -74,7 +84,7 @@ void fuse_norm_cast(Graph& g, PassStats& stats) {
     with_add.inputs.push_back(a.inputs[1]);
     with_add.outputs.push_back(x);
     with_add.fused.insert(with_add.fused.begin(), "add");
-    if (!call_supported(g, with_add)) return;
+    if (!call_supported(g, with_add)) return why_not(kPass, g, i, "the add before it", "the device's kernel does not take the call");
     n = std::move(with_add);
     drop[size_t(add)] = true;
     stats.fused += 1;

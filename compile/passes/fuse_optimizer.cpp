@@ -129,7 +129,7 @@ void add_to_run(const Graph& g, Run& run, const Node& n) {
 }
 
 // The one node that replaces nodes [begin, end) (at least two, all of one run).
-Node fuse_run(const Graph& g, const std::vector<Node>& nodes, size_t begin, size_t end) {
+Node fuse_run(const std::vector<Node>& nodes, size_t begin, size_t end) {
   const Node& f = nodes[begin];
   const MultiTensorLayout& l = *layout_of(f.op);
   Node fused{multi_tensor_op(f.op), Attrs(f.attrs).set("tensors", int64_t(end - begin)), {}, {}, true, {}};
@@ -159,11 +159,14 @@ void fuse_optimizer(Graph& g, PassStats& stats) {
     size_t j = i + 1;
     while (j < g.nodes.size() && candidate(g, g.nodes[j]) && joins(g, run, g.nodes[j]))
       add_to_run(g, run, g.nodes[j++]);
+    if (j < g.nodes.size() && candidate(g, g.nodes[j]))
+      why_not("optimizer", g, j, "the run before it",
+              "another op or attrs, other step-wide inputs, or memory the run updates");
     if (j - i == 1) {
       out.push_back(std::move(g.nodes[i++]));
       continue;
     }
-    out.push_back(fuse_run(g, g.nodes, i, j));
+    out.push_back(fuse_run(g.nodes, i, j));
     stats.fused += j - i - 1;
     i = j;
   }

@@ -116,6 +116,49 @@ bool may_write_gradient_early(const BufferUses& u, const TensorRef& z, int i, in
   return add || u.touches[z.buffer].front() == j;  // a copy must create the gradient
 }
 
+Link cast_link(const char* what, DType to, bool any_16bit, bool sole) {
+  return {what,
+          [to, any_16bit](const Graph& g, const BufferUses& u, int k, const TensorRef& in) {
+            if (!is_plain_cast_of(g, u, k, in)) return false;
+            const DType d = g.nodes[size_t(k)].outputs[0].dtype;
+            return any_16bit ? is_16bit(d) : d == to;
+          },
+          sole};
+}
+
+Link op_link(const char* what, OpKind op, DType out, bool sole) {
+  return {what,
+          [op, out](const Graph& g, const BufferUses& u, int k, const TensorRef& in) {
+            const Node& n = g.nodes[size_t(k)];
+            return n.op == op && !n.in_place && n.inputs.size() == 1 && n.inputs[0] && same_ref(*n.inputs[0], in) &&
+                   n.outputs.size() == 1 && n.outputs[0].dtype == out && internal_once(g, u, n.outputs[0]);
+          },
+          sole};
+}
+
+std::optional<std::vector<int>> match_chain(const Graph& g, const BufferUses& u, const TensorRef& from,
+                                            const std::vector<Link>& links, Why& why) {
+  std::vector<int> nodes;
+  TensorRef value = from;
+  for (const Link& l : links) {
+    int next = -1;
+    if (l.sole) {
+      const int k = sole_reader(g, u, value);
+      if (k >= 0 && l.test(g, u, k, value)) next = k;
+    } else {
+      for (int k : u.readers[value.buffer])
+        if (k < int(g.nodes.size()) && l.test(g, u, k, value)) {
+          next = k;
+          break;
+        }
+    }
+    if (!why(next >= 0, std::string(l.sole ? "the only reader is not " : "no reader is ") + l.what)) return std::nullopt;
+    nodes.push_back(next);
+    value = g.nodes[size_t(next)].outputs[0];
+  }
+  return nodes;
+}
+
 void why_not(const char* pass, const Graph& g, size_t i, const char* with, const std::string& reason) {
   if (!log_enabled("fusion")) return;
   const char* op = i < g.nodes.size() ? op_name(g.nodes[i].op) : "?";

@@ -4,8 +4,10 @@
 // why a pass declined a candidate, in the manner of Inductor's WhyNoFuse. Patterns are stated by
 // op, dtype and reader counts, never by model.
 #pragma once
-#include <optional>
 #include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "compile/ir/graph.h"
@@ -59,9 +61,45 @@ int later_16bit_cast(const Graph& g, const BufferUses& u, const TensorRef& out);
 // inputs x, W^T, bias; output z.
 inline bool is_gemm_bias(const Node& n) { return n.op == OpKind::GemmEpilogue && !n.attrs.b("gelu", false); }
 
+// The first condition a candidate fails, with its sentence: a matcher is a list of
+//   if (!why(cond, "the reason it matters")) return ...;
+// and the pass hands why.reason() to why_not() for the candidates it declines.
+class Why {
+ public:
+  bool operator()(bool ok, const char* reason) {
+    if (!ok && reason_.empty()) reason_ = reason;
+    return ok;
+  }
+  bool operator()(bool ok, const std::string& reason) { return (*this)(ok, reason.c_str()); }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string reason_;
+};
+
+// ---- chains ----
+// A chain is a pattern stated by op and dtype: from a value, a node that reads it, then a node that
+// reads that one's result, and so on ("a 16-bit GEMM result, cast to f32, GELU, cast back to 16
+// bits"). Each link says which node may come next: a test of the node reading the previous value
+// (`in`, the whole of it), and whether it must be that value's only reader.
+struct Link {
+  const char* what;  // "a cast to f32": for the reason when the chain breaks there
+  std::function<bool(const Graph& g, const BufferUses& u, int k, const TensorRef& in)> test;
+  bool sole = true;  // the only reader of the previous value (reading it once)
+};
+// Links of the common kinds: a plain cast of `in` into dtype (a 16-bit one with DType::f16 standing
+// for either of bf16 and f16 when `any_16bit`), and op reading all of `in` into a fresh buffer of out's dtype.
+Link cast_link(const char* what, DType to, bool any_16bit = false, bool sole = true);
+Link op_link(const char* what, OpKind op, DType out, bool sole = true);
+// The nodes along `links` from `from` (the first link may be any reader of it when not sole; the
+// first that passes is taken), or nullopt with the link that broke in `why`.
+std::optional<std::vector<int>> match_chain(const Graph& g, const BufferUses& u, const TensorRef& from,
+                                            const std::vector<Link>& links, Why& why);
+
 // Under REEL_LOG=fusion, one line saying why `pass` did not fuse node i of g with `with`:
-//   "norm_cast: layer_norm k41 not fused with its cast: the cast has 2 readers"
+//   "norm_cast: layer_norm k41 not fused with its cast: y has 2 readers"
 void why_not(const char* pass, const Graph& g, size_t i, const char* with, const std::string& reason);
+
 
 // Whether the device of ref r has a kernel for op (the fused op a pass would write there).
 bool device_supports(const Graph& g, const TensorRef& r, OpKind op);

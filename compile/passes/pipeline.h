@@ -33,8 +33,10 @@ struct Pass {
 const std::vector<Pass>& pipeline();
 
 struct PassOptions {
-  bool fuse = true;                     // the fusion stage at all
-  std::vector<std::string> disabled;    // passes turned off by name
+  bool fuse = true;                   // the fusion stage at all
+  std::vector<std::string> disabled;  // passes turned off by name
+
+  PassOptions(bool fuse = true, std::vector<std::string> disabled = {}) : fuse(fuse), disabled(std::move(disabled)) {}
 };
 
 // The passes of `options` (and REEL_PASSES) on g, in order; `stats` gets the node counts before and

@@ -76,11 +76,20 @@ void store_gemm_bias_16bit(Graph& g, PassStats& stats) {
     const DType c = n.inputs[0]->dtype;
     Buffer& zb = g.buffers[z.buffer];
     if (!internal_once(g, u, z) || !is_contiguous(z) || z.offset != 0 || zb.nbytes < z.nbytes() || !zb.storage ||
-        u.readers[z.buffer].empty())
+        u.readers[z.buffer].empty()) {
+      why_not("gemm_16bit", g, i, "16-bit storage", "its f32 result is not a fresh contiguous buffer that is read");
       continue;
+    }
     bool ok = true;
-    for (int k : u.readers[z.buffer])
+    for (int k : u.readers[z.buffer]) {
       ok = ok && k < int(g.nodes.size()) && k > int(i) && reader_kind(g.nodes[size_t(k)], z, c) != Reader::Other;
+      if (!ok) {
+        why_not("gemm_16bit", g, i, "16-bit storage",
+                k < int(g.nodes.size()) ? detail::cat(op_name(g.nodes[size_t(k)].op), " k", k, " reads the f32 result")
+                                        : std::string("the f32 result is a graph output"));
+        break;
+      }
+    }
     if (!ok) continue;
     // cuBLASLt's answer for the 16-bit result (the traced block is large enough for a view of it),
     // with the f32 bias or, where it has no such kernel, the bias cast to 16 bits as PyTorch's
@@ -95,7 +104,10 @@ void store_gemm_bias_16bit(Graph& g, PassStats& stats) {
       return call_supported(g, q);
     };
     const bool f32_bias = supported(bias);
-    if (!f32_bias && !(is_contiguous(bias) && supported(bias16))) continue;
+    if (!f32_bias && !(is_contiguous(bias) && supported(bias16))) {
+      why_not("gemm_16bit", g, i, "16-bit storage", "the device's gemm_epilogue takes no 16-bit result here");
+      continue;
+    }
     if (!f32_bias) {
       auto it = bias16_of.find(bias.buffer);
       bool reuse = it != bias16_of.end();

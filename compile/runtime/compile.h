@@ -2,7 +2,7 @@
 // function and TinyJit for a step.
 //
 //   auto step = compile::compile([&](const std::vector<Tensor>& in) { ...; return {loss}; },
-//                                {.mode = compile::Mode::ReduceOverhead});
+//                                {compile::Mode::ReduceOverhead});
 //   for (...) std::vector<Tensor> out = step({x0, y0, x1, y1});
 //
 // Lifecycle, per input signature (the shapes, dtypes and devices of the arguments):
@@ -34,6 +34,12 @@ struct CompileOptions {
   Mode mode = Mode::Default;
   int cache_limit = 8;  // plans kept per function (one per input signature)
   bool fuse = true;     // fusion passes (off: the plan runs eager's kernels, bit for bit)
+  // Passes turned off by name (compile/passes/pipeline.cpp lists them; REEL_PASSES=-name adds more).
+  std::vector<std::string> disabled_passes;
+
+  CompileOptions(Mode mode = Mode::Default, int cache_limit = 8, bool fuse = true,
+                 std::vector<std::string> disabled_passes = {})
+      : mode(mode), cache_limit(cache_limit), fuse(fuse), disabled_passes(std::move(disabled_passes)) {}
 };
 
 using StepFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs)>;
