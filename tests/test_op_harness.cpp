@@ -7,14 +7,18 @@
 //   Cuda/OpHarnessGradcheck.F64/<case>       the same on the GPU
 //   OpHarnessCoverage.*                      every op of ops.def has a case; case names are sound.
 //                                            Prints the one summary line of the harness.
+//   OpHarnessRunner.*                        the runner itself: the device comparison path run with the
+//                                            CPU as both sides, and checks that must fail do
 #include <gtest/gtest.h>
 
 #include <cctype>
 #include <iostream>
+#include <memory>
 #include <ostream>
 #include <set>
 
 #include "tensor/cuda.h"
+#include "tests/op_harness/inputs.h"
 #include "tests/op_harness/op_harness.h"
 
 using namespace reel;
@@ -128,4 +132,57 @@ TEST(OpHarnessCoverage, CaseNamesAreUniqueAndStartWithTheirOp) {
     EXPECT_TRUE(seen.insert(c.name).second) << "two cases are named " << c.name;
     EXPECT_FALSE(c.dtypes.empty()) << c.name << " runs in no dtype";
   }
+}
+
+// The comparison behind Cuda/OpHarness.Run, with the CPU on both sides: for one case of every op the
+// two builds of a call must agree (CI has no GPU, so this is where that path runs there).
+TEST(OpHarnessRunner, DevicePathAgreesWithItselfOnTheCpu) {
+  std::set<OpKind> done;
+  for (const OpTestCase& c : all_cases()) {
+    if (!done.insert(c.op).second || !runs_on(c, DeviceType::CPU)) continue;
+    Report r = check_against_cpu(c, c.dtypes[0], Device::cpu());
+    EXPECT_TRUE(r.ok()) << run_name(c, c.dtypes[0]) << ":\n" << r.str();
+  }
+}
+
+namespace {
+
+// An add whose second input is 0 on the first build and `delta` on every later one.
+OpTestCase drifting_add(DType dtype, double delta) {
+  auto builds = std::make_shared<int>(0);
+  return {.op = OpKind::Add,
+          .name = "add_drifting",
+          .dtypes = {dtype},
+          .make =
+              [builds, delta](Device, DType t) {
+                const double b = (*builds)++ == 0 ? 0.0 : delta;
+                return OpCall{{values_input({1, 2, 3}, {3}, t), values_input({b, b, b}, {3}, t)}};
+              }};
+}
+
+}  // namespace
+
+TEST(OpHarnessRunner, ReportsOutputsBeyondTheTolerance) {
+  EXPECT_TRUE(check_against_cpu(drifting_add(DType::f32, 1e-7), DType::f32, Device::cpu()).ok());
+  Report r = check_against_cpu(drifting_add(DType::f32, 1e-3), DType::f32, Device::cpu());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.str().find("relative L2 error"), std::string::npos) << r.str();
+  Report whole = check_against_cpu(drifting_add(DType::i64, 1), DType::i64, Device::cpu());
+  ASSERT_FALSE(whole.ok()) << "i64 values must agree exactly";
+  EXPECT_NE(whole.str().find("(exactly)"), std::string::npos) << whole.str();
+}
+
+TEST(OpHarnessRunner, ReportsAWrongReferenceAndAnUnrepeatableCall) {
+  OpTestCase c = drifting_add(DType::f64, 1.0);
+  c.reference = [](const OpCall&) { return Expected{{1, 2, 4}}; };
+  Report r = check_cpu(c, DType::f64);
+  EXPECT_NE(r.str().find("against the plain-loop reference"), std::string::npos) << r.str();
+  EXPECT_NE(r.str().find("differs between two runs"), std::string::npos) << r.str();
+}
+
+TEST(OpHarnessRunner, ReportsAGradcheckFunctionThatMissesTheOp) {
+  OpTestCase c = drifting_add(DType::f64, 0.0);
+  c.grad = [](const std::vector<Tensor>& x) { return mul(x[0], x[1]); };
+  Report r = check_gradcheck(c, Device::cpu());
+  EXPECT_NE(r.str().find("never dispatches add"), std::string::npos) << r.str();
 }
