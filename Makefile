@@ -35,7 +35,7 @@ else
 endif
 LIB_OBJS := $(LIB_SRCS:%.cpp=$(BUILD)/%.o) $(CU_SRCS:%.cu=$(BUILD)/%.o)
 TOOL_SRCS := $(wildcard tools/*.cpp)
-TEST_SRCS := $(wildcard tests/*.cpp)
+TEST_SRCS := $(wildcard tests/*.cpp tests/op_harness/*.cpp)
 DIST_TEST_SRCS := $(wildcard tests/dist/*.cpp)
 BENCH_SRCS := $(wildcard bench/*.cpp)
 

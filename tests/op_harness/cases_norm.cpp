@@ -1,0 +1,297 @@
+// Op-harness cases of layer, group and batch norm, their backward ops, and dropout (schemas:
+// kernels/schema/norm.cpp). Norms run with weight and bias, with one of them, with neither, over one
+// and several trailing dims, on non-contiguous x; batch norm in training (running statistics updated
+// in place, which the runner compares as inputs after the call) and in eval, and with f32 running
+// statistics under 16-bit x. Backward ops get the statistics their forward saved. Dropout runs at
+// p = 0.3, 0, 1 and 0.5 with a large Philox offset.
+// Plain-loop references: all three norms are "normalise each set by its own mean and variance, then
+// an affine map per feature" (sets: rows; (n, group)s; channels), so one forward and one backward
+// formula over a (set, feature) labelling of the elements serves them; dropout's mask is Philox's.
+#include <cmath>
+
+#include "tensor/rng.h"
+#include "tests/op_harness/inputs.h"
+
+namespace reel::harness {
+namespace {
+
+using Inputs = std::vector<Tensor>;
+constexpr double kEps = 1e-5, kMomentum = 0.1;
+
+// ---- the shared reference ----
+
+// Which set and which feature (index into w, b, dw, db) each element (row-major) belongs to.
+struct Sets {
+  std::vector<int64_t> set, feature;
+  int64_t sets = 0, features = 0;
+};
+
+Sets layer_sets(const Shape& x, int64_t k) {
+  int64_t cols = 1;
+  for (size_t d = x.size() - size_t(k); d < x.size(); ++d) cols *= x[d];
+  Sets s{{}, {}, numel_of(x) / cols, cols};
+  for (int64_t e = 0; e < numel_of(x); ++e) s.set.push_back(e / cols), s.feature.push_back(e % cols);
+  return s;
+}
+
+// x (N, C, *): groups of C/G channels per sample (G = C: one set per channel of each sample; batch
+// norm's sets are channels across the batch: per_sample false).
+Sets channel_sets(const Shape& x, int64_t G, bool per_sample) {
+  const int64_t N = x[0], C = x[1], S = numel_of(x) / (N * C);
+  Sets s{{}, {}, per_sample ? N * G : C, C};
+  for (int64_t e = 0; e < numel_of(x); ++e) {
+    const int64_t n = e / (C * S), c = (e / S) % C;
+    s.set.push_back(per_sample ? n * G + c / (C / G) : c);
+    s.feature.push_back(c);
+  }
+  return s;
+}
+
+std::vector<double> values_or(const Tensor& t, int64_t n, double fallback) {
+  return t.defined() ? host_values(t) : std::vector<double>(size_t(n), fallback);
+}
+
+// (y, mean, rstd): biased variance, rstd = 1 / sqrt(var + eps), y = (x - mean) rstd w + b.
+Expected normalise(const Sets& s, const OpCall& c) {
+  std::vector<double> x = host_values(c.inputs[0]), w = values_or(c.inputs[1], s.features, 1.0);
+  std::vector<double> b = values_or(c.inputs[2], s.features, 0.0);
+  std::vector<double> mean(size_t(s.sets), 0.0), var(size_t(s.sets), 0.0), count(size_t(s.sets), 0.0), y(x.size());
+  for (size_t e = 0; e < x.size(); ++e) mean[s.set[e]] += x[e], count[s.set[e]] += 1;
+  for (int64_t k = 0; k < s.sets; ++k) mean[k] /= count[k];
+  for (size_t e = 0; e < x.size(); ++e) var[s.set[e]] += (x[e] - mean[s.set[e]]) * (x[e] - mean[s.set[e]]);
+  std::vector<double> rstd(size_t(s.sets));
+  for (int64_t k = 0; k < s.sets; ++k) rstd[k] = 1 / std::sqrt(var[k] / count[k] + kEps);
+  for (size_t e = 0; e < x.size(); ++e)
+    y[e] = (x[e] - mean[s.set[e]]) * rstd[s.set[e]] * w[s.feature[e]] + b[s.feature[e]];
+  return {y, mean, rstd};
+}
+
+// (dx, dw, db) from inputs (g, x, w?, mean, rstd): with gw = g w and means over each set,
+// dx = rstd (gw - mean(gw) - xhat mean(gw xhat)); dw = sum g xhat, db = sum g per feature.
+// frozen (batch norm in eval): the statistics are constants and dx = gw rstd.
+Expected normalise_backward(const Sets& s, const OpCall& c, bool frozen = false) {
+  std::vector<double> g = host_values(c.inputs[0]), x = host_values(c.inputs[1]);
+  std::vector<double> w = values_or(c.inputs[2], s.features, 1.0), mean = host_values(c.inputs[3]);
+  std::vector<double> rstd = host_values(c.inputs[4]), dx(x.size()), dw(size_t(s.features), 0.0), db = dw;
+  std::vector<double> sum_gw(size_t(s.sets), 0.0), sum_gwx(size_t(s.sets), 0.0), count(size_t(s.sets), 0.0);
+  auto xhat = [&](size_t e) { return (x[e] - mean[s.set[e]]) * rstd[s.set[e]]; };
+  for (size_t e = 0; e < x.size(); ++e) {
+    const double gw = g[e] * w[s.feature[e]];
+    sum_gw[s.set[e]] += gw, sum_gwx[s.set[e]] += gw * xhat(e), count[s.set[e]] += 1;
+    dw[s.feature[e]] += g[e] * xhat(e), db[s.feature[e]] += g[e];
+  }
+  for (size_t e = 0; e < x.size(); ++e) {
+    const int64_t k = s.set[e];
+    const double gw = g[e] * w[s.feature[e]];
+    dx[e] = frozen ? gw * rstd[k] : rstd[k] * (gw - sum_gw[k] / count[k] - xhat(e) * sum_gwx[k] / count[k]);
+  }
+  return {dx, dw, db};
+}
+
+// ---- layer norm and group norm ----
+
+struct Norm {
+  const char* name;
+  Shape x;
+  Layout layout;
+  int64_t k_or_groups;  // layer norm: normalized dims; group norm: groups
+  bool weight, bias;
+  bool gradcheck;
+  double shift = 0;  // added to x: a large mean
+};
+
+OpCall norm_call(const Norm& n, DType t, bool layer) {
+  const Shape features = layer ? Shape(n.x.end() - n.k_or_groups, n.x.end()) : Shape{n.x[1]};
+  Tensor w = n.weight ? randn_input(features, t, 111, Layout::contiguous, 0.5, 1.0) : Tensor();
+  Tensor b = n.bias ? randn_input(features, t, 112, Layout::contiguous, 0.5) : Tensor();
+  Attrs a = Attrs().set("eps", kEps).set(layer ? "normalized_ndim" : "groups", n.k_or_groups);
+  return OpCall{{randn_input(n.x, t, 110, n.layout, 1.0, n.shift), w, b}, a};
+}
+
+// The backward's inputs: (g, x, w, mean, rstd) with the statistics of a forward on the CPU.
+OpCall backward_call(OpKind forward, const OpCall& f, DType t, Attrs attrs) {
+  std::vector<Tensor> saved = dispatch(forward, f.inputs, f.attrs);
+  return OpCall{{randn_input(f.inputs[0].shape(), t, 113, Layout::transposed), f.inputs[0], f.inputs[1], saved[1], saved[2]},
+                std::move(attrs)};
+}
+
+void add_norm_pair(std::vector<OpTestCase>& cases, const Norm& n, bool layer, std::vector<DType> dtypes) {
+  const OpKind op = layer ? OpKind::LayerNorm : OpKind::GroupNorm;
+  const OpKind backward = layer ? OpKind::LayerNormBackward : OpKind::GroupNormBackward;
+  auto sets = [n, layer](const Shape& x) { return layer ? layer_sets(x, n.k_or_groups) : channel_sets(x, n.k_or_groups, true); };
+  GradcheckFn grad;
+  if (n.gradcheck && layer)
+    grad = [n](const Inputs& x) { return layer_norm(x[0], Shape(n.x.end() - n.k_or_groups, n.x.end()), x[1], x[2], kEps); };
+  if (n.gradcheck && !layer) grad = [n](const Inputs& x) { return group_norm(x[0], n.k_or_groups, x[1], x[2], kEps); };
+  cases.push_back({.op = op,
+                   .name = std::string(op_name(op)) + "_" + n.name,
+                   .dtypes = dtypes,
+                   .make = [n, layer](Device, DType t) { return norm_call(n, t, layer); },
+                   .grad = grad,
+                   .reference = [sets](const OpCall& c) { return normalise(sets(c.inputs[0].shape()), c); }});
+  cases.push_back({.op = backward,
+                   .name = std::string(op_name(backward)) + "_" + n.name,
+                   .dtypes = dtypes,
+                   .make =
+                       [n, layer, op](Device, DType t) {
+                         OpCall f = norm_call(n, t, layer);
+                         return backward_call(op, f, t, layer ? Attrs() : Attrs().set("groups", n.k_or_groups));
+                       },
+                   .reference = [sets](const OpCall& c) { return normalise_backward(sets(c.inputs[1].shape()), c); }});
+}
+
+void add_layer_and_group_norm_cases(std::vector<OpTestCase>& cases) {
+  using L = Layout;
+  for (const Norm& n : {Norm{"rows_3x5", {3, 5}, L::contiguous, 1, true, true, true},
+                        Norm{"last_2_dims_no_affine_2x3x4", {2, 3, 4}, L::contiguous, 2, false, false, true},
+                        Norm{"transposed_weight_only_4x6", {4, 6}, L::transposed, 1, true, false, true},
+                        Norm{"strided_bias_only_3x8", {3, 8}, L::strided, 1, false, true, false},
+                        Norm{"long_rows_2x512", {2, 512}, L::contiguous, 1, true, true, false}})
+    add_norm_pair(cases, n, true, kFloatTypes);
+  // x near 100 with spread 0.1: a one-pass variance would cancel; 16-bit types cannot hold the spread.
+  add_norm_pair(cases, Norm{"large_mean_3x8", {3, 8}, L::contiguous, 1, true, true, false, 100.0}, true,
+                {DType::f32, DType::f64});
+  for (const Norm& n : {Norm{"2x4x3_groups_2", {2, 4, 3}, L::contiguous, 2, true, true, true},
+                        Norm{"transposed_no_affine_2x6x2x2_groups_3", {2, 6, 2, 2}, L::transposed, 3, false, false, true},
+                        Norm{"strided_weight_only_3x4_groups_1", {3, 4}, L::strided, 1, true, false, true},
+                        Norm{"channels_last_2x4x3x3_groups_4", {2, 4, 3, 3}, L::channels_last, 4, true, true, false}})
+    add_norm_pair(cases, n, false, kFloatTypes);
+}
+
+// ---- batch norm ----
+
+struct Batch {
+  const char* name;
+  Shape x;
+  Layout layout;
+  bool training, affine, running;
+  bool f32_running;  // running statistics in f32 whatever x's dtype
+  bool gradcheck;
+};
+
+OpCall batch_call(const Batch& b, DType t) {
+  const int64_t C = b.x[1];
+  const DType rt = b.f32_running ? DType::f32 : t;
+  Tensor w = b.affine ? randn_input({C}, t, 121, Layout::contiguous, 0.5, 1.0) : Tensor();
+  Tensor bias = b.affine ? randn_input({C}, t, 122, Layout::contiguous, 0.5) : Tensor();
+  Tensor rm = b.running ? randn_input({C}, rt, 123, Layout::contiguous, 0.5) : Tensor();
+  Tensor rv = b.running ? uniform_input({C}, rt, 124, 0.5, 1.5) : Tensor();
+  Attrs a = Attrs().set("training", b.training).set("momentum", kMomentum).set("eps", kEps);
+  return OpCall{{randn_input(b.x, t, 120, b.layout, 1.0, 0.5), w, bias, rm, rv}, a};
+}
+
+// Eval: (y, running_mean, 1/sqrt(running_var + eps)) with the running statistics as the set statistics.
+Expected batch_norm_reference(const Batch& b, const OpCall& c) {
+  const Sets s = channel_sets(c.inputs[0].shape(), b.x[1], false);
+  if (b.training) return normalise(s, c);
+  std::vector<double> x = host_values(c.inputs[0]), w = values_or(c.inputs[1], s.features, 1.0);
+  std::vector<double> bias = values_or(c.inputs[2], s.features, 0.0), mean = host_values(c.inputs[3]);
+  std::vector<double> rstd = host_values(c.inputs[4]), y(x.size());
+  for (double& r : rstd) r = 1 / std::sqrt(r + kEps);
+  for (size_t e = 0; e < x.size(); ++e) y[e] = (x[e] - mean[s.set[e]]) * rstd[s.set[e]] * w[s.feature[e]] + bias[s.feature[e]];
+  return {y, mean, rstd};
+}
+
+void add_batch_pair(std::vector<OpTestCase>& cases, const Batch& b, GradcheckFn grad, std::vector<DType> dtypes) {
+  cases.push_back({.op = OpKind::BatchNorm,
+                   .name = std::string("batch_norm_") + b.name,
+                   .dtypes = dtypes,
+                   .make = [b](Device, DType t) { return batch_call(b, t); },
+                   .grad = std::move(grad),
+                   .grad_inputs = {0, 1, 2},
+                   .reference = [b](const OpCall& c) { return batch_norm_reference(b, c); }});
+  cases.push_back({.op = OpKind::BatchNormBackward,
+                   .name = std::string("batch_norm_backward_") + b.name,
+                   .dtypes = dtypes,
+                   .make =
+                       [b](Device, DType t) {
+                         return backward_call(OpKind::BatchNorm, batch_call(b, t), t, Attrs().set("training", b.training));
+                       },
+                   .reference =
+                       [b](const OpCall& c) {
+                         return normalise_backward(channel_sets(c.inputs[1].shape(), b.x[1], false), c, !b.training);
+                       }});
+}
+
+void add_batch_norm_cases(std::vector<OpTestCase>& cases) {
+  using L = Layout;
+  for (const Batch& b : {Batch{"train_running_stats_5x3", {5, 3}, L::contiguous, true, true, true, false, true},
+                         Batch{"train_transposed_no_affine_2x3x2x2", {2, 3, 2, 2}, L::transposed, true, false, false, false, true},
+                         Batch{"eval_2x3x4", {2, 3, 4}, L::contiguous, false, true, true, false, true},
+                         Batch{"eval_strided_no_affine_4x3", {4, 3}, L::strided, false, false, true, false, false},
+                         Batch{"train_channels_last_2x4x3x3", {2, 4, 3, 3}, L::channels_last, true, true, true, false, false}}) {
+    GradcheckFn grad;
+    // Fresh running statistics on every evaluation: gradcheck runs the function many times.
+    if (b.gradcheck)
+      grad = [b](const Inputs& x) {
+        Tensor rm = x[3].defined() ? clone(x[3]) : Tensor(), rv = x[4].defined() ? clone(x[4]) : Tensor();
+        return batch_norm(x[0], rm, rv, x[1], x[2], b.training, kMomentum, kEps);
+      };
+    add_batch_pair(cases, b, grad, kFloatTypes);
+  }
+  add_batch_pair(cases, Batch{"train_f32_running_stats_4x3x2", {4, 3, 2}, L::contiguous, true, true, true, true, false}, {},
+                 {DType::f16, DType::bf16});
+}
+
+// ---- dropout ----
+
+struct Drop {
+  const char* name;
+  Shape x;
+  Layout layout;
+  double p;
+  int64_t seed, offset;
+  bool gradcheck;
+};
+
+// (y, mask): element i is kept when philox_uniform(seed, offset, i) >= p; mask = 1/(1-p) or 0.
+Expected dropout_reference(const Drop& d, const OpCall& c) {
+  std::vector<double> x = host_values(c.inputs[0]), y, mask;
+  const double keep = d.p < 1 ? 1 / (1 - d.p) : 0;
+  const DType t = c.inputs[0].dtype();
+  const double stored_keep = host_values(scalar_input(keep, t))[0];  // the mask holds it in x's dtype
+  for (size_t i = 0; i < x.size(); ++i) {
+    const bool kept = philox_uniform(uint64_t(d.seed), uint64_t(d.offset), i) >= float(d.p);
+    mask.push_back(kept ? stored_keep : 0);
+    y.push_back(x[i] * mask.back());
+  }
+  return {y, mask};
+}
+
+void add_dropout_cases(std::vector<OpTestCase>& cases) {
+  using L = Layout;
+  for (const Drop& d : {Drop{"p_0_3_4x5", {4, 5}, L::contiguous, 0.3, 7, 2, true},
+                        Drop{"p_0_3x4", {3, 4}, L::contiguous, 0.0, 8, 0, false},
+                        Drop{"p_1_2x3", {2, 3}, L::contiguous, 1.0, 9, 0, false},
+                        Drop{"p_0_5_transposed_high_offset_5x40", {5, 40}, L::transposed, 0.5, 10, int64_t(1) << 35, false}}) {
+    GradcheckFn grad;
+    if (d.gradcheck)
+      grad = [d](const Inputs& x) {
+        Generator gen(uint64_t(d.seed));  // the same mask on every evaluation
+        return dropout(x[0], d.p, true, &gen);
+      };
+    cases.push_back({.op = OpKind::Dropout,
+                     .name = std::string("dropout_") + d.name,
+                     .dtypes = kFloatTypes,
+                     .make =
+                         [d](Device, DType t) {
+                           return OpCall{{randn_input(d.x, t, 130, d.layout)},
+                                         Attrs().set("p", d.p).set("seed", d.seed).set("offset", d.offset)};
+                         },
+                     .grad = grad,
+                     .tol_scale = 0,
+                     .reference = [d](const OpCall& c) { return dropout_reference(d, c); }});
+  }
+}
+
+}  // namespace
+
+std::vector<OpTestCase> norm_cases() {
+  std::vector<OpTestCase> cases;
+  add_layer_and_group_norm_cases(cases);
+  add_batch_norm_cases(cases);
+  add_dropout_cases(cases);
+  return cases;
+}
+
+}  // namespace reel::harness
