@@ -27,7 +27,7 @@ using FamilyCases = std::vector<OpTestCase> (*)();
 // Every family of ops.def, in its order; a new family file adds one line here.
 constexpr FamilyCases kFamilies[] = {
     memory_cases, views_cases, elementwise_cases, reduce_cases, linalg_cases,
-    pool_cases,   norm_cases,  attention_cases,   optim_cases,
+    pool_cases,   norm_cases,  attention_cases,   optim_cases, fused_cases,
 };
 
 }  // namespace

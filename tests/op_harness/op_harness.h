@@ -73,6 +73,7 @@ std::vector<OpTestCase> pool_cases();
 std::vector<OpTestCase> norm_cases();
 std::vector<OpTestCase> attention_cases();
 std::vector<OpTestCase> optim_cases();
+std::vector<OpTestCase> fused_cases();  // the fused ops of every family (cases_fused.cpp)
 
 // Every family's cases, built once.
 const std::vector<OpTestCase>& all_cases();

@@ -1,0 +1,428 @@
+// Op-harness cases of the fused ops (kernels/ops.def's "fused:" lines): the ops the compiler's passes
+// rewrite node chains into. Each case's reference is the unfused chain itself, run op by op through
+// dispatch on the CPU (a layer norm then a cast, a matmul then the bias add and GELU, ...): what a
+// pass assumes when it swaps the chain for the fused op. On the GPU the same cases compare the fused
+// CUDA kernels (cuBLASLt epilogues, the attention and norm kernels with their 16-bit copies, the
+// NVRTC-compiled elementwise programs, the multi-tensor optimizer) against the CPU.
+// Shapes are the ones those kernels take in a training step: 16-bit copies of f32 results, GEMMs
+// whose N is a multiple of 8 (cuBLASLt's rule for the GELU epilogue), attention with head size 16.
+// The case's dtype is the 16-bit dtype of the copy where the op writes one (the f32 inputs stay f32).
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "kernels/fused_expr.h"
+#include "tests/op_harness/inputs.h"
+
+namespace reel::harness {
+namespace {
+
+using Inputs = std::vector<Tensor>;
+constexpr double kEps = 1e-5;
+inline constexpr std::initializer_list<DType> k16Bit{DType::bf16, DType::f16};
+
+// ---- the unfused references ----
+
+Tensor run1(OpKind op, const Inputs& in, const Attrs& a = {}) { return dispatch(op, in, a)[0]; }
+Tensor cast(const Tensor& t, DType d) { return run1(OpKind::Copy, {t}, Attrs().set("dtype", d)); }
+// A contiguous copy, for references of in-place ops: they run before the op, on copies.
+Tensor copy_of(const Tensor& t) { return cast(t, t.dtype()); }
+Expected values_of(const std::vector<Tensor>& ts) {
+  Expected out;
+  for (const Tensor& t : ts) out.push_back(host_values(t));
+  return out;
+}
+
+// ---- layer norm: the residual add + norm + cast, and the backward + add (+ cast, column sums) ----
+
+void add_layer_norm_cases(std::vector<OpTestCase>& cases) {
+  for (bool add : {false, true}) {
+    cases.push_back({.op = OpKind::LayerNormCast,
+                     .name = std::string("layer_norm_cast_") + (add ? "residual_add_" : "") + "6x40",
+                     .dtypes = k16Bit,
+                     .make =
+                         [add](Device, DType t) {
+                           Inputs in{randn_input({6, 40}, DType::f32, 201), randn_input({40}, DType::f32, 202, Layout::contiguous, 0.5, 1.0),
+                                     randn_input({40}, DType::f32, 203, Layout::contiguous, 0.5)};
+                           if (add) in.push_back(randn_input({6, 40}, DType::f32, 204));
+                           return OpCall{in, Attrs().set("eps", kEps).set("normalized_ndim", int64_t(1)).set("dtype", t)};
+                         },
+                     .reference =
+                         [](const OpCall& c) {
+                           const bool add = c.inputs.size() == 4;
+                           Tensor x = add ? run1(OpKind::Add, {c.inputs[0], c.inputs[3]}) : c.inputs[0];
+                           std::vector<Tensor> y = dispatch(OpKind::LayerNorm, {x, c.inputs[1], c.inputs[2]}, c.attrs);
+                           Expected e = values_of({cast(y[0], c.attrs.dtype("dtype")), y[1], y[2]});
+                           if (add) e.push_back(host_values(x));
+                           return e;
+                         }});
+  }
+  // The backward: plain (any float dtype), with the 16-bit copy, with its column sums, and added to.
+  struct Variant {
+    const char* name;
+    bool copy, sums, accumulate;
+  };
+  for (Variant v : {Variant{"", false, false, false}, Variant{"copy_", true, false, false},
+                    Variant{"copy_column_sums_", true, true, false}, Variant{"copy_column_sums_accumulate_", true, true, true}}) {
+    cases.push_back(
+        {.op = OpKind::LayerNormBackwardAdd,
+         .name = std::string("layer_norm_backward_add_") + v.name + "5x48",
+         .dtypes = v.copy ? std::vector<DType>(k16Bit) : std::vector<DType>{DType::f32, DType::f64},
+         .make =
+             [v](Device, DType t) {
+               const DType x_dtype = v.copy ? DType::f32 : t;
+               Tensor x = randn_input({5, 48}, x_dtype, 211), w = randn_input({48}, x_dtype, 212, Layout::contiguous, 0.5, 1.0);
+               std::vector<Tensor> f = dispatch(OpKind::LayerNorm, {x, w, Tensor()},
+                                                Attrs().set("eps", kEps).set("normalized_ndim", int64_t(1)));
+               Inputs in{randn_input({5, 48}, x_dtype, 213), x, w, f[1], f[2], randn_input({5, 48}, x_dtype, 214)};
+               Attrs a;
+               if (v.copy) a.set("dtype", t);
+               if (v.sums) a.set("column_sums", true).set("accumulate", v.accumulate);
+               if (!v.accumulate) return OpCall{in, a};
+               // Added to: the sums' tensor is an input and the same tensor as the output (params +=).
+               Tensor sums = randn_input({48}, DType::f32, 215);
+               in.push_back(sums);
+               std::vector<TensorMeta> m = infer_outputs(OpKind::LayerNormBackwardAdd, in, a);
+               std::vector<Tensor> out;
+               for (size_t k = 0; k + 1 < m.size(); ++k) out.push_back(Tensor::empty(m[k].shape, m[k].dtype));
+               out.push_back(sums);
+               return OpCall{in, a, out};
+             },
+         .reference =
+             [v](const OpCall& c) {
+               std::vector<Tensor> b = dispatch(OpKind::LayerNormBackward, {c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4]});
+               Tensor out = run1(OpKind::Add, {b[0], c.inputs[5]});
+               Expected e = values_of({out, b[1], b[2]});
+               if (!v.copy) return e;
+               Tensor out16 = cast(out, c.attrs.dtype("dtype"));
+               e.push_back(host_values(out16));
+               if (!v.sums) return e;
+               Tensor s = run1(OpKind::Sum, {cast(out16, DType::f32)}, Attrs().set("dims", std::vector<int64_t>{0}));
+               if (v.accumulate) s = run1(OpKind::Add, {copy_of(c.inputs[6]), s});
+               e.push_back(host_values(s));
+               return e;
+             }});
+  }
+}
+
+// ---- GEMMs: into a given result (f32, transposed, added to) and with the bias (+ GELU) epilogue ----
+
+void add_gemm_cases(std::vector<OpTestCase>& cases) {
+  struct Into {
+    const char* name;
+    bool f32_result, transpose, accumulate;
+  };
+  for (Into v : {Into{"", false, false, false}, Into{"f32_result_", true, false, false},
+                 Into{"transposed_", true, true, false}, Into{"transposed_accumulate_", true, true, true}}) {
+    cases.push_back(
+        {.op = OpKind::MatmulInto,
+         .name = std::string("matmul_into_") + v.name + "24x40x16",
+         .dtypes = v.f32_result ? std::vector<DType>(k16Bit) : std::vector<DType>(kFloatTypes),
+         .make =
+             [v](Device, DType t) {
+               Inputs in{randn_input({24, 40}, t, 221, Layout::transposed), randn_input({40, 16}, t, 222)};
+               Attrs a = Attrs().set("transpose", v.transpose).set("accumulate", v.accumulate);
+               if (v.f32_result) a.set("dtype", DType::f32);
+               if (!v.accumulate) return OpCall{in, a};
+               Tensor grad = randn_input(v.transpose ? Shape{16, 24} : Shape{24, 16}, DType::f32, 223);
+               in.push_back(grad);
+               return OpCall{in, a, {grad}};
+             },
+         .reference =
+             [v](const OpCall& c) {
+               const DType acc = c.inputs[0].dtype() == DType::f64 ? DType::f64 : DType::f32;
+               Tensor p = run1(OpKind::Matmul, {cast(c.inputs[0], acc), cast(c.inputs[1], acc)});
+               if (v.transpose) p = copy_of(p.transpose(0, 1));
+               if (v.accumulate) p = run1(OpKind::Add, {copy_of(c.inputs[2]), p});
+               return Expected{host_values(p)};
+             }});
+  }
+  struct Epilogue {
+    const char* name;
+    DType result;  // f32, or the operands' dtype (f32 here: the case's dtype)
+    bool gelu;
+  };
+  for (Epilogue v : {Epilogue{"bias_", DType::f32, false}, Epilogue{"bias_16bit_", DType::bf16, false},
+                     Epilogue{"bias_gelu_16bit_", DType::bf16, true}}) {
+    const bool sixteen = v.result != DType::f32 || std::string(v.name) == "bias_16bit_";
+    cases.push_back(
+        {.op = OpKind::GemmEpilogue,
+         .name = std::string("gemm_epilogue_") + v.name + "2x12x32x24",
+         .dtypes = sixteen ? std::vector<DType>(k16Bit) : std::vector<DType>{DType::f32, DType::bf16, DType::f16},
+         .make =
+             [v, sixteen](Device, DType t) {
+               const DType y = sixteen ? t : DType::f32;  // f32 case: a's dtype t, an f32 result
+               Inputs in{randn_input({2, 12, 32}, t, 231), randn_input({32, 24}, t, 232, Layout::transposed),
+                         randn_input({24}, y, 233)};
+               return OpCall{in, Attrs().set("dtype", y).set("gelu", v.gelu)};
+             },
+         .reference =
+             [v](const OpCall& c) {
+               Tensor p = run1(OpKind::Matmul, {cast(c.inputs[0], DType::f32), cast(c.inputs[1], DType::f32)});
+               p = run1(OpKind::Add, {p, cast(c.inputs[2], DType::f32)});
+               const DType y = c.attrs.dtype("dtype");
+               if (!v.gelu) return Expected{host_values(cast(p, y))};
+               return Expected{host_values(cast(run1(OpKind::Gelu, {p}), y)), host_values(cast(p, y))};
+             }});
+  }
+}
+
+// ---- reductions: bias-gradient column sums, and the masked softmax with its backward ----
+
+// A causal (T, T) mask: 1 above the diagonal.
+Tensor causal_mask(int64_t T) {
+  std::vector<double> m(size_t(T * T));
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < T; ++j) m[size_t(i * T + j)] = j > i ? 1.0 : 0.0;
+  return values_input(m, {T, T}, DType::f32);
+}
+
+void add_reduce_cases(std::vector<OpTestCase>& cases) {
+  for (bool accumulate : {false, true})
+    cases.push_back({.op = OpKind::ColumnSums,
+                     .name = std::string("column_sums_") + (accumulate ? "accumulate_" : "") + "3x20x24",
+                     .dtypes = {DType::f32, DType::bf16, DType::f16},
+                     .make =
+                         [accumulate](Device, DType t) {
+                           Inputs in{randn_input({3, 20, 24}, t, 241)};
+                           if (!accumulate) return OpCall{in, Attrs()};
+                           Tensor grad = randn_input({24}, DType::f32, 242);
+                           in.push_back(grad);
+                           return OpCall{in, Attrs().set("accumulate", true), {grad}};
+                         },
+                     .reference =
+                         [accumulate](const OpCall& c) {
+                           Tensor s = run1(OpKind::Sum, {cast(c.inputs[0], DType::f32)}, Attrs().set("dims", std::vector<int64_t>{0, 1}));
+                           if (accumulate) s = run1(OpKind::Add, {copy_of(c.inputs[1]), s});
+                           return Expected{host_values(s)};
+                         }});
+  struct Variant {
+    const char* name;
+    bool keep_f32, copy;
+  };
+  for (Variant v : {Variant{"", true, false}, Variant{"copy_", true, true}, Variant{"copy_only_", false, true}}) {
+    auto attrs = [v](DType t) {
+      Attrs a = Attrs().set("keep_f32", v.keep_f32);
+      if (v.copy) a.set("dtype", t);
+      return a;
+    };
+    auto results = [v](const Tensor& y, DType t) {
+      Expected e;
+      if (v.keep_f32) e.push_back(host_values(y));
+      if (v.copy) e.push_back(host_values(cast(y, t)));
+      return e;
+    };
+    cases.push_back({.op = OpKind::MaskedSoftmax,
+                     .name = std::string("masked_softmax_") + v.name + "2x3x9x9",
+                     .dtypes = k16Bit,
+                     .make =
+                         [attrs](Device, DType t) {
+                           return OpCall{{randn_input({2, 3, 9, 9}, DType::f32, 251), causal_mask(9)},
+                                         attrs(t).set("value", -INFINITY)};
+                         },
+                     .reference =
+                         [results](const OpCall& c) {
+                           Tensor z = run1(OpKind::MaskedFill, {c.inputs[0], c.inputs[1]}, Attrs().set("value", -INFINITY));
+                           return results(run1(OpKind::Softmax, {z}, Attrs().set("dim", int64_t(-1))), DType(c.attrs.i("dtype", int64_t(DType::bf16))));
+                         }});
+    cases.push_back({.op = OpKind::MaskedSoftmaxBackward,
+                     .name = std::string("masked_softmax_backward_") + v.name + "2x3x9x9",
+                     .dtypes = k16Bit,
+                     .make =
+                         [attrs](Device, DType t) {
+                           Tensor mask = causal_mask(9);
+                           Tensor z = run1(OpKind::MaskedFill, {randn_input({2, 3, 9, 9}, DType::f32, 252), mask},
+                                           Attrs().set("value", -INFINITY));
+                           Tensor y = run1(OpKind::Softmax, {z}, Attrs().set("dim", int64_t(-1)));
+                           return OpCall{{randn_input({2, 3, 9, 9}, DType::f32, 253), y, mask}, attrs(t)};
+                         },
+                     .reference =
+                         [results](const OpCall& c) {
+                           Tensor d = run1(OpKind::SoftmaxBackward, {c.inputs[0], c.inputs[1]}, Attrs().set("dim", int64_t(-1)));
+                           Tensor dx = run1(OpKind::MaskedFill, {d, c.inputs[2]}, Attrs().set("value", 0.0));
+                           return results(dx, DType(c.attrs.i("dtype", int64_t(DType::bf16))));
+                         }});
+  }
+}
+
+// ---- attention writing its 16-bit copy, forward and backward ----
+
+void add_fused_attention_cases(std::vector<OpTestCase>& cases) {
+  struct Variant {
+    const char* name;
+    bool keep_f32, qkv_16bit;
+  };
+  for (Variant v : {Variant{"", true, false}, Variant{"copy_only_", false, false}, Variant{"qkv_16bit_", true, true}}) {
+    auto forward = [v](DType t) {
+      Tensor qkv = randn_input({2, 16, 96}, DType::f32, 261);
+      if (v.qkv_16bit) qkv = cast(qkv, t);
+      return OpCall{{qkv}, Attrs().set("heads", int64_t(2)).set("compute", t).set("keep_f32", v.keep_f32)};
+    };
+    cases.push_back({.op = OpKind::CausalAttentionCast,
+                     .name = std::string("causal_attention_cast_") + v.name + "2x16x96_heads_2",
+                     .dtypes = k16Bit,
+                     .make = [forward](Device, DType t) { return forward(t); },
+                     .reference =
+                         [v](const OpCall& c) {
+                           std::vector<Tensor> f = dispatch(OpKind::CausalAttention, c.inputs, Attrs(c.attrs).set("dtype", DType::f32));
+                           Expected e;
+                           if (v.keep_f32) e.push_back(host_values(f[0]));
+                           e.push_back(host_values(f[1]));
+                           e.push_back(host_values(cast(f[0], c.attrs.dtype("compute"))));
+                           return e;
+                         }});
+    cases.push_back({.op = OpKind::CausalAttentionBackwardCast,
+                     .name = std::string("causal_attention_backward_cast_") + v.name + "2x16x96_heads_2",
+                     .dtypes = k16Bit,
+                     .make =
+                         [forward](Device, DType t) {
+                           OpCall f = forward(t);
+                           std::vector<Tensor> saved =
+                               dispatch(OpKind::CausalAttention, f.inputs, Attrs(f.attrs).set("dtype", DType::f32));
+                           Tensor dy = randn_input({2, 16, 32}, DType::f32, 262, Layout::transposed);
+                           return OpCall{{dy, f.inputs[0], saved[0], saved[1]}, f.attrs};
+                         },
+                     .reference =
+                         [v](const OpCall& c) {
+                           Tensor d = run1(OpKind::CausalAttentionBackward, c.inputs, Attrs(c.attrs).set("dtype", DType::f32));
+                           Expected e;
+                           if (v.keep_f32) e.push_back(host_values(d));
+                           e.push_back(host_values(cast(d, c.attrs.dtype("compute"))));
+                           return e;
+                         }});
+  }
+}
+
+// ---- the multi-tensor optimizer: every tensor's update as its own adamw_step / sgd_step ----
+
+const Shape kParamShapes[] = {{4, 5}, {7}, {3, 2}};
+
+void add_fused_optimizer_cases(std::vector<OpTestCase>& cases) {
+  for (std::optional<double> found : {std::optional<double>(), std::optional<double>(0.0), std::optional<double>(1.0)}) {
+    const std::string flag = !found ? "" : *found != 0 ? "skipped_on_inf_" : "flag_clear_";
+    cases.push_back(
+        {.op = OpKind::MultiTensorAdamW,
+         .name = "multi_tensor_adamw_" + flag + "3_tensors",
+         .dtypes = kFloatTypes,
+         .make =
+             [found](Device, DType t) {
+               OpCall c{{}, Attrs().set("beta1", 0.9).set("beta2", 0.999).set("eps", 1e-8).set("weight_decay", 0.01).set("tensors", int64_t(3))};
+               uint64_t seed = 270;
+               for (const Shape& s : kParamShapes) {
+                 Tensor p = randn_input(s, t, seed++), m = randn_input(s, t, seed++, Layout::contiguous, 0.1);
+                 Tensor v = uniform_input(s, t, seed++, 0.01, 0.1);
+                 c.inputs.insert(c.inputs.end(), {p, randn_input(s, t, seed++), m, v});
+                 c.outputs.insert(c.outputs.end(), {p, m, v});
+               }
+               c.inputs.insert(c.inputs.end(), {found ? scalar_input(*found, DType::f32) : Tensor(), scalar_input(1e-2, DType::f64),
+                                                scalar_input(3.0, DType::f64)});
+               return c;
+             },
+         .reference =
+             [](const OpCall& c) {
+               Expected e;
+               for (size_t i = 0; i < 3; ++i) {
+                 std::vector<Tensor> pmv{copy_of(c.inputs[4 * i]), copy_of(c.inputs[4 * i + 2]), copy_of(c.inputs[4 * i + 3])};
+                 dispatch_out(OpKind::AdamWStep, {pmv[0], c.inputs[4 * i + 1], pmv[1], pmv[2], c.inputs[12], c.inputs[13], c.inputs[14]},
+                              pmv, c.attrs);
+                 for (const Tensor& t : pmv) e.push_back(host_values(t));
+               }
+               return e;
+             }});
+  }
+  for (bool momentum : {false, true})
+    cases.push_back(
+        {.op = OpKind::MultiTensorSgd,
+         .name = std::string("multi_tensor_sgd_") + (momentum ? "momentum_" : "") + "3_tensors",
+         .dtypes = kFloatTypes,
+         .make =
+             [momentum](Device, DType t) {
+               OpCall c{{}, Attrs().set("momentum", momentum ? 0.9 : 0.0).set("dampening", 0.0).set("weight_decay", 0.01)
+                                .set("nesterov", false).set("first_step", false).set("tensors", int64_t(3))};
+               uint64_t seed = 290;
+               for (const Shape& s : kParamShapes) {
+                 Tensor p = randn_input(s, t, seed++), b = momentum ? randn_input(s, t, seed++, Layout::contiguous, 0.1) : Tensor();
+                 c.inputs.insert(c.inputs.end(), {p, randn_input(s, t, seed++), b});
+                 c.outputs.push_back(p);
+                 if (momentum) c.outputs.push_back(b);
+               }
+               c.inputs.insert(c.inputs.end(), {Tensor(), scalar_input(0.1, DType::f64)});
+               return c;
+             },
+         .reference =
+             [momentum](const OpCall& c) {
+               Expected e;
+               for (size_t i = 0; i < 3; ++i) {
+                 std::vector<Tensor> out{copy_of(c.inputs[3 * i])};
+                 Tensor b = momentum ? copy_of(c.inputs[3 * i + 2]) : Tensor();
+                 if (momentum) out.push_back(b);
+                 dispatch_out(OpKind::SgdStep, {out[0], c.inputs[3 * i + 1], b, c.inputs[9], c.inputs[10]}, out, c.attrs);
+                 for (const Tensor& t : out) e.push_back(host_values(t));
+               }
+               return e;
+             }});
+}
+
+// ---- fused elementwise programs: each op of the chain as its own op ----
+
+// gelu(x + bias) * 0.5, stored in x's dtype and in f32: x (4, 6) transposed, bias (6) broadcast.
+Attrs gelu_chain_attrs(DType t) {
+  FusedExpr e;
+  const int x = e.load(0, t), b = e.load(1, t);
+  const int y = e.op(OpKind::MulScalar, {e.op(OpKind::Gelu, {e.op(OpKind::Add, {x, b}, t)}, t)}, t, 0.5);
+  e.store(0, y, t);
+  e.store(1, e.cast(y, DType::f32), DType::f32);
+  return fused_elementwise_attrs(e, {4, 6}, Device::cpu());
+}
+
+// acc += 2 g, written into acc itself (a gradient accumulation the pass fuses in place).
+Attrs accumulate_attrs(DType t) {
+  FusedExpr e;
+  const int acc = e.load(0, t), g = e.load(1, t);
+  e.store(0, e.op(OpKind::Add, {acc, e.op(OpKind::MulScalar, {g}, t, 2.0)}, t), t);
+  return fused_elementwise_attrs(e, {3, 8}, Device::cpu());
+}
+
+void add_fused_elementwise_cases(std::vector<OpTestCase>& cases) {
+  cases.push_back({.op = OpKind::FusedElementwise,
+                   .name = "fused_elementwise_add_gelu_mul_scalar_copy_4x6",
+                   .dtypes = kFloatTypes,
+                   .make =
+                       [](Device, DType t) {
+                         return OpCall{{randn_input({4, 6}, t, 301, Layout::transposed), randn_input({6}, t, 302)}, gelu_chain_attrs(t)};
+                       },
+                   .reference =
+                       [](const OpCall& c) {
+                         Tensor y = run1(OpKind::Add, {c.inputs[0], c.inputs[1]});
+                         y = run1(OpKind::MulScalar, {run1(OpKind::Gelu, {y})}, Attrs().set("value", 0.5));
+                         return Expected{host_values(y), host_values(cast(y, DType::f32))};
+                       }});
+  cases.push_back({.op = OpKind::FusedElementwise,
+                   .name = "fused_elementwise_in_place_accumulate_3x8",
+                   .dtypes = kFloatTypes,
+                   .make =
+                       [](Device, DType t) {
+                         Tensor acc = randn_input({3, 8}, t, 303);
+                         return OpCall{{acc, randn_input({3, 8}, t, 304, Layout::strided)}, accumulate_attrs(t), {acc}};
+                       },
+                   .reference =
+                       [](const OpCall& c) {
+                         Tensor g2 = run1(OpKind::MulScalar, {c.inputs[1]}, Attrs().set("value", 2.0));
+                         return Expected{host_values(run1(OpKind::Add, {c.inputs[0], g2}))};
+                       }});
+}
+
+}  // namespace
+
+std::vector<OpTestCase> fused_cases() {
+  std::vector<OpTestCase> cases;
+  add_layer_norm_cases(cases);
+  add_gemm_cases(cases);
+  add_reduce_cases(cases);
+  add_fused_attention_cases(cases);
+  add_fused_optimizer_cases(cases);
+  add_fused_elementwise_cases(cases);
+  return cases;
+}
+
+}  // namespace reel::harness
