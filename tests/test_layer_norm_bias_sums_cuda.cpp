@@ -1,5 +1,5 @@
 // The bias gradient summed by the layer-norm backward's own pass over the rows, on the GPU
-// (kernels/cuda/layer_norm_fused.h, compile/fuse_norm_backward_add.h):
+// (the layer_norm_backward_add op, compile/passes/fuse_norm_backward_add.cpp):
 //   - layer_norm_bwd_add with sums16 writes out, dw, db and out16 to the bit as without it, and sums
 //     out16's values per normalised column: against a double sum of out16 on the host, for rows in
 //     registers (512 columns, also as (2, 256)) and the generic kernels (96 as well as (2, 48), and
@@ -22,7 +22,6 @@
 #include "test_util.h"
 
 #ifdef REEL_CUDA
-#include "kernels/cuda/layer_norm_fused.h"
 
 using namespace reel;
 
@@ -52,8 +51,15 @@ NormBackwardOut run(const Tensor& g, const Tensor& x, const Tensor& w, const Ten
   o.dw = Tensor::empty(w.shape(), DType::f32, kGpu);
   o.db = Tensor::empty(w.shape(), DType::f32, kGpu);
   o.out16 = Tensor::empty(x.shape(), DType::bf16, kGpu);
-  if (sums) o.sums = start.clone();
-  cuda::layer_norm_bwd_add(g, x, w, f[1], f[2], r, o.out, o.dw, o.db, o.out16, o.sums, accumulate);
+  std::vector<Tensor> in{g, x, w, f[1], f[2], r}, out{o.out, o.dw, o.db, o.out16};
+  Attrs a = Attrs().set("dtype", DType::bf16);
+  if (sums) {
+    o.sums = start.clone().reshape({w.numel()});  // one sum per normalised column
+    out.push_back(o.sums);
+    a.set("column_sums", true).set("accumulate", accumulate);
+    if (accumulate) in.push_back(o.sums);
+  }
+  dispatch_out(OpKind::LayerNormBackwardAdd, in, out, a);
   return o;
 }
 

@@ -1,4 +1,4 @@
-// Layer norm + cast fusion on the GPU (kernels/cuda/layer_norm_fused.h, compile/fuse_norm_cast.h):
+// Layer norm + cast fusion on the GPU (the layer_norm_cast op, compile/passes/fuse_norm_cast.cpp):
 //   - the kernel writes what layer_norm followed by a cast to bf16 or f16 writes, to the bit (y16,
 //     mean, rstd), for short rows (a warp each), long ones (a block each), with and without w, b,
 //     and from a strided x;
@@ -14,7 +14,6 @@
 #include "tensor/cuda.h"
 
 #ifdef REEL_CUDA
-#include "kernels/cuda/layer_norm_fused.h"
 
 using namespace reel;
 
@@ -48,7 +47,8 @@ TEST(LayerNormCastCuda, KernelEqualsNormThenCastToTheBit) {
         Tensor ref = to_dtype(unfused[0], dt);
         Tensor y16 = Tensor::empty({5, 7, C}, dt, kGpu);
         Tensor mean = Tensor::empty({5, 7}, DType::f32, kGpu), rstd = Tensor::empty({5, 7}, DType::f32, kGpu);
-        cuda::layer_norm_fwd_16(x, w, b, 1e-5, y16, mean, rstd);
+        dispatch_out(OpKind::LayerNormCast, {x, w, b}, {y16, mean, rstd},
+                     Attrs().set("eps", 1e-5).set("normalized_ndim", int64_t(1)).set("dtype", dt));
         EXPECT_EQ(to_dtype(y16, DType::f32).to_vector<float>(), to_dtype(ref, DType::f32).to_vector<float>());
         // mean and rstd as the unfused norm's backward reads them.
         EXPECT_EQ(mean.to_vector<float>(), unfused[1].to_vector<float>());

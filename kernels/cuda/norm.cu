@@ -1,331 +1,26 @@
-// CUDA kernels of layer norm and group norm (forward and backward), and the registration of the
-// whole norm family (batch norm: batch_norm.cu, dropout: dropout.cu).
+// CUDA kernels of group norm (forward and backward), and the registration of the whole norm family
+// (layer norm: layer_norm.cu, batch norm: batch_norm.cu, dropout: dropout.cu).
 //
-// The math is the CPU's (kernels/cpu/norm.cpp), term by term:
-//   mean = sum(x) / n      var = sum((x - mean)^2) / n   (biased, two passes: stable for large means)
+// The math is the CPU's (kernels/cpu/norm.cpp), term by term, over the sets of a group:
+//   mean = sum(x) / n      var = sum((x - mean)^2) / n   (biased, two passes)
 //   rstd = 1 / sqrt(var + eps)     xhat = (x - mean) rstd     y = xhat w + b   (w = 1, b = 0 if absent)
-//   backward, gw = g w, means over the same set of n values:
-//   dx = rstd (gw - mean(gw) - xhat mean(gw xhat))     dw = sum(g xhat)     db = sum(g)
-// Statistics accumulate in A = Acc<D> (f32 for f32/f16/bf16, f64 for f64); mean and rstd outputs are A.
-// dw and db are always produced; without w they are the gradients w = 1 would get.
-// Inputs of any strides are first made contiguous on the device; strided outputs are computed into
-// temporaries and copied (norm_common.cuh).
+//   dx = rstd (gw - mean(gw) - xhat mean(gw xhat))     dw = sum(g xhat)     db = sum(g)    (gw = g w)
+// Statistics accumulate in A = Acc<D>; dw and db are always produced.
 //
-// Launch shapes:
-//   layer norm, x viewed as (rows, cols): a team of threads per row, a warp (8 rows per 256-thread
-//     block) when cols <= 1024, else a 512-thread block per row. The team reads its row three times
-//     (sum, squared deviations, output); the row is hot in L1/L2 after the first pass.
-//   f32 rows of 128 k columns (k <= 8) with 16-byte-aligned operands: a warp per row that loads its
-//     row once into registers as float4 (layer_norm_*_vec_kernel, kernels/cuda/layer_norm_rows.cuh);
-//     the backward also sums each column's g xhat and g over the rows of its block there (warps
-//     added in order through shared memory), and layer_norm_param_finish_kernel adds the blocks'
-//     partials: dw, db without reading g and x again.
-//   layer norm dw, db otherwise: a deterministic two-stage column reduction in one launch (the last
-//     block of a column tile does stage 2 for it: kernels/cuda/last_block.cuh). Stage 1 tiles (rows, cols) into
-//     blocks of 32 columns x one chunk of rows (32 x 8 threads; the 32 lanes read 32 adjacent columns,
-//     so loads are coalesced) and writes partial sums (chunks, cols); stage 2 sums the chunks of each
-//     column in order. No float atomics, so results do not change from run to run.
-//   group norm, x viewed as (N, G, C/G, S): a 256-thread block per (n, group), whose C/G * S values
-//     are contiguous. Backward: each warp reduces whole channels of its group (sum_s g xhat, sum_s g)
-//     into (N, C) per-sample partials, the block combines them into mean(gw), mean(gw xhat) for dx,
-//     and the stage-2 kernel above sums the partials over N into dw, db.
+// Launch shapes: x viewed as (N, G, C/G, S): a 256-thread block per (n, group), whose C/G * S values
+// are contiguous. Backward: each warp reduces whole channels of its group (sum_s g xhat, sum_s g)
+// into (N, C) per-sample partials, the block combines them into mean(gw), mean(gw xhat) for dx, and
+// the norms' stage-2 kernel (norm_common.cuh) sums the partials over N into dw, db.
 #include <cstdint>
 
-#include "kernels/cuda/column_sums.h"
 #include "kernels/cuda/cuda_registry.h"
-#include "kernels/cuda/layer_norm_fused.h"
-#include "kernels/cuda/layer_norm_rows.cuh"
 #include "kernels/cuda/norm_common.cuh"
-#include "kernels/cuda/last_block.cuh"
 
 namespace reel {
 namespace cuda {
 namespace {
 
 using namespace norm_detail;
-
-// ---------------------------------------------------------------- layer norm
-
-// x, y: (rows, cols); w, b: (cols) or null; mean, rstd: (rows). One RowTeam per row. y is of x's dtype
-// D, or 16-bit (O) when the compiler fused autocast's cast of y into the norm (layer_norm_fused.h).
-// With `addend` (rows, cols) the norm is of x + addend, rounded to D as an add op would store it, and
-// that sum is also written to sum_out (the residual stream a block passes on).
-template <bool kWarp, typename D, typename O = D, typename A = Acc<D>>
-__global__ void layer_norm_fwd_rows_kernel(const D* x, const D* addend, D* sum_out, const D* w, const D* b, O* y,
-                                           A* mean, A* rstd, int64_t rows, int64_t cols, A eps) {
-  using Team = RowTeam<kWarp>;
-  for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
-    const D* xr = x + r * cols;
-    const D* ar = addend ? addend + r * cols : nullptr;
-    O* yr = y + r * cols;
-    auto xin = [&](int64_t j) -> A { return ar ? to_acc(from_acc<D>(to_acc(xr[j]) + to_acc(ar[j]))) : to_acc(xr[j]); };
-    A s = 0;
-    for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
-      const A v = xin(j);
-      if (sum_out) sum_out[r * cols + j] = from_acc<D>(v);
-      s += v;
-    }
-    const A mu = Team::sum(s) / A(cols);  // cols == 0 gives NaN, as on the CPU
-    A q = 0;
-    for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
-      A d = xin(j) - mu;
-      q += d * d;
-    }
-    const A rs = inv_std(Team::sum(q) / A(cols), eps);
-    if (Team::rank() == 0) {
-      mean[r] = mu;
-      rstd[r] = rs;
-    }
-    for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
-      A v = (xin(j) - mu) * rs;
-      if (w) v *= to_acc(w[j]);
-      if (b) v += to_acc(b[j]);
-      yr[j] = from_acc<O>(v);
-    }
-  }
-}
-
-// dx of each row, plus `residual` when given, and also rounded to O into dx16 when given
-// (layer_norm_bwd_add). g, x, dx, residual, dx16: (rows, cols); w: (cols) or null; mean, rstd: (rows).
-template <bool kWarp, typename D, typename O = D, typename A = Acc<D>>
-__global__ void layer_norm_bwd_dx_rows_kernel(const D* g, const D* x, const D* w, const A* mean, const A* rstd,
-                                              const D* residual, D* dx, O* dx16, int64_t rows, int64_t cols) {
-  using Team = RowTeam<kWarp>;
-  for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
-    const D *gr = g + r * cols, *xr = x + r * cols;
-    D* dxr = dx + r * cols;
-    const A mu = mean[r], rs = rstd[r];
-    A s_gw = 0, s_gwx = 0;
-    for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
-      A gj = to_acc(gr[j]), xh = (to_acc(xr[j]) - mu) * rs, gw = w ? gj * to_acc(w[j]) : gj;
-      s_gw += gw;
-      s_gwx += gw * xh;
-    }
-    const A mean_gw = Team::sum(s_gw) / A(cols), mean_gwx = Team::sum(s_gwx) / A(cols);
-    for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
-      A gj = to_acc(gr[j]), xh = (to_acc(xr[j]) - mu) * rs, gw = w ? gj * to_acc(w[j]) : gj;
-      const D v = from_acc<D>(rs * (gw - mean_gw - xh * mean_gwx));
-      const D out = residual ? from_acc<D>(to_acc(v) + to_acc(residual[r * cols + j])) : v;
-      dxr[j] = out;
-      if (dx16) dx16[r * cols + j] = from_acc<O>(to_acc(out));
-    }
-  }
-}
-
-constexpr int kColTile = 32;   // columns per block of the partial kernel (one per lane)
-constexpr int kColRowThreads = 8;  // threads along the rows of a chunk
-
-// dw, db of layer norm in one launch. Block (blockIdx.x, blockIdx.y) = (columns 32 bx .. 32 bx + 31,
-// chunk by of rows_per_chunk rows); thread (tx, ty) sums rows ty, ty + 8, ... of the chunk in column
-// 32 bx + tx into the chunk's partials, and the last of a column tile's chunks to finish adds the
-// tile's partials in chunk order (kernels/cuda/last_block.cuh).
-// g, x: (rows, cols); mean, rstd: (rows); dw_part, db_part: (chunks, cols); dw, db: (cols).
-template <typename D, typename A = Acc<D>>
-__global__ void layer_norm_bwd_param_kernel(const D* g, const D* x, const A* mean, const A* rstd, int64_t rows,
-                                            int64_t cols, int64_t rows_per_chunk, A* dw_part, A* db_part, D* dw,
-                                            D* db) {
-  __shared__ A s_dw[kColRowThreads][kColTile + 1], s_db[kColRowThreads][kColTile + 1];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t j = int64_t(blockIdx.x) * kColTile + tx, chunk = blockIdx.y, chunks = gridDim.y;
-  const int64_t r0 = chunk * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
-  A sw = 0, sb = 0;
-  if (j < cols) {
-    for (int64_t r = r0 + ty; r < r1; r += kColRowThreads) {
-      A gv = to_acc(g[r * cols + j]);
-      sw += gv * ((to_acc(x[r * cols + j]) - mean[r]) * rstd[r]);
-      sb += gv;
-    }
-  }
-  s_dw[ty][tx] = sw;
-  s_db[ty][tx] = sb;
-  __syncthreads();
-  if (ty == 0 && j < cols) {
-    for (int k = 1; k < kColRowThreads; ++k) {
-      sw += s_dw[k][tx];
-      sb += s_db[k][tx];
-    }
-    if (chunks == 1) {  // the block's sums are the results
-      dw[j] = from_acc<D>(sw);
-      db[j] = from_acc<D>(sb);
-    } else {
-      dw_part[chunk * cols + j] = sw;
-      db_part[chunk * cols + j] = sb;
-    }
-  }
-  if (chunks == 1 || !arrive_last(finish_counter(blockIdx.x), unsigned(chunks))) return;
-  if (ty == 0 && j < cols) {
-    A tw = 0, tb = 0;
-    for (int64_t p = 0; p < chunks; ++p) {
-      tw += load_partial(dw_part + p * cols + j);
-      tb += load_partial(db_part + p * cols + j);
-    }
-    dw[j] = from_acc<D>(tw);
-    db[j] = from_acc<D>(tb);
-  }
-}
-
-// Stage 2 (shared with group norm): dw[j] = sum_p dw_part[p, j], db likewise, p in order.
-// dw_part, db_part: (parts, cols); dw, db: (cols). parts == 0 gives zeros.
-template <typename D, typename A = Acc<D>>
-__global__ void norm_bwd_param_sum_kernel(const A* dw_part, const A* db_part, int64_t parts, int64_t cols, D* dw,
-                                          D* db) {
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols; j += int64_t(gridDim.x) * blockDim.x) {
-    A sw = 0, sb = 0;
-    for (int64_t p = 0; p < parts; ++p) {
-      sw += dw_part[p * cols + j];
-      sb += db_part[p * cols + j];
-    }
-    dw[j] = from_acc<D>(sw);
-    db[j] = from_acc<D>(sb);
-  }
-}
-
-// Launches a rows kernel with a warp per row for short rows, else a block per row.
-constexpr int64_t kWarpRowMaxCols = 1024;
-constexpr int kRowsThreads = 256, kBlockRowThreads = 512;
-
-template <typename WarpKernel, typename BlockKernel, typename... Args>
-void launch_rows(WarpKernel warp_kernel, BlockKernel block_kernel, int64_t rows, int64_t cols, cudaStream_t s,
-                 Args... args) {
-  if (cols <= kWarpRowMaxCols) {
-    constexpr int rows_per_block = kRowsThreads / 32;
-    warp_kernel<<<grid_for((rows + rows_per_block - 1) / rows_per_block), kRowsThreads, 0, s>>>(args...);
-  } else {
-    block_kernel<<<grid_for(rows), kBlockRowThreads, 0, s>>>(args...);
-  }
-  REEL_CUDA_LAUNCH_CHECK();
-}
-
-// Layer norm's forward of x (rows, cols) into y (O), by the row-in-registers kernel where it applies.
-template <typename D, typename O, typename A = Acc<D>>
-void launch_layer_norm_fwd(const D* x, const D* addend, D* sum_out, const D* w, const D* b, O* y, A* mean, A* rstd,
-                           int64_t rows, int64_t cols, A eps, cudaStream_t s) {
-  if constexpr (std::is_same_v<D, float>) {
-    const bool vec = rows > 0 && visit_vec_row(cols, {x, addend, sum_out, w, b, sizeof(O) == 4 ? y : nullptr},
-                                               sizeof(O) == 2 ? y : nullptr, [&]<int K>() {
-      layer_norm_fwd_vec_kernel<K, O><<<grid_for((rows + 7) / 8), 256, 0, s>>>(x, addend, sum_out, w, b, y, mean, rstd,
-                                                                              rows, eps);
-    });
-    if (vec) {
-      REEL_CUDA_LAUNCH_CHECK();
-      return;
-    }
-  }
-  launch_rows(layer_norm_fwd_rows_kernel<true, D, O>, layer_norm_fwd_rows_kernel<false, D, O>, rows, cols, s, x, addend,
-              sum_out, w, b, y, mean, rstd, rows, cols, eps);
-}
-
-void layer_norm_fwd(const KernelCall& c) {
-  Tensor x = contiguous_on_device(c.in[0]), w = contiguous_on_device(c.in[1]), b = contiguous_on_device(c.in[2]);
-  const Tensor &y = c.out[0], &mean = c.out[1], &rstd = c.out[2];
-  const int64_t rows = mean.numel(), cols = rows ? x.numel() / rows : 0;
-  if (rows == 0) return;
-  visit_float(x.dtype(), "layer_norm", [&]<typename D>() {
-    using A = Acc<D>;
-    launch_layer_norm_fwd<D, D>(in_ptr<D>(x), nullptr, nullptr, in_ptr<D>(w), in_ptr<D>(b), out_ptr<D>(y),
-                                out_ptr<A>(mean), out_ptr<A>(rstd), rows, cols, A(c.attrs.f("eps")), stream_of(x));
-  });
-}
-
-// Chunks of rows for stage 1 of dw, db: enough blocks to fill the GPU (about 1024), each chunk at
-// least 32 rows so that the partials stay small next to the input.
-int64_t param_chunks(int64_t rows, int64_t cols) {
-  int64_t col_tiles = (cols + kColTile - 1) / kColTile;
-  int64_t want = std::max<int64_t>(1, 1024 / col_tiles);
-  return std::max<int64_t>(1, std::min(want, (rows + 31) / 32));
-}
-
-// dx (+ residual) and dw, db of f32 rows in one pass, with the row-in-registers kernel
-// (layer_norm_rows.cuh) and the finish kernel that adds its blocks' partials; false, with nothing
-// launched, where those kernels do not apply (see visit_vec_row). With sums16 (cols, f32; dx16 given)
-// the same pass also sums dx16's values per column into it (added to it with `accumulate`).
-bool layer_norm_bwd_vec(const float* pg, const float* px, const float* pw, const float* pm, const float* pr,
-                        const float* presidual, const Tensor& dx, const Tensor& dx16, const Tensor& dw,
-                        const Tensor& db, const Tensor& sums16, bool accumulate, int64_t rows, int64_t cols,
-                        cudaStream_t s) {
-  if (rows == 0) return false;
-  auto run = [&]<typename O>(O* p16) {
-    float* pdx = out_ptr<float>(dx);
-    return visit_vec_row(cols, {pg, px, pw, presidual, pdx}, p16, [&]<int K>() {
-      // One wave of resident blocks (fewer registers per thread at small K, more blocks): every
-      // block adds one row of partials for the finish kernel to sum.
-      const int per_sm = K <= 2 ? 4 : K <= 4 ? 2 : 1;
-      const int64_t blocks = std::min<int64_t>((rows + 7) / 8, per_sm * multiprocessor_count(dx.device().index));
-      auto launch = [&]<int kSums>() {
-        Tensor part = workspace(sizeof(float) * size_t(blocks * kSums * cols), dx.device());
-        float* pp = out_ptr<float>(part);
-        layer_norm_bwd_vec_kernel<K, O, kSums><<<unsigned(blocks), 256, 0, s>>>(pg, px, pw, pm, pr, presidual, pdx,
-                                                                                p16, pp, rows);
-        REEL_CUDA_LAUNCH_CHECK();
-        layer_norm_param_finish_kernel<kSums><<<unsigned((cols + 31) / 32), dim3(32, kFinishRows), 0, s>>>(
-            pp, blocks, cols, out_ptr<float>(dw), out_ptr<float>(db), kSums == 3 ? out_ptr<float>(sums16) : nullptr,
-            accumulate);
-        REEL_CUDA_LAUNCH_CHECK();
-      };
-      if constexpr (std::is_same_v<O, float>) launch.template operator()<2>();
-      else if (sums16.defined()) launch.template operator()<3>();
-      else launch.template operator()<2>();
-    });
-  };
-  if (!dx16.defined()) return run(static_cast<float*>(nullptr));
-  return dx16.dtype() == DType::bf16 ? run(out_ptr<__nv_bfloat16>(dx16)) : run(out_ptr<__half>(dx16));
-}
-
-// dx (+ residual, when defined) into dx (and its 16-bit copy into dx16, when defined), and dw, db;
-// with sums16, dx16's column sums into it (added to it with `accumulate`). dx, dx16, dw, db, sums16
-// contiguous.
-void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w_in, const Tensor& mean_in,
-                         const Tensor& rstd_in, const Tensor& residual_in, const Tensor& dx, const Tensor& dx16,
-                         const Tensor& dw, const Tensor& db, const Tensor& sums16 = Tensor(),
-                         bool accumulate = false) {
-  Tensor g = contiguous_on_device(g_in), x = contiguous_on_device(x_in), w = contiguous_on_device(w_in);
-  Tensor mean = contiguous_on_device(mean_in), rstd = contiguous_on_device(rstd_in);
-  Tensor residual = contiguous_on_device(residual_in);
-  // k = x.dim() - mean.dim() trailing dims are normalised: rows = numel(mean), cols = numel(dw).
-  const int64_t rows = mean.numel(), cols = dw.numel();
-  if (cols == 0) return;
-  cudaStream_t s = stream_of(x);
-  visit_float(x.dtype(), "layer_norm_backward", [&]<typename D>() {
-    using A = Acc<D>;
-    const D *pg = in_ptr<D>(g), *px = in_ptr<D>(x);
-    const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
-    if constexpr (std::is_same_v<D, float>) {  // dx and the partial dw, db in one pass, where it applies
-      if (layer_norm_bwd_vec(pg, px, in_ptr<float>(w), pm, pr, in_ptr<float>(residual), dx, dx16, dw, db, sums16,
-                             accumulate, rows, cols, s))
-        return;
-    }
-    auto launch_dx = [&]<typename O>(O* p16) {
-      launch_rows(layer_norm_bwd_dx_rows_kernel<true, D, O>, layer_norm_bwd_dx_rows_kernel<false, D, O>, rows, cols,
-                  s, pg, px, in_ptr<D>(w), pm, pr, in_ptr<D>(residual), out_ptr<D>(dx), p16, rows, cols);
-    };
-    if (rows > 0) {
-      if (!dx16.defined()) launch_dx(static_cast<D*>(nullptr));
-      else if (dx16.dtype() == DType::bf16) launch_dx(out_ptr<__nv_bfloat16>(dx16));
-      else launch_dx(out_ptr<__half>(dx16));
-    }
-    // Past the finish counters (over 131072 columns) every column tile takes all rows in one block.
-    const int64_t chunks = (cols + kColTile - 1) / kColTile > kFinishCounterSlots ? 1 : param_chunks(rows, cols);
-    const int64_t rows_per_chunk = std::max<int64_t>(1, (rows + chunks - 1) / chunks);
-    // part: (2, chunks, cols) = dw partials, then db partials.
-    Tensor part = Tensor::empty({2, chunks, cols}, mean.dtype(), x.device());
-    A* pp = out_ptr<A>(part);
-    const int64_t col_tiles = (cols + kColTile - 1) / kColTile;
-    const dim3 grid{unsigned(col_tiles), unsigned(chunks)}, block{kColTile, kColRowThreads};
-    layer_norm_bwd_param_kernel<D><<<grid, block, 0, s>>>(pg, px, pm, pr, rows, cols, rows_per_chunk, pp,
-                                                          pp + chunks * cols, out_ptr<D>(dw), out_ptr<D>(db));
-    REEL_CUDA_LAUNCH_CHECK();
-    // Outside the row-in-registers kernel, dx16's column sums are a launch of their own: over its
-    // rows of cols normalised values, as that kernel sums them (the last dim alone when
-    // normalized_ndim is 1).
-    if (sums16.defined()) column_sums_into(dx16.view({rows, cols}), sums16, accumulate);
-  });
-}
-
-void layer_norm_bwd(const KernelCall& c) {
-  layer_norm_bwd_into(c.in[0], c.in[1], c.in[2], c.in[3], c.in[4], Tensor(), c.out[0], Tensor(), c.out[1], c.out[2]);
-}
-
-// ---------------------------------------------------------------- group norm
 
 constexpr int kSetThreads = 256;
 
@@ -441,86 +136,19 @@ void group_norm_bwd(const KernelCall& c) {
 }
 
 }  // namespace
-
-void layer_norm_fwd_16(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps, const Tensor& y16,
-                       const Tensor& mean, const Tensor& rstd, const Tensor& addend_in, const Tensor& sum_out) {
-  REEL_CHECK(x_in.dtype() == DType::f32 && (y16.dtype() == DType::bf16 || y16.dtype() == DType::f16) &&
-                 y16.is_contiguous() && mean.is_contiguous() && rstd.is_contiguous() && y16.numel() == x_in.numel(),
-             "layer_norm_fwd_16: x ", shape_str(x_in.shape()), " ", x_in.dtype(), " into y ", shape_str(y16.shape()),
-             " ", y16.dtype(), ": expects f32 x and a contiguous 16-bit y of its size");
-  REEL_CHECK(addend_in.defined() == sum_out.defined() &&
-                 (!addend_in.defined() || (addend_in.shape() == x_in.shape() && addend_in.dtype() == DType::f32 &&
-                                           sum_out.shape() == x_in.shape() && sum_out.dtype() == DType::f32 &&
-                                           sum_out.is_contiguous())),
-             "layer_norm_fwd_16: addend ", shape_str(addend_in.shape()), " and sum ", shape_str(sum_out.shape()),
-             " must both be given, f32, of x's shape ", shape_str(x_in.shape()), " (the sum contiguous)");
-  Tensor x = contiguous_on_device(x_in), w = contiguous_on_device(w_in), b = contiguous_on_device(b_in);
-  Tensor addend = contiguous_on_device(addend_in);
-  const int64_t rows = mean.numel(), cols = rows ? x.numel() / rows : 0;
-  if (rows == 0) return;
-  auto launch = [&]<typename O>() {
-    launch_layer_norm_fwd<float, O>(in_ptr<float>(x), in_ptr<float>(addend),
-                                    sum_out.defined() ? out_ptr<float>(sum_out) : nullptr, in_ptr<float>(w),
-                                    in_ptr<float>(b), out_ptr<O>(y16), out_ptr<float>(mean), out_ptr<float>(rstd), rows,
-                                    cols, float(eps), stream_of(x));
-  };
-  if (y16.dtype() == DType::bf16) launch.template operator()<__nv_bfloat16>();
-  else launch.template operator()<__half>();
-}
-
-void layer_norm_bwd_add(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                        const Tensor& residual, const Tensor& out, const Tensor& dw, const Tensor& db,
-                        const Tensor& out16, const Tensor& sums16, bool accumulate) {
-  REEL_CHECK(!out16.defined() || (out16.shape() == x.shape() && out16.is_contiguous() &&
-                                  (out16.dtype() == DType::bf16 || out16.dtype() == DType::f16)),
-             "layer_norm_bwd_add: the 16-bit copy ", shape_str(out16.shape()), " ", out16.dtype(),
-             " must be a contiguous bf16 or f16 tensor of x's shape ", shape_str(x.shape()));
-  REEL_CHECK(residual.defined() && residual.shape() == x.shape() && residual.dtype() == x.dtype() &&
-                 out.shape() == x.shape() && out.dtype() == x.dtype() && out.is_contiguous() && dw.is_contiguous() &&
-                 db.is_contiguous(),
-             "layer_norm_bwd_add: x ", shape_str(x.shape()), " ", x.dtype(), ", residual ", shape_str(residual.shape()),
-             " ", residual.dtype(), ", out ", shape_str(out.shape()), " ", out.dtype(),
-             ": expects a residual and a contiguous out of x's shape and dtype");
-  REEL_CHECK(!sums16.defined() || (out16.defined() && sums16.dtype() == DType::f32 && sums16.is_contiguous() &&
-                                    sums16.numel() == dw.numel()),
-             "layer_norm_bwd_add: the column sums ", shape_str(sums16.shape()), " ", sums16.dtype(),
-             " must be a contiguous f32 tensor of ", dw.numel(), " elements (one per normalised column of x ",
-             shape_str(x.shape()), "), summing a 16-bit copy that is asked for", out16.defined() ? "" : " (none is)");
-  layer_norm_bwd_into(g, x, w, mean, rstd, residual, out, out16, dw, db, sums16, accumulate);
-}
-
-namespace {
-
-// The fused ops' kernels (kernels/ops.def; schemas in kernels/schema/norm.cpp).
-void layer_norm_cast_kernel(const KernelCall& c) {
-  const bool add = c.in.size() == 4 && c.in[3].defined();
-  layer_norm_fwd_16(c.in[0], c.in[1], c.in[2], c.attrs.f("eps"), c.out[0], c.out[1], c.out[2],
-                    add ? c.in[3] : Tensor(), add ? c.out[3] : Tensor());
-}
-
-void layer_norm_backward_add_kernel(const KernelCall& c) {
-  const bool copy16 = c.attrs.has("dtype"), sums = c.attrs.b("column_sums", false);
-  layer_norm_bwd_add(c.in[0], c.in[1], c.in[2], c.in[3], c.in[4], c.in[5], c.out[0], c.out[1], c.out[2],
-                     copy16 ? c.out[3] : Tensor(), sums ? c.out[4] : Tensor(), c.attrs.b("accumulate", false));
-}
-
-}  // namespace
 }  // namespace cuda
 
 void register_batch_norm_cuda_kernels();  // batch_norm.cu
 void register_dropout_cuda_kernels();     // dropout.cu
+void register_layer_norm_cuda_kernels();  // layer_norm.cu
 
 void register_norm_cuda_kernels() {
   using cuda::norm_detail::run_into_contiguous;
   constexpr DeviceType gpu = DeviceType::CUDA;
-  register_kernel(gpu, OpKind::LayerNorm, [](const KernelCall& c) { run_into_contiguous(c, cuda::layer_norm_fwd); });
-  register_kernel(gpu, OpKind::LayerNormBackward,
-                  [](const KernelCall& c) { run_into_contiguous(c, cuda::layer_norm_bwd); });
   register_kernel(gpu, OpKind::GroupNorm, [](const KernelCall& c) { run_into_contiguous(c, cuda::group_norm_fwd); });
   register_kernel(gpu, OpKind::GroupNormBackward,
                   [](const KernelCall& c) { run_into_contiguous(c, cuda::group_norm_bwd); });
-  register_kernel(gpu, OpKind::LayerNormCast, cuda::layer_norm_cast_kernel);
-  register_kernel(gpu, OpKind::LayerNormBackwardAdd, cuda::layer_norm_backward_add_kernel);
+  register_layer_norm_cuda_kernels();
   register_batch_norm_cuda_kernels();
   register_dropout_cuda_kernels();
 }

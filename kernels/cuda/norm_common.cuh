@@ -75,4 +75,20 @@ inline NCS ncs_of(const Tensor& x) {
   return {x.shape()[0], x.shape()[1], S};
 }
 
+// Stage 2 of the norms' dw, db (layer and group norm): dw[j] = sum_p dw_part[p, j], db likewise, p in order.
+// dw_part, db_part: (parts, cols); dw, db: (cols). parts == 0 gives zeros.
+template <typename D, typename A = Acc<D>>
+__global__ void norm_bwd_param_sum_kernel(const A* dw_part, const A* db_part, int64_t parts, int64_t cols, D* dw,
+                                          D* db) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols; j += int64_t(gridDim.x) * blockDim.x) {
+    A sw = 0, sb = 0;
+    for (int64_t p = 0; p < parts; ++p) {
+      sw += dw_part[p * cols + j];
+      sb += db_part[p * cols + j];
+    }
+    dw[j] = from_acc<D>(sw);
+    db[j] = from_acc<D>(sb);
+  }
+}
+
 }  // namespace reel::cuda::norm_detail
