@@ -78,7 +78,7 @@ $(BUILD)/%.o: %.cpp | $(DEPS_STAMP)
 
 $(BUILD)/%.o: %.cu | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -MD -MF $(@:.o=.d) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MD -MP -MF $(@:.o=.d) -c $< -o $@
 
 $(LIB): $(LIB_OBJS)
 	@rm -f $@

@@ -58,6 +58,9 @@ int plan_command(int argc, char** argv) {
   const compile::PassStats& st = plan->stats();
   std::printf("kernels per step: %zu traced -> %zu (dead code %zu, constants folded %zu, repeats %zu, fused away %zu)\n",
               st.traced, plan->kernels(), st.dead, st.folded, st.deduplicated, st.fused);
+  std::printf("passes (compile/passes/pipeline.cpp), nodes after each:");
+  for (const auto& [name, nodes] : st.after) std::printf(" %s %zu", name.c_str(), nodes);
+  std::printf("\n");
   if (m != compile::Mode::Default) std::printf("CUDA graphs: %zu\n", plan->graphs());
   std::printf("%s\n", compile::memory_summary(*plan).c_str());
   for (const compile::GraphBreak& b : step.graph_breaks())

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "compile/ir/graph.h"
 #include "compile/passes/pattern.h"
@@ -17,6 +19,8 @@ struct PassStats {
   size_t deduplicated = 0;  // common subexpressions removed
   size_t fused = 0;         // nodes merged into fused ops (a chain of k nodes counts k - 1)
   size_t kernels = 0;       // nodes left: kernels per replay
+  // Each pass that ran, in pipeline order, and the nodes it left (`reel plan` prints them).
+  std::vector<std::pair<std::string, size_t>> after;
 };
 
 // ---- cleanup ----

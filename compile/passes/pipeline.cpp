@@ -80,6 +80,7 @@ Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats) {
     }
     const size_t before = g.nodes.size();
     p.run(g, stats);
+    stats.after.emplace_back(p.name, g.nodes.size());
     log_line("passes", detail::cat(p.name, ": ", before, " -> ", g.nodes.size(), " nodes"));
   }
   stats.kernels = g.nodes.size();
