@@ -83,11 +83,8 @@ void keep_only_16bit_y(Graph& g) {
 
 void fuse_attention_cast(Graph& g, PassStats& stats) {
   const BufferUses u = buffer_uses(g);
-  fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
-    if (!is_attention(g.nodes[i])) return;
-    Why why;
-    const int cast = match(g, u, i, why);
-    if (cast < 0 || drop[size_t(cast)]) return why_not(kPass, g, i, "its cast", why.reason());
+  auto matched = [&](size_t i, Why& why) { return match(g, u, i, why); };
+  fuse_partners(g, kPass, "its cast", is_attention, matched, [&](size_t i, int cast, std::vector<bool>& drop) {
     Node& n = g.nodes[i];
     const bool forward = n.op == OpKind::CausalAttention;
     Node fused{forward ? OpKind::CausalAttentionCast : OpKind::CausalAttentionBackwardCast, n.attrs, n.inputs, n.outputs,

@@ -83,11 +83,9 @@ int column_sums_of(const Graph& g, const BufferUses& u, size_t i, const TensorRe
 
 void fuse_norm_backward_add(Graph& g, PassStats& stats) {
   const BufferUses u = buffer_uses(g);
-  fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
-    if (!is_layer_norm_backward(g.nodes[i])) return;
-    Why why;
-    const Match m = match(g, u, i, why);
-    if (m.add < 0 || drop[size_t(m.add)]) return why_not(kPass, g, i, "the residual's add", why.reason());
+  Match m;
+  auto matched = [&](size_t i, Why& why) { return (m = match(g, u, i, why)).add; };
+  fuse_partners(g, kPass, "the residual's add", is_layer_norm_backward, matched, [&](size_t i, int, std::vector<bool>& drop) {
     Node& n = g.nodes[i];
     const Node& a = g.nodes[size_t(m.add)];
     Node fused{OpKind::LayerNormBackwardAdd, Attrs(), n.inputs, n.outputs, false, {"layer_norm_backward", "add"}};

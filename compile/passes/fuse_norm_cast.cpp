@@ -60,11 +60,8 @@ int residual_add(const Graph& g, const BufferUses& u, size_t i) {
 
 void fuse_norm_cast(Graph& g, PassStats& stats) {
   const BufferUses u = buffer_uses(g);
-  fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
-    if (!is_layer_norm(g.nodes[i])) return;
-    Why why;
-    const int cast = match(g, u, i, why);
-    if (cast < 0 || drop[size_t(cast)]) return why_not(kPass, g, i, "its cast", why.reason());
+  auto matched = [&](size_t i, Why& why) { return match(g, u, i, why); };
+  fuse_partners(g, kPass, "its cast", is_layer_norm, matched, [&](size_t i, int cast, std::vector<bool>& drop) {
     Node& n = g.nodes[i];
     const TensorRef y16 = g.nodes[size_t(cast)].outputs[0];
     Node fused{OpKind::LayerNormCast, Attrs(n.attrs).set("dtype", y16.dtype), n.inputs, n.outputs, false,

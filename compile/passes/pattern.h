@@ -36,6 +36,13 @@ void fuse_each(Graph& g, Visit visit) {
     if (!drop[i]) visit(i, drop);
   drop_nodes(g, drop);
 }
+// The loop of a pass that fuses one partner node into each anchor: for every node that `is_anchor`
+// takes, match(i, why) gives the partner's index, or -1 with the reason in `why` (logged by why_not
+// under REEL_LOG=fusion as "<pass>: <op> k<i> not fused with <with>: <reason>"); rewrite(i, partner,
+// drop) then writes the fused node at i and marks what goes in `drop`.
+template <typename IsAnchor, typename Match, typename Rewrite>
+void fuse_partners(Graph& g, const char* pass, const char* with, IsAnchor is_anchor, Match match, Rewrite rewrite);
+
 // An Internal buffer written by exactly one node.
 bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r);
 // bf16 or f16: the compute dtypes of autocast.
@@ -119,5 +126,16 @@ std::optional<GradientWrite> gradient_write(const Node& c);
 // Whether the producer at node i may write (or add to) the gradient z that node j writes, so that j
 // can go: nothing touches z between them, and a copy j creates z.
 bool may_write_gradient_early(const BufferUses& u, const TensorRef& z, int i, int j, bool add);
+
+template <typename IsAnchor, typename Match, typename Rewrite>
+void fuse_partners(Graph& g, const char* pass, const char* with, IsAnchor is_anchor, Match match, Rewrite rewrite) {
+  fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
+    if (!is_anchor(g.nodes[i])) return;
+    Why why;
+    const int k = match(i, why);
+    if (k < 0 || drop[size_t(k)]) return why_not(pass, g, i, with, why.reason());
+    rewrite(i, k, drop);
+  });
+}
 
 }  // namespace reel::compile

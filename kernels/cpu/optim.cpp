@@ -25,6 +25,26 @@ bool flag_set(const Tensor& found_inf) { return found_inf.defined() && *found_in
 // The value of a 0-dim f64 tensor (lr, step) on the CPU.
 double scalar_of(const Tensor& t) { return *t.data<double>(); }
 
+// Element i of an AdamW (SGD) update: what the per-tensor kernels and the multi-tensor kernel's
+// chunks both run.
+template <typename T, typename A>
+void adamw_at(int64_t i, T* p, const T* g, T* m, T* v, const math::AdamWScalars<A>& s) {
+  A pi = load(p[i]), mi = load(m[i]), vi = load(v[i]);
+  math::adamw_update(pi, load(g[i]), mi, vi, s);
+  p[i] = store<T>(pi);
+  m[i] = store<T>(mi);
+  v[i] = store<T>(vi);
+}
+
+template <typename T, typename A>
+void sgd_at(int64_t i, T* p, const T* g, T* buf, const math::SgdScalars<A>& s) {
+  A pi = load(p[i]);
+  A bi = buf ? load(buf[i]) : A(0);
+  math::sgd_update(pi, load(g[i]), buf != nullptr, bi, s);
+  p[i] = store<T>(pi);
+  if (buf) buf[i] = store<T>(bi);
+}
+
 // param, grad, exp_avg, exp_avg_sq: (n) contiguous, one dtype; lr, step: 0-dim f64.
 void adamw_kernel(const KernelCall& c) {
   if (flag_set(c.in[4])) return;
@@ -40,13 +60,7 @@ void adamw_kernel(const KernelCall& c) {
         math::adamw_scalars<A>(a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay"), lr, t);
     const int64_t n = c.in[0].numel();
 #pragma omp parallel for if (n >= cpu::kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) {
-      A pi = load(p[i]), mi = load(m[i]), vi = load(v[i]);
-      math::adamw_update(pi, load(g[i]), mi, vi, s);
-      p[i] = store<T>(pi);
-      m[i] = store<T>(mi);
-      v[i] = store<T>(vi);
-    }
+    for (int64_t i = 0; i < n; ++i) adamw_at(i, p, g, m, v, s);
   });
 }
 
@@ -64,13 +78,7 @@ void sgd_kernel(const KernelCall& c) {
                                                        a.f("weight_decay"), a.b("nesterov"), a.b("first_step"));
     const int64_t n = c.in[0].numel();
 #pragma omp parallel for if (n >= cpu::kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) {
-      A pi = load(p[i]);
-      A bi = buf ? load(buf[i]) : A(0);
-      math::sgd_update(pi, load(g[i]), buf != nullptr, bi, s);
-      p[i] = store<T>(pi);
-      if (buf) buf[i] = store<T>(bi);
-    }
+    for (int64_t i = 0; i < n; ++i) sgd_at(i, p, g, buf, s);
   });
 }
 
@@ -160,25 +168,13 @@ void multi_tensor_chunk(OpKind op, const Attrs& a, const OptimTensor& x, const T
     T* m = static_cast<T*>(x.state0);
     T* v = static_cast<T*>(x.state1);
     const auto s = math::adamw_scalars<A>(a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay"), lr, t);
-    for (int64_t i = c.begin; i < c.end; ++i) {
-      A pi = load(p[i]), mi = load(m[i]), vi = load(v[i]);
-      math::adamw_update(pi, load(g[i]), mi, vi, s);
-      p[i] = store<T>(pi);
-      m[i] = store<T>(mi);
-      v[i] = store<T>(vi);
-    }
+    for (int64_t i = c.begin; i < c.end; ++i) adamw_at(i, p, g, m, v, s);
     return;
   }
   T* buf = static_cast<T*>(x.state0);
   const auto s = math::sgd_scalars<A>(lr, a.f("momentum"), a.f("dampening"), a.f("weight_decay"), a.b("nesterov"),
                                       a.b("first_step"));
-  for (int64_t i = c.begin; i < c.end; ++i) {
-    A pi = load(p[i]);
-    A bi = buf ? load(buf[i]) : A(0);
-    math::sgd_update(pi, load(g[i]), buf != nullptr, bi, s);
-    p[i] = store<T>(pi);
-    if (buf) buf[i] = store<T>(bi);
-  }
+  for (int64_t i = c.begin; i < c.end; ++i) sgd_at(i, p, g, buf, s);
 }
 
 void multi_tensor_kernel(const KernelCall& c) {
