@@ -294,7 +294,7 @@ TEST(Nvrtc, CompileErrorsCarryTheLog) {
   TempCacheDir cache;
   testing_util::expect_error(
       [] { jit::nvrtc_compile_cached("extern \"C\" __global__ void k() { undeclared_name(); }", "sm_90", "broken"); },
-      {"NVRTC could not compile the fused kernel (broken) for sm_90", "undeclared_name", "nvrtc.cpp:"});
+      {"fused_elementwise: NVRTC could not compile the kernel (broken) for sm_90", "undeclared_name", "nvrtc.cpp:"});
   EXPECT_TRUE(std::filesystem::is_empty(cache.dir())) << "a failed compilation must not be cached";
 }
 

@@ -54,7 +54,8 @@ NormBackwardOut run(const Tensor& g, const Tensor& x, const Tensor& w, const Ten
   std::vector<Tensor> in{g, x, w, f[1], f[2], r}, out{o.out, o.dw, o.db, o.out16};
   Attrs a = Attrs().set("dtype", DType::bf16);
   if (sums) {
-    o.sums = start.clone().reshape({w.numel()});  // one sum per normalised column
+    o.sums = start.clone();
+    if (o.sums.numel() == w.numel()) o.sums = o.sums.reshape({w.numel()});  // one sum per normalised column
     out.push_back(o.sums);
     a.set("column_sums", true).set("accumulate", accumulate);
     if (accumulate) in.push_back(o.sums);
@@ -113,9 +114,9 @@ TEST(LayerNormBiasSumsCuda, SumsOfTheWrongSizeAreAnError) {
     FAIL() << "expected reel::Error";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("layer_norm_bwd_add"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("layer_norm_backward_add"), std::string::npos) << msg;
     EXPECT_NE(msg.find("(255,)"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("(8, 256)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(256,)"), std::string::npos) << msg;
   }
 }
 

@@ -65,6 +65,9 @@ void write_bias_sums_into_grads(Graph& g, PassStats& stats) {
   drop_nodes(g, drop);
 }
 
+// The columns a bias sum sums into: its input's last dim.
+int64_t x_cols(const Node& n) { return n.inputs[0]->shape.back(); }
+
 // Node n as a sum of an f32 tensor over every dim but the last, into f32.
 bool is_bias_sum(const Node& n) {
   if (n.op != OpKind::Sum || n.in_place || n.inputs.size() != 1 || !n.inputs[0] || n.outputs.size() != 1 ||
@@ -113,8 +116,15 @@ void fuse_bias_grad_cast(Graph& g, PassStats& stats) {
       continue;
     }
     Node& n = g.nodes[s];
-    Node sums{OpKind::ColumnSums, Attrs(), {g.nodes[size_t(c)].outputs[0]}, n.outputs, false, {}};
-    if (!call_supported(g, sums)) continue;
+    // The sums as the op writes them: (N), one per column, whatever shape of N elements the traced
+    // sum had (a broadcast's reduction may keep size-1 dims); the same memory.
+    const TensorRef& db = n.outputs[0];
+    const TensorRef sums_ref{db.buffer, {x_cols(n)}, {1}, db.offset, db.dtype};
+    Node sums{OpKind::ColumnSums, Attrs(), {g.nodes[size_t(c)].outputs[0]}, {sums_ref}, false, {}};
+    if (!call_supported(g, sums)) {
+      why_not("bias_grad_cast", g, s, "a 16-bit cast of its input", "the device's column_sums does not take the call");
+      continue;
+    }
     n = std::move(sums);
     if (c > int(s)) {
       after[size_t(c)].push_back(s);

@@ -33,7 +33,7 @@ __global__ void masked_softmax_fwd_row_kernel(const float* x, const float* mask,
     const float inv_s = 1.0f / f.s;
     for (int64_t c = Team::rank(); c < C; c += Team::size()) {
       const float out = exp_acc(v(c) - f.m) * inv_s;
-      y[row * C + c] = out;
+      if (y) y[row * C + c] = out;
       if (y16) y16[row * C + c] = from_acc<H>(out);
     }
   }

@@ -172,10 +172,12 @@ std::unordered_map<const Attrs*, CallSite>& call_sites() {
   return sites;
 }
 
-std::shared_ptr<FusedLaunch> launch_for(const KernelCall& c) {
+// `fresh`: look the kernel up in the process's caches even when the call site knows it (a plan being
+// built counts its kernels as found in memory, not as a call site's repeat).
+std::shared_ptr<FusedLaunch> launch_for(const KernelCall& c, bool fresh = false) {
   const FusedLoop loop = fused_loop_of(fused_shape_of(c.attrs), c.in);
   LaunchKey key = key_of(c, loop);
-  {
+  if (!fresh) {
     std::lock_guard<std::mutex> lock(sites_mu);
     auto it = call_sites().find(&c.attrs);
     if (it != call_sites().end() && it->second.key == key) return it->second.launch;
@@ -201,7 +203,7 @@ void fused_elementwise_kernel(const KernelCall& c) {
                                    dim3(kFusedBlockThreads), args.data(), 0, stream));
 }
 
-void fused_elementwise_prepare(const KernelCall& c) { launch_for(c); }
+void fused_elementwise_prepare(const KernelCall& c) { launch_for(c, /*fresh=*/true); }
 
 }  // namespace
 
