@@ -18,7 +18,8 @@ NVCC      ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin
 CUDA_HOME ?= $(if $(NVCC),$(abspath $(dir $(NVCC))/..))
 CUDA_ARCH ?= sm_90
 
-LIB_DIRS := tensor kernels kernels/schema kernels/cpu autograd autograd/functions autograd/cases nn optim data compile dist
+LIB_DIRS := tensor kernels kernels/schema kernels/cpu autograd autograd/functions autograd/cases \
+            distributed nn optim data compile parallel
 NO_CUDA_SRCS := kernels/cuda_stub.cpp tensor/cuda_none.cpp
 CUDA_HOST_SRCS := tensor/cuda_runtime.cpp
 LIB_SRCS := $(filter-out $(NO_CUDA_SRCS) $(CUDA_HOST_SRCS),$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cpp)))
@@ -47,7 +48,7 @@ DEPS_STAMP := $(BUILD)/.deps
 
 # Data parallel over MPI: libreel never links libmpi (the binaries also run where libmpi.so.40 is not
 # on the loader path); the plugin does, with the C flags of Open MPI's mpicc wrapper, and libreel
-# dlopen()s it under mpirun (dist/mpi_communicator.h). Its test suite runs under mpirun -np 2.
+# dlopen()s it under mpirun (distributed/mpi_communicator.h). Its test suite runs under mpirun -np 2.
 MPICC      ?= $(shell command -v mpicc 2>/dev/null)
 MPIRUN     ?= $(shell command -v mpirun 2>/dev/null)
 MPI_PLUGIN := $(BUILD)/libreel_mpi.so
@@ -90,7 +91,7 @@ $(TOOL): $(TOOL_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
 $(TESTS): $(TEST_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
 	$(CXX) $^ -o $@ -lgtest -lgtest_main $(LDLIBS)
 
-$(MPI_PLUGIN): dist/mpi/plugin.cpp dist/mpi_plugin_abi.h | $(DEPS_STAMP)
+$(MPI_PLUGIN): distributed/mpi/plugin.cpp distributed/mpi_plugin_abi.h | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(OPT) -std=c++20 -Wall -Wextra -fPIC -shared -I. $(shell $(MPICC) --showme:compile 2>/dev/null) $< -o $@ $(shell $(MPICC) --showme:link 2>/dev/null)
 
