@@ -1,7 +1,8 @@
 # reel — build, test, benchmark.
 #   make          library (build/libreel.a) and the `reel` tool (build/reel)
-#   make test     builds and runs every GoogleTest suite (build/reel_tests), then the data-parallel
-#                 suite under mpirun -np 2 (build/reel_dist_tests)
+#   make test     checks that includes follow the layer order (tools/check_layers.sh), then builds and
+#                 runs every GoogleTest suite (build/reel_tests), then the data-parallel suite under
+#                 mpirun -np 2 (build/reel_dist_tests)
 #   make bench    builds and runs the Google Benchmark suites (build/reel_bench)
 #   make run      trains the default example, its step compiled (see README)
 # Missing Debian packages are installed on first build (tools/install_deps.sh).
@@ -56,7 +57,7 @@ DIST_TESTS := $(BUILD)/reel_dist_tests
 # Open MPI refuses to start as root unless told; CI runs as root.
 MPIRUN_FLAGS ?= -np 2 --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 
-.PHONY: all test bench run clean deps gpu-bundle mpi dist-test
+.PHONY: all test bench run clean deps gpu-bundle mpi dist-test check-layers
 # The MPI parts go through a second make, which looks for mpicc after the first has installed it.
 all: $(TOOL)
 	@$(MAKE) --no-print-directory mpi
@@ -103,7 +104,12 @@ $(DIST_TESTS): $(DIST_TEST_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
 $(BENCH): $(BENCH_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
 	$(CXX) $^ -o $@ -lbenchmark -lbenchmark_main -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
 
-test: $(TESTS) $(TOOL)
+# No folder includes one above it (DESIGN.md's layers; known exceptions in tools/layer_exceptions.txt).
+check-layers:
+	@bash tools/check_layers.sh
+
+# The layer check first: it takes a second, and a build is not needed to fail it.
+test: check-layers $(TESTS) $(TOOL)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(TESTS) --gtest_brief=1
 	@$(MAKE) --no-print-directory dist-test
 
