@@ -1,7 +1,8 @@
 # reel — build, test, benchmark.
 #   make          library (build/libreel.a) and the `reel` tool (build/reel)
-#   make test     builds and runs every GoogleTest suite (build/reel_tests), then the data-parallel
-#                 suite under mpirun -np 2 (build/reel_dist_tests)
+#   make test     checks that includes follow the layer order (tools/check_layers.sh), then builds and
+#                 runs every GoogleTest suite (build/reel_tests), then the data-parallel suite under
+#                 mpirun -np 2 (build/reel_dist_tests)
 #   make bench    builds and runs the Google Benchmark suites (build/reel_bench)
 #   make run      trains the default example, its step compiled (see README)
 # Missing Debian packages are installed on first build (tools/install_deps.sh).
@@ -18,7 +19,8 @@ NVCC      ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin
 CUDA_HOME ?= $(if $(NVCC),$(abspath $(dir $(NVCC))/..))
 CUDA_ARCH ?= sm_90
 
-LIB_DIRS := tensor kernels kernels/schema kernels/cpu kernels/jit autograd autograd/functions autograd/cases nn optim data compile/ir compile/passes compile/codegen compile/runtime dist
+LIB_DIRS := tensor kernels kernels/schema kernels/cpu kernels/jit autograd autograd/functions autograd/cases \
+            distributed nn optim data compile/ir compile/passes compile/codegen compile/runtime parallel
 NO_CUDA_SRCS := kernels/cuda_stub.cpp tensor/cuda_none.cpp
 CUDA_HOST_SRCS := tensor/cuda_runtime.cpp
 LIB_SRCS := $(filter-out $(NO_CUDA_SRCS) $(CUDA_HOST_SRCS),$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cpp)))
@@ -47,7 +49,7 @@ DEPS_STAMP := $(BUILD)/.deps
 
 # Data parallel over MPI: libreel never links libmpi (the binaries also run where libmpi.so.40 is not
 # on the loader path); the plugin does, with the C flags of Open MPI's mpicc wrapper, and libreel
-# dlopen()s it under mpirun (dist/mpi_communicator.h). Its test suite runs under mpirun -np 2.
+# dlopen()s it under mpirun (distributed/mpi_communicator.h). Its test suite runs under mpirun -np 2.
 MPICC      ?= $(shell command -v mpicc 2>/dev/null)
 MPIRUN     ?= $(shell command -v mpirun 2>/dev/null)
 MPI_PLUGIN := $(BUILD)/libreel_mpi.so
@@ -55,7 +57,7 @@ DIST_TESTS := $(BUILD)/reel_dist_tests
 # Open MPI refuses to start as root unless told; CI runs as root.
 MPIRUN_FLAGS ?= -np 2 --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 
-.PHONY: all test bench run clean deps gpu-bundle mpi dist-test
+.PHONY: all test bench run clean deps gpu-bundle mpi dist-test check-layers
 # The MPI parts go through a second make, which looks for mpicc after the first has installed it.
 all: $(TOOL)
 	@$(MAKE) --no-print-directory mpi
@@ -90,7 +92,7 @@ $(TOOL): $(TOOL_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
 $(TESTS): $(TEST_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
 	$(CXX) $^ -o $@ -lgtest -lgtest_main $(LDLIBS)
 
-$(MPI_PLUGIN): dist/mpi/plugin.cpp dist/mpi_plugin_abi.h | $(DEPS_STAMP)
+$(MPI_PLUGIN): distributed/mpi/plugin.cpp distributed/mpi_plugin_abi.h | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(OPT) -std=c++20 -Wall -Wextra -fPIC -shared -I. $(shell $(MPICC) --showme:compile 2>/dev/null) $< -o $@ $(shell $(MPICC) --showme:link 2>/dev/null)
 
@@ -102,7 +104,12 @@ $(DIST_TESTS): $(DIST_TEST_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
 $(BENCH): $(BENCH_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
 	$(CXX) $^ -o $@ -lbenchmark -lbenchmark_main -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
 
-test: $(TESTS) $(TOOL)
+# No folder includes one above it (DESIGN.md's layers; known exceptions in tools/layer_exceptions.txt).
+check-layers:
+	@bash tools/check_layers.sh
+
+# The layer check first: it takes a second, and a build is not needed to fail it.
+test: check-layers $(TESTS) $(TOOL)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(TESTS) --gtest_brief=1
 	@$(MAKE) --no-print-directory dist-test
 

@@ -1,9 +1,10 @@
 // Causal self-attention (math in attention.h).
 #include "nn/attention.h"
-#include "optim/precision.h"  // autocast: the thread's precision policy
 
 #include <cmath>
 #include <limits>
+
+#include "autograd/autocast.h"  // the thread's precision policy
 
 namespace reel::nn {
 

@@ -3,8 +3,8 @@
 
 #include <cmath>
 
+#include "autograd/autocast.h"  // the thread's precision policy
 #include "nn/init.h"
-#include "optim/precision.h"  // autocast: the thread's precision policy
 
 namespace reel::nn {
 

@@ -1,7 +1,7 @@
 // BatchNorm2d, GroupNorm, LayerNorm (formulas in norm_layers.h).
 #include "nn/norm_layers.h"
 
-#include "dist/sync_batch_norm.h"
+#include "distributed/sync_batch_norm.h"
 
 namespace reel::nn {
 

@@ -8,7 +8,7 @@
 //   BatchNorm2d running stats, in training: r <- (1 - momentum) r + momentum * batch_stat, with the
 //   unbiased variance for running_var (batch_norm() updates the buffers in place).
 //   With a communicator (set_communicator, or SyncBatchNorm2d / convert_sync_batchnorm in
-//   nn/sync_batch_norm.h) the training statistics span every rank's batch (dist/sync_batch_norm.h).
+//   nn/sync_batch_norm.h) the training statistics span every rank's batch (distributed/sync_batch_norm.h).
 #pragma once
 #include <memory>
 

@@ -3,7 +3,7 @@
 //
 // A SyncBatchNorm2d is a BatchNorm2d with a communicator: in training, mean and variance are those of
 // the concatenation of every rank's batch, and the backward all-reduces its two per-channel sums
-// (math in dist/sync_batch_norm.h); in eval mode, or with world size 1, it is BatchNorm2d exactly.
+// (math in distributed/sync_batch_norm.h); in eval mode, or with world size 1, it is BatchNorm2d exactly.
 // The running statistics are then the same on every rank without any broadcast.
 // convert_sync_batchnorm gives every BatchNorm2d of a model (found through named_modules) the
 // communicator, in place: the same parameters and buffers, so an optimizer built before stays valid,
@@ -11,7 +11,7 @@
 #pragma once
 #include <memory>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "nn/norm_layers.h"
 
 namespace reel::nn {

@@ -1,6 +1,6 @@
 // GradSync — the optimizer's hook for data parallelism: called once per optimizer step, at the
 // accumulation boundary, before anything reads the gradients (unscale, the inf check, the norm,
-// clipping, the update). optim/ knows nothing of communication; dist/data_parallel.h implements it.
+// clipping, the update). optim/ knows nothing of communication; parallel/data_parallel.h implements it.
 //
 // The contract. When sync(params, weight) is called, each parameter's .grad holds this rank's
 // gradient of the mean loss over the items its step saw (the accumulation contract of

@@ -6,6 +6,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "kernels/dispatch.h"
+#include "optim/accumulation.h"
 #include "optim/clip.h"
 #include "tensor/error.h"
 
@@ -105,6 +106,13 @@ Optimizer& Optimizer::set_items_per_step(int64_t items_per_step) {
 Optimizer& Optimizer::set_micro_batch(int64_t items) {
   REEL_CHECK(items >= 1, name_, ": micro-batch must be >= 1 items, got ", items);
   micro_batch_ = items;
+  return *this;
+}
+
+Optimizer& Optimizer::set_effective_batch(int64_t effective_batch, int64_t micro_batch) {
+  const AccumulationSplit split = split_accumulation(effective_batch, micro_batch);
+  set_accum_steps(split.accum).set_micro_batch(split.micro_batch);
+  if (split.uneven()) set_items_per_step(effective_batch);
   return *this;
 }
 

@@ -104,6 +104,9 @@ class Optimizer {
   Optimizer& set_accum_steps(int64_t accum_steps);        // count micro-batches (default 1)
   Optimizer& set_items_per_step(int64_t items_per_step);  // count items instead
   Optimizer& set_micro_batch(int64_t items);              // for print_setup and effective_batch()
+  // N items per step in micro-batches of m (split_accumulation, optim/accumulation.h): ACCUM by
+  // count when m divides N, else by items (N), so that the smaller last micro-batch weighs its share.
+  Optimizer& set_effective_batch(int64_t effective_batch, int64_t micro_batch);
   Optimizer& set_max_grad_norm(double max_norm);          // <= 0: no clipping
   Optimizer& set_grad_scaler(std::shared_ptr<GradScaler> scaler);
   Optimizer& set_schedule(std::shared_ptr<LrSchedule> schedule);

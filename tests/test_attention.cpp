@@ -4,9 +4,9 @@
 // of the op itself run with every other op's (autograd/cases/attention_cases.cpp, test_gradcheck).
 #include <gtest/gtest.h>
 
+#include "autograd/autocast.h"
 #include "kernels/dispatch.h"
 #include "nn/attention.h"
-#include "optim/precision.h"
 #include "test_util.h"
 
 using namespace reel;

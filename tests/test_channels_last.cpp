@@ -5,11 +5,11 @@
 // compiled.
 #include <gtest/gtest.h>
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "compile/runtime/train_step.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
-#include "optim/precision.h"
 #include "reel.h"
 #include "tensor/cuda.h"
 #include "test_util.h"

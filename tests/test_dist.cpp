@@ -8,12 +8,12 @@
 
 #include "data/distributed.h"
 #include "data/loader.h"
-#include "dist/data_parallel.h"
-#include "dist/mpi_communicator.h"
-#include "dist/nccl.h"
+#include "distributed/mpi_communicator.h"
+#include "distributed/nccl.h"
 #include "kernels/dispatch.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
+#include "parallel/data_parallel.h"
 #include "test_util.h"
 
 namespace reel {

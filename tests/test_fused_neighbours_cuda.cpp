@@ -16,12 +16,13 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "autograd/autocast.h"
 #include "compile/runtime/compile.h"
 #include "kernels/dispatch.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/column_sums.h"
 #include "kernels/cuda/gemm_epilogue.h"
-#include "optim/precision.h"
+#include "kernels/dispatch.h"
 #include "reel.h"
 #include "test_util.h"
 

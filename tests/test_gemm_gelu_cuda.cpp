@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "compile/runtime/compile.h"
 #include "kernels/cuda/gemm_epilogue.h"
-#include "optim/precision.h"
 #include "reel.h"
 #include "test_util.h"
 

@@ -7,7 +7,7 @@
 #include <iostream>
 #include <string>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "tensor/error.h"
 #include "tools/commands.h"
 

@@ -28,9 +28,9 @@
 #include "compile/runtime/memory_budget.h"
 #include "compile/runtime/train_step.h"
 #include "data/data.h"
-#include "dist/data_parallel.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
+#include "parallel/data_parallel.h"
 #include "reel.h"
 #include "tensor/cuda.h"
 #include "tools/commands.h"
@@ -98,19 +98,23 @@ class Progress {
   Clock::time_point start_ = Clock::now();
 };
 
+// A step's micro-batches: with --effective-batch, the planner's micro-batch split of it (whose last
+// micro-batch may be smaller); otherwise ACCUM micro-batches of --micro-batch.
+optim::AccumulationSplit step_split(const TrainOptions& o) {
+  if (o.effective_batch > 0) return optim::split_accumulation(o.effective_batch, o.micro_batch);
+  return {o.micro_batch, o.accum, o.micro_batch};
+}
 // A planned micro-batch that does not divide the effective batch: each step ends with a smaller one.
-bool counts_items(const TrainOptions& o) {
-  return o.effective_batch > 0 && o.micro_batch * o.accum != o.effective_batch;
-}
+bool counts_items(const TrainOptions& o) { return step_split(o).uneven(); }
 // Items in micro-batch `index` (0-based) of a step.
-int64_t micro_batch_size(const TrainOptions& o, int64_t index) {
-  return counts_items(o) && index == o.accum - 1 ? o.effective_batch - o.micro_batch * (o.accum - 1) : o.micro_batch;
-}
+int64_t micro_batch_size(const TrainOptions& o, int64_t index) { return step_split(o).micro_batch_size(index); }
 
 std::unique_ptr<optim::AdamW> make_optimizer(const TrainOptions& o, nn::Module& model, int64_t total_steps) {
   auto opt = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions(o.lr));
-  opt->set_accum_steps(o.accum).set_micro_batch(o.micro_batch).set_max_grad_norm(o.clip);
-  if (counts_items(o)) opt->set_items_per_step(o.effective_batch);  // the smaller last micro-batch weighs its share
+  // With --effective-batch the optimizer counts items when the last micro-batch is smaller.
+  if (o.effective_batch > 0) opt->set_effective_batch(o.effective_batch, o.micro_batch);
+  else opt->set_accum_steps(o.accum).set_micro_batch(o.micro_batch);
+  opt->set_max_grad_norm(o.clip);
   if (autocast_policy().needs_grad_scaler()) opt->set_grad_scaler(std::make_shared<optim::GradScaler>());
   if (o.schedule == "cosine")
     opt->set_schedule(std::make_shared<optim::LinearWarmupCosine>(std::min(o.warmup, total_steps / 4), total_steps,
@@ -147,7 +151,14 @@ compile::BudgetSetup budget_setup(const TrainOptions& o, nn::Module& model, Devi
   s.effective_batch = o.effective_batch;
   if (o.compile != "none") s.compile_mode = compile::parse_mode(o.compile);
   s.loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
-  s.make_optimizer = [o, m]() -> std::unique_ptr<optim::Optimizer> { return make_optimizer(o, *m, 1); };
+  // The planner sets each candidate's accumulation itself (compile::trace_step_graph), and o's
+  // micro-batch is not chosen yet: the factory's copy leaves --effective-batch out, so that
+  // make_optimizer does not split it by a micro-batch that may exceed it.
+  TrainOptions unplanned = o;
+  unplanned.effective_batch = 0;
+  s.make_optimizer = [unplanned, m]() -> std::unique_ptr<optim::Optimizer> {
+    return make_optimizer(unplanned, *m, 1);
+  };
   s.make_micro = [=](int64_t B, int64_t count) {
     Shape xs{B}, ys{B};
     xs.insert(xs.end(), input_item.begin(), input_item.end());

@@ -13,6 +13,7 @@
 #include "compile/runtime/train_step.h"
 #include "kernels/dispatch.h"
 #include "kernels/library_workspaces.h"
+#include "optim/accumulation.h"
 #include "tensor/storage.h"
 
 namespace reel::compile {
@@ -180,8 +181,9 @@ BudgetCandidate plan_candidate(const BudgetSetup& setup, int64_t micro_batch) {
              " is outside 1..", setup.effective_batch, " (the effective batch)");
   BudgetCandidate c;
   c.micro_batch = micro_batch;
-  c.accum = (setup.effective_batch + micro_batch - 1) / micro_batch;
-  c.last_micro_batch = setup.effective_batch - micro_batch * (c.accum - 1);
+  const optim::AccumulationSplit split = optim::split_accumulation(setup.effective_batch, micro_batch);
+  c.accum = split.accum;
+  c.last_micro_batch = split.last_micro_batch;
   // Eagerly, two micro-batches show the peak (see the top of this file); a compiled plan is traced
   // whole, as compile_train_step will trace it, since its arena is placed over all of it.
   const int64_t traced = setup.compile_mode ? c.accum : std::min<int64_t>(c.accum, 2);
@@ -226,8 +228,9 @@ BudgetChoice pick_micro_batch(std::vector<BudgetCandidate> candidates, int64_t e
     BudgetCandidate& c = choice.candidates[i];
     REEL_CHECK(c.micro_batch > 0 && c.micro_batch <= effective_batch, "memory budget: candidate micro-batch ",
                c.micro_batch, " is outside 1..", effective_batch);
-    c.accum = (effective_batch + c.micro_batch - 1) / c.micro_batch;
-    c.last_micro_batch = effective_batch - c.micro_batch * (c.accum - 1);
+    const optim::AccumulationSplit split = optim::split_accumulation(effective_batch, c.micro_batch);
+    c.accum = split.accum;
+    c.last_micro_batch = split.last_micro_batch;
     c.fits = c.peak() <= budget;
     if (c.micro_batch < smallest->micro_batch) smallest = &c;
     if (c.fits && (!any || c.micro_batch > choice.choice().micro_batch)) {

@@ -127,10 +127,10 @@ std::vector<TensorMeta> infer_multi_tensor(OpKind op, const std::vector<Tensor>&
 }
 
 // all_reduce: (x) -> (x), in place: x = op over the ranks of communicator attrs "comm" of their x.
-// attrs: comm (i64, an id of dist/communicator.h's registry), op (i64: 0 sum, 1 max, 2 min). x:
+// attrs: comm (i64, an id of distributed/communicator.h's registry), op (i64: 0 sum, 1 max, 2 min). x:
 // contiguous f32, f64 or i64. The data-parallel gradient sync dispatches it, so that a traced step
 // records the collective and a replayed plan (a CUDA graph, with NCCL) runs it. Kernels: registered
-// by dist/ when a communicator is made (kernels/ knows no communicator).
+// by distributed/ when a communicator is made (kernels/ knows no communicator).
 std::vector<TensorMeta> infer_all_reduce(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::AllReduce;
   REEL_CHECK(in.size() == 1, "all_reduce: takes one tensor, got ", in.size(), " inputs");

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "reel.h"
 
 namespace reel::dist_test {

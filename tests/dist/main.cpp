@@ -9,7 +9,7 @@
 
 #include <cstdio>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "tensor/error.h"
 
 namespace {

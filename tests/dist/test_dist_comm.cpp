@@ -3,7 +3,7 @@
 #include <chrono>
 #include <thread>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "tests/dist/dist_test_util.h"
 
 namespace reel {

@@ -8,9 +8,9 @@
 
 #include "compile/runtime/plan.h"
 #include "compile/runtime/train_step.h"
-#include "dist/data_parallel.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
+#include "parallel/data_parallel.h"
 #include "tests/dist/dist_test_util.h"
 
 namespace reel {

@@ -1,9 +1,9 @@
 // SyncBatchNorm on two ranks against one BatchNorm2d over the concatenated batch (f64): outputs,
 // input gradients, parameter gradients (summed over ranks, as the loss is) and running statistics;
 // and a converted model trained data-parallel against one process.
-#include "dist/data_parallel.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
+#include "parallel/data_parallel.h"
 #include "tests/dist/dist_test_util.h"
 
 #include <optional>

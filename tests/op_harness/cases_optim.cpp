@@ -5,12 +5,12 @@
 // first step; unscale_check with finite gradients and with inf/NaN; scaler_update on each branch of
 // its state machine, with f32 and i64 trackers; clamp_scalar with an infinite bound and NaN input;
 // lr_schedule across warm-up, the cosine and past its end. The collectives run in one process with
-// a world-size-1 communicator (dist/communicator.h), where each is the identity (all_gather adds a
+// a world-size-1 communicator (distributed/communicator.h), where each is the identity (all_gather adds a
 // leading dim of 1).
 // Plain-loop references: every op here, the update rules written as torch.optim states them.
 #include <cmath>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "tests/op_harness/inputs.h"
 
 namespace reel::harness {

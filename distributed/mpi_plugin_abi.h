@@ -1,9 +1,9 @@
-// The C interface between libreel and its MPI plugin (build/libreel_mpi.so, from dist/mpi/plugin.cpp).
+// The C interface between libreel and its MPI plugin (build/libreel_mpi.so, from distributed/mpi/plugin.cpp).
 //
 // Why a plugin: build/reel and build/reel_tests must run on machines where Open MPI's libmpi.so.40
 // is not on the loader path (or not installed at all), so libreel never links libmpi. The plugin is
 // the one object that does; libreel dlopen()s it only when a process runs under mpirun (or is asked
-// to), after loading libmpi itself with RTLD_GLOBAL from wherever mpirun lives (dist/mpi_communicator.cpp).
+// to), after loading libmpi itself with RTLD_GLOBAL from wherever mpirun lives (distributed/mpi_communicator.cpp).
 //
 // The interface is plain C over raw host buffers, so the plugin needs no reel header but this one and
 // no C++ ABI is shared across the boundary. Every function that can fail returns 0 on success, or a

@@ -25,13 +25,16 @@
 // gradient on every rank (as DDP with find_unused_parameters=False assumes every parameter is used).
 // Precision: the reduction runs in the gradients' dtype (f32 master gradients; fp16 loss scaling
 // happens later, on the reduced gradients, so found_inf agrees across ranks).
+// parallel/ sits above nn and optim (it wraps a model and an optimizer); the communicator it drives
+// sits below nn, in distributed/. Both keep the namespace reel::dist, so dist::make_data_parallel and
+// dist::world() read as before.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 

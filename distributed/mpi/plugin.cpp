@@ -1,7 +1,7 @@
-// libreel_mpi.so — the only object of reel that links MPI (see dist/mpi_plugin_abi.h for why).
+// libreel_mpi.so — the only object of reel that links MPI (see distributed/mpi_plugin_abi.h for why).
 //
 // Built by the Makefile with $(CXX) and `mpicc --showme` flags (the C bindings only: its one
-// dependency is libmpi.so.40), loaded by dist/mpi_communicator.cpp with dlopen.
+// dependency is libmpi.so.40), loaded by distributed/mpi_communicator.cpp with dlopen.
 //
 // Collectives are MPI's nonblocking ones (MPI_Iallreduce, MPI_Ibcast, MPI_Iallgather, MPI_Ibarrier)
 // followed by a polling wait: MPI_Test until the request completes or a deadline passes. A peer that
@@ -22,7 +22,7 @@
 #include <cstring>
 #include <vector>
 
-#include "dist/mpi_plugin_abi.h"
+#include "distributed/mpi_plugin_abi.h"
 
 namespace {
 

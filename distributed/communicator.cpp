@@ -1,6 +1,6 @@
 // Communicator: the checks and conversions every backend shares, the single-process backend, and the
-// process's default communicator (see dist/communicator.h).
-#include "dist/communicator.h"
+// process's default communicator (see distributed/communicator.h).
+#include "distributed/communicator.h"
 
 #include <cstdlib>
 #include <mutex>
@@ -8,7 +8,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
-#include "dist/mpi_communicator.h"
+#include "distributed/mpi_communicator.h"
 #include "kernels/dispatch.h"
 #include "tensor/error.h"
 

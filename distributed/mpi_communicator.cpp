@@ -1,6 +1,6 @@
 // The MPI backend: finding and loading libmpi and the plugin, and the Communicator over it
-// (see dist/mpi_communicator.h).
-#include "dist/mpi_communicator.h"
+// (see distributed/mpi_communicator.h).
+#include "distributed/mpi_communicator.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -13,7 +13,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
-#include "dist/nccl.h"
+#include "distributed/nccl.h"
 #include "tensor/error.h"
 
 namespace reel::dist {

@@ -8,14 +8,14 @@
 //   barrier()           returns once every rank has entered it
 // Every rank must issue the same collectives, in the same order, on tensors of the same shape and
 // dtype (MPI's rule; breaking it hangs or corrupts, which is why reel checks parameter shapes with a
-// fixed-size all_gather before anything else: dist/data_parallel.h).
+// fixed-size all_gather before anything else: parallel/data_parallel.h).
 //
 // Backends:
 //   single   world size 1: every collective is the identity (all_gather adds the leading dim of 1);
 //            always available, and what a process started without mpirun gets.
-//   mpi      Open MPI through the plugin build/libreel_mpi.so (dist/mpi_communicator.h), loaded only
+//   mpi      Open MPI through the plugin build/libreel_mpi.so (distributed/mpi_communicator.h), loaded only
 //            when needed, so that reel's binaries never depend on libmpi. CPU tensors go to MPI
-//            directly; CUDA tensors through NCCL when it is available (dist/nccl.h), else they are
+//            directly; CUDA tensors through NCCL when it is available (distributed/nccl.h), else they are
 //            staged through host memory.
 // The default communicator of the process, world(), is created on first use: mpi when the process
 // was launched by mpirun (OMPI_COMM_WORLD_SIZE or PMIX_RANK in the environment), else single.

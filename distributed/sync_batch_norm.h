@@ -19,7 +19,7 @@
 // With world size 1, or in eval mode, this is batch_norm (autograd/ops.h) itself.
 // Every rank must call it at the same point (two collectives per call in training); C must agree.
 #pragma once
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "tensor/tensor.h"
 
 namespace reel::dist {

@@ -1,7 +1,7 @@
 // sync_batch_norm: forward statistics gathered across ranks, backward sums all-reduced (formulas in
-// dist/sync_batch_norm.h). Written in ops, so it runs on any device the ops run on; the node's
+// distributed/sync_batch_norm.h). Written in ops, so it runs on any device the ops run on; the node's
 // backward is hand-written (its two sums are what crosses ranks), not derived by autograd.
-#include "dist/sync_batch_norm.h"
+#include "distributed/sync_batch_norm.h"
 
 #include "autograd/node.h"
 #include "autograd/ops.h"

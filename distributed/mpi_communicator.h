@@ -1,4 +1,4 @@
-// The MPI backend of dist::Communicator, through the plugin build/libreel_mpi.so (dist/mpi_plugin_abi.h).
+// The MPI backend of dist::Communicator, through the plugin build/libreel_mpi.so (distributed/mpi_plugin_abi.h).
 //
 // Loading, in order, so that a missing piece is a reel::Error saying what was tried and how to fix it:
 //   1. libmpi.so.40 with RTLD_GLOBAL (Open MPI's own components need its symbols global): from
@@ -8,14 +8,14 @@
 //   2. the plugin: $REEL_MPI_PLUGIN, else libreel_mpi.so beside the running executable, else the
 //      loader path;
 //   3. MPI_Init_thread (once per process; MPI_Finalize runs at exit).
-// CPU tensors go straight to MPI. CUDA tensors go through NCCL when dist/nccl.h can provide a
+// CPU tensors go straight to MPI. CUDA tensors go through NCCL when distributed/nccl.h can provide a
 // communicator for their device, else through host memory (a copy each way, correct but slow).
 #pragma once
 #include <memory>
 #include <string>
 
-#include "dist/communicator.h"
-#include "dist/mpi_plugin_abi.h"
+#include "distributed/communicator.h"
+#include "distributed/mpi_plugin_abi.h"
 
 namespace reel::dist {
 

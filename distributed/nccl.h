@@ -1,4 +1,4 @@
-// NCCL — collectives on CUDA tensors for the MPI backend (dist/mpi_communicator.h).
+// NCCL — collectives on CUDA tensors for the MPI backend (distributed/mpi_communicator.h).
 //
 // NCCL is not linked: libnccl.so.2 is dlopen()ed on the first collective on a CUDA tensor ($REEL_NCCL_LIB,
 // else the loader path, else the CUDA toolkit's lib64; on the GPU machine PyTorch's copy in
@@ -19,7 +19,7 @@
 #include <memory>
 #include <string>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 namespace reel::dist {
 

@@ -1,4 +1,4 @@
-// NCCL for CUDA tensors, loaded with dlopen (see dist/nccl.h).
+// NCCL for CUDA tensors, loaded with dlopen (see distributed/nccl.h).
 //
 // NCCL's C API is declared here rather than taken from nccl.h, so that a CUDA build needs no NCCL
 // header and no link-time NCCL: the few functions used, the 128-byte unique id, and the enum values,
@@ -11,7 +11,7 @@
 // the current stream the host records an event and polls it (with ncclCommGetAsyncError) until done
 // or the deadline — the same timeout as MPI's, at the price of a host wait per collective (once per
 // optimizer step for the gradients). REEL_NCCL_ASYNC=1 skips the wait (no timeout, no host wait).
-#include "dist/nccl.h"
+#include "distributed/nccl.h"
 
 #include <dlfcn.h>
 #include <glob.h>

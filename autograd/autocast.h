@@ -13,6 +13,9 @@
 //     { AutocastGuard amp(PrecisionPolicy::parse("bf16")); loss = model_loss(model, x, y); }
 // With the fp32 policy both are exactly matmul / conv2d (no casts, no extra ops). f64 tensors are
 // never cast (gradcheck runs models in f64).
+// It lives in autograd/, beside the ops it wraps, because nn's layers consult it: nn sits below optim
+// and compile, which reach it through optim/optim.h. needs_grad_scaler() only answers a question;
+// the scaler itself stays in optim/.
 #pragma once
 #include <string>
 

@@ -1,5 +1,5 @@
-// PrecisionPolicy and the autocast helpers (see optim/precision.h).
-#include "optim/precision.h"
+// PrecisionPolicy and the autocast helpers (see autograd/autocast.h).
+#include "autograd/autocast.h"
 
 #include <atomic>
 

@@ -1,6 +1,6 @@
 // Data parallel: the model check and broadcast, the gradient buckets, and the `reel train` hooks
-// (see dist/data_parallel.h).
-#include "dist/data_parallel.h"
+// (see parallel/data_parallel.h).
+#include "parallel/data_parallel.h"
 
 #include <algorithm>
 #include <cstdio>
