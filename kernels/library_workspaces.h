@@ -1,6 +1,6 @@
 // The libraries' persistent workspaces: device memory a backend allocates once and keeps for the life
 // of the process (cuBLAS's workspace, the cuBLASLt workspaces of the GEMM epilogues and of GEMM
-// autotuning), by name. The memory planner (compile/memory_budget.h) counts the ones a step needs and
+// autotuning), by name. The memory planner (compile/runtime/memory_budget.h) counts the ones a step needs and
 // the ones already made, which stay allocated whatever runs next.
 #pragma once
 #include <cstddef>

@@ -1,7 +1,7 @@
 // The optimizer updates as scalar formulas, shared by every kernel that applies them: the per-tensor
 // adamw_step / sgd_step kernels of the CPU (kernels/cpu/optim.cpp) and CUDA (kernels/cuda/optim.cu),
 // and the multi-tensor kernels the compiler fuses a whole optimizer step into
-// (compile/fuse_optimizer.cpp, kernels/cuda/multi_tensor_optim.cu). One formula means one rounding
+// (compile/passes/fuse_optimizer.cpp, kernels/cuda/multi_tensor_optim.cu). One formula means one rounding
 // sequence, so a fused update is bit-identical to the per-tensor one.
 //
 //   AdamW (torch.optim.AdamW), t = the 1-based update count:

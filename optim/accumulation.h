@@ -1,5 +1,5 @@
 // AccumulationSplit — how the N items of one optimizer step are cut into micro-batches of m items:
-// the one place that computes it, for the memory planner's candidates (compile/memory_budget.h),
+// the one place that computes it, for the memory planner's candidates (compile/runtime/memory_budget.h),
 // the optimizer (Optimizer::set_effective_batch) and `reel train --effective-batch`.
 //
 //   ACCUM = ceil(N / m)              micro-batches per step

@@ -22,7 +22,7 @@ class Allocator {
   virtual void* allocate(size_t nbytes, Device device) = 0;
   virtual void deallocate(void* ptr, size_t nbytes, Device device) = 0;
   // The bytes a request of `nbytes` holds once rounded to the allocator's granule: what its statistics
-  // count, and what the memory planner (compile/memory_budget.h) adds up to predict them.
+  // count, and what the memory planner (compile/runtime/memory_budget.h) adds up to predict them.
   virtual size_t block_size(size_t nbytes) const { return nbytes; }
   // Bytes in live blocks on `device` now, and the most since start or the last reset_peak.
   virtual size_t allocated_bytes(Device device) const { return 0; }

@@ -197,8 +197,8 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
     }
     EXPECT_EQ(attention, 3 * 2) << prec << ": one causal_attention per layer and micro-batch";
     EXPECT_EQ(softmaxes, 0) << prec;
-    int norm_bwd_add = 0, attention_cast = 0;  // the fusions around them (compile/fuse_norm_backward_add.h,
-    for (const compile::Node& n : step.last_plan()->graph().nodes) {  // compile/fuse_attention_cast.h)
+    int norm_bwd_add = 0, attention_cast = 0;  // the fusions around them (compile/passes/fuse_norm_backward_add.cpp,
+    for (const compile::Node& n : step.last_plan()->graph().nodes) {  // compile/passes/fuse_attention_cast.cpp)
       norm_bwd_add += n.fused == std::vector<std::string>{"layer_norm_backward", "add"};
       attention_cast += n.fused.size() == 2 && n.fused[1] == "copy" && n.fused[0].starts_with("causal_attention");
     }
@@ -208,7 +208,7 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
     for (const compile::Node& n : step.last_plan()->graph().nodes)
       grad_by_gemm = grad_by_gemm || (n.in_place && !n.fused.empty() && n.fused.front() == "matmul" && n.fused.back() == "add");
     EXPECT_TRUE(grad_by_gemm) << prec << ": no weight gradient accumulated by its GEMM";
-    size_t bias_sums_16 = 0;  // bias gradients summed from the bf16 gradient (compile/fuse_bias_grad_cast.h)
+    size_t bias_sums_16 = 0;  // bias gradients summed from the bf16 gradient (compile/passes/fuse_bias_grad_cast.cpp)
     for (const compile::Node& n : step.last_plan()->graph().nodes)
       bias_sums_16 += n.op == OpKind::ColumnSums && n.inputs[0] && n.inputs[0]->dtype == DType::bf16;
     EXPECT_EQ(bias_sums_16 > 0, std::string(prec) == "bf16") << prec;
@@ -218,7 +218,7 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
         const bool sums = n.op == OpKind::ColumnSums && n.fused.size() == 2 && n.fused[0] == "sum";
         into_grad += sums && (n.fused[1] == "copy" || n.fused[1] == "add");
         added += sums && n.fused[1] == "add" && n.in_place;
-        // summed by a layer-norm backward's pass over the rows (compile/fuse_norm_backward_add.h)
+        // summed by a layer-norm backward's pass over the rows (compile/passes/fuse_norm_backward_add.cpp)
         const bool norm = n.op == OpKind::LayerNormBackwardAdd && n.fused.size() == 5 && n.fused[3] == "sum";
         in_norm += norm && (n.fused[4] == "copy" || n.fused[4] == "add");
         added += norm && n.fused[4] == "add";
@@ -234,10 +234,9 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
       for (const compile::Node& n : step.last_plan()->graph().nodes)
         cast_in_gemm = cast_in_gemm || (n.fused.size() >= 2 && n.fused[0] == "matmul" && n.fused[1] == "copy");
       EXPECT_TRUE(cast_in_gemm) << "no GEMM took autocast's cast of its result";
-      // Activations kept in 16 bits (compile/fuse_gemm_epilogue.h, compile/fuse_attention_cast.h): the
-      // qkv and fc GEMMs write bf16, attention reads bf16 qkv, and its backward reads the bf16 y and
-      // the projection's bf16 input gradient as dy (compile/fuse_matmul_cast.h), and writes dqkv in
-      // bf16 only.
+      // Activations kept in 16 bits (the passes gemm_16bit and attention_cast): the qkv and fc GEMMs
+      // write bf16, attention reads bf16 qkv, and its backward reads the bf16 y and the projection's
+      // bf16 input gradient as dy (matmul_cast), and writes dqkv in bf16 only.
       int gemm16 = 0, attention_y16 = 0, attention_bwd16 = 0;
       for (const compile::Node& n : step.last_plan()->graph().nodes) {
         const bool gemm_bias = n.fused.size() >= 3 && std::vector<std::string>(n.fused.begin(), n.fused.begin() + 3) ==
@@ -251,9 +250,9 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
                            n.outputs[0].dtype == DType::bf16;
       }
       EXPECT_EQ(gemm16, 2 * 2 * 3) << "qkv and fc of 2 layers x 3 micro-batches";
-      // GELU runs in the fc GEMM's epilogue (compile/fuse_gemm_gelu.h), which writes its bf16 output
+      // GELU runs in the fc GEMM's epilogue (compile/passes/fuse_gemm_gelu.cpp), which writes its bf16 output
       // and the bf16 h. fc2's input gradient stays in bf16 for GELU's backward, whose fused kernel
-      // takes the cast (compile/fuse_matmul_cast.h): it reads that gradient and h, both bf16.
+      // takes the cast (compile/passes/fuse_matmul_cast.cpp): it reads that gradient and h, both bf16.
       int gelu_forward16 = 0, gelu_backward16 = 0, gelu_alone = 0;
       for (const compile::Node& n : step.last_plan()->graph().nodes) {
         const bool fwd = std::find(n.fused.begin(), n.fused.end(), "gelu") != n.fused.end();

@@ -1,4 +1,4 @@
-// Elementwise fusion (compile/fuse_elementwise.h), its CPU executor, CUDA source generation and the
+// Elementwise fusion (compile/passes/fuse_elementwise.cpp), its CPU executor, CUDA source generation and the
 // kernel caches — everything that runs without a GPU:
 //   - the pass groups what it should: a traced add -> gelu -> mul chain becomes one node; nodes that
 //     are not consecutive, change shape, or read a value written in the group through another
@@ -6,7 +6,7 @@
 //   - a fused plan computes what the unfused one does: to the bit in f32 and f64 (the same formulas
 //     in the same types), within a tolerance in f16/bf16 (intermediates stay in float);
 //   - a compiled GPT step with fusion follows eager for 20 steps, with fewer kernels;
-//   - the NVRTC formulas (compile/nvrtc_math.h) equal kernels/elementwise_math.h bit for bit;
+//   - the NVRTC formulas (kernels/jit/nvrtc_math.h) equal kernels/elementwise_math.h bit for bit;
 //   - the generated CUDA source has the expected shape and (where the CUDA backend is built; no GPU
 //     needed) compiles with NVRTC, through a disk cache that serves the second compilation.
 // GPU execution is tested in test_compile_fusion_cuda.cpp.

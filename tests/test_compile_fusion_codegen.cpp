@@ -1,5 +1,5 @@
 // Code generation for fused elementwise kernels, without a GPU:
-//   - the NVRTC formulas (compile/nvrtc_math.h, compiled here on the host) equal the shared ones of
+//   - the NVRTC formulas (kernels/jit/nvrtc_math.h, compiled here on the host) equal the shared ones of
 //     kernels/elementwise_math.h bit for bit in f32 and f64, and every fusable op has one;
 //   - the generated CUDA source: constant index math over merged dims, 32- or 64-bit, 16-bit
 //     conversions, exact constants (infinities included);

@@ -112,7 +112,7 @@ TEST(FusionCuda, StridedBroadcastAndManyDimensionalLoops) {
 TEST(FusionCuda, VectorLoopEqualsTheScalarLoopToTheBit) {
   // A contiguous chain over 8 * 1000 + 5 elements takes the vector loop (16-byte loads, 8 elements a
   // thread) and the scalar loop for the last 5; the same inputs one element past a 16-byte boundary
-  // take the scalar loop alone (compile/codegen_cuda.h). Both give the same bits, within tolerance of
+  // take the scalar loop alone (kernels/jit/codegen_cuda.h). Both give the same bits, within tolerance of
   // the CPU's eager ops.
   REEL_REQUIRE_GPU();
   Generator gen(8);

@@ -1,14 +1,14 @@
 // Compile fusions around the fused ops of a transformer block, on the GPU:
-//   - compile/fuse_attention_cast.h: causal_attention (and its backward) also writes autocast's 16-bit
+//   - compile/passes/fuse_attention_cast.cpp: causal_attention (and its backward) also writes autocast's 16-bit
 //     copy of its result, to the bit, and the cast node goes;
-//   - compile/fuse_norm_backward_add.h: layer_norm_backward writes dx + the residual branch's gradient,
+//   - compile/passes/fuse_norm_backward_add.cpp: layer_norm_backward writes dx + the residual branch's gradient,
 //     and the add node goes (and a later cast of it joins);
-//   - compile/fuse_bias_grad_cast.h: a bias gradient sums the 16-bit copy of its gradient (f32
+//   - compile/passes/fuse_bias_grad_cast.cpp: a bias gradient sums the 16-bit copy of its gradient (f32
 //     accumulation), and the f32 gradient is no longer written when nothing else reads it; the column
 //     sums it calls (kernels/cuda/column_sums.h) give the f32 Sum op's bits, checked on both routes;
-//   - compile/fuse_gemm_epilogue.h (store_gemm_bias_16bit): GEMM results that attention or GELU read
+//   - compile/passes/store_gemm_16bit.cpp: GEMM results that attention or GELU read
 //     are written in 16 bits, and attention's backward reads the 16-bit y (fuse_attention_cast.h);
-//     GELU then joins the GEMM before it (compile/fuse_gemm_gelu.h, also in test_gemm_gelu_cuda.cpp).
+//     GELU then joins the GEMM before it (compile/passes/fuse_gemm_gelu.cpp, also in test_gemm_gelu_cuda.cpp).
 // Each pass fires on a traced function shaped like the block's use (the norm's not when dx has another
 // reader), and the compiled function equals eager: to the bit where only these passes change kernels. Skips without a GPU; compiled only with the CUDA backend.
 #include <gtest/gtest.h>
@@ -113,7 +113,7 @@ TEST(FuseAttentionCastCuda, KernelsRead16BitQkvAndYAsTheirRoundedF32) {
       Tensor dx16_only = like(want, c);  // no f32 dqkv asked for
       cuda::causal_attention_bwd_into(dy, qkv16, y16, f[1], H, c, Tensor(), dx16_only);
       expect_bitwise({dx16_only}, {to_dtype(want, c)});
-      // dy in 16 bits (a GEMM's result, compile/fuse_matmul_cast.h) against its f32 image: with the
+      // dy in 16 bits (a GEMM's result, compile/passes/fuse_matmul_cast.cpp) against its f32 image: with the
       // f32 dqkv (f32 values) and without it (every operand 16-bit).
       Tensor dy16 = to_dtype(dy, c), dy16_as_f32 = to_dtype(dy16, DType::f32);
       Tensor want_dy16 = dispatch(OpKind::CausalAttentionBackward, {dy16_as_f32, qkv, y16_as_f32, f[1]}, a)[0];
@@ -178,7 +178,7 @@ TEST(FuseAttentionCastCuda, PassFusesTheCastsOfTheResultAndOfTheGradient) {
 TEST(StoreGemmBias16BitCuda, QkvAndGeluInputsAreKeptIn16BitsWithinToleranceOfEager) {
   // A transformer block's two GEMMs whose f32 results are kept for the backward, under bf16 autocast:
   // qkv = x Wq^T + bq read by attention, h = y Wf^T + bf read by GELU (and by its backward). Compiled,
-  // both GEMMs write bf16 (compile/fuse_gemm_epilogue.h): attention reads it as it is, GELU through a
+  // both GEMMs write bf16 (compile/passes/fuse_gemm_epilogue.cpp): attention reads it as it is, GELU through a
   // cast its kernel folds in.
   REEL_REQUIRE_GPU();
   Generator gen(45);
@@ -237,7 +237,7 @@ TEST(StoreGemmBias16BitCuda, QkvAndGeluInputsAreKeptIn16BitsWithinToleranceOfEag
       if (n.op == OpKind::CausalAttentionBackward || n.op == OpKind::CausalAttentionBackwardCast) {
         EXPECT_EQ(n.inputs[1]->dtype, DType::bf16);
       }
-      // GELU runs in the epilogue of the GEMM that writes h (compile/fuse_gemm_gelu.h), and its
+      // GELU runs in the epilogue of the GEMM that writes h (compile/passes/fuse_gemm_gelu.cpp), and its
       // backward reads h in bf16 through a cast its kernel folds in: no node writes an f32 copy of h.
       const bool gelu = std::find(n.fused.begin(), n.fused.end(), "gelu") != n.fused.end();
       const bool gelu_backward = std::find(n.fused.begin(), n.fused.end(), "gelu_backward") != n.fused.end();

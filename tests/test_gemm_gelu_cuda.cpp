@@ -2,7 +2,7 @@
 //   - kernels/cuda/gemm_epilogue.h: gemm_bias_gelu (pre = a @ b + bias, y = gelu(pre)) against plain
 //     loops in double over the same 16-bit inputs, with b read as stored and through a transposed view
 //     (a Linear's W^T); bad operands are refused;
-//   - compile/fuse_gemm_gelu.h: an MLP traced under autocast runs GELU inside fc's GEMM, and the
+//   - compile/passes/fuse_gemm_gelu.cpp: an MLP traced under autocast runs GELU inside fc's GEMM, and the
 //     compiled function stays within tolerance of eager; where cuBLASLt cannot take the layout (a
 //     width not divisible by 8) GELU keeps a kernel of its own.
 // Skips without a GPU; compiled only with the CUDA backend.

@@ -1,4 +1,4 @@
-// The memory-budget planner (compile/memory_budget.h) and the meta mode it rests on, on the CPU.
+// The memory-budget planner (compile/runtime/memory_budget.h) and the meta mode it rests on, on the CPU.
 //   - meta mode runs no kernel and allocates nothing (a counting allocator), yet the tracer records
 //     the same graph as a real trace of the same step: the same ops, buffer kinds and sizes, and so
 //     the same memory plan (the planned arena of the real step and the meta one are equal);
@@ -380,7 +380,7 @@ TEST(MemoryBudgetCuda, PlannedPeakMatchesTheCachingAllocatorsMeasuredPeak) {
 }
 
 TEST(MemoryBudget, TracingACallHoldsNoMoreThanRunningItEagerly) {
-  // The tracer lets each block go when the program does (compile/trace.h), so the traced call of a
+  // The tracer lets each block go when the program does (compile/ir/trace.h), so the traced call of a
   // compiled step (plan building included) peaks where an eager step does, not at the sum of its
   // buffers.
   const size_t eager = measured_step_peak(small_gpt, Device::cpu(), 16, 8, std::nullopt);

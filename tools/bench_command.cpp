@@ -37,11 +37,11 @@ constexpr int64_t kAccum = 4;
 struct BenchOptions {
   std::vector<std::string> models{"cnn-small", "gpt-tiny", "gpt-small"};
   std::vector<std::string> precisions{"fp32", "bf16", "fp16"};
-  std::vector<std::string> modes{"eager"};  // eager, or compile modes (compile/plan.h)
+  std::vector<std::string> modes{"eager"};  // eager, or compile modes (compile/runtime/plan.h)
   std::string device = "auto";
   int64_t steps = 30, warmup = 5, micro_batch = -1;
   int64_t profile_steps = 0;  // > 0: profile this many extra steps op by op (tools/op_profile.h)
-  bool plan_memory = false;   // also plan each step's peak without running it (compile/memory_budget.h)
+  bool plan_memory = false;   // also plan each step's peak without running it (compile/runtime/memory_budget.h)
   std::string json_path;
 };
 
@@ -85,7 +85,7 @@ struct Result {
   int64_t params = 0, items_per_step = 0;
   std::string micro_batch = "default";  // as the peer scripts print B
   double median_ms = 0, min_ms = 0, first_s = 0, peak_mib = -1, kernels_per_step = 0;
-  double planned_mib = -1;  // --plan-memory: the planner's peak for this step (compile/memory_budget.h)
+  double planned_mib = -1;  // --plan-memory: the planner's peak for this step (compile/runtime/memory_budget.h)
   double host_ms = 0;  // median host time to run step() without waiting for the device: the launch cost
 };
 

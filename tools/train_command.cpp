@@ -9,7 +9,7 @@
 // plan replayed (one CUDA graph under reduce-overhead); an epoch's tail runs eagerly.
 //
 // With --effective-batch N --memory-budget SIZE the micro-batch is chosen first: the step is planned
-// in meta mode for micro-batches 1, 2, 4, ..., N (compile/memory_budget.h), the table printed, and
+// in meta mode for micro-batches 1, 2, 4, ..., N (compile/runtime/memory_budget.h), the table printed, and
 // training runs with the largest that fits and ACCUM = ceil(N / micro-batch). When that micro-batch
 // does not divide N, each step's last micro-batch is smaller and the optimizer counts items (N per
 // step); a compiled step then weighs each micro-batch by its leading dim. After the first step (the

@@ -26,7 +26,7 @@ struct TrainOptions {
   int64_t limit = -1;                 // use only the first N training items (quick runs)
   std::string checkpoint;             // save the state_dict here at the end
   int64_t sample_bytes = 200;         // text models: length of the sample printed at the end
-  // --effective-batch N --memory-budget SIZE: the micro-batch and ACCUM are planned (compile/memory_budget.h)
+  // --effective-batch N --memory-budget SIZE: the micro-batch and ACCUM are planned (compile/runtime/memory_budget.h)
   // instead of given; both or neither, and not with --micro-batch or --accum.
   int64_t effective_batch = 0;        // 0: not planned
   size_t memory_budget = 0;           // bytes

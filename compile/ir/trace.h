@@ -1,4 +1,4 @@
-// Tracer — records a step function's ops at the dispatch door into a Graph (compile/graph.h).
+// Tracer — records a step function's ops at the dispatch door into a Graph (compile/ir/graph.h).
 //
 // Installed as the DispatchObserver while the function runs eagerly (so the traced call also
 // produces its real result), it sees every op after its kernel ran: kernel ops become Nodes, view

@@ -10,7 +10,7 @@
 // A later cast of the sum to 16 bits (autocast's, for the GEMMs of the layer before) joins the same
 // kernel, which writes both copies. That 16-bit sum is also the output gradient of the layer before's
 // last Linear (a GPT's proj or fc2), whose bias gradient the bias-gradient pass sums from it
-// (compile/fuse_bias_grad_cast.h, a column_sums node): the same pass over the rows then sums it too,
+// (compile/passes/fuse_bias_grad_cast.cpp, a column_sums node): the same pass over the rows then sums it too,
 // into (or onto) the bias's gradient, and that launch goes. Applies when the column sums read the whole 16-bit sum, one
 // value per normalised column, and nothing touches their output between the two nodes. Equal to
 // those column sums up to f32 rounding (another fixed order; the same bits every run).
@@ -61,7 +61,7 @@ Match match(const Graph& g, const BufferUses& u, size_t i, Why& why) {
   return {j, 1 - mine};
 }
 
-// The column sums (a column_sums node of compile/fuse_bias_grad_cast.h) of the 16-bit sum x16 that
+// The column sums (a column_sums node of compile/passes/fuse_bias_grad_cast.cpp) of the 16-bit sum x16 that
 // node i now writes, when they can move into node i: their node index, or -1. They must read all of
 // x16, one sum per normalised column (cols), and nothing from i to them may touch their output.
 int column_sums_of(const Graph& g, const BufferUses& u, size_t i, const TensorRef& x16, int64_t cols,

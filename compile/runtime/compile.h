@@ -8,7 +8,7 @@
 // Lifecycle, per input signature (the shapes, dtypes and devices of the arguments):
 //   call 0   runs the function eagerly: warm-up (lazily created optimizer state, cuDNN algorithm
 //            choice, library handles), so that the next call sees the steady state;
-//   call 1   runs it eagerly under the Tracer and builds a Plan (compile/plan.h) from the tape;
+//   call 1   runs it eagerly under the Tracer and builds a Plan (compile/runtime/plan.h) from the tape;
 //   call 2+  replays the Plan (in reduce-overhead mode the first replay also captures the graphs).
 // A call whose signature matches no cached plan is a recompile (logged under REEL_LOG=recompiles
 // with the mismatch); past `cache_limit` plans the function runs eagerly with a one-time warning,

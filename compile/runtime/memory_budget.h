@@ -7,9 +7,9 @@
 //     peak(m) = step(m)        the step's activations, gradients and temporaries:
 //                              eager: the most bytes its buffers hold at once when each is allocated
 //                                at its first use and freed after its last, every size rounded as the
-//                                device's allocator rounds it (compile/memory_plan.h live_peak_bytes);
+//                                device's allocator rounds it (compile/passes/memory_plan.h live_peak_bytes);
 //                              compiled (BudgetSetup::compile_mode): the fused plan's arena, one block
-//                                (the passes of compile/plan.h run on the traced graph, nothing built);
+//                                (the passes of compile/runtime/plan.h run on the traced graph, nothing built);
 //             + external       parameters, gradients' owners aside: optimizer state, scaler state and
 //                              folded constants, buffers that outlive the step (the trace's External
 //                              buffers), each rounded;

@@ -114,7 +114,7 @@ C* copy16_ptr(const Tensor& t, DType compute, const AttentionGeometry& g, const 
 
 // Calls fn.template operator()<T>() with T the device type operand t is stored in: In where t has the
 // value dtype, or, for f32 values, C where t is in the 16-bit compute dtype (the compiler keeps qkv
-// and the saved y in 16 bits when the kernels round them to C anyway: compile/fuse_attention_cast.h).
+// and the saved y in 16 bits when the kernels round them to C anyway: compile/passes/fuse_attention_cast.cpp).
 template <typename In, typename C, typename Fn>
 void visit_operand(const Tensor& t, DType value, DType compute, const char* op, const char* what, Fn&& fn) {
   if (t.dtype() == value) return fn.template operator()<In>();

@@ -1,5 +1,5 @@
 // The fused causal-attention kernels as entry points (kernels/cuda/attention.cu), for the registered
-// ops and for the compiler's fusion of autocast's cast of their result (compile/fuse_attention_cast.h).
+// ops and for the compiler's fusion of autocast's cast of their result (compile/passes/fuse_attention_cast.cpp).
 // Declared without CUDA types.
 //
 // causal_attention_fwd_into: qkv (B, T, 3d) -> y (B, T, d), lse (B, H, T), as the causal_attention op

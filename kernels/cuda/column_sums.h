@@ -1,4 +1,4 @@
-// Column sums into an f32 result, for the compiler's bias-gradient fusion (compile/fuse_bias_grad_cast.h):
+// Column sums into an f32 result, the kernel of the column_sums op (a bias gradient from the 16-bit gradient):
 //   out (N) = sum over rows of x (..., N)     x contiguous f32, f16 or bf16 (accumulated in f32)
 // It is the Sum op's column reduction (reduce_into in kernels/cuda/reduce.cu with outer = 1), so an f32
 // x gives the Sum op's bits. A 16-byte aligned x with N a multiple of 8 (16-bit) or 4 (f32) takes the

@@ -1,5 +1,5 @@
-// GEMMs with a fused epilogue on cuBLASLt, for the compiler's epilogue fusions
-// (compile/fuse_gemm_epilogue.h, compile/fuse_gemm_gelu.h):
+// GEMMs with a fused epilogue on cuBLASLt: the CUDA kernels of the gemm_epilogue op (which the
+// compiler's gemm_epilogue and gemm_gelu passes write):
 //
 //   gemm_bias       y (M, N) = a (M, K) @ b (K, N) + bias (N)
 //   gemm_bias_gelu  pre (M, N) = a @ b + bias,  y (M, N) = gelu(pre)       a Linear layer and its GELU
@@ -12,7 +12,7 @@
 // a and b are read in place when matrix_layout() allows (row-major or a transposed view), share a
 // dtype (f32, f16 or bf16); y is contiguous, in a's dtype or f32 (autocast's f32 result of a 16-bit
 // GEMM, which saves the cast); bias is contiguous, in y's dtype or f32 (a 16-bit y from an f32 bias:
-// the compiler's 16-bit activations, compile/fuse_gemm_epilogue.h); pre is contiguous, 256-byte
+// the compiler's 16-bit activations, its gemm_16bit pass); pre is contiguous, 256-byte
 // aligned (as every allocation), of y's shape and dtype, with N divisible by 8 (cuBLASLt's rule for its leading dimension).
 // f32 uses CUBLAS_COMPUTE_32F: no TF32, as every reel f32 GEMM. Declared without CUDA types; defined
 // in gemm_epilogue.cu.

@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(256) layer_norm_fwd_vec_kernel(const float* x,
 // registers, the block adds its warps' sums in warp order through shared memory and writes them to
 // part (gridDim.x, kSums, cols); layer_norm_param_finish_kernel adds the blocks' rows in a fixed order.
 // kSums 3 (16-bit dx16 only) also sums dx16's values per column (as f32, the 16-bit values exactly):
-// the bias gradient of the Linear whose output gradient dx16 is (compile/fuse_norm_backward_add.h).
+// the bias gradient of the Linear whose output gradient dx16 is (compile/passes/fuse_norm_backward_add.cpp).
 template <int K, typename O, int kSums = 2>
 __global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g, const float* x, const float* w,
                                                                  const float* mean, const float* rstd,

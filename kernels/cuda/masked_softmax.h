@@ -1,7 +1,7 @@
 // Masked softmax along the last dim, forward and backward, for the compiler's fusion of attention's
 //   z = masked_fill(x, mask, fill); y = softmax(z, -1)        and its backward
 //   d = softmax_backward(g, y, -1); dx = masked_fill(d, mask, 0)
-// into one kernel each (compile/fuse_softmax.h). x, y, g, dx: (rows, C) contiguous f32; mask:
+// into one kernel each (compile/passes/fuse_masked_softmax.cpp). x, y, g, dx: (rows, C) contiguous f32; mask:
 // (mask_rows, C) contiguous f32 (nonzero = masked), row r of x using mask row r % mask_rows (a (T, T)
 // causal mask under (B, H, T, T) scores). y16 / dx16, when defined, also receive the result rounded
 // to their 16-bit dtype (autocast's cast for the next GEMM, in the same pass). The arithmetic and its

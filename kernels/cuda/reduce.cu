@@ -318,7 +318,7 @@ bool wide_load_fits(const In* x, int64_t outer, int64_t R, int64_t inner) {
 
 // out (outer * inner) = op over R of x (outer, R, inner); splits long reductions that would leave
 // the GPU idle into two launches through an Acc workspace. Out is In's type, or f32 for a 16-bit In
-// (the compiler's bias-gradient sums of a 16-bit gradient: compile/fuse_bias_grad_cast.h).
+// (the compiler's bias-gradient sums of a 16-bit gradient: compile/passes/fuse_bias_grad_cast.cpp).
 template <typename Op, typename In, typename Out>
 void reduce_into(const In* x, Out* out, int64_t outer, int64_t R, int64_t inner, Device dev, cudaStream_t st) {
   using A = Acc<In>;

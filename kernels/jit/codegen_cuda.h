@@ -12,7 +12,7 @@
 //     thread has all its reads in flight at once (a horizontal group of 32 small in-place adds waits
 //     on memory once, not 32 times; the compiler cannot move a load above a store to a pointer that
 //     may alias it). The same values: a group reads a buffer it writes only at the element it
-//     writes, and before writing it (compile/fuse_elementwise.h), so no load sees a store of the group.
+//     writes, and before writing it (compile/passes/fuse_elementwise.cpp), so no load sees a store of the group.
 //   Index math is 32-bit (unsigned) when the element count and every operand's largest offset are
 //   below 2^31, else 64-bit. Views' element offsets are not in the source: they are in the pointers.
 //   A loop whose operands are all contiguous first runs a vector loop (fused_vector_width): when
