@@ -110,7 +110,7 @@ check-layers:
 
 # The layer check first: it takes a second, and a build is not needed to fail it.
 test: check-layers $(TESTS) $(TOOL)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(TESTS) --gtest_brief=1
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} REEL_BIN=$(TOOL) $(TESTS) --gtest_brief=1
 	@$(MAKE) --no-print-directory dist-test
 
 # Two ranks of one thread each: CI has two cores.

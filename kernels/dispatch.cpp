@@ -28,7 +28,9 @@ void ensure_registered() {
   std::call_once(once, [] { register_builtin_ops(); });
 }
 
-DispatchObserver* observer = nullptr;
+// Per thread, as grad mode and meta mode are: a trace on one thread records that thread's ops alone
+// (another thread's eager ops, say a data loader's copies, must not land on its tape).
+thread_local DispatchObserver* observer = nullptr;
 std::atomic<uint64_t> n_dispatch{0};
 std::atomic<uint64_t> n_kernels{0};
 // Per thread: a planner tracing on one thread must not turn another thread's dispatches into no-ops.

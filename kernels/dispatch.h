@@ -93,10 +93,11 @@ class DispatchObserver {
   virtual void on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                            const Attrs& attrs, bool into_given) = 0;
 };
-// Installs `observer` (nullptr removes it) and returns the previous one.
+// Installs `observer` for the calling thread (nullptr removes it) and returns the previous one: it
+// sees the ops this thread dispatches, not other threads'.
 DispatchObserver* set_dispatch_observer(DispatchObserver* observer);
-// The installed observer (nullptr when none): what is not an op (an MPI collective) checks it to
-// refuse being traced, since a replay would skip it.
+// The calling thread's observer (nullptr when none): what is not an op (an MPI collective) checks it
+// to refuse being traced, since a replay would skip it.
 DispatchObserver* dispatch_observer();
 
 // Runs op's kernel for `device` on tensors that are known to be valid — a recorded op replayed by

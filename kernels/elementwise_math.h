@@ -27,7 +27,7 @@ REEL_HOST_DEVICE A unary(A x, A param) {
   else if constexpr (Op == OpKind::Rsqrt) return A(1) / sqrt(x);
   else if constexpr (Op == OpKind::Tanh) return tanh(x);
   else if constexpr (Op == OpKind::Sigmoid) return A(1) / (A(1) + exp(-x));
-  else if constexpr (Op == OpKind::Relu) return x > A(0) ? x : A(0);
+  else if constexpr (Op == OpKind::Relu) return x > A(0) || x != x ? x : A(0);  // NaN stays NaN (PyTorch)
   else if constexpr (Op == OpKind::Gelu) {
     A u = A(kSqrt2OverPi) * (x + A(kGeluCoeff) * x * x * x);
     return A(0.5) * x * (A(1) + tanh(u));

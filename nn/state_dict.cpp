@@ -8,6 +8,7 @@
 #include <map>
 
 #include "autograd/grad_mode.h"
+#include "tensor/file_io.h"
 
 namespace reel::nn {
 
@@ -57,14 +58,6 @@ class Reader {
   size_t end_, pos_ = 0;
   const std::string& path_;
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REEL_CHECK(in.good(), "load_state_dict: cannot open '", path, "'");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  REEL_CHECK(!in.bad(), "load_state_dict: error reading '", path, "'");
-  return bytes;
-}
 
 Entry read_entry(Reader& r, const std::string& path) {
   Entry e;
@@ -162,25 +155,11 @@ void save_state_dict(const Module& module, const std::string& path) {
   }
   put<uint64_t>(buf, fnv1a64(buf.data(), buf.size()));
 
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    REEL_CHECK(out.good(), "save_state_dict: cannot open '", tmp, "' for writing");
-    out.write(buf.data(), std::streamsize(buf.size()));
-    out.flush();
-    if (!out.good()) {
-      std::remove(tmp.c_str());
-      REEL_CHECK(false, "save_state_dict: error writing '", tmp, "'");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    REEL_CHECK(false, "save_state_dict: cannot rename '", tmp, "' to '", path, "'");
-  }
+  write_file_atomically(path, buf, "save_state_dict");
 }
 
 void load_state_dict(Module& module, const std::string& path) {
-  std::string bytes = read_file(path);
+  std::string bytes = read_file(path, "load_state_dict");
   std::vector<Entry> entries = parse(bytes, path);
   std::map<std::string, const Entry*> by_name;
   for (const auto& e : entries) {

@@ -1,6 +1,8 @@
 // GradScaler (see optim/grad_scaler.h).
 #include "optim/grad_scaler.h"
 
+#include <cmath>
+
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "kernels/dispatch.h"
@@ -11,8 +13,10 @@ namespace reel::optim {
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
   const auto& o = options_;
-  REEL_CHECK(o.init_scale_ > 0, "GradScaler: init_scale must be positive, got ", o.init_scale_);
-  REEL_CHECK(o.growth_factor_ > 1, "GradScaler: growth_factor must be > 1, got ", o.growth_factor_);
+  REEL_CHECK(o.init_scale_ > 0 && std::isfinite(o.init_scale_), "GradScaler: init_scale must be positive and finite, got ",
+             o.init_scale_);
+  REEL_CHECK(o.growth_factor_ > 1 && std::isfinite(o.growth_factor_), "GradScaler: growth_factor must be > 1 and finite, got ",
+             o.growth_factor_);
   REEL_CHECK(o.backoff_factor_ > 0 && o.backoff_factor_ < 1, "GradScaler: backoff_factor must lie in (0, 1), got ",
              o.backoff_factor_);
   REEL_CHECK(o.growth_interval_ >= 1, "GradScaler: growth_interval must be >= 1, got ", o.growth_interval_);

@@ -117,6 +117,8 @@ Optimizer& Optimizer::set_effective_batch(int64_t effective_batch, int64_t micro
 }
 
 Optimizer& Optimizer::set_max_grad_norm(double max_norm) {
+  // <= 0 means no clipping (and +inf clips nothing); NaN would silently mean the same: refused.
+  REEL_CHECK(!std::isnan(max_norm), "set_max_grad_norm: max_norm is NaN (use a value <= 0 for no clipping)");
   max_grad_norm_ = max_norm;
   return *this;
 }

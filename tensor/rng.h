@@ -9,6 +9,7 @@
 //            i, sin for odd i
 // The function is host/device so the CUDA kernels include this same file.
 #pragma once
+#include <atomic>
 #include <math.h>
 
 #include <cmath>
@@ -64,26 +65,31 @@ REEL_HOST_DEVICE float philox_normal(uint64_t seed, uint64_t offset, uint64_t i)
 REEL_HOST_DEVICE uint64_t philox_uniform_counters(uint64_t n) { return (n + 3) / 4; }
 REEL_HOST_DEVICE uint64_t philox_normal_counters(uint64_t n) { return (n + 1) / 2; }
 
-// Hands out (seed, offset) pairs: each draw advances the offset past the counters it used.
+// Hands out (seed, offset) pairs: each draw advances the offset past the counters it used. The offset
+// is atomic: threads drawing from one generator (the default one, say) each get counters of their
+// own, never the same ones twice; a single thread sees exactly the offsets of a plain counter.
+// manual_seed is not meant to race with draws.
 class Generator {
  public:
   explicit Generator(uint64_t seed = 0) : seed_(seed) {}
+  Generator(const Generator& o) : seed_(o.seed_), offset_(o.offset()) {}
+  Generator& operator=(const Generator& o) {
+    seed_ = o.seed_;
+    offset_.store(o.offset(), std::memory_order_relaxed);
+    return *this;
+  }
   void manual_seed(uint64_t seed) {
     seed_ = seed;
-    offset_ = 0;
+    offset_.store(0, std::memory_order_relaxed);
   }
   uint64_t seed() const { return seed_; }
-  uint64_t offset() const { return offset_; }
+  uint64_t offset() const { return offset_.load(std::memory_order_relaxed); }
   // Reserves `counters` counters and returns the offset where they start.
-  uint64_t advance(uint64_t counters) {
-    uint64_t start = offset_;
-    offset_ += counters;
-    return start;
-  }
+  uint64_t advance(uint64_t counters) { return offset_.fetch_add(counters, std::memory_order_relaxed); }
 
  private:
   uint64_t seed_ = 0;
-  uint64_t offset_ = 0;
+  std::atomic<uint64_t> offset_{0};
 };
 
 // The process-wide default generator (reel::manual_seed sets it).

@@ -8,7 +8,10 @@ namespace reel {
 
 int64_t numel_of(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) {
+    // Checked: a product that wraps would make a huge shape look small (and its storage too small).
+    REEL_CHECK(!__builtin_mul_overflow(n, s, &n), "shape ", shape_str(shape), " has more than 2^63 - 1 elements");
+  }
   return n;
 }
 

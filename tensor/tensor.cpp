@@ -8,8 +8,11 @@ namespace reel {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t s : shape) REEL_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
+  const size_t numel = size_t(numel_of(shape)), bytes = numel * dtype_size(dtype);
+  REEL_CHECK(numel == 0 || bytes / numel == dtype_size(dtype), "empty: shape ", shape_str(shape), " of ",
+             dtype_name(dtype), " needs more bytes than a size_t holds");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(size_t(numel_of(shape)) * dtype_size(dtype), device);
+  impl->storage = std::make_shared<Storage>(bytes, device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

@@ -26,6 +26,7 @@
 #include "optim/optim.h"
 #include "reel.h"
 #include "tensor/cuda.h"
+#include "tools/arg_numbers.h"
 #include "tools/commands.h"
 #include "tools/op_profile.h"
 
@@ -63,11 +64,11 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--precisions") o.precisions = split_list(v);
     else if (k == "--compile") o.modes = split_list(v);
     else if (k == "--device") o.device = v;
-    else if (k == "--steps") o.steps = std::stoll(v);
-    else if (k == "--warmup") o.warmup = std::stoll(v);
-    else if (k == "--micro-batch") o.micro_batch = std::stoll(v);
+    else if (k == "--steps") o.steps = int_arg("bench", k, v, 1);
+    else if (k == "--warmup") o.warmup = int_arg("bench", k, v, 0);
+    else if (k == "--micro-batch") o.micro_batch = int_arg("bench", k, v, 1);
     else if (k == "--json") o.json_path = v;
-    else if (k == "--profile") o.profile_steps = std::stoll(v);
+    else if (k == "--profile") o.profile_steps = int_arg("bench", k, v, 0);
     else if (k == "--deterministic") set_deterministic_algorithms(v != "0");
     else if (k == "--channels-last") set_autocast_channels_last(v != "0");
     else if (k == "--plan-memory") o.plan_memory = v != "0";
@@ -278,7 +279,10 @@ int bench_command(int argc, char** argv) {
   Device device = o.device == "auto" ? (cuda::is_available() ? Device::cuda(0) : Device::cpu()) : Device::parse(o.device);
   std::vector<Result> results;
   std::ofstream json;
-  if (!o.json_path.empty()) json.open(o.json_path);
+  if (!o.json_path.empty()) {
+    json.open(o.json_path);  // before any run: a path that cannot be written fails now, not silently later
+    REEL_CHECK(json.good(), "bench: cannot write --json ", o.json_path);
+  }
   std::printf("%-10s %-5s %-16s %-7s %10s %10s %12s %9s %10s %8s\n", "model", "prec", "mode", "device", "median ms",
               "min ms", "items/s", "peak MiB", "ops/step", "first s");
   for (const std::string& mode : o.modes)
@@ -293,7 +297,10 @@ int bench_command(int argc, char** argv) {
                     r.peak_mib < 0 ? "-" : std::to_string(std::lround(r.peak_mib)).c_str(), r.kernels_per_step,
                     r.first_s);
         std::fflush(stdout);
-        if (json) json << to_json(r) << "\n";
+        if (json.is_open()) {
+          json << to_json(r) << "\n" << std::flush;
+          REEL_CHECK(json.good(), "bench: writing --json ", o.json_path, " failed");
+        }
       }
   return 0;
 }

@@ -14,6 +14,7 @@
 #include "optim/optim.h"
 #include "reel.h"
 #include "tensor/cuda.h"
+#include "tools/arg_numbers.h"
 #include "tools/commands.h"
 
 namespace reel::tools {
@@ -29,8 +30,8 @@ int plan_command(int argc, char** argv) {
     else if (k == "--mode") mode = v;
     else if (k == "--precision") precision = v;
     else if (k == "--device") device_name = v;
-    else if (k == "--micro-batch") micro_batch = std::stoll(v);
-    else if (k == "--kernels") max_kernels = std::stoll(v);
+    else if (k == "--micro-batch") micro_batch = int_arg("plan", k, v, 1);
+    else if (k == "--kernels") max_kernels = int_arg("plan", k, v, 0);
     else if (k == "--dot") dot = v;
     else throw Error("plan: unknown option " + k +
                      " (expected --model, --mode, --precision, --device, --micro-batch, --kernels, --dot)");

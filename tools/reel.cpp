@@ -4,7 +4,9 @@
 //   reel bench [options]             time MODELS.md's training step (tools/bench_command.cpp)
 //   reel plan [options]              print the compiled plan of that step (tools/plan_command.cpp)
 #include <cstring>
+#include <exception>
 #include <iostream>
+#include <new>
 #include <string>
 
 #include "distributed/communicator.h"
@@ -20,6 +22,14 @@ void usage() {
                "  train [options]             train a model (reel train --help for the options)\n"
                "  bench [options]             time the training step of the benchmark models\n"
                "  plan [options]              print the compiled plan of a model's training step\n";
+}
+
+// The one way out on an error: one line on stderr, exit code 1. Under mpirun the other ranks would wait
+// in their next collective until its timeout: end the job.
+int fail(const std::string& cmd, const std::string& message) {
+  std::cerr << "reel " << cmd << ": " << message << "\n";
+  reel::dist::abort_job(1);
+  return 1;
 }
 
 }  // namespace
@@ -39,9 +49,11 @@ int main(int argc, char** argv) {
     usage();
     return 1;
   } catch (const reel::Error& e) {
-    std::cerr << "reel " << cmd << ": " << e.what() << "\n";
-    // Under mpirun the other ranks would wait in their next collective until its timeout: end the job.
-    reel::dist::abort_job(1);
-    return 1;
+    return fail(cmd, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(cmd, "out of host memory");
+  } catch (const std::exception& e) {
+    // Not a reel::Error: a library below reel threw. Still one line and exit code 1, never an abort.
+    return fail(cmd, std::string("unexpected error: ") + e.what());
   }
 }

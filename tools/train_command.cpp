@@ -33,6 +33,7 @@
 #include "parallel/data_parallel.h"
 #include "reel.h"
 #include "tensor/cuda.h"
+#include "tensor/file_io.h"
 #include "tools/commands.h"
 #include "tools/train_options.h"
 
@@ -310,6 +311,12 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
                                      .with_seed(o.seed)
                                      .with_shard(dist::rank(), dist::world_size())
                                      .with_device(device));
+  const int64_t step_items = split ? o.effective_batch : o.micro_batch * o.accum;
+  // A run that would take no optimizer step is an error now, not a "final loss 0" at the end.
+  REEL_CHECK(loader.items_per_epoch() >= step_items || o.remainder == "step", "train: an epoch has ",
+             loader.items_per_epoch(), " items", dist::world_size() > 1 ? " on this rank" : "",
+             ", fewer than one optimizer step takes (", step_items,
+             "): no step would be taken. Lower --micro-batch or --accum, raise --limit, or use --remainder step");
   const int64_t steps_per_epoch =
       std::max<int64_t>(1, split ? loader.items_per_epoch() / o.effective_batch : loader.num_batches() / o.accum);
   auto opt = make_optimizer(o, *model, o.epochs * steps_per_epoch);
@@ -490,6 +497,8 @@ int train_command(int argc, char** argv) {
     return 0;
   }
   TrainOptions o = parse_train_options(argc, argv);
+  // A checkpoint that cannot be written is an error now, not after the whole run.
+  if (!o.checkpoint.empty()) check_writable(o.checkpoint, "train: --checkpoint");
   // Under mpirun: MPI started, this rank's GPU (its local rank), output from rank 0 only.
   Device device = dist::setup_training(pick_device(o.device), o.compile);
   // matmul and conv inputs run in the policy's dtype inside the whole run (nn's layers read it);

@@ -5,30 +5,11 @@
 #include <map>
 
 #include "compile/runtime/memory_budget.h"
+#include "tools/arg_numbers.h"
 #include "tensor/error.h"
 
 namespace reel::tools {
 namespace {
-
-int64_t to_int(const std::string& name, const std::string& v) {
-  try {
-    size_t used = 0;
-    long long x = std::stoll(v, &used);
-    if (used == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  throw Error("train: " + name + " expects an integer, got \"" + v + "\"");
-}
-
-double to_double(const std::string& name, const std::string& v) {
-  try {
-    size_t used = 0;
-    double x = std::stod(v, &used);
-    if (used == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  throw Error("train: " + name + " expects a number, got \"" + v + "\"");
-}
 
 size_t to_size(const std::string& name, const std::string& v) {
   try {
@@ -81,23 +62,23 @@ TrainOptions parse_train_options(int argc, char** argv) {
       {"--dataset", [&](const std::string& v) { o.dataset = v; }},
       {"--text", [&](const std::string& v) { o.text_path = v; }},
       {"--device", [&](const std::string& v) { o.device = v; }},
-      {"--epochs", [&](const std::string& v) { o.epochs = to_int("--epochs", v); }},
-      {"--steps", [&](const std::string& v) { o.steps = to_int("--steps", v); }},
-      {"--micro-batch", [&](const std::string& v) { o.micro_batch = to_int("--micro-batch", v); o.micro_batch_given = true; }},
-      {"--accum", [&](const std::string& v) { o.accum = to_int("--accum", v); o.accum_given = true; }},
-      {"--effective-batch", [&](const std::string& v) { o.effective_batch = to_int("--effective-batch", v); }},
+      {"--epochs", [&](const std::string& v) { o.epochs = int_arg("train", "--epochs", v, 1); }},
+      {"--steps", [&](const std::string& v) { o.steps = int_arg("train", "--steps", v, 1); }},
+      {"--micro-batch", [&](const std::string& v) { o.micro_batch = int_arg("train", "--micro-batch", v, 1); o.micro_batch_given = true; }},
+      {"--accum", [&](const std::string& v) { o.accum = int_arg("train", "--accum", v, 1); o.accum_given = true; }},
+      {"--effective-batch", [&](const std::string& v) { o.effective_batch = int_arg("train", "--effective-batch", v, 1); }},
       {"--memory-budget", [&](const std::string& v) { o.memory_budget = to_size("--memory-budget", v); }},
       {"--precision", [&](const std::string& v) { o.precision = v; }},
       {"--compile", [&](const std::string& v) { o.compile = v; }},
-      {"--lr", [&](const std::string& v) { o.lr = to_double("--lr", v); }},
+      {"--lr", [&](const std::string& v) { o.lr = real_arg("train", "--lr", v, 0.0); }},
       {"--schedule", [&](const std::string& v) { o.schedule = v; }},
-      {"--warmup", [&](const std::string& v) { o.warmup = to_int("--warmup", v); }},
-      {"--clip", [&](const std::string& v) { o.clip = to_double("--clip", v); }},
+      {"--warmup", [&](const std::string& v) { o.warmup = int_arg("train", "--warmup", v, 0); }},
+      {"--clip", [&](const std::string& v) { o.clip = real_arg("train", "--clip", v); }},
       {"--remainder", [&](const std::string& v) { o.remainder = v; }},
-      {"--seed", [&](const std::string& v) { o.seed = uint64_t(to_int("--seed", v)); }},
-      {"--limit", [&](const std::string& v) { o.limit = to_int("--limit", v); }},
+      {"--seed", [&](const std::string& v) { o.seed = uint64_t(int_arg("train", "--seed", v, 0)); }},
+      {"--limit", [&](const std::string& v) { o.limit = int_arg("train", "--limit", v, 1); }},
       {"--checkpoint", [&](const std::string& v) { o.checkpoint = v; }},
-      {"--sample-bytes", [&](const std::string& v) { o.sample_bytes = to_int("--sample-bytes", v); }},
+      {"--sample-bytes", [&](const std::string& v) { o.sample_bytes = int_arg("train", "--sample-bytes", v, 0); }},
       {"--sync-bn", [&](const std::string& v) {
          REEL_CHECK(v == "0" || v == "1", "train: --sync-bn expects 0 or 1, got \"", v, "\"");
          o.sync_bn = v == "1";

@@ -48,13 +48,22 @@ Tensor ones_like(const Tensor& t) { return ones(t.shape(), TensorOptions{t.dtype
 Tensor arange(int64_t n, TensorOptions opts) { return arange(0.0, double(n), 1.0, opts); }
 
 Tensor arange(double start, double end, double step, TensorOptions opts) {
-  REEL_CHECK(step != 0, "arange: step must be non-zero");
-  int64_t n = std::max<int64_t>(0, int64_t(std::ceil((end - start) / step)));
+  REEL_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step) && step != 0, "arange: start ", start,
+             ", end ", end, " and step ", step, " must be finite, the step non-zero");
+  // As torch.arange: a range the step walks away from is an error, not an empty tensor.
+  REEL_CHECK(start == end || (end - start > 0) == (step > 0), "arange: the range [", start, ", ", end,
+             ") and step ", step, " point in opposite directions");
+  const double count = std::ceil((end - start) / step);
+  REEL_CHECK(count < 0x1p62, "arange: [", start, ", ", end, ") in steps of ", step, " has ", count,
+             " elements, too many for a tensor");
+  int64_t n = std::max<int64_t>(0, int64_t(count));
   Attrs a = device_attrs(Attrs().set("n", n).set("start", start).set("step", step).set("dtype", opts.dtype), opts.device);
   return finish(dispatch1(OpKind::Arange, {}, a), opts);
 }
 
 Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts, Generator* gen) {
+  REEL_CHECK(std::isfinite(low) && std::isfinite(high) && low <= high, "uniform: the range [", low, ", ", high,
+             ") must be finite with low <= high");
   uint64_t offset = pick(gen).advance(philox_uniform_counters(uint64_t(numel_of(shape))));
   Attrs a = creation_attrs(shape, opts).set("low", low).set("high", high);
   a.set("seed", int64_t(pick(gen).seed())).set("offset", int64_t(offset));
@@ -63,6 +72,8 @@ Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts, 
 Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) { return uniform(shape, 0.0, 1.0, opts, gen); }
 
 Tensor normal(const Shape& shape, double mean, double std, TensorOptions opts, Generator* gen) {
+  REEL_CHECK(std::isfinite(mean) && std::isfinite(std) && std >= 0, "normal: mean ", mean, " and std ", std,
+             " must be finite, the std >= 0");
   uint64_t offset = pick(gen).advance(philox_normal_counters(uint64_t(numel_of(shape))));
   Attrs a = creation_attrs(shape, opts).set("mean", mean).set("std", std);
   a.set("seed", int64_t(pick(gen).seed())).set("offset", int64_t(offset));

@@ -56,7 +56,7 @@ REEL_NVRTC_MATH(
   template <typename A> REEL_FM_FN A op_rsqrt(A x) { return A(1) / math_sqrt(x); }
   template <typename A> REEL_FM_FN A op_tanh(A x) { return math_tanh(x); }
   template <typename A> REEL_FM_FN A op_sigmoid(A x) { return A(1) / (A(1) + math_exp(-x)); }
-  template <typename A> REEL_FM_FN A op_relu(A x) { return x > A(0) ? x : A(0); }
+  template <typename A> REEL_FM_FN A op_relu(A x) { return x > A(0) || x != x ? x : A(0); }
   // gelu, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
   template <typename A> REEL_FM_FN A op_gelu(A x) {
     A u = A(0.7978845608028654) * (x + A(0.044715) * x * x * x);

@@ -1,0 +1,189 @@
+// Bad input, tried as a user would: every mistake is a reel::Error naming what was wrong (or, from the
+// command line, one line and exit code 1), and nothing it touched changed. Also the two shared
+// states that threads meet: a trace on one thread is not fed by another thread's ops, and the
+// default generator hands out each counter once.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <thread>
+
+#include "compile/runtime/compile.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "tensor/file_io.h"
+#include "test_util.h"
+
+using namespace reel;
+using reel::testing_util::expect_error;
+
+namespace {
+
+// `reel <args>` (the binary make test names in REEL_BIN): its exit code and what it printed.
+struct CliRun {
+  int code = -1;
+  std::string out;
+};
+std::optional<CliRun> reel_cli(const std::string& args) {
+  const char* bin = std::getenv("REEL_BIN");
+  if (!bin || !std::filesystem::exists(bin)) return std::nullopt;
+  const std::string cmd = std::string(bin) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return std::nullopt;
+  CliRun r;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+#define REQUIRE_CLI(run)                                                                             \
+  if (!(run)) GTEST_SKIP() << "REEL_BIN does not name the reel binary (make test sets it)"
+
+}  // namespace
+
+TEST(BadInput, ShapesWhoseSizeOverflowsAreRefused) {
+  expect_error([] { zeros({(int64_t(1) << 62) + 1, 4}); }, {"(4611686018427387905, 4)", "2^63"});
+  expect_error([] { zeros({int64_t(1) << 62}, TensorOptions{DType::f64}); }, {"needs more bytes"});
+}
+
+TEST(BadInput, CreationArgumentsAreChecked) {
+  expect_error([] { arange(-5); }, {"arange", "opposite directions"});
+  expect_error([] { arange(0.0, 1.0, NAN); }, {"arange", "finite"});
+  expect_error([] { uniform({3}, 5.0, 1.0); }, {"uniform", "low <= high"});
+  expect_error([] { normal({3}, 0.0, -1.0); }, {"normal", "std"});
+  EXPECT_EQ(arange(0.0, 0.0, 1.0).numel(), 0) << "an empty range stays empty";
+}
+
+TEST(BadInput, OptimizerAndScalerSettingsAreChecked) {
+  expect_error([] { optim::GradScaler(optim::GradScalerOptions().growth_factor(INFINITY)); }, {"growth_factor", "inf"});
+  expect_error([] { optim::GradScaler(optim::GradScalerOptions().init_scale(NAN)); }, {"init_scale"});
+  Tensor p = zeros({3}, TensorOptions().with_requires_grad());
+  optim::AdamW opt({p}, optim::AdamWOptions(1e-3));
+  expect_error([&] { opt.set_max_grad_norm(NAN); }, {"max_norm", "NaN"});
+  opt.set_max_grad_norm(0.0);  // no clipping, as documented
+}
+
+// A NaN must reach the fp16 scaler's inf check: relu passes it on, as PyTorch's does.
+TEST(BadInput, ReluPassesNaNOn) {
+  Tensor x = Tensor::from_vector<float>({NAN, -1.f, 2.f}, {3});
+  std::vector<float> y = relu(x).to_vector<float>();
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_EQ(y[1], 0.f);
+  EXPECT_EQ(y[2], 2.f);
+}
+
+TEST(BadInput, CheckpointsAreWrittenWholeAndReadOnlyFromFiles) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("reel_bad_input_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  nn::Linear model(3, 2);
+  const std::vector<double> before = model.parameters()[0].to_vector<double>();
+  // A folder is not a checkpoint: a clear error, and the module is untouched.
+  expect_error([&] { nn::load_state_dict(model, dir.string()); }, {"load_state_dict", "is not a file"});
+  EXPECT_EQ(model.parameters()[0].to_vector<double>(), before);
+  // A folder that does not exist: the error names it, nothing is left behind.
+  expect_error([&] { nn::save_state_dict(model, (dir / "missing" / "ckpt").string()); }, {"save_state_dict", "cannot"});
+  EXPECT_FALSE(std::filesystem::exists(dir / "missing"));
+  expect_error([&] { check_writable((dir / "missing" / "ckpt").string(), "train: --checkpoint"); },
+               {"--checkpoint", "does not exist"});
+  expect_error([&] { check_writable(dir.string(), "train: --checkpoint"); }, {"is a folder"});
+  // A save leaves exactly the file, no temporary, and it loads back.
+  const std::string path = (dir / "ckpt").string();
+  nn::save_state_dict(model, path);
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1u);
+  nn::load_state_dict(model, path);
+  EXPECT_EQ(model.parameters()[0].to_vector<double>(), before);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(BadInput, CommandLineNumbersAreCheckedAndNothingAborts) {
+  std::optional<CliRun> r = reel_cli("plan --micro-batch abc");
+  REQUIRE_CLI(r);
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("plan: --micro-batch expects an integer >= 1, got \"abc\""), std::string::npos) << r->out;
+  r = reel_cli("plan --micro-batch 0");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("got \"0\""), std::string::npos) << r->out;
+  r = reel_cli("bench --steps 3x");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("bench: --steps expects an integer"), std::string::npos) << r->out;
+  r = reel_cli("train --clip nan");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("--clip expects a finite number"), std::string::npos) << r->out;
+  r = reel_cli("train --epochs 99999999999999999999");
+  EXPECT_EQ(r->code, 1) << r->out;
+  r = reel_cli("bench --json /nonexistent-folder/x.jsonl --models cnn-small --precisions fp32 --device cpu");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("cannot write --json"), std::string::npos) << r->out;
+}
+
+TEST(BadInput, ARunThatWouldNeverStepIsAnErrorBeforeTraining) {
+  std::optional<CliRun> r = reel_cli("train --model cnn-small --dataset random --device cpu --limit 64 --epochs 1");
+  REQUIRE_CLI(r);
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("no step would be taken"), std::string::npos) << r->out;
+  EXPECT_EQ(r->out.find("final loss"), std::string::npos) << "it must not train: " << r->out;
+  r = reel_cli("train --model cnn-small --dataset random --device cpu --checkpoint /nonexistent-folder/ckpt --epochs 1");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("--checkpoint"), std::string::npos) << r->out;
+  EXPECT_EQ(r->out.find("epoch 1"), std::string::npos) << "checked before training: " << r->out;
+}
+
+// Threads drawing from the default generator get disjoint counters, and one thread sees the offsets
+// a plain counter would give.
+TEST(Threads, TheDefaultGeneratorHandsOutEachCounterOnce) {
+  Generator g(7);
+  constexpr int kThreads = 4, kDraws = 20000;
+  std::vector<std::vector<uint64_t>> starts(kThreads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < kThreads; ++t)
+    pool.emplace_back([&, t] {
+      for (int i = 0; i < kDraws; ++i) starts[t].push_back(g.advance(3));
+    });
+  for (auto& th : pool) th.join();
+  std::set<uint64_t> all;
+  for (const auto& s : starts) all.insert(s.begin(), s.end());
+  EXPECT_EQ(all.size(), size_t(kThreads * kDraws)) << "a counter was handed out twice";
+  EXPECT_EQ(g.offset(), uint64_t(3) * kThreads * kDraws);
+  Generator one(7);
+  EXPECT_EQ(one.advance(5), 0u);
+  EXPECT_EQ(one.advance(2), 5u);
+}
+
+// One thread compiles and replays a step while another runs eager ops on the same device: the
+// trace records its own thread's ops only, so every plan is the single-threaded plan and every
+// result is eager's.
+TEST(Threads, AnotherThreadsEagerOpsDoNotEnterATrace) {
+  auto step = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{relu(in[0] * 2.0 + 1.0).sum()}; };
+  compile::CompiledFunction alone = compile::compile(step);
+  Generator gen(5);
+  const Tensor x = randn({64, 32}, {}, &gen);
+  for (int i = 0; i < 3; ++i) alone({x});
+  const std::string reference = alone.last_plan()->graph().str();
+  const double expected = step({x})[0].item();
+  std::atomic<bool> stop{false};
+  std::thread noise([&] {
+    Tensor a = ones({16, 16});
+    while (!stop) a = exp(a * 0.5) - 1.0;
+  });
+  for (int round = 0; round < 20; ++round) {
+    compile::CompiledFunction f = compile::compile(step);
+    for (int i = 0; i < 10; ++i) EXPECT_EQ(f({x})[0].item(), expected) << "round " << round << " call " << i;
+    ASSERT_NE(f.last_plan(), nullptr);
+    EXPECT_EQ(f.last_plan()->graph().str(), reference) << "round " << round;
+  }
+  stop = true;
+  noise.join();
+}
