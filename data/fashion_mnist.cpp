@@ -8,6 +8,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -118,14 +119,28 @@ IdxArray read_idx(const std::string& path, uint32_t expected_magic, int64_t limi
     out.dims.push_back(n);
     if (d > 0) {
       REEL_CHECK(n > 0, "read_idx: ", path, " declares sizes ", dims_str(out.dims), "; item sizes must be positive");
-      item_bytes *= n;
+      REEL_CHECK(!__builtin_mul_overflow(item_bytes, n, &item_bytes), "read_idx: ", path, " declares sizes ",
+                 dims_str(out.dims), ": an item of more bytes than a file can hold");
     }
   }
   int64_t items = out.dims[0];
   if (limit >= 0 && limit < items) items = limit;
-  size_t want = size_t(items * item_bytes);
-  out.bytes.resize(want);
-  got = in.read(out.bytes.data(), want);
+  int64_t want_bytes = 0;
+  REEL_CHECK(!__builtin_mul_overflow(items, item_bytes, &want_bytes), "read_idx: ", path, " declares sizes ",
+             dims_str(out.dims), ": more bytes than a file can hold");
+  const size_t want = size_t(want_bytes);
+  // Read in chunks as the data comes: a header that declares more than the file holds is reported
+  // as truncated after reading what is there, without first allocating what it declared.
+  constexpr size_t kChunk = size_t(1) << 24;
+  got = 0;
+  while (got < want) {
+    const size_t n = std::min(kChunk, want - got);
+    out.bytes.resize(got + n);
+    const size_t read = in.read(out.bytes.data() + got, n);
+    got += read;
+    if (read < n) break;
+  }
+  out.bytes.resize(got);
   REEL_CHECK(got == want, "read_idx: ", path, " is truncated: its header declares sizes ", dims_str(out.dims),
              ", so expected ", want, " bytes of data after the ", 4 + header.size(), "-byte header, found ", got, in.note());
   if (items == out.dims[0]) {

@@ -18,6 +18,8 @@
 #include <thread>
 
 #include "compile/runtime/compile.h"
+#include "compile/runtime/memory_budget.h"
+#include "data/fashion_mnist.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/file_io.h"
@@ -186,4 +188,41 @@ TEST(Threads, AnotherThreadsEagerOpsDoNotEnterATrace) {
   }
   stop = true;
   noise.join();
+}
+
+namespace {
+
+// An idx file of `magic` with `dims` declared in its header and `data_bytes` bytes after it.
+std::string idx_file(uint32_t magic, const std::vector<uint32_t>& dims, size_t data_bytes) {
+  std::string bytes;
+  auto be = [&](uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) bytes.push_back(char((v >> s) & 0xff));
+  };
+  be(magic);
+  for (uint32_t d : dims) be(d);
+  bytes.append(data_bytes, '\0');
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("reel_idx_" + std::to_string(::getpid()) + "_" + std::to_string(magic))).string();
+  write_file_atomically(path, bytes, "test");
+  return path;
+}
+
+}  // namespace
+
+// Headers that declare more than the file holds are reported from what was read, without first
+// allocating what they declared; sizes whose product overflows are refused outright.
+TEST(BadInput, IdxHeadersAreCheckedBeforeTheyCostMemory) {
+  const std::string lying = idx_file(2051, {0xFFFFFFFFu, 28, 28}, 1000);
+  expect_error([&] { data::read_idx(lying, 2051); }, {"is truncated", "(4294967295, 28, 28)", "found 1000"});
+  const std::string huge = idx_file(2051, {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu}, 16);
+  expect_error([&] { data::read_idx(huge, 2051); }, {"(4294967295, 4294967295, 4294967295)", "than a file can hold"});
+  std::filesystem::remove(lying);
+  std::filesystem::remove(huge);
+}
+
+TEST(BadInput, TheBudgetPlannersCandidatesStopBeforeOverflowing) {
+  const std::vector<int64_t> c = compile::candidate_micro_batches(std::numeric_limits<int64_t>::max());
+  ASSERT_EQ(c.size(), 64u);  // 1, 2, ..., 2^62 and N itself
+  EXPECT_EQ(c[62], int64_t(1) << 62);
+  EXPECT_EQ(c.back(), std::numeric_limits<int64_t>::max());
 }

@@ -294,7 +294,8 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
     test = data::load_fashion_mnist(data::fashion_mnist_dir(), false);
   } else {
     REEL_CHECK(o.dataset == "random" && o.model == "cnn-small", "train: model ", o.model, " with dataset ",
-               o.dataset, " is not a known pairing");
+               o.dataset, " is not a known pairing (fashion-cnn trains on fashion-mnist, cnn-small on random "
+               "images, the GPTs on --dataset text: a file or the fortunes)");
     model = nn::cnn_small(&gen);
     train = random_images(o.limit > 0 ? o.limit : 2048, o.seed);
     test = random_images(512, o.seed + 7);
@@ -393,6 +394,22 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
   return 0;
 }
 
+// Bytes as a terminal can show them: printable ASCII, newlines and tabs as they are, anything else
+// (control characters, stray UTF-8 bytes of an early model) as \xNN.
+std::string printable(const std::string& bytes) {
+  std::string out;
+  char hex[8];
+  for (unsigned char c : bytes) {
+    if ((c >= 0x20 && c < 0x7f) || c == '\n' || c == '\t') {
+      out.push_back(char(c));
+      continue;
+    }
+    std::snprintf(hex, sizeof hex, "\\x%02x", c);
+    out += hex;
+  }
+  return out;
+}
+
 // Samples `n` bytes from the model, starting from a newline, with temperature 0.8.
 std::string sample_text(nn::Gpt& model, int64_t n, Device device, uint64_t seed) {
   model.eval();
@@ -484,7 +501,7 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
   peak_check.report_run(o.memory_budget);
   std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)o.steps,
               seconds_since(start), last_loss, val_loss);
-  std::printf("sample:\n%s\n", sample_text(*model, o.sample_bytes, device, o.seed).c_str());
+  std::printf("sample:\n%s\n", printable(sample_text(*model, o.sample_bytes, device, o.seed)).c_str());
   if (!o.checkpoint.empty() && dist::rank() == 0) nn::save_state_dict(*model, o.checkpoint);  // one writer
   return 0;
 }

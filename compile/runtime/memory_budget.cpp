@@ -89,7 +89,11 @@ std::pair<const char*, size_t> BudgetCandidate::largest_part() const {
 std::vector<int64_t> candidate_micro_batches(int64_t effective_batch) {
   REEL_CHECK(effective_batch > 0, "memory budget: the effective batch must be positive, got ", effective_batch);
   std::vector<int64_t> out;
-  for (int64_t m = 1; m <= effective_batch; m *= 2) out.push_back(m);
+  // m doubles until it passes N, stopping before the doubling could overflow (N near 2^63).
+  for (int64_t m = 1; m <= effective_batch; m *= 2) {
+    out.push_back(m);
+    if (m > effective_batch / 2) break;
+  }
   if (out.back() != effective_batch) out.push_back(effective_batch);
   return out;
 }
