@@ -26,6 +26,9 @@ namespace reel::math {
 template <typename A>
 struct AdamWScalars {
   A beta1, beta2, eps;
+  // 1 - beta1 and 1 - beta2, formed in double and rounded once: in f32 the difference 1 - 0.999 of two
+  // f32 values is 1.0000124e-3, which made every first step of a zero-initialised tensor 6.4e-6 small.
+  A one_minus_beta1, one_minus_beta2;
   A decay;      // 1 - lr wd (decoupled weight decay)
   A step_size;  // lr / (1 - b1^t)
   A bc2_sqrt;   // sqrt(1 - b2^t)
@@ -37,7 +40,13 @@ REEL_HOST_DEVICE AdamWScalars<A> adamw_scalars(double beta1, double beta2, doubl
                                                double t) {
   using std::pow;
   using std::sqrt;
-  return {A(beta1), A(beta2), A(eps), A(1 - lr * weight_decay), A(lr / (1 - pow(beta1, t))),
+  return {A(beta1),
+          A(beta2),
+          A(eps),
+          A(1 - beta1),
+          A(1 - beta2),
+          A(1 - lr * weight_decay),
+          A(lr / (1 - pow(beta1, t))),
           A(sqrt(1 - pow(beta2, t)))};
 }
 
@@ -45,8 +54,8 @@ REEL_HOST_DEVICE AdamWScalars<A> adamw_scalars(double beta1, double beta2, doubl
 template <typename A>
 REEL_HOST_DEVICE void adamw_update(A& p, A g, A& m, A& v, const AdamWScalars<A>& s) {
   using std::sqrt;
-  m = s.beta1 * m + (A(1) - s.beta1) * g;
-  v = s.beta2 * v + (A(1) - s.beta2) * g * g;
+  m = s.beta1 * m + s.one_minus_beta1 * g;
+  v = s.beta2 * v + s.one_minus_beta2 * g * g;
   // torch: denom = sqrt(v) / sqrt(bc2) + eps; p -= (lr / bc1) * m / denom
   const A denom = sqrt(v) / s.bc2_sqrt + s.eps;
   p = A(p * s.decay - s.step_size * m / denom);

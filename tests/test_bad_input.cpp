@@ -226,3 +226,17 @@ TEST(BadInput, TheBudgetPlannersCandidatesStopBeforeOverflowing) {
   EXPECT_EQ(c[62], int64_t(1) << 62);
   EXPECT_EQ(c.back(), std::numeric_limits<int64_t>::max());
 }
+
+// AdamW's first step from zero state moves each parameter by lr g / (|g| + eps): with (1 - beta2)
+// formed in f32 (1.0000124e-3 for beta2 = 0.999) it came out 6.4e-6 relative too small.
+TEST(PaperCuts, AdamWsFirstStepIsLrTimesTheGradientsSign) {
+  for (float g : {1.0f, -0.5f, 3e-3f}) {
+    Tensor p = zeros({1}), grad = Tensor::from_vector<float>({g}, {1}), m = zeros({1}), v = zeros({1});
+    const Attrs a = Attrs().set("beta1", 0.9).set("beta2", 0.999).set("eps", 1e-8).set("weight_decay", 0.0);
+    dispatch_out(OpKind::AdamWStep, {p, grad, m, v, Tensor(), full({}, 1e-3, TensorOptions{DType::f64}),
+                                     full({}, 1.0, TensorOptions{DType::f64})},
+                 {p, m, v}, a);
+    const double want = -1e-3 * double(g) / (std::abs(double(g)) + 1e-8);
+    EXPECT_NEAR(p.item() / want, 1.0, 5e-7) << "g = " << g;
+  }
+}
