@@ -13,6 +13,10 @@ OPT      ?= -O2
 CXXFLAGS ?= $(OPT) -march=x86-64-v3 -g0
 CXXFLAGS += -std=c++20 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -isystem /usr/include/eigen3 -MMD -MP
 LDLIBS   := -fopenmp -lpthread -lz -ldl
+# Sanitizer flags for compiling and linking (make sanitize sets them for its own build folder).
+SANITIZE ?=
+CXXFLAGS += $(SANITIZE)
+LDLIBS   += $(SANITIZE)
 
 # The CUDA backend is built whenever nvcc is found (sm_90: H100/H200); otherwise stubs say "not built".
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
@@ -57,7 +61,7 @@ DIST_TESTS := $(BUILD)/reel_dist_tests
 # Open MPI refuses to start as root unless told; CI runs as root.
 MPIRUN_FLAGS ?= -np 2 --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 
-.PHONY: all test bench run clean deps gpu-bundle mpi dist-test check-layers
+.PHONY: all test bench run clean deps gpu-bundle mpi dist-test sanitize check-layers
 # The MPI parts go through a second make, which looks for mpicc after the first has installed it.
 all: $(TOOL)
 	@$(MAKE) --no-print-directory mpi
@@ -119,6 +123,15 @@ dist-test: mpi
 ifneq ($(MPICC),)
 	OMP_NUM_THREADS=1 $(MPIRUN) $(MPIRUN_FLAGS) -x OMP_NUM_THREADS $(DIST_TESTS) --gtest_brief=1
 endif
+
+# The CPU test suite under AddressSanitizer and UndefinedBehaviorSanitizer, in a build folder of its
+# own (no CUDA: the GPU's memory is compute-sanitizer's, on the GPU machine). Any report fails the run.
+SANITIZE_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+sanitize:
+	@$(MAKE) --no-print-directory NVCC= BUILD=build-sanitize OPT="-O1 -g" SANITIZE="$(SANITIZE_FLAGS)" \
+	  build-sanitize/reel_tests build-sanitize/reel
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 OMP_NUM_THREADS=2 \
+	  REEL_BIN=build-sanitize/reel build-sanitize/reel_tests --gtest_brief=1
 
 bench: $(BENCH)
 	$(BENCH) --benchmark_counters_tabular=true

@@ -213,7 +213,7 @@ void causal_attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType comput
           });
         }
         if (!tiled) {
-          const size_t bytes = sizeof(A) * size_t(g.T);
+          const size_t bytes = sizeof(A) * size_t(g.T) + kRowSmemSlack;
           check_row_smem(bytes, g.T, "causal_attention");
           if (bytes > 48 * 1024) allow_smem(attention_fwd_rows<In, Q, C, A>, bytes);
           attention_fwd_rows<In, Q, C, A><<<dim3(g.T, g.B * g.H), kRowThreads, bytes, stream>>>(
@@ -282,7 +282,7 @@ void launch_attention_bwd(const Tensor& dy, const Tensor& qkv, const Tensor& y, 
     });
   }
   if (!tiled) {
-    const size_t bytes = 2 * sizeof(A) * size_t(g.T);
+    const size_t bytes = 2 * sizeof(A) * size_t(g.T) + kRowSmemSlack;
     check_row_smem(bytes, g.T, "causal_attention_backward");
     if (bytes > 48 * 1024) allow_smem(attention_bwd_rows<In, Q, Y, C, A>, bytes);
     attention_bwd_rows<In, Q, Y, C, A><<<dim3(g.T, g.B * g.H, 2), kRowThreads, bytes, stream>>>(

@@ -32,6 +32,12 @@ __device__ A warp_dot_rounded(const X* x, const Z* y, int hd) {
 
 constexpr int kRowThreads = 128;
 
+// Bytes allocated past a row kernel's scores. ptxas merges the guarded loads of an unrolled loop's
+// last iterations into one wider shared load (three f32 scores: 12 bytes) that may reach up to 8
+// bytes past the last score; the extra values are never used, but compute-sanitizer's memcheck
+// reported each such load as out of bounds. The slack keeps every load inside the allocation.
+constexpr size_t kRowSmemSlack = 16;
+
 // Forward, one block per query row. grid (T, B H), shared memory T values of A. y or y16 may be null.
 template <typename In, typename Q, typename C, typename A>
 __global__ void attention_fwd_rows(const Q* qkv, In* y, C* y16, A* lse, int T, int H, int d, int hd, A scale) {
