@@ -90,10 +90,14 @@ class GraphPoolGuard {
   int prev_;
 };
 
-// A CUDA graph captured from the current stream of `device` and replayed on it. Capture uses the
-// thread-local mode (other threads' CUDA calls are not disturbed) and takes every allocation made
-// meanwhile from the graph's own pool, so a replay never writes memory handed to other tensors.
-// Work enqueued while capturing does not run: replay() after capture_end() to run it.
+// A CUDA graph captured from this thread's work on `device` and replayed on its current stream.
+// Capture runs on a stream of the capturing thread's own (the thread's current stream is switched
+// to it until capture_end()): the default stream is shared by every thread, and a kernel another
+// thread enqueued on a stream being captured would become part of the graph, while its
+// synchronisation would invalidate the capture. The thread-local capture mode leaves other
+// threads' CUDA calls alone, and every allocation made meanwhile comes from the graph's own pool, so
+// a replay never writes memory handed to other tensors. Work enqueued while capturing does not run:
+// replay() after capture_end() to run it.
 class Graph {
  public:
   explicit Graph(int device = 0);
@@ -109,7 +113,8 @@ class Graph {
   int device_;
   GraphPool pool_;
   GraphPoolGuard* pool_guard_ = nullptr;
-  void* stream_ = nullptr;  // the captured stream
+  void* stream_ = nullptr;         // the capture stream (this thread's own)
+  void* origin_stream_ = nullptr;  // the thread's current stream before capture_begin()
   void* graph_ = nullptr;   // cudaGraph_t
   void* exec_ = nullptr;    // cudaGraphExec_t
   size_t num_nodes_ = 0;

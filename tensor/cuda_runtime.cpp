@@ -57,6 +57,17 @@ cudaStream_t default_stream(int device) {
 }
 
 thread_local cudaStream_t current_streams[kMaxDevices] = {};
+
+// The calling thread's capture stream on `device`, made on first use and kept for the thread's
+// lifetime (a graph's pool blocks are keyed by it; it is never reused by another thread).
+cudaStream_t capture_stream(int device) {
+  thread_local cudaStream_t streams[kMaxDevices] = {};
+  if (!streams[device]) {
+    DeviceScope scope(device);
+    REEL_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking));
+  }
+  return streams[device];
+}
 thread_local int current_pool = 0;
 
 struct Block {
@@ -347,9 +358,17 @@ Graph::~Graph() {
 void Graph::capture_begin() {
   REEL_CHECK(graph_ == nullptr && pool_guard_ == nullptr, "cuda::Graph: already captured");
   DeviceScope scope(device_);
-  stream_ = current_stream(device_);
+  origin_stream_ = current_stream(device_);
+  stream_ = capture_stream(device_);
+  set_current_stream(stream_, device_);
   pool_guard_ = new GraphPoolGuard(pool_);
-  REEL_CUDA_CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(stream_), cudaStreamCaptureModeThreadLocal));
+  const cudaError_t err = cudaStreamBeginCapture(static_cast<cudaStream_t>(stream_), cudaStreamCaptureModeThreadLocal);
+  if (err != cudaSuccess) {
+    delete pool_guard_;
+    pool_guard_ = nullptr;
+    set_current_stream(origin_stream_, device_);
+    REEL_CUDA_CHECK(err);
+  }
 }
 void Graph::capture_end() {
   REEL_CHECK(pool_guard_ != nullptr, "cuda::Graph: capture_end without capture_begin");
@@ -358,6 +377,7 @@ void Graph::capture_end() {
   cudaError_t err = cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &g);
   delete pool_guard_;
   pool_guard_ = nullptr;
+  set_current_stream(origin_stream_, device_);
   REEL_CUDA_CHECK(err);
   graph_ = g;
   REEL_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &num_nodes_));

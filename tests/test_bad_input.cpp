@@ -1,21 +1,16 @@
 // Bad input, tried as a user would: every mistake is a reel::Error naming what was wrong (or, from the
-// command line, one line and exit code 1), and nothing it touched changed. Also the two shared
-// states that threads meet: a trace on one thread is not fed by another thread's ops, and the
-// default generator hands out each counter once.
+// command line, one line and exit code 1), and nothing it touched changed. (Threads: test_threads.cpp.)
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <set>
-#include <thread>
 
 #include "compile/runtime/compile.h"
 #include "compile/runtime/memory_budget.h"
@@ -143,53 +138,6 @@ TEST(BadInput, ARunThatWouldNeverStepIsAnErrorBeforeTraining) {
   EXPECT_EQ(r->out.find("epoch 1"), std::string::npos) << "checked before training: " << r->out;
 }
 
-// Threads drawing from the default generator get disjoint counters, and one thread sees the offsets
-// a plain counter would give.
-TEST(Threads, TheDefaultGeneratorHandsOutEachCounterOnce) {
-  Generator g(7);
-  constexpr int kThreads = 4, kDraws = 20000;
-  std::vector<std::vector<uint64_t>> starts(kThreads);
-  std::vector<std::thread> pool;
-  for (int t = 0; t < kThreads; ++t)
-    pool.emplace_back([&, t] {
-      for (int i = 0; i < kDraws; ++i) starts[t].push_back(g.advance(3));
-    });
-  for (auto& th : pool) th.join();
-  std::set<uint64_t> all;
-  for (const auto& s : starts) all.insert(s.begin(), s.end());
-  EXPECT_EQ(all.size(), size_t(kThreads * kDraws)) << "a counter was handed out twice";
-  EXPECT_EQ(g.offset(), uint64_t(3) * kThreads * kDraws);
-  Generator one(7);
-  EXPECT_EQ(one.advance(5), 0u);
-  EXPECT_EQ(one.advance(2), 5u);
-}
-
-// One thread compiles and replays a step while another runs eager ops on the same device: the
-// trace records its own thread's ops only, so every plan is the single-threaded plan and every
-// result is eager's.
-TEST(Threads, AnotherThreadsEagerOpsDoNotEnterATrace) {
-  auto step = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{relu(in[0] * 2.0 + 1.0).sum()}; };
-  compile::CompiledFunction alone = compile::compile(step);
-  Generator gen(5);
-  const Tensor x = randn({64, 32}, {}, &gen);
-  for (int i = 0; i < 3; ++i) alone({x});
-  const std::string reference = alone.last_plan()->graph().str();
-  const double expected = step({x})[0].item();
-  std::atomic<bool> stop{false};
-  std::thread noise([&] {
-    Tensor a = ones({16, 16});
-    while (!stop) a = exp(a * 0.5) - 1.0;
-  });
-  for (int round = 0; round < 20; ++round) {
-    compile::CompiledFunction f = compile::compile(step);
-    for (int i = 0; i < 10; ++i) EXPECT_EQ(f({x})[0].item(), expected) << "round " << round << " call " << i;
-    ASSERT_NE(f.last_plan(), nullptr);
-    EXPECT_EQ(f.last_plan()->graph().str(), reference) << "round " << round;
-  }
-  stop = true;
-  noise.join();
-}
-
 namespace {
 
 // An idx file of `magic` with `dims` declared in its header and `data_bytes` bytes after it.
@@ -216,8 +164,12 @@ TEST(BadInput, IdxHeadersAreCheckedBeforeTheyCostMemory) {
   expect_error([&] { data::read_idx(lying, 2051); }, {"is truncated", "(4294967295, 28, 28)", "found 1000"});
   const std::string huge = idx_file(2051, {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu}, 16);
   expect_error([&] { data::read_idx(huge, 2051); }, {"(4294967295, 4294967295, 4294967295)", "than a file can hold"});
+  // A magic whose low byte declares no dimensions has no item count to read.
+  const std::string dimensionless = idx_file(0x800, {}, 4);
+  expect_error([&] { data::read_idx(dimensionless, 0x800); }, {"read_idx", "magic number 2048", "declares no dimensions"});
   std::filesystem::remove(lying);
   std::filesystem::remove(huge);
+  std::filesystem::remove(dimensionless);
 }
 
 TEST(BadInput, TheBudgetPlannersCandidatesStopBeforeOverflowing) {
@@ -239,4 +191,21 @@ TEST(PaperCuts, AdamWsFirstStepIsLrTimesTheGradientsSign) {
     const double want = -1e-3 * double(g) / (std::abs(double(g)) + 1e-8);
     EXPECT_NEAR(p.item() / want, 1.0, 5e-7) << "g = " << g;
   }
+}
+
+// --dataset random gives a GPT uniform byte tokens (what the benchmark's step trains on), and the
+// pairings that do not exist still name the ones that do; --text only with --dataset text.
+TEST(PaperCuts, GptsTrainOnRandomTokens) {
+  std::optional<CliRun> r =
+      reel_cli("train --model gpt-tiny --dataset random --device cpu --steps 2 --micro-batch 2 --sample-bytes 4");
+  REQUIRE_CLI(r);
+  EXPECT_EQ(r->code, 0) << r->out;
+  EXPECT_NE(r->out.find("random tokens: 1048576 bytes"), std::string::npos) << r->out;
+  EXPECT_NE(r->out.find("done: 2 steps"), std::string::npos) << r->out;
+  r = reel_cli("train --model fashion-cnn --dataset random --device cpu");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("cnn-small on random images"), std::string::npos) << r->out;
+  r = reel_cli("train --model gpt-tiny --dataset random --text /etc/hostname --device cpu");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("--text /etc/hostname is read only with --dataset text"), std::string::npos) << r->out;
 }
