@@ -4,6 +4,7 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "kernels/dispatch.h"
 
 namespace reel {
 
@@ -27,6 +28,7 @@ Tensor Tensor::mean(const std::vector<int64_t>& dims, bool keepdim) const { retu
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
+  if (DispatchObserver* observer = dispatch_observer()) observer->on_host_read(*this);
   Tensor host;
   {
     NoGradGuard no_grad;

@@ -92,6 +92,9 @@ class DispatchObserver {
   virtual ~DispatchObserver() = default;
   virtual void on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                            const Attrs& attrs, bool into_given) = 0;
+  // `t`'s values are about to be read by host code (Tensor::item, to_vector), which no op records:
+  // a replay could not repeat the read, and whatever the host computes from it would be frozen.
+  virtual void on_host_read(const Tensor& t) {}
 };
 // Installs `observer` for the calling thread (nullptr removes it) and returns the previous one: it
 // sees the ops this thread dispatches, not other threads'.

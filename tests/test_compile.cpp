@@ -256,6 +256,25 @@ TEST(CompileGraphBreaks, RandomOpsRunEagerlyAndAreNamed) {
   EXPECT_NE(first, third);  // fresh numbers each call, as eagerly
 }
 
+// A value read on the host inside the function (item()) would be frozen into a plan at its traced
+// value; the tracer reports the read as a graph break and every call runs eagerly, with its own value.
+TEST(CompileGraphBreaks, AHostReadIsAGraphBreakNotAFrozenValue) {
+  auto f = compile::compile([](const std::vector<Tensor>& in) {
+    const double total = in[0].sum().item();
+    return std::vector<Tensor>{in[0] * total};
+  });
+  for (int call = 0; call < 4; ++call) {
+    const Tensor x = full({3}, double(call + 1));
+    EXPECT_EQ(f({x})[0].to_vector<double>(), std::vector<double>(3, 3.0 * (call + 1) * (call + 1))) << "call " << call;
+  }
+  ASSERT_EQ(f.graph_breaks().size(), 1u);
+  EXPECT_EQ(f.graph_breaks()[0].op, "item");
+  EXPECT_NE(f.graph_breaks()[0].reason.find("reads a cpu tensor's values on the host"), std::string::npos)
+      << f.graph_breaks()[0].reason;
+  EXPECT_EQ(f.replays(), 0);
+  EXPECT_EQ(f.eager_calls(), 4);
+}
+
 TEST(CompilePlan, OutputsStayValidAndTheArenaReusesMemory) {
   nn::GptConfig cfg{16, 8, 16, 2, 2};
   Generator gen(3);

@@ -284,6 +284,28 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
   }
 }
 
+// item() of a device tensor inside the function copies it to the host: a graph break, reported,
+// so that each call runs eagerly with its own value instead of replaying the traced one.
+TEST(CompileCuda, AHostReadOfADeviceTensorIsAGraphBreak) {
+  REEL_REQUIRE_GPU();
+  auto f = compile::compile(
+      [](const std::vector<Tensor>& in) {
+        const double total = in[0].sum().item();
+        return std::vector<Tensor>{in[0] * total};
+      },
+      {compile::Mode::ReduceOverhead});
+  for (int call = 0; call < 4; ++call) {
+    const Tensor x = full({3}, double(call + 1), {DType::f32, Device::cuda()});
+    EXPECT_EQ(f({x})[0].to_vector<double>(), std::vector<double>(3, 3.0 * (call + 1) * (call + 1))) << "call " << call;
+  }
+  ASSERT_FALSE(f.graph_breaks().empty());
+  EXPECT_EQ(f.graph_breaks()[0].op, "item");
+  EXPECT_NE(f.graph_breaks()[0].reason.find("reads a cuda:0 tensor's values on the host"), std::string::npos)
+      << f.graph_breaks()[0].reason;
+  EXPECT_EQ(f.replays(), 0);
+  EXPECT_EQ(f.eager_calls(), 4);
+}
+
 TEST(CompileCuda, ReduceOverheadCapturesOneGraph) {
   REEL_REQUIRE_GPU();
   auto model = small_gpt();

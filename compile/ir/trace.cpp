@@ -5,10 +5,12 @@ namespace reel::compile {
 
 namespace {
 
-// Why a replay could not honour `op`, or "" when it can.
+bool is_random_op(OpKind op) { return op == OpKind::Dropout || op == OpKind::RandUniform || op == OpKind::RandNormal; }
+
+// Why a replay could not honour `op`, or "" when it can. A copy to the host replays (it is a host
+// node between CUDA graphs); what host code then reads from it is on_host_read's to report.
 std::string break_reason(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) {
-  if (op == OpKind::Dropout || op == OpKind::RandUniform || op == OpKind::RandNormal)
-    return "draws random numbers: a replay would repeat the traced call's numbers";
+  if (is_random_op(op)) return "draws random numbers: a replay would repeat the traced call's numbers";
   if (op == OpKind::Copy && !inputs.empty() && inputs[0].defined() && inputs[0].device().is_cuda() &&
       !outputs.empty() && outputs[0].device().is_cpu())
     return "copies a device tensor to the host, which waits for the device";
@@ -96,7 +98,7 @@ void Tracer::on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std
                          const Attrs& attrs, bool into_given) {
   if (is_view_op(op)) return;  // its output is a TensorRef of the input's buffer
   std::string reason = break_reason(op, inputs, outputs);
-  if (!reason.empty()) breaks_.push_back({op_name(op), reason});
+  if (!reason.empty()) breaks_.push_back({op_name(op), reason, is_random_op(op)});
   Node n{op, attrs, {}, {}, into_given, {}};
   for (const Tensor& t : inputs) {
     if (t.defined()) n.inputs.push_back(ref_of(t, BufferKind::External));
@@ -107,6 +109,16 @@ void Tracer::on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std
     n.outputs.push_back(ref_of(t, into_given ? BufferKind::External : BufferKind::Internal));
   graph_.nodes.push_back(std::move(n));
   note_releases();
+}
+
+// Host code reads values no op records, so whatever it computes from them (a scalar passed on to
+// an op, a branch) would be frozen into a plan: the call's result depends on the read, and the
+// signature runs eagerly, as torch.compile graph-breaks at .item().
+void Tracer::on_host_read(const Tensor& t) {
+  breaks_.push_back({"item", detail::cat("reads a ", t.defined() ? t.device().str() : std::string("undefined"),
+                                         " tensor's values on the host (item, to_vector): a replay would reuse "
+                                         "the values seen when tracing"),
+                     true});
 }
 
 Graph Tracer::finish(const std::vector<Tensor>& outputs) {

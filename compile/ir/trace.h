@@ -25,9 +25,12 @@
 
 namespace reel::compile {
 
+// What a replay could not honour, found while tracing (or a plan's host node, between CUDA graphs).
+// `eager`: the traced call's result depends on it, so the signature runs eagerly from then on.
 struct GraphBreak {
   std::string op;
   std::string reason;
+  bool eager = false;
 };
 
 class Tracer : public DispatchObserver {
@@ -42,6 +45,7 @@ class Tracer : public DispatchObserver {
   void stop();   // removes it
   void on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                    const Attrs& attrs, bool into_given) override;
+  void on_host_read(const Tensor& t) override;
 
   // The graph, with `outputs` (what the function returned) as its outputs. Call after stop().
   Graph finish(const std::vector<Tensor>& outputs);

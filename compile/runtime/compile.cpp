@@ -90,9 +90,9 @@ struct CompiledFunction::State {
       breaks.push_back(b);
       log_line("graph_breaks", detail::cat("graph break at ", b.op, ": ", b.reason));
     }
-    bool random = false;
-    for (const GraphBreak& b : tracer.breaks()) random = random || b.reason.rfind("draws random", 0) == 0;
-    if (random) {
+    bool eager_only = false;
+    for (const GraphBreak& b : tracer.breaks()) eager_only = eager_only || b.eager;
+    if (eager_only) {
       e.eager_only = true;
       log_line("graph_breaks", "this signature runs eagerly from now on");
       return out;

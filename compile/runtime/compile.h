@@ -12,12 +12,13 @@
 //   call 2+  replays the Plan (in reduce-overhead mode the first replay also captures the graphs).
 // A call whose signature matches no cached plan is a recompile (logged under REEL_LOG=recompiles
 // with the mismatch); past `cache_limit` plans the function runs eagerly with a one-time warning,
-// as torch.compile does at its recompile limit. A trace containing an op a replay cannot honour (a
-// random op) is a graph break: that signature then always runs eagerly, reported with the op name.
+// as torch.compile does at its recompile limit. A trace containing what a replay cannot honour (a
+// random op; a tensor's values read on the host, by item() or to_vector(), whatever its device) is
+// a graph break: that signature then always runs eagerly, reported with the op name and reason.
 //
 // The contract, as for every tracing compiler: the function must do the same ops on every call
-// with the same signature, and read host values only through its arguments — a value computed on
-// the host at trace time (a Python-side lr, a host counter) is frozen into the plan. reel's own
+// with the same signature, and take host values only through its arguments — a host value that
+// does not come from a tensor (a host-side lr, a counter) is frozen into the plan. reel's own
 // training step meets it: the optimizer's lr and step count and the GradScaler live on the device.
 // Results are fresh tensors each call. Parameters and state are updated in place, as eagerly.
 #pragma once
