@@ -108,6 +108,7 @@ IdxArray read_idx(const std::string& path, uint32_t expected_magic, int64_t limi
                              : expected_magic == kLabelsMagic ? " (a labels idx1-ubyte file)"
                                                               : "");
   size_t ndims = magic & 0xff;
+  REEL_CHECK(ndims >= 1, "read_idx: ", path, " has magic number ", magic, ", which declares no dimensions");
   std::vector<uint8_t> header(4 * ndims);
   got = in.read(header.data(), header.size());
   REEL_CHECK(got == header.size(), "read_idx: ", path, " is truncated: expected a ", header.size(),
@@ -147,6 +148,10 @@ IdxArray read_idx(const std::string& path, uint32_t expected_magic, int64_t limi
     size_t extra = in.drain();
     REEL_CHECK(extra == 0, "read_idx: ", path, " is longer than its header declares: expected ", want,
                " bytes of data for sizes ", dims_str(out.dims), ", found ", extra, " more");
+    // All the data came, but a gzip stream cut inside its 8-byte trailer was never checked against
+    // its CRC: the bytes read may be corrupt.
+    REEL_CHECK(in.note().empty(), "read_idx: ", path, " is truncated: its gzip stream ends before the trailer that "
+               "checks its data", in.note());
   }
   out.dims[0] = items;
   return out;

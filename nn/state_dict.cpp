@@ -74,9 +74,14 @@ Entry read_entry(Reader& r, const std::string& path) {
     REEL_CHECK(e.shape.back() >= 0, "load_state_dict: '", path, "' entry '", e.name, "' has a negative size");
   }
   e.nbytes = r.get<uint64_t>("a byte length");
-  REEL_CHECK(e.nbytes == uint64_t(numel_of(e.shape)) * dtype_size(e.dtype), "load_state_dict: '", path, "' entry '",
-             e.name, "' holds ", e.nbytes, " bytes, but ", dtype_name(e.dtype), " ", shape_str(e.shape), " needs ",
-             uint64_t(numel_of(e.shape)) * dtype_size(e.dtype));
+  // The size the shape needs, checked here so that a shape whose product overflows is reported with
+  // the file and entry (numel_of would say only "more than 2^63 - 1 elements").
+  int64_t need = int64_t(dtype_size(e.dtype));
+  for (int64_t d : e.shape)
+    REEL_CHECK(!__builtin_mul_overflow(need, d, &need), "load_state_dict: '", path, "' entry '", e.name, "' has shape ",
+               shape_str(e.shape), ", more bytes than a file can hold");
+  REEL_CHECK(e.nbytes == uint64_t(need), "load_state_dict: '", path, "' entry '", e.name, "' holds ", e.nbytes,
+             " bytes, but ", dtype_name(e.dtype), " ", shape_str(e.shape), " needs ", need);
   e.data = r.take(e.nbytes, "tensor data");
   return e;
 }
