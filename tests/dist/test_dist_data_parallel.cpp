@@ -330,5 +330,49 @@ TEST(DistDataParallel, ShapeMismatchIsAnErrorOnEveryRank) {
   EXPECT_EQ(t.item(), 2.0);
 }
 
+// (f) State that persists between steps: a bucket slot whose parameter has no gradient on this rank
+// (its layer unused in this step's loss, gradients zeroed to none) must count as zero, not as what
+// the slot held from an earlier step. Over three steps the last layer is used by both ranks, then by
+// rank 0 only, then by rank 1 only: after each sync its gradient is the mean of the ranks' own
+// gradients, with zero for the rank that did not use it, on both ranks.
+TEST(DistDataParallel, ASlotWithoutAGradientIsZeroOnEveryLaterStep) {
+  REEL_NEED_TWO_RANKS();
+  dist::Communicator& w = dist::world();
+  auto model = std::dynamic_pointer_cast<nn::Sequential>(mlp(3, 8, true));
+  ASSERT_TRUE(model);
+  optim::SGD opt(model->parameters(), optim::SGDOptions(0.1));
+  std::shared_ptr<dist::GradientBuckets> sync = dist::make_data_parallel(*model, opt, dist::world_ptr());
+  const std::vector<Tensor> params = model->parameters();
+  const std::vector<Tensor> last = (*model)[3]->parameters();  // weight and bias of the extra layer
+  Generator g(40 + uint64_t(w.rank()));
+  const bool used_by[3][2] = {{true, true}, {true, false}, {false, true}};
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad(/*set_to_none=*/true);
+    Sample s = mlp_batch(g, 4);
+    const bool mine = used_by[step][w.rank()];
+    Tensor h = (*model)[2]->forward((*model)[1]->forward((*model)[0]->forward(s.x)));
+    Tensor loss = cross_entropy(mine ? (*model)[3]->forward(h) : h, s.y);
+    loss.backward();
+    // This rank's own gradient of the extra layer (zero when unused), and the other rank's.
+    std::vector<double> own;
+    for (const Tensor& p : last) {
+      std::vector<double> v = p.grad().defined() ? p.grad().to_vector<double>() : std::vector<double>(size_t(p.numel()), 0.0);
+      own.insert(own.end(), v.begin(), v.end());
+    }
+    ASSERT_EQ(last[0].grad().defined(), mine) << "step " << step;
+    std::vector<double> both = w.all_gather(tensor(own, {int64_t(own.size())}, TensorOptions().with_dtype(DType::f64)))
+                                   .to_vector<double>();
+    sync->sync(params, 1.0);
+    std::vector<double> reduced, expected(own.size());
+    for (const Tensor& p : last) {
+      ASSERT_TRUE(p.grad().defined()) << "step " << step << ": sync leaves every parameter a gradient";
+      for (double v : p.grad().to_vector<double>()) reduced.push_back(v);
+    }
+    for (size_t i = 0; i < own.size(); ++i) expected[i] = (both[i] + both[own.size() + i]) / 2;
+    EXPECT_EQ(reduced, expected) << "step " << step << " on rank " << w.rank()
+                                 << ": the extra layer's synced gradient is not the mean of the ranks' own";
+  }
+}
+
 }  // namespace
 }  // namespace reel
