@@ -295,7 +295,7 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
   } else {
     REEL_CHECK(o.dataset == "random" && o.model == "cnn-small", "train: model ", o.model, " with dataset ",
                o.dataset, " is not a known pairing (fashion-cnn trains on fashion-mnist, cnn-small on random "
-               "images, the GPTs on --dataset text: a file or the fortunes)");
+               "images, the GPTs on --dataset text (a file or the fortunes) or random tokens)");
     model = nn::cnn_small(&gen);
     train = random_images(o.limit > 0 ? o.limit : 2048, o.seed);
     test = random_images(512, o.seed + 7);
@@ -438,6 +438,17 @@ std::string sample_text(nn::Gpt& model, int64_t n, Device device, uint64_t seed)
   return out;
 }
 
+// Uniform random byte tokens (--dataset random for a GPT): nothing to learn beyond the uniform
+// distribution (the loss falls to ln 256 = 5.545 and stays), while the step measures the model's
+// compute on MODELS.md's shapes without a corpus.
+Tensor random_tokens(int64_t n, uint64_t seed) {
+  Generator g(seed);
+  std::vector<int64_t> bytes;
+  bytes.reserve(size_t(n));
+  for (double u : uniform({n}, 0, 256, {DType::f64}, &g).to_vector<double>()) bytes.push_back(std::min<int64_t>(255, int64_t(u)));
+  return tensor_i64(bytes, {n});
+}
+
 int train_text(TrainOptions o, Device device, BudgetRun& budget) {
   Generator gen(o.seed);
   auto model = o.model == "gpt-small" ? nn::gpt_small(&gen) : nn::gpt_tiny(&gen);
@@ -447,16 +458,18 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
     const int64_t T = model->config().block_size;
     budget = choose_micro_batch(o, budget_setup(o, *model, device, {T}, DType::i64, {T}));
   }
-  Tensor tokens = o.text_path.empty() ? data::load_fortunes() : data::load_text_bytes(o.text_path);
+  const bool random = o.dataset == "random";
+  Tensor tokens = random ? random_tokens(int64_t(1) << 20, o.seed)
+                  : o.text_path.empty() ? data::load_fortunes() : data::load_text_bytes(o.text_path);
   data::TextSplit split = data::split_text(tokens, 0.05);
   const int64_t T = model->config().block_size;
   // Each rank draws its own windows.
   data::TextSampler sampler(split.train, T, o.seed + uint64_t(dist::rank())), val_sampler(split.val, T, o.seed + 1);
   auto opt = make_optimizer(o, *model, o.steps);
   dist::prepare_training(*model, *opt, o.sync_bn);
-  std::printf("model %s: %lld parameters on %s, %s | text: %lld bytes\n", o.model.c_str(),
+  std::printf("model %s: %lld parameters on %s, %s | %s: %lld bytes\n", o.model.c_str(),
               (long long)model->num_parameters(), device.str().c_str(), autocast_policy().name(),
-              (long long)tokens.numel());
+              random ? "random tokens" : "text", (long long)tokens.numel());
   opt->print_setup(std::cout);
   Progress progress(o.steps, "tok");
   Clock::time_point start = Clock::now();
@@ -525,7 +538,8 @@ int train_command(int argc, char** argv) {
                        std::to_string(o.micro_batch * o.accum) +
                        " --memory-budget SIZE plans the step for each candidate without running it"};
   try {
-    if (o.dataset == "text") return train_text(o, device, budget);
+    const bool gpt = o.model.rfind("gpt", 0) == 0;
+    if (o.dataset == "text" || (gpt && o.dataset == "random")) return train_text(o, device, budget);
     return train_images(o, device, budget);
   } catch (const Error& e) {
     if (!compile::is_out_of_memory(e)) throw;

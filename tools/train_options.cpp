@@ -37,7 +37,8 @@ void check_budget_options(const TrainOptions& o) {
 const char* train_usage() {
   return "reel train [options]\n"
          "  --model fashion-cnn|cnn-small|gpt-tiny|gpt-small   (default fashion-cnn)\n"
-         "  --dataset fashion-mnist|text|random                (default: by model)\n"
+         "  --dataset fashion-mnist|text|random                (default: by model; random: synthetic images\n"
+         "                                                     for cnn-small, uniform byte tokens for the GPTs)\n"
          "  --text PATH          text file for --dataset text (default: Debian's fortunes)\n"
          "  --device auto|cpu|cuda[:N]                         (default auto: the GPU when visible)\n"
          "  --epochs N           image models (default 4)    --steps N   text models (default 200)\n"
@@ -103,6 +104,8 @@ TrainOptions parse_train_options(int argc, char** argv) {
              "train: --compile must be none, default, reduce-overhead or max-autotune, got ", o.compile);
   if (o.dataset.empty()) o.dataset = o.model == "fashion-cnn" ? "fashion-mnist"
                                      : o.model.rfind("gpt", 0) == 0 ? "text" : "random";
+  REEL_CHECK(o.text_path.empty() || o.dataset == "text", "train: --text ", o.text_path,
+             " is read only with --dataset text, got --dataset ", o.dataset);
   return o;
 }
 
