@@ -148,6 +148,11 @@ TextBatch TextSampler::gather(const std::vector<int64_t>& starts, Device device)
 
 TextBatch TextSampler::next(int64_t batch_size, Device device) {
   REEL_CHECK(batch_size > 0, "TextSampler::next: batch_size must be positive, got ", batch_size);
+  // The batch's inputs and targets are two (B, T) i64 tensors: their size is checked before any allocation.
+  int64_t bytes = 0;
+  REEL_CHECK(!__builtin_mul_overflow(batch_size, block_size_, &bytes) && !__builtin_mul_overflow(bytes, int64_t(16), &bytes),
+             "TextSampler::next: a batch of ", batch_size, " windows of ", block_size_,
+             " tokens needs more than 2^63 bytes");
   std::vector<int64_t> starts(static_cast<size_t>(batch_size));
   const uint64_t range = uint64_t(num_starts());
   for (auto& s : starts) {

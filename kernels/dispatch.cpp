@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "kernels/registry.h"
+#include "tensor/cuda.h"
 #include "tensor/error.h"
 
 namespace reel {
@@ -78,6 +79,9 @@ const OpEntry& checked_entry(OpKind op) {
 
 KernelFn kernel_for(OpKind op, const OpEntry& e, Device device) {
   KernelFn k = e.kernels[static_cast<int>(device.type)];
+  // Without a usable GPU no op has a CUDA kernel: say why, not that this one op lacks it.
+  if (k == nullptr && device.is_cuda() && !cuda::is_available())
+    throw Error(detail::cat(op_name(op), ": cannot run on ", device.str(), ": ", cuda::unavailable_reason()));
   REEL_CHECK(k != nullptr, op_name(op), ": not implemented on ", device.str());
   return k;
 }

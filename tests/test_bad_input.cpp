@@ -72,6 +72,13 @@ TEST(BadInput, OptimizerAndScalerSettingsAreChecked) {
 }
 
 // A NaN must reach the fp16 scaler's inf check: relu passes it on, as PyTorch's does.
+// Without a usable GPU, an op asked to run there says why (the build, or no visible device).
+TEST(BadInput, AGpuThatIsNotThereIsNamedWithTheReason) {
+  if (cuda::is_available()) GTEST_SKIP() << "a GPU is usable here";
+  expect_error([] { randn({2}).to(Device::cuda()); }, {"copy: cannot run on cuda:0: ", cuda::unavailable_reason()});
+  expect_error([] { zeros({2}, {DType::f32, Device::cuda()}); }, {"cannot run on cuda:0"});
+}
+
 TEST(BadInput, ReluPassesNaNOn) {
   Tensor x = Tensor::from_vector<float>({NAN, -1.f, 2.f}, {3});
   std::vector<float> y = relu(x).to_vector<float>();
@@ -110,6 +117,7 @@ TEST(BadInput, CommandLineNumbersAreCheckedAndNothingAborts) {
   REQUIRE_CLI(r);
   EXPECT_EQ(r->code, 1) << r->out;
   EXPECT_NE(r->out.find("plan: --micro-batch expects an integer >= 1, got \"abc\""), std::string::npos) << r->out;
+  EXPECT_EQ(r->out.find("plan: plan:"), std::string::npos) << "the command named twice: " << r->out;
   r = reel_cli("plan --micro-batch 0");
   EXPECT_EQ(r->code, 1) << r->out;
   EXPECT_NE(r->out.find("got \"0\""), std::string::npos) << r->out;
@@ -121,6 +129,20 @@ TEST(BadInput, CommandLineNumbersAreCheckedAndNothingAborts) {
   EXPECT_NE(r->out.find("--clip expects a finite number"), std::string::npos) << r->out;
   r = reel_cli("train --epochs 99999999999999999999");
   EXPECT_EQ(r->code, 1) << r->out;
+  // An effective batch no micro-batch can be planned for: the planner says which candidate and why.
+  r = reel_cli("train --model cnn-small --dataset random --device cpu --effective-batch 9223372036854775807 "
+               "--memory-budget 1GiB");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("memory budget: planning micro-batch"), std::string::npos) << r->out;
+  EXPECT_NE(r->out.find("of the effective batch 9223372036854775807"), std::string::npos) << r->out;
+  // A text batch too large to exist, and a sample that would never end.
+  r = reel_cli("train --model gpt-tiny --micro-batch 4611686018427387904 --accum 1 --steps 1 --device cpu");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("TextSampler::next: a batch of 4611686018427387904 windows of 128 tokens"), std::string::npos)
+      << r->out;
+  r = reel_cli("train --model gpt-tiny --sample-bytes 9223372036854775807");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("--sample-bytes expects an integer"), std::string::npos) << r->out;
   r = reel_cli("bench --json /nonexistent-folder/x.jsonl --models cnn-small --precisions fp32 --device cpu");
   EXPECT_EQ(r->code, 1) << r->out;
   EXPECT_NE(r->out.find("cannot write --json"), std::string::npos) << r->out;
@@ -202,6 +224,10 @@ TEST(PaperCuts, GptsTrainOnRandomTokens) {
   EXPECT_EQ(r->code, 0) << r->out;
   EXPECT_NE(r->out.find("random tokens: 1048576 bytes"), std::string::npos) << r->out;
   EXPECT_NE(r->out.find("done: 2 steps"), std::string::npos) << r->out;
+  r = reel_cli("train --model nope");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("unknown model nope (expected fashion-cnn, cnn-small, gpt-tiny or gpt-small)"), std::string::npos)
+      << r->out;
   r = reel_cli("train --model fashion-cnn --dataset random --device cpu");
   EXPECT_EQ(r->code, 1) << r->out;
   EXPECT_NE(r->out.find("cnn-small on random images"), std::string::npos) << r->out;

@@ -27,7 +27,9 @@ void usage() {
 // The one way out on an error: one line on stderr, exit code 1. Under mpirun the other ranks would wait
 // in their next collective until its timeout: end the job.
 int fail(const std::string& cmd, const std::string& message) {
-  std::cerr << "reel " << cmd << ": " << message << "\n";
+  // Most messages already open with the command ("train: --clip expects ..."): not twice.
+  const bool named = message.rfind(cmd + ": ", 0) == 0;
+  std::cerr << "reel " << cmd << ": " << (named ? message.substr(cmd.size() + 2) : message) << "\n";
   reel::dist::abort_job(1);
   return 1;
 }

@@ -79,7 +79,7 @@ TrainOptions parse_train_options(int argc, char** argv) {
       {"--seed", [&](const std::string& v) { o.seed = uint64_t(int_arg("train", "--seed", v, 0)); }},
       {"--limit", [&](const std::string& v) { o.limit = int_arg("train", "--limit", v, 1); }},
       {"--checkpoint", [&](const std::string& v) { o.checkpoint = v; }},
-      {"--sample-bytes", [&](const std::string& v) { o.sample_bytes = int_arg("train", "--sample-bytes", v, 0); }},
+      {"--sample-bytes", [&](const std::string& v) { o.sample_bytes = int_arg("train", "--sample-bytes", v, 0, kMaxSampleBytes); }},
       {"--sync-bn", [&](const std::string& v) {
          REEL_CHECK(v == "0" || v == "1", "train: --sync-bn expects 0 or 1, got \"", v, "\"");
          o.sync_bn = v == "1";
@@ -102,6 +102,8 @@ TrainOptions parse_train_options(int argc, char** argv) {
   REEL_CHECK(o.compile == "none" || o.compile == "default" || o.compile == "reduce-overhead" ||
                  o.compile == "max-autotune",
              "train: --compile must be none, default, reduce-overhead or max-autotune, got ", o.compile);
+  REEL_CHECK(o.model == "fashion-cnn" || o.model == "cnn-small" || o.model == "gpt-tiny" || o.model == "gpt-small",
+             "train: unknown model ", o.model, " (expected fashion-cnn, cnn-small, gpt-tiny or gpt-small)");
   if (o.dataset.empty()) o.dataset = o.model == "fashion-cnn" ? "fashion-mnist"
                                      : o.model.rfind("gpt", 0) == 0 ? "text" : "random";
   REEL_CHECK(o.text_path.empty() || o.dataset == "text", "train: --text ", o.text_path,

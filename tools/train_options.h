@@ -6,6 +6,9 @@
 
 namespace reel::tools {
 
+// Each sampled byte is a forward pass: past this a sample would outlast any training run.
+constexpr int64_t kMaxSampleBytes = int64_t(1) << 20;
+
 struct TrainOptions {
   std::string model = "fashion-cnn";  // fashion-cnn | cnn-small | gpt-tiny | gpt-small
   std::string dataset;                // fashion-mnist | text | random (default: by model)

@@ -218,7 +218,15 @@ BudgetCandidate plan_candidate(const BudgetSetup& setup, int64_t micro_batch) {
 
 std::vector<BudgetCandidate> plan_candidates(const BudgetSetup& setup) {
   std::vector<BudgetCandidate> out;
-  for (int64_t m : candidate_micro_batches(setup.effective_batch)) out.push_back(plan_candidate(setup, m));
+  for (int64_t m : candidate_micro_batches(setup.effective_batch)) {
+    try {
+      out.push_back(plan_candidate(setup, m));
+    } catch (const Error& e) {
+      // Which candidate could not be planned (a micro-batch whose shapes overflow, say), and why.
+      throw Error(detail::cat("memory budget: planning micro-batch ", m, " of the effective batch ",
+                              setup.effective_batch, ": ", e.what()));
+    }
+  }
   return out;
 }
 
