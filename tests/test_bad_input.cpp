@@ -136,7 +136,7 @@ TEST(BadInput, CommandLineNumbersAreCheckedAndNothingAborts) {
   EXPECT_NE(r->out.find("memory budget: planning micro-batch"), std::string::npos) << r->out;
   EXPECT_NE(r->out.find("of the effective batch 9223372036854775807"), std::string::npos) << r->out;
   // A text batch too large to exist, and a sample that would never end.
-  r = reel_cli("train --model gpt-tiny --micro-batch 4611686018427387904 --accum 1 --steps 1 --device cpu");
+  r = reel_cli("train --model gpt-tiny --dataset random --micro-batch 4611686018427387904 --accum 1 --steps 1 --device cpu");
   EXPECT_EQ(r->code, 1) << r->out;
   EXPECT_NE(r->out.find("TextSampler::next: a batch of 4611686018427387904 windows of 128 tokens"), std::string::npos)
       << r->out;

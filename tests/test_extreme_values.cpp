@@ -587,8 +587,11 @@ std::vector<NormCase> norm_cases(DType dt) {
 
 // Tolerances of a norm's outputs: the mean is rounded to the accumulation dtype at the inputs'
 // magnitude, an error that xhat divides by sqrt(var + eps) (cond); 16-bit results are rounded once
-// more on the way out.
-Tol norm_tol(DType dt, double cond) { return {32 * acc_unit(dt) * cond + 4 * unit(dt), 4 * unit(dt)}; }
+// more on the way out. The factor is an estimate, not a bound (a sum of n terms may round by up to
+// n units): how the sums round depends on which a*b + c the compiler fuses into FMAs, and where an
+// -O2 build stays within 32 units, an -O1 (sanitizer) build reaches 80 on rows of 1000. A one-pass
+// variance is still caught by orders of magnitude (a negative variance in f32, 3-14% in f64).
+Tol norm_tol(DType dt, double cond) { return {128 * acc_unit(dt) * cond + 4 * unit(dt), 4 * unit(dt)}; }
 
 // cond of the norm's sets: max |x| / sqrt(var + eps) (1 where every set is constant: its mean is
 // exact, and so are xhat = 0 and y = b).

@@ -57,7 +57,8 @@ size_t peak_of(std::vector<std::pair<int, int64_t>> events) {
   std::sort(events.begin(), events.end());
   int64_t live = 0, peak = 0;
   for (const auto& [at, delta] : events) {
-    live += delta;
+    // A planned candidate can be absurd (an effective batch of 2^62 items): its sum must not wrap.
+    REEL_CHECK(!__builtin_add_overflow(live, delta, &live), "memory plan: more than 2^63 bytes live at once");
     peak = std::max(peak, live);
   }
   return size_t(peak);
