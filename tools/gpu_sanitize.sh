@@ -6,11 +6,11 @@
 #   tools/gpu_sanitize.sh TOOL SHARDS "INDICES" LIMIT_S [gtest filter] [extra compute-sanitizer options]
 #   e.g. tools/gpu_sanitize.sh memcheck 16 "0 1 2 3" 540
 #        tools/gpu_sanitize.sh racecheck 1 "0" 300 'CausalAttentionCuda.*'
-# BIN (default .gpu/new) holds reel_tests and reel; logs under $OUT (or ./gpu-out).
+# BIN (default .gpu, where make gpu-bundle puts them) holds reel_tests and reel; logs under $OUT (or ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tool=$1 shards=$2 indices=$3 limit=$4 filter=${5:-*} extra=${6:-}
-bin=${BIN:-.gpu/new} out=${OUT:-gpu-out}
+bin=${BIN:-.gpu} out=${OUT:-gpu-out}
 logs="$out/sanitize_logs_$1"; mkdir -p "$logs"
 export LD_LIBRARY_PATH="$PWD/$bin:${LD_LIBRARY_PATH:-}" REEL_BIN="$PWD/$bin/reel"
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
