@@ -91,7 +91,7 @@ class CachingAllocator : public Allocator {
     if (nbytes == 0) return nullptr;
     const int d = device.index;
     REEL_CHECK(d >= 0 && d < device_count(), "cuda allocator: device cuda:", d, " does not exist (",
-               device_count(), " visible)");
+               device_count(), " visible", device_count() == 0 ? ": " + unavailable_reason() : std::string(), ")");
     size_t size = round_size(nbytes);
     cudaStream_t stream = static_cast<cudaStream_t>(current_stream(d));
     std::lock_guard<std::mutex> lock(m_);
