@@ -91,4 +91,18 @@ const ModulePtr& Sequential::operator[](size_t i) const {
   return items_[i];
 }
 
+ModuleList::ModuleList(std::initializer_list<ModulePtr> modules) : Module("ModuleList") {
+  for (const auto& m : modules) push_back(m);
+}
+
+void ModuleList::push_back(ModulePtr m) {
+  REEL_CHECK(m != nullptr, "ModuleList.push_back: module ", items_.size(), " is null");
+  items_.push_back(register_module(std::to_string(items_.size()), std::move(m)));
+}
+
+const ModulePtr& ModuleList::operator[](size_t i) const {
+  REEL_CHECK(i < items_.size(), "ModuleList: index ", i, " out of range for ", items_.size(), " modules");
+  return items_[i];
+}
+
 }  // namespace reel::nn

@@ -129,6 +129,29 @@ class Sequential : public Module {
   std::vector<ModulePtr> items_;
 };
 
+// Children named "0", "1", ... in order, as torch.nn.ModuleList: a registered list of modules (their
+// parameters are the list's, their state_dict keys "<list>.<i>.<name>") with no forward of its own;
+// the owner iterates it. at<M>(i) gives a child back as its own type.
+class ModuleList : public Module {
+ public:
+  ModuleList() : Module("ModuleList") {}
+  ModuleList(std::initializer_list<ModulePtr> modules);
+  void push_back(ModulePtr m);
+  size_t size() const { return items_.size(); }
+  const ModulePtr& operator[](size_t i) const;
+  template <typename M>
+  std::shared_ptr<M> at(size_t i) const {
+    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
+    REEL_CHECK(m != nullptr, "ModuleList: module ", i, " is a ", (*this)[i]->type_name(), ", not the type asked for");
+    return m;
+  }
+  std::vector<ModulePtr>::const_iterator begin() const { return items_.begin(); }
+  std::vector<ModulePtr>::const_iterator end() const { return items_.end(); }
+
+ private:
+  std::vector<ModulePtr> items_;
+};
+
 // cross_entropy(logits (N, C), target (N) i64) with mean or sum reduction and an ignore_index.
 class CrossEntropyLoss : public Module {
  public:

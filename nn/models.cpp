@@ -59,9 +59,11 @@ Gpt::Gpt(const GptConfig& c, Generator* gen) : Module("Gpt"), config_(c) {
              c.vocab, " and ", c.block_size);
   wte_ = register_module("wte", std::make_shared<Embedding>(c.vocab, c.dim, gen));
   wpe_ = register_module("wpe", std::make_shared<Embedding>(c.block_size, c.dim, gen));
-  auto blocks = register_module("blocks", std::make_shared<Module>("ModuleList"));
-  for (int64_t i = 0; i < c.layers; ++i)
-    blocks_.push_back(blocks->register_module(std::to_string(i), std::make_shared<GptBlock>(c.dim, c.heads, gen)));
+  auto blocks = register_module("blocks", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < c.layers; ++i) {
+    blocks_.push_back(std::make_shared<GptBlock>(c.dim, c.heads, gen));
+    blocks->push_back(blocks_.back());
+  }
   lnf_ = register_module("lnf", std::make_shared<LayerNorm>(c.dim));
   head_ = register_module("head", std::make_shared<Linear>(c.dim, c.vocab, false, gen));
 }

@@ -100,6 +100,29 @@ TEST(NnModule, NamesAreDottedInRegistrationOrder) {
   EXPECT_TRUE(t.inner->weight().is_same(t.named_parameters()[2].second));
 }
 
+// ModuleList as torch.nn.ModuleList: children "0", "1", ... whose parameters are the list's, under
+// dotted keys; no forward of its own; at<M>(i) gives a child back as its type, or says what it is.
+TEST(NnModule, ModuleListRegistersItsChildrenInOrder) {
+  Generator gen(2);
+  auto blocks = std::make_shared<ModuleList>(
+      std::initializer_list<ModulePtr>{std::make_shared<Linear>(3, 4, true, &gen), std::make_shared<GELU>()});
+  blocks->push_back(std::make_shared<Linear>(4, 2, false, &gen));
+  Sequential owner;
+  owner.push_back(blocks);
+  std::vector<std::string> names;
+  for (const auto& [name, t] : owner.named_parameters()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.0.weight", "0.0.bias", "0.2.weight"}));
+  ASSERT_EQ(blocks->size(), 3u);
+  EXPECT_EQ(blocks->at<Linear>(2)->parameters()[0].shape(), (Shape{2, 4}));
+  size_t visited = 0;
+  for (const ModulePtr& m : *blocks) visited += m != nullptr;
+  EXPECT_EQ(visited, 3u);
+  expect_error([&] { blocks->at<Linear>(1); }, {"ModuleList: module 1 is a GELU"});
+  expect_error([&] { (*blocks)[3]; }, {"ModuleList: index 3 out of range for 3 modules"});
+  expect_error([&] { blocks->forward(zeros({1, 3})); }, {"ModuleList.forward", "no single-input forward"});
+  expect_error([&] { blocks->push_back(nullptr); }, {"ModuleList.push_back: module 3 is null"});
+}
+
 TEST(NnModule, RegistrationMistakesAreErrors) {
   Toy t;
   expect_error([&] { t.register_parameter("a", zeros({1})); }, {"Toy", "register_parameter", "'a'", "already"});
