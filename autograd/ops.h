@@ -83,7 +83,12 @@ Tensor abs(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
-Tensor gelu(const Tensor& x);  // tanh approximation, as GPT-2 and MODELS.md use
+// GELU. One argument: the tanh approximation (GPT-2's and MODELS.md's), which is reel's default —
+// PyTorch's default is the exact form, so code ported from PyTorch says which it means:
+// approximate "none" (exact: 0.5 x (1 + erf(x / sqrt 2)), ViT's) or "tanh", as torch's gelu takes.
+Tensor gelu(const Tensor& x);
+Tensor gelu(const Tensor& x, const std::string& approximate);
+Tensor silu(const Tensor& x);  // x sigmoid(x) (SiLU, "swish"): YOLOv8, EfficientNet, LLaMA MLPs
 Tensor pow(const Tensor& x, double exponent);
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);

@@ -3,6 +3,9 @@
 //
 //   gelu (tanh form):  y = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
 //   dgelu/dx        =  0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+//   gelu (exact):      y = 0.5 x (1 + erf(x / sqrt(2))),   dy/dx = 0.5 (1 + erf(x / sqrt(2))) + x phi(x)
+//                      with phi(x) = exp(-x^2 / 2) / sqrt(2 pi), the normal density
+//   silu:              y = x sigmoid(x) = x / (1 + exp(-x)),  dy/dx = s (1 + x (1 - s)),  s = sigmoid(x)
 //   tanh' = 1 - y^2 ;  sigmoid' = y (1 - y) ;  relu' = [y > 0]
 #pragma once
 #include <cmath>
@@ -14,6 +17,8 @@ namespace reel::math {
 
 constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kGeluCoeff = 0.044715;
+constexpr double kSqrtHalf = 0.7071067811865476;       // 1 / sqrt(2)
+constexpr double kInvSqrt2Pi = 0.3989422804014327;     // 1 / sqrt(2 pi)
 
 // `param` carries the op's scalar attr (exponent or value); unused otherwise.
 template <OpKind Op, typename A>
@@ -31,7 +36,11 @@ REEL_HOST_DEVICE A unary(A x, A param) {
   else if constexpr (Op == OpKind::Gelu) {
     A u = A(kSqrt2OverPi) * (x + A(kGeluCoeff) * x * x * x);
     return A(0.5) * x * (A(1) + tanh(u));
-  } else if constexpr (Op == OpKind::PowScalar) return pow(x, param);
+  } else if constexpr (Op == OpKind::GeluErf) {
+    using std::erf;
+    return A(0.5) * x * (A(1) + erf(x * A(kSqrtHalf)));
+  } else if constexpr (Op == OpKind::Silu) return x / (A(1) + exp(-x));
+  else if constexpr (Op == OpKind::PowScalar) return pow(x, param);
   else if constexpr (Op == OpKind::AddScalar) return x + param;
   else if constexpr (Op == OpKind::MulScalar) return x * param;
   else static_assert(Op == OpKind::Neg, "not a unary elementwise op");
@@ -60,6 +69,14 @@ REEL_HOST_DEVICE A binary(A a, A b) {
     A t = tanh(u);
     A du = A(kSqrt2OverPi) * (A(1) + A(3 * kGeluCoeff) * x * x);
     return a * (A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * du);
+  } else if constexpr (Op == OpKind::GeluErfBackward) {
+    using std::erf, std::exp;
+    A x = b;
+    return a * (A(0.5) * (A(1) + erf(x * A(kSqrtHalf))) + x * A(kInvSqrt2Pi) * exp(A(-0.5) * x * x));
+  } else if constexpr (Op == OpKind::SiluBackward) {
+    using std::exp;
+    A x = b, s = A(1) / (A(1) + exp(-x));
+    return a * (s * (A(1) + x * (A(1) - s)));
   } else static_assert(Op == OpKind::Add, "not a binary elementwise op");
 }
 

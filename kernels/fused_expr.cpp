@@ -30,9 +30,11 @@ int fusable_arity(OpKind op) {
   switch (op) {
     case OpKind::Neg: case OpKind::Exp: case OpKind::Log: case OpKind::Sqrt: case OpKind::Rsqrt:
     case OpKind::Abs: case OpKind::Tanh: case OpKind::Sigmoid: case OpKind::Relu: case OpKind::Gelu:
+    case OpKind::GeluErf: case OpKind::Silu:
     case OpKind::PowScalar: case OpKind::AddScalar: case OpKind::MulScalar: case OpKind::ClampScalar:
       return 1;
     case OpKind::ReluBackward: case OpKind::GeluBackward: case OpKind::TanhBackward: case OpKind::SigmoidBackward:
+    case OpKind::GeluErfBackward: case OpKind::SiluBackward:
     case OpKind::Add: case OpKind::Sub: case OpKind::Mul: case OpKind::Div: case OpKind::Eq: case OpKind::Ne:
     case OpKind::Lt: case OpKind::Le: case OpKind::Gt: case OpKind::Ge: case OpKind::MaskedFill:
       return 2;

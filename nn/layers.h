@@ -9,6 +9,7 @@
 // default generator otherwise). Layers are created f32 on the CPU; Module::to moves them.
 #pragma once
 #include <initializer_list>
+#include <string>
 
 #include "nn/module.h"
 
@@ -71,11 +72,26 @@ class ReLU : public Module {
   Tensor forward(const Tensor& x) override { return relu(x); }
 };
 
-// GELU, tanh approximation (GPT-2's and MODELS.md's).
+// GELU: the tanh approximation by default (GPT-2's and MODELS.md's); GELU("none") is the exact
+// form, torch.nn.GELU's default (see gelu in autograd/ops.h).
 class GELU : public Module {
  public:
-  GELU() : Module("GELU") {}
-  Tensor forward(const Tensor& x) override { return gelu(x); }
+  explicit GELU(std::string approximate = "tanh") : Module("GELU"), approximate_(std::move(approximate)) {
+    REEL_CHECK(approximate_ == "none" || approximate_ == "tanh", "GELU: approximate must be \"none\" or \"tanh\", got \"",
+               approximate_, "\"");
+  }
+  Tensor forward(const Tensor& x) override { return gelu(x, approximate_); }
+  const std::string& approximate() const { return approximate_; }
+
+ private:
+  std::string approximate_;
+};
+
+// SiLU: x sigmoid(x), as torch.nn.SiLU.
+class SiLU : public Module {
+ public:
+  SiLU() : Module("SiLU") {}
+  Tensor forward(const Tensor& x) override { return silu(x); }
 };
 
 class MaxPool2d : public Module {

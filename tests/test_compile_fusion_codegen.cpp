@@ -56,6 +56,8 @@ void expect_unary_formulas() {
     check("sigmoid", x, fm::op_sigmoid(x), math::unary<OpKind::Sigmoid, A>(x, A(0)));
     check("relu", x, fm::op_relu(x), math::unary<OpKind::Relu, A>(x, A(0)));
     check("gelu", x, fm::op_gelu(x), math::unary<OpKind::Gelu, A>(x, A(0)));
+    check("gelu_erf", x, fm::op_gelu_erf(x), math::unary<OpKind::GeluErf, A>(x, A(0)));
+    check("silu", x, fm::op_silu(x), math::unary<OpKind::Silu, A>(x, A(0)));
     for (A p : {A(1.5), A(2), A(-0.5), A(0.3)}) {
       check("pow_scalar", x, fm::op_pow_scalar(x, p), math::unary<OpKind::PowScalar, A>(x, p));
       check("add_scalar", x, fm::op_add_scalar(x, p), math::unary<OpKind::AddScalar, A>(x, p));
@@ -86,6 +88,8 @@ void expect_binary_formulas() {
       check("tanh_backward", a, b, fm::op_tanh_backward(a, b), math::binary<OpKind::TanhBackward, A>(a, b));
       check("sigmoid_backward", a, b, fm::op_sigmoid_backward(a, b), math::binary<OpKind::SigmoidBackward, A>(a, b));
       check("gelu_backward", a, b, fm::op_gelu_backward(a, b), math::binary<OpKind::GeluBackward, A>(a, b));
+      check("gelu_erf_backward", a, b, fm::op_gelu_erf_backward(a, b), math::binary<OpKind::GeluErfBackward, A>(a, b));
+      check("silu_backward", a, b, fm::op_silu_backward(a, b), math::binary<OpKind::SiluBackward, A>(a, b));
       // The kernels' own expressions (kernels/cpu/elementwise.cpp, optim.cpp).
       check("where", a, b, fm::op_where(a, b, A(4)), a != A(0) ? b : A(4));
       check("masked_fill", a, b, fm::op_masked_fill(a, b, A(-3)), b != A(0) ? A(-3) : a);
@@ -109,7 +113,7 @@ TEST(NvrtcMath, EveryFusableOpHasADeviceFormula) {
     ++n;
     EXPECT_NE(text.find(std::string("op_") + op_name(op) + "("), std::string::npos) << op_name(op);
   }
-  EXPECT_EQ(n, 30);  // kernels/ops.def's elementwise family (29 ops) and clamp_scalar
+  EXPECT_EQ(n, 34);  // kernels/ops.def's elementwise family (33 ops) and clamp_scalar
   EXPECT_EQ(text.find('#'), std::string::npos) << "the stringized text must hold no preprocessor line";
 }
 
@@ -124,12 +128,13 @@ FusedExpr every_op_expr(DType dt) {
   for (OpKind op : {OpKind::Neg, OpKind::Abs, OpKind::AddScalar, OpKind::MulScalar}) acc = e.op(op, {acc}, dt, 0.5);
   if (floating)
     for (OpKind op : {OpKind::Exp, OpKind::Log, OpKind::Sqrt, OpKind::Rsqrt, OpKind::Tanh, OpKind::Sigmoid, OpKind::Relu,
-                      OpKind::Gelu, OpKind::PowScalar})
+                      OpKind::Gelu, OpKind::GeluErf, OpKind::Silu, OpKind::PowScalar})
       acc = e.op(op, {acc}, dt, 1.5);
   for (OpKind op : {OpKind::Sub, OpKind::Mul, OpKind::Eq, OpKind::Ne, OpKind::Lt, OpKind::Le, OpKind::Gt, OpKind::Ge})
     acc = e.op(op, {acc, y}, dt);
   if (floating)
-    for (OpKind op : {OpKind::Div, OpKind::ReluBackward, OpKind::GeluBackward, OpKind::TanhBackward, OpKind::SigmoidBackward})
+    for (OpKind op : {OpKind::Div, OpKind::ReluBackward, OpKind::GeluBackward, OpKind::GeluErfBackward,
+                      OpKind::SiluBackward, OpKind::TanhBackward, OpKind::SigmoidBackward})
       acc = e.op(op, {acc, x}, dt);
   acc = e.op(OpKind::Where, {x, acc, y}, dt);
   acc = e.op(OpKind::MaskedFill, {acc, y}, dt, -2.0);

@@ -123,6 +123,24 @@ TEST(NnModule, ModuleListRegistersItsChildrenInOrder) {
   expect_error([&] { blocks->push_back(nullptr); }, {"ModuleList.push_back: module 3 is null"});
 }
 
+// GELU's two forms and SiLU as layers: GELU() is the tanh form (reel's default), GELU("none") the
+// exact one (torch.nn.GELU's default); values against the definitions.
+TEST(NnLayers, GeluFormsAndSiluFollowTheirDefinitions) {
+  const std::vector<double> xs = {-3, -0.5, 0, 0.25, 2};
+  Tensor x = tensor(xs, {5}, TensorOptions().with_dtype(DType::f64));
+  std::vector<double> exact = GELU("none").forward(x).to_vector<double>(), tanh_form = GELU().forward(x).to_vector<double>(),
+                      swish = SiLU().forward(x).to_vector<double>();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double v = xs[i];
+    EXPECT_NEAR(exact[i], 0.5 * v * std::erfc(-v / std::sqrt(2.0)), 1e-15) << v;
+    EXPECT_NEAR(tanh_form[i], 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))), 1e-15) << v;
+    EXPECT_NEAR(swish[i], v / (1 + std::exp(-v)), 1e-15) << v;
+  }
+  EXPECT_NE(exact[0], tanh_form[0]) << "the two forms differ at -3";
+  expect_error([] { GELU("erf"); }, {"GELU: approximate must be \"none\" or \"tanh\", got \"erf\""});
+  expect_error([&] { gelu(x, "exact"); }, {"gelu: approximate must be"});
+}
+
 TEST(NnModule, RegistrationMistakesAreErrors) {
   Toy t;
   expect_error([&] { t.register_parameter("a", zeros({1})); }, {"Toy", "register_parameter", "'a'", "already"});

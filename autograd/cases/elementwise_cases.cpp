@@ -31,6 +31,8 @@ void add_elementwise_cases(std::vector<OpCase>& c) {
   c.push_back(unary_case("sigmoid", sigmoid));
   c.push_back(unary_case("relu", relu));
   c.push_back(unary_case("gelu", gelu));
+  c.push_back(unary_case("gelu exact", [](const Tensor& x) { return gelu(x, "none"); }));
+  c.push_back(unary_case("silu", silu));
   c.push_back({"pow 3.5 (sliced input)", [](Device d, DType t) -> Inputs {
                  Tensor base = positive_leaf({6, 4}, d, t, 12);
                  return {slice(base.detach(), 0, 0, 6, 2).detach().set_requires_grad()};

@@ -97,6 +97,13 @@ Tensor tanh(const Tensor& x) { return unary_fused(OpKind::Tanh, OpKind::TanhBack
 Tensor sigmoid(const Tensor& x) { return unary_fused(OpKind::Sigmoid, OpKind::SigmoidBackward, "sigmoid", x, true); }
 Tensor relu(const Tensor& x) { return unary_fused(OpKind::Relu, OpKind::ReluBackward, "relu", x, true); }
 Tensor gelu(const Tensor& x) { return unary_fused(OpKind::Gelu, OpKind::GeluBackward, "gelu", x, false); }
+Tensor gelu(const Tensor& x, const std::string& approximate) {
+  REEL_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be \"none\" or \"tanh\", got \"",
+             approximate, "\"");
+  if (approximate == "tanh") return gelu(x);
+  return unary_fused(OpKind::GeluErf, OpKind::GeluErfBackward, "gelu_erf", x, false);
+}
+Tensor silu(const Tensor& x) { return unary_fused(OpKind::Silu, OpKind::SiluBackward, "silu", x, false); }
 
 Tensor pow(const Tensor& x, double p) {
   Tensor y = unary(OpKind::PowScalar, x, Attrs().set("exponent", p));

@@ -61,11 +61,15 @@ void register_elementwise_cpu_kernels() {
   register_kernel(cpu, OpKind::Sigmoid, unary_kernel<OpKind::Sigmoid>);
   register_kernel(cpu, OpKind::Relu, unary_kernel<OpKind::Relu>);
   register_kernel(cpu, OpKind::Gelu, unary_kernel<OpKind::Gelu>);
+  register_kernel(cpu, OpKind::GeluErf, unary_kernel<OpKind::GeluErf>);
+  register_kernel(cpu, OpKind::Silu, unary_kernel<OpKind::Silu>);
   register_kernel(cpu, OpKind::PowScalar, unary_kernel<OpKind::PowScalar>);
   register_kernel(cpu, OpKind::AddScalar, unary_kernel<OpKind::AddScalar>);
   register_kernel(cpu, OpKind::MulScalar, unary_kernel<OpKind::MulScalar>);
   register_kernel(cpu, OpKind::ReluBackward, binary_kernel<OpKind::ReluBackward>);
   register_kernel(cpu, OpKind::GeluBackward, binary_kernel<OpKind::GeluBackward>);
+  register_kernel(cpu, OpKind::GeluErfBackward, binary_kernel<OpKind::GeluErfBackward>);
+  register_kernel(cpu, OpKind::SiluBackward, binary_kernel<OpKind::SiluBackward>);
   register_kernel(cpu, OpKind::TanhBackward, binary_kernel<OpKind::TanhBackward>);
   register_kernel(cpu, OpKind::SigmoidBackward, binary_kernel<OpKind::SigmoidBackward>);
   register_kernel(cpu, OpKind::Add, binary_kernel<OpKind::Add>);

@@ -247,11 +247,15 @@ void register_elementwise_cuda_kernels() {
   register_kernel(gpu, OpKind::Sigmoid, unary_kernel<OpKind::Sigmoid>);
   register_kernel(gpu, OpKind::Relu, unary_kernel<OpKind::Relu>);
   register_kernel(gpu, OpKind::Gelu, unary_kernel<OpKind::Gelu>);
+  register_kernel(gpu, OpKind::GeluErf, unary_kernel<OpKind::GeluErf>);
+  register_kernel(gpu, OpKind::Silu, unary_kernel<OpKind::Silu>);
   register_kernel(gpu, OpKind::PowScalar, unary_kernel<OpKind::PowScalar>);
   register_kernel(gpu, OpKind::AddScalar, unary_kernel<OpKind::AddScalar>);
   register_kernel(gpu, OpKind::MulScalar, unary_kernel<OpKind::MulScalar>);
   register_kernel(gpu, OpKind::ReluBackward, binary_kernel<OpKind::ReluBackward>);
   register_kernel(gpu, OpKind::GeluBackward, binary_kernel<OpKind::GeluBackward>);
+  register_kernel(gpu, OpKind::GeluErfBackward, binary_kernel<OpKind::GeluErfBackward>);
+  register_kernel(gpu, OpKind::SiluBackward, binary_kernel<OpKind::SiluBackward>);
   register_kernel(gpu, OpKind::TanhBackward, binary_kernel<OpKind::TanhBackward>);
   register_kernel(gpu, OpKind::SigmoidBackward, binary_kernel<OpKind::SigmoidBackward>);
   register_kernel(gpu, OpKind::Add, binary_kernel<OpKind::Add>);

@@ -23,6 +23,8 @@ REEL_FM_FN float math_sqrt(float x) { return sqrtf(x); }
 REEL_FM_FN double math_sqrt(double x) { return sqrt(x); }
 REEL_FM_FN float math_tanh(float x) { return tanhf(x); }
 REEL_FM_FN double math_tanh(double x) { return tanh(x); }
+REEL_FM_FN float math_erf(float x) { return erff(x); }
+REEL_FM_FN double math_erf(double x) { return erf(x); }
 REEL_FM_FN float math_pow(float x, float y) { return powf(x, y); }
 REEL_FM_FN double math_pow(double x, double y) { return pow(x, y); }
 REEL_FM_FN float reel_load_f16(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }

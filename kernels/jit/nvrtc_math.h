@@ -32,6 +32,8 @@ inline float math_sqrt(float x) { return std::sqrt(x); }
 inline double math_sqrt(double x) { return std::sqrt(x); }
 inline float math_tanh(float x) { return std::tanh(x); }
 inline double math_tanh(double x) { return std::tanh(x); }
+inline float math_erf(float x) { return std::erf(x); }
+inline double math_erf(double x) { return std::erf(x); }
 inline float math_pow(float x, float y) { return std::pow(x, y); }
 inline double math_pow(double x, double y) { return std::pow(x, y); }
 
@@ -62,6 +64,10 @@ REEL_NVRTC_MATH(
     A u = A(0.7978845608028654) * (x + A(0.044715) * x * x * x);
     return A(0.5) * x * (A(1) + math_tanh(u));
   }
+  // gelu, exact: 0.5 x (1 + erf(x / sqrt(2)))
+  template <typename A> REEL_FM_FN A op_gelu_erf(A x) { return A(0.5) * x * (A(1) + math_erf(x * A(0.7071067811865476))); }
+  // silu: x sigmoid(x)
+  template <typename A> REEL_FM_FN A op_silu(A x) { return x / (A(1) + math_exp(-x)); }
   template <typename A> REEL_FM_FN A op_pow_scalar(A x, A p) { return math_pow(x, p); }
   template <typename A> REEL_FM_FN A op_add_scalar(A x, A p) { return x + p; }
   template <typename A> REEL_FM_FN A op_mul_scalar(A x, A p) { return x * p; }
@@ -76,7 +82,7 @@ REEL_NVRTC_MATH(
   template <typename A> REEL_FM_FN A op_le(A a, A b) { return A(a <= b); }
   template <typename A> REEL_FM_FN A op_gt(A a, A b) { return A(a > b); }
   template <typename A> REEL_FM_FN A op_ge(A a, A b) { return A(a >= b); }
-  // Backward helpers: a is the incoming gradient, b the saved tensor (y, or gelu's x).
+  // Backward helpers: a is the incoming gradient, b the saved tensor (y, or gelu's, gelu_erf's, silu's x).
   template <typename A> REEL_FM_FN A op_relu_backward(A a, A b) { return b > A(0) ? a : A(0); }
   template <typename A> REEL_FM_FN A op_tanh_backward(A a, A b) { return a * (A(1) - b * b); }
   template <typename A> REEL_FM_FN A op_sigmoid_backward(A a, A b) { return a * b * (A(1) - b); }
@@ -86,6 +92,14 @@ REEL_NVRTC_MATH(
     A t = math_tanh(u);
     A du = A(0.7978845608028654) * (A(1) + A(3 * 0.044715) * x * x);
     return a * (A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * du);
+  }
+  template <typename A> REEL_FM_FN A op_gelu_erf_backward(A a, A b) {
+    A x = b;
+    return a * (A(0.5) * (A(1) + math_erf(x * A(0.7071067811865476))) + x * A(0.3989422804014327) * math_exp(A(-0.5) * x * x));
+  }
+  template <typename A> REEL_FM_FN A op_silu_backward(A a, A b) {
+    A x = b, s = A(1) / (A(1) + math_exp(-x));
+    return a * (s * (A(1) + x * (A(1) - s)));
   }
 
   // where(cond, a, b), masked_fill(x, mask; value), clamp_scalar(x; lo, hi) as their kernels do

@@ -2,11 +2,11 @@
 // fresh contiguous tensor of the broadcast shape. Inputs of a binary op must share one dtype (reel
 // does not promote). Comparisons return 0/1 in the inputs' dtype (reel has no bool dtype).
 //
-//   unary (x)            neg abs: any dtype;  exp log sqrt rsqrt tanh sigmoid relu gelu: float
+//   unary (x)            neg abs: any dtype;  exp log sqrt rsqrt tanh sigmoid relu gelu gelu_erf silu: float
 //   pow_scalar (x)       attr exponent        y = x^exponent
 //   add_scalar (x)       attr value           y = x + value
 //   mul_scalar (x)       attr value           y = x * value
-//   *_backward (g, s)    s is relu's/tanh's/sigmoid's output y, or gelu's input x; returns dx
+//   *_backward (g, s)    s is relu's/tanh's/sigmoid's output y, or gelu's/gelu_erf's/silu's input x; returns dx
 //   add sub mul div (a, b)      eq ne lt le gt ge (a, b)
 //   where (cond, a, b)   cond != 0 ? a : b; cond has a's dtype
 //   masked_fill (x, mask) attr value      mask broadcasts to x's shape; x where mask == 0, else value
@@ -90,11 +90,15 @@ void register_elementwise_schemas() {
   register_schema(OpKind::Sigmoid, infer_unary<OpKind::Sigmoid>);
   register_schema(OpKind::Relu, infer_unary<OpKind::Relu>);
   register_schema(OpKind::Gelu, infer_unary<OpKind::Gelu>);
+  register_schema(OpKind::GeluErf, infer_unary<OpKind::GeluErf>);
+  register_schema(OpKind::Silu, infer_unary<OpKind::Silu>);
   register_schema(OpKind::PowScalar, infer_unary<OpKind::PowScalar>);
   register_schema(OpKind::AddScalar, infer_unary<OpKind::AddScalar>);
   register_schema(OpKind::MulScalar, infer_unary<OpKind::MulScalar>);
   register_schema(OpKind::ReluBackward, infer_binary<OpKind::ReluBackward>);
   register_schema(OpKind::GeluBackward, infer_binary<OpKind::GeluBackward>);
+  register_schema(OpKind::GeluErfBackward, infer_binary<OpKind::GeluErfBackward>);
+  register_schema(OpKind::SiluBackward, infer_binary<OpKind::SiluBackward>);
   register_schema(OpKind::TanhBackward, infer_binary<OpKind::TanhBackward>);
   register_schema(OpKind::SigmoidBackward, infer_binary<OpKind::SigmoidBackward>);
   register_schema(OpKind::Add, infer_binary<OpKind::Add>);

@@ -25,6 +25,17 @@ double gelu_slope(double x) {
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kSqrt2OverPi * (1 + 3 * 0.044715 * x * x);
 }
 
+// Exact GELU and SiLU from their definitions (Phi, the normal CDF, through erfc for accuracy).
+double gelu_erf_of(double x) { return x * 0.5 * std::erfc(-x / std::sqrt(2.0)); }
+double gelu_erf_slope(double x) {
+  return 0.5 * std::erfc(-x / std::sqrt(2.0)) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+}
+double silu_of(double x) { return x / (1 + std::exp(-x)); }
+double silu_slope(double x) {
+  const double s = 1 / (1 + std::exp(-x));
+  return s + x * s * (1 - s);
+}
+
 // y_i = f(x_i, param), row-major.
 std::vector<double> map1(const Tensor& x, double param, Formula1 f) {
   std::vector<double> v = host_values(x);
@@ -99,6 +110,8 @@ std::vector<Unary> unary_table() {
       {OpKind::Sigmoid, "", D::any, kFloatTypes, 0, [](double x, double) { return 1 / (1 + std::exp(-x)); }, [](const Tensor& x, double) { return sigmoid(x); }},
       {OpKind::Relu, "", D::any, kFloatTypes, 0, [](double x, double) { return x > 0 ? x : 0; }, [](const Tensor& x, double) { return relu(x); }},
       {OpKind::Gelu, "", D::any, kFloatTypes, 0, [](double x, double) { return gelu_of(x); }, [](const Tensor& x, double) { return gelu(x); }},
+      {OpKind::GeluErf, "", D::any, kFloatTypes, 0, [](double x, double) { return gelu_erf_of(x); }, [](const Tensor& x, double) { return gelu(x, "none"); }},
+      {OpKind::Silu, "", D::any, kFloatTypes, 0, [](double x, double) { return silu_of(x); }, [](const Tensor& x, double) { return silu(x); }},
       {OpKind::PowScalar, "_exponent_2_5", D::positive, kFloatTypes, 2.5, [](double x, double p) { return std::pow(x, p); }, [](const Tensor& x, double p) { return pow(x, p); }},
       {OpKind::PowScalar, "_exponent_3", D::any, kFloatTypes, 3.0, [](double x, double p) { return std::pow(x, p); }, [](const Tensor& x, double p) { return pow(x, p); }},
       {OpKind::PowScalar, "_exponent_minus_half", D::positive, kFloatTypes, -0.5, [](double x, double p) { return std::pow(x, p); }, [](const Tensor& x, double p) { return pow(x, p); }},
@@ -179,9 +192,11 @@ std::vector<Binary> binary_table() {
       {OpKind::Sub, kAllTypes, D::any, D::any, [](double a, double b) { return a - b; }, [](const Tensor& a, const Tensor& b) { return sub(a, b); }},
       {OpKind::Mul, kAllTypes, D::any, D::any, [](double a, double b) { return a * b; }, [](const Tensor& a, const Tensor& b) { return mul(a, b); }},
       {OpKind::Div, kFloatTypes, D::any, D::positive, [](double a, double b) { return a / b; }, [](const Tensor& a, const Tensor& b) { return div(a, b); }},
-      // gradient g first, then the saved tensor: the output (relu, tanh, sigmoid) or the input (gelu)
+      // gradient g first, then the saved tensor: the output (relu, tanh, sigmoid) or the input (gelu, silu)
       {OpKind::ReluBackward, kFloatTypes, D::any, D::any, [](double g, double y) { return y > 0 ? g : 0; }, nullptr},
       {OpKind::GeluBackward, kFloatTypes, D::any, D::any, [](double g, double x) { return g * gelu_slope(x); }, nullptr},
+      {OpKind::GeluErfBackward, kFloatTypes, D::any, D::any, [](double g, double x) { return g * gelu_erf_slope(x); }, nullptr},
+      {OpKind::SiluBackward, kFloatTypes, D::any, D::any, [](double g, double x) { return g * silu_slope(x); }, nullptr},
       {OpKind::TanhBackward, kFloatTypes, D::any, D::any, [](double g, double y) { return g * (1 - y * y); }, nullptr},
       {OpKind::SigmoidBackward, kFloatTypes, D::any, D::any, [](double g, double y) { return g * y * (1 - y); }, nullptr},
   };
