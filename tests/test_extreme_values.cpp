@@ -41,12 +41,7 @@ using LD = long double;
 using Vec = std::vector<double>;
 using LVec = std::vector<LD>;
 
-// CPU always; the GPU too when one is usable.
-std::vector<Device> test_devices() {
-  std::vector<Device> d{Device::cpu()};
-  if (cuda::is_available()) d.push_back(Device::cuda(0));
-  return d;
-}
+using testing_util::test_devices;
 
 const std::vector<DType> kAllFloat = {DType::f64, DType::f32, DType::f16, DType::bf16};
 

@@ -42,11 +42,7 @@ using LD = long double;
 using Vec = std::vector<double>;
 using LVec = std::vector<LD>;
 
-std::vector<Device> test_devices() {
-  std::vector<Device> d{Device::cpu()};
-  if (cuda::is_available()) d.push_back(Device::cuda(0));
-  return d;
-}
+using testing_util::test_devices;
 
 TensorOptions f64_on(Device device) { return TensorOptions().with_dtype(DType::f64).with_device(device); }
 

@@ -62,6 +62,13 @@ inline double max_abs_diff(const std::vector<double>& a, const std::vector<doubl
 
 // A small f64 MLP, Linear(in, hidden) GELU Linear(hidden, out), initialised from Generator(seed): the
 // model of the optimizer, compile and data-parallel step tests (f64, so equalities are tight).
+// The devices a test runs on: the CPU always, the GPU too when one is usable.
+inline std::vector<Device> test_devices() {
+  std::vector<Device> d{Device::cpu()};
+  if (::reel::cuda::is_available()) d.push_back(Device::cuda(0));
+  return d;
+}
+
 inline std::shared_ptr<nn::Sequential> f64_mlp(uint64_t seed, int64_t in = 6, int64_t hidden = 8, int64_t out = 3) {
   Generator gen(seed);
   auto m = std::make_shared<nn::Sequential>();
