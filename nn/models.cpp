@@ -39,7 +39,8 @@ std::shared_ptr<Sequential> fashion_cnn(Generator* gen, int64_t width) {
   return s;
 }
 
-GptBlock::GptBlock(int64_t dim, int64_t heads, Generator* gen) : Module("GptBlock"), heads_(heads) {
+GptBlock::GptBlock(int64_t dim, int64_t heads, Generator* gen, double dropout)
+    : Module("GptBlock"), heads_(heads), dropout_(dropout) {
   REEL_CHECK(dim > 0 && heads > 0 && dim % heads == 0, "GptBlock: heads ", heads, " must divide dim ", dim);
   ln1_ = register_module("ln1", std::make_shared<LayerNorm>(dim));
   qkv_ = register_module("qkv", std::make_shared<Linear>(dim, 3 * dim, true, gen));
@@ -50,18 +51,21 @@ GptBlock::GptBlock(int64_t dim, int64_t heads, Generator* gen) : Module("GptBloc
 }
 
 Tensor GptBlock::forward(const Tensor& x) {
-  Tensor h = x + proj_->forward(causal_attention(qkv_->forward(ln1_->forward(x)), heads_));  // (B, T, d)
-  return h + fc2_->forward(gelu(fc_->forward(ln2_->forward(h))));
+  // Dropout draws from the default generator, as torch's does; it is the identity in eval mode or at p 0.
+  auto drop = [&](const Tensor& t) { return dropout(t, dropout_, is_training()); };
+  Tensor h = x + drop(proj_->forward(causal_attention(qkv_->forward(ln1_->forward(x)), heads_)));  // (B, T, d)
+  return h + drop(fc2_->forward(gelu(fc_->forward(ln2_->forward(h)))));
 }
 
 Gpt::Gpt(const GptConfig& c, Generator* gen) : Module("Gpt"), config_(c) {
   REEL_CHECK(c.vocab > 0 && c.block_size > 0 && c.layers >= 0, "Gpt: config needs positive vocab and block_size, got ",
              c.vocab, " and ", c.block_size);
+  REEL_CHECK(c.dropout >= 0 && c.dropout < 1, "Gpt: dropout must be in [0, 1), got ", c.dropout);
   wte_ = register_module("wte", std::make_shared<Embedding>(c.vocab, c.dim, gen));
   wpe_ = register_module("wpe", std::make_shared<Embedding>(c.block_size, c.dim, gen));
   auto blocks = register_module("blocks", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < c.layers; ++i) {
-    blocks_.push_back(std::make_shared<GptBlock>(c.dim, c.heads, gen));
+    blocks_.push_back(std::make_shared<GptBlock>(c.dim, c.heads, gen, c.dropout));
     blocks->push_back(blocks_.back());
   }
   lnf_ = register_module("lnf", std::make_shared<LayerNorm>(c.dim));
@@ -75,14 +79,20 @@ Tensor Gpt::forward(const Tensor& idx) {
   REEL_CHECK(T >= 1 && T <= config_.block_size, "Gpt: sequence length ", T, " must be in [1, block_size ",
              config_.block_size, "]");
   Tensor pos = arange(T, TensorOptions{}.with_dtype(DType::i64).with_device(idx.device()));
-  Tensor x = wte_->forward(idx) + wpe_->forward(pos);  // (B, T, d) + (T, d)
+  Tensor x = dropout(wte_->forward(idx) + wpe_->forward(pos), config_.dropout, is_training());  // (B, T, d) + (T, d)
   for (auto& b : blocks_) x = b->forward(x);
   return head_->forward(lnf_->forward(x));  // (B, T, vocab)
 }
 
+void Gpt::set_dropout(double p) {
+  REEL_CHECK(p >= 0 && p < 1, "Gpt: dropout must be in [0, 1), got ", p);
+  config_.dropout = p;
+  for (auto& b : blocks_) b->set_dropout(p);
+}
+
 std::shared_ptr<Gpt> gpt(const GptConfig& config, Generator* gen) { return std::make_shared<Gpt>(config, gen); }
-std::shared_ptr<Gpt> gpt_tiny(Generator* gen) { return gpt({256, 128, 256, 4, 4}, gen); }
-std::shared_ptr<Gpt> gpt_small(Generator* gen) { return gpt({256, 256, 512, 8, 8}, gen); }
+std::shared_ptr<Gpt> gpt_tiny(Generator* gen, double dropout) { return gpt({256, 128, 256, 4, 4, dropout}, gen); }
+std::shared_ptr<Gpt> gpt_small(Generator* gen, double dropout) { return gpt({256, 256, 512, 8, 8, dropout}, gen); }
 
 Tensor model_loss(Module& model, const Tensor& x, const Tensor& y) {
   Tensor logits = model.forward(x);

@@ -65,6 +65,32 @@ REEL_HOST_DEVICE float philox_normal(uint64_t seed, uint64_t offset, uint64_t i)
 REEL_HOST_DEVICE uint64_t philox_uniform_counters(uint64_t n) { return (n + 3) / 4; }
 REEL_HOST_DEVICE uint64_t philox_normal_counters(uint64_t n) { return (n + 1) / 2; }
 
+// Where a random kernel takes its Philox key and first counter from. An eager op passes both as
+// attrs (state null). In a compiled plan the op also reads `state`, two values on its device that the
+// plan writes before each run: the generator's seed and the offset it reserved for the run; `offset`
+// is then the op's distance from that base, fixed when tracing. So a replayed CUDA graph draws fresh
+// numbers each time, the same ones an eager run of the step would draw.
+struct PhiloxArgs {
+  uint64_t seed = 0, offset = 0;
+  const uint64_t* state = nullptr;  // null, or {seed, base offset}
+  REEL_HOST_DEVICE uint64_t key() const { return state ? state[0] : seed; }
+  REEL_HOST_DEVICE uint64_t start() const { return (state ? state[1] : 0) + offset; }
+};
+
+class Generator;
+
+// Sees every draw (Generator::advance) made on its thread: the compiler's tracer, which ties each
+// draw to the random op that follows it, and reports a draw no op follows (host code using random
+// numbers, which a replay could not redraw).
+class DrawObserver {
+ public:
+  virtual ~DrawObserver() = default;
+  virtual void on_draw(Generator& gen, uint64_t offset, uint64_t counters) = 0;
+};
+// Installs `observer` for the calling thread (nullptr removes it); returns the previous one.
+DrawObserver* set_draw_observer(DrawObserver* observer);
+DrawObserver* draw_observer();
+
 // Hands out (seed, offset) pairs: each draw advances the offset past the counters it used. The offset
 // is atomic: threads drawing from one generator (the default one, say) each get counters of their
 // own, never the same ones twice; a single thread sees exactly the offsets of a plain counter.
@@ -85,7 +111,11 @@ class Generator {
   uint64_t seed() const { return seed_; }
   uint64_t offset() const { return offset_.load(std::memory_order_relaxed); }
   // Reserves `counters` counters and returns the offset where they start.
-  uint64_t advance(uint64_t counters) { return offset_.fetch_add(counters, std::memory_order_relaxed); }
+  uint64_t advance(uint64_t counters) {
+    const uint64_t at = offset_.fetch_add(counters, std::memory_order_relaxed);
+    if (DrawObserver* o = draw_observer()) o->on_draw(*this, at, counters);
+    return at;
+  }
 
  private:
   uint64_t seed_ = 0;

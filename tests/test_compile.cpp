@@ -242,15 +242,22 @@ TEST(CompileGuards, CacheLimitRunsEagerlyWithAClearMessage) {
   EXPECT_EQ(f.traces(), 1);
 }
 
-TEST(CompileGraphBreaks, RandomOpsRunEagerlyAndAreNamed) {
+// Random numbers host code draws (a Generator used directly, no random op) would be frozen into a
+// plan: the draw is a graph break and every call runs eagerly with fresh numbers. (Random ops are
+// part of plans: tests/test_compile_random.cpp.)
+TEST(CompileGraphBreaks, AHostDrawIsAGraphBreakNotAFrozenNumber) {
   Generator gen(1);
-  auto f = compile::compile([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{dropout(in[0], 0.5, true, &gen)}; });
-  Tensor x = ones({64});
+  auto f = compile::compile([&](const std::vector<Tensor>& in) {
+    const uint64_t at = gen.advance(1);
+    return std::vector<Tensor>{in[0] * double(philox_uniform(gen.seed(), at, 0))};
+  });
+  Tensor x = ones({4});
   std::vector<double> first = f({x})[0].to_vector<double>();
   f({x});
   std::vector<double> third = f({x})[0].to_vector<double>();
   ASSERT_EQ(f.graph_breaks().size(), 1u);
-  EXPECT_EQ(f.graph_breaks()[0].op, "dropout");
+  EXPECT_EQ(f.graph_breaks()[0].op, "random draw");
+  EXPECT_NE(f.graph_breaks()[0].reason.find("that no random op used"), std::string::npos) << f.graph_breaks()[0].reason;
   EXPECT_EQ(f.replays(), 0);
   EXPECT_EQ(f.eager_calls(), 3);
   EXPECT_NE(first, third);  // fresh numbers each call, as eagerly

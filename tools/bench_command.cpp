@@ -7,7 +7,9 @@
 // clock on the CPU — reported as median and min step ms, items/s (images, or tokens for the GPTs),
 // peak device memory from the caching allocator (GPU), and ops run per step (kernel_count(): each is
 // at least one kernel launch). Output: a table, and JSON lines with the peer scripts' field names
-// (peer/torch_anchor.py) so the two can be joined.
+// (peer/torch_anchor.py) so the two can be joined. --dropout P gives the GPTs GPT-2's dropout: the
+// compiled step then draws fresh masks on every replay (compile/ir/trace.h), and any graph break a
+// compiled configuration met is printed under its row.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -43,6 +45,7 @@ struct BenchOptions {
   int64_t steps = 30, warmup = 5, micro_batch = -1;
   int64_t profile_steps = 0;  // > 0: profile this many extra steps op by op (tools/op_profile.h)
   bool plan_memory = false;   // also plan each step's peak without running it (compile/runtime/memory_budget.h)
+  double dropout = 0;         // the GPTs' dropout (GptConfig::dropout); the timed steps train, so it draws
   std::string json_path;
 };
 
@@ -72,9 +75,10 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--deterministic") set_deterministic_algorithms(v != "0");
     else if (k == "--channels-last") set_autocast_channels_last(v != "0");
     else if (k == "--plan-memory") o.plan_memory = v != "0";
+    else if (k == "--dropout") o.dropout = real_arg("bench", k, v, 0, 0.99);
     else throw Error("bench: unknown option " + k +
                      " (expected --models, --precisions, --compile, --device, --steps, --warmup, --micro-batch, --json, "
-                     "--profile, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1)");
+                     "--profile, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P)");
   }
   REEL_CHECK(o.steps > 0 && o.warmup >= 0 && o.profile_steps >= 0,
              "bench: --steps must be positive, --warmup and --profile non-negative");
@@ -88,6 +92,8 @@ struct Result {
   double median_ms = 0, min_ms = 0, first_s = 0, peak_mib = -1, kernels_per_step = 0;
   double planned_mib = -1;  // --plan-memory: the planner's peak for this step (compile/runtime/memory_budget.h)
   double host_ms = 0;  // median host time to run step() without waiting for the device: the launch cost
+  double dropout = 0;
+  size_t graph_breaks = 0;  // compiled: breaks the trace reported (a break that runs eagerly shows here)
 };
 
 // For --plan-memory: what each op's kernel allocates for itself beyond its outputs (scratch the
@@ -142,6 +148,11 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
                   const BenchOptions& o) {
   AutocastGuard amp(PrecisionPolicy::parse(prec));
   nn::Workload w = nn::make_workload(name, device, kAccum, o.micro_batch);
+  if (o.dropout > 0) {
+    auto gpt = std::dynamic_pointer_cast<nn::Gpt>(w.model);
+    REEL_CHECK(gpt != nullptr, "bench: --dropout applies to the GPT models, not ", name);
+    gpt->set_dropout(o.dropout);
+  }
   std::vector<optim::MicroBatch> micro;
   for (const auto& [x, y] : w.micro) micro.push_back({x, y});
   optim::AdamW opt(w.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
@@ -159,6 +170,7 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
   auto sync = [&] { if (device.is_cuda()) cuda::synchronize(device.index); };
 
   Result r{name, prec, device.str(), mode, w.model->num_parameters(), w.items_per_step};
+  r.dropout = o.dropout;
   if (o.micro_batch > 0) r.micro_batch = std::to_string(o.micro_batch);
   if (o.plan_memory) {
     // The same step planned in meta mode before it runs: the workload's shapes, a fresh AdamW like opt.
@@ -211,6 +223,7 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
     }, device));
   }
   r.kernels_per_step = double(kernel_count() - k0) / double(o.steps);
+  if (compiled) r.graph_breaks = compiled_step->graph_breaks().size();
   if (compiled && compiled_step->last_plan()) {
     // A replayed CUDA graph launches no kernel from the host: count the plan's (and the copies of
     // inputs in and outputs out).
@@ -258,17 +271,19 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
 }
 
 std::string to_json(const Result& r) {
-  char buf[640];
+  char buf[768];
   auto mib = [](double v) { return v < 0 ? std::string("null") : std::to_string(std::lround(v * 10) / 10.0); };
   std::string peak = mib(r.peak_mib);
   std::snprintf(buf, sizeof buf,
                 "{\"engine\": \"reel\", \"model\": \"%s\", \"mode\": \"%s\", \"prec\": \"%s\", \"dev\": \"%s\", "
                 "\"params\": %lld, \"items_per_step\": %lld, \"step_ms_median\": %.3f, \"step_ms_min\": %.3f, "
                 "\"items_per_s\": %.0f, \"first_step_s\": %.2f, \"peak_mib\": %s, \"kernels_per_step\": %.0f, "
-                "\"host_ms_median\": %.3f, \"B\": \"%s\", \"planned_peak_mib\": %s}",
+                "\"host_ms_median\": %.3f, \"B\": \"%s\", \"planned_peak_mib\": %s, \"dropout\": %g, "
+                "\"graph_breaks\": %zu}",
                 r.model.c_str(), r.mode.c_str(), r.prec.c_str(), r.dev.c_str(), (long long)r.params, (long long)r.items_per_step,
                 r.median_ms, r.min_ms, double(r.items_per_step) / (r.median_ms / 1e3), r.first_s, peak.c_str(),
-                r.kernels_per_step, r.host_ms, r.micro_batch.c_str(), mib(r.planned_mib).c_str());
+                r.kernels_per_step, r.host_ms, r.micro_batch.c_str(), mib(r.planned_mib).c_str(), r.dropout,
+                r.graph_breaks);
   return buf;
 }
 
@@ -296,6 +311,7 @@ int bench_command(int argc, char** argv) {
                     double(r.items_per_step) / (r.median_ms / 1e3),
                     r.peak_mib < 0 ? "-" : std::to_string(std::lround(r.peak_mib)).c_str(), r.kernels_per_step,
                     r.first_s);
+        if (r.graph_breaks) std::printf("  (%zu graph breaks: REEL_LOG=graph_breaks names them)\n", r.graph_breaks);
         std::fflush(stdout);
         if (json.is_open()) {
           json << to_json(r) << "\n" << std::flush;

@@ -14,6 +14,8 @@ const char* buffer_kind_name(BufferKind k) {
   return "?";
 }
 
+bool is_random_op(OpKind op) { return op == OpKind::Dropout || op == OpKind::RandUniform || op == OpKind::RandNormal; }
+
 bool same_ref(const TensorRef& a, const TensorRef& b) {
   return a.buffer == b.buffer && a.shape == b.shape && a.strides == b.strides && a.offset == b.offset &&
          a.dtype == b.dtype;
@@ -55,6 +57,11 @@ std::string Graph::str() const {
     for (size_t k = 0; k < n.outputs.size(); ++k) os << (k ? ", " : "") << ref_str(n.outputs[k]);
     os << ")";
     if (!n.attrs.items().empty()) os << " [" << n.attrs.str(16) << "]";
+    os << "\n";
+  }
+  for (const RandomSource& r : random_sources) {
+    os << "random: " << r.span << " Philox counters per run from one generator, state in";
+    for (int b : r.buffers) os << " b" << b;
     os << "\n";
   }
   return os.str();

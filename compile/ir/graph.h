@@ -22,6 +22,7 @@
 
 #include "kernels/attrs.h"
 #include "kernels/op.h"
+#include "tensor/rng.h"
 #include "tensor/tensor.h"
 
 namespace reel::compile {
@@ -59,12 +60,27 @@ struct Node {
   std::vector<std::string> fused;  // the traced ops a pass merged into this node (for `reel plan`)
 };
 
+// Dropout and the rand ops: their kernels draw Philox numbers (tensor/rng.h).
+bool is_random_op(OpKind op);
+
+// A Generator the traced step drew from. Each random node reads the generator's state from one of
+// `buffers` (an External (2,) i64 {seed, base offset} per device), its offset attr relative to the
+// base. Before each run the plan reserves `span` counters of the generator (what the traced call
+// drew from it, from its first draw to the end of its last) and writes the seed and the reserved
+// base there: every run draws fresh numbers, exactly the ones an eager call would have drawn.
+struct RandomSource {
+  Generator* generator = nullptr;
+  uint64_t span = 0;
+  std::vector<int> buffers;
+};
+
 struct Graph {
   std::vector<Buffer> buffers;
   std::vector<Node> nodes;
   std::vector<TensorRef> inputs;   // the call's arguments as traced (one Input buffer each)
   std::vector<TensorRef> outputs;  // what the step function returned
   int num_inputs = 0;
+  std::vector<RandomSource> random_sources;
 
   // Human-readable listing: one line per node with its buffers, as `reel plan` prints it.
   std::string str() const;

@@ -1,16 +1,15 @@
 // Tracer (see trace.h).
 #include "compile/ir/trace.h"
 
+#include <algorithm>
+
 namespace reel::compile {
 
 namespace {
 
-bool is_random_op(OpKind op) { return op == OpKind::Dropout || op == OpKind::RandUniform || op == OpKind::RandNormal; }
-
 // Why a replay could not honour `op`, or "" when it can. A copy to the host replays (it is a host
 // node between CUDA graphs); what host code then reads from it is on_host_read's to report.
 std::string break_reason(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) {
-  if (is_random_op(op)) return "draws random numbers: a replay would repeat the traced call's numbers";
   if (op == OpKind::Copy && !inputs.empty() && inputs[0].defined() && inputs[0].device().is_cuda() &&
       !outputs.empty() && outputs[0].device().is_cpu())
     return "copies a device tensor to the host, which waits for the device";
@@ -37,12 +36,14 @@ Tracer::~Tracer() { stop(); }
 void Tracer::start() {
   if (active_) return;
   previous_ = set_dispatch_observer(this);
+  previous_draws_ = set_draw_observer(this);
   active_ = true;
 }
 
 void Tracer::stop() {
   if (!active_) return;
   set_dispatch_observer(previous_);
+  set_draw_observer(previous_draws_);
   active_ = false;
 }
 
@@ -96,9 +97,10 @@ TensorRef Tracer::ref_of(const Tensor& t, BufferKind kind_if_new) {
 
 void Tracer::on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                          const Attrs& attrs, bool into_given) {
+  if (!is_random_op(op)) flush_host_draws();
   if (is_view_op(op)) return;  // its output is a TensorRef of the input's buffer
   std::string reason = break_reason(op, inputs, outputs);
-  if (!reason.empty()) breaks_.push_back({op_name(op), reason, is_random_op(op)});
+  if (!reason.empty()) breaks_.push_back({op_name(op), reason, false});
   Node n{op, attrs, {}, {}, into_given, {}};
   for (const Tensor& t : inputs) {
     if (t.defined()) n.inputs.push_back(ref_of(t, BufferKind::External));
@@ -107,8 +109,55 @@ void Tracer::on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std
   // A fresh output is memory this op allocated; an output given to dispatch_out existed before.
   for (const Tensor& t : outputs)
     n.outputs.push_back(ref_of(t, into_given ? BufferKind::External : BufferKind::Internal));
+  if (is_random_op(op)) bind_random(n);
+  flush_host_draws();
   graph_.nodes.push_back(std::move(n));
   note_releases();
+}
+
+void Tracer::on_draw(Generator& gen, uint64_t offset, uint64_t counters) { pending_.push_back({&gen, offset, counters}); }
+
+void Tracer::flush_host_draws() {
+  for (const Draw& d : pending_)
+    breaks_.push_back({"random draw",
+                       detail::cat("host code drew ", d.counters, " Philox counters from a generator (offset ", d.offset,
+                                   ") that no random op used: a replay would reuse the numbers seen when tracing"),
+                       true});
+  pending_.clear();
+}
+
+void Tracer::bind_random(Node& n) {
+  const uint64_t seed = uint64_t(n.attrs.i("seed")), offset = uint64_t(n.attrs.i("offset"));
+  auto d = std::find_if(pending_.begin(), pending_.end(),
+                        [&](const Draw& p) { return p.gen->seed() == seed && p.offset == offset; });
+  if (d == pending_.end()) return;  // seed and offset given by hand: the same numbers every run
+  const Draw draw = *d;
+  pending_.erase(d);
+  auto s = std::find_if(sources_.begin(), sources_.end(), [&](const auto& e) { return e.first == draw.gen; });
+  if (s == sources_.end()) {
+    sources_.push_back({draw.gen, Source{draw.offset, draw.offset, {}}});
+    s = sources_.end() - 1;
+  }
+  Source& src = s->second;
+  src.end = std::max(src.end, draw.offset + draw.counters);
+  const Device device = n.outputs.at(0).buffer >= 0 ? graph_.buffers[n.outputs[0].buffer].device : Device::cpu();
+  auto st = std::find_if(src.state.begin(), src.state.end(), [&](const auto& e) { return e.first == device; });
+  if (st == src.state.end()) {
+    Buffer b;
+    b.id = int(graph_.buffers.size());
+    b.kind = BufferKind::External;
+    b.nbytes = 2 * sizeof(int64_t);
+    b.device = device;
+    // Real memory, or a meta block of its size when the step is only being planned (meta mode).
+    b.storage = meta_mode() ? std::make_shared<Storage>(Storage::Meta{}, b.nbytes, device)
+                            : std::make_shared<Storage>(b.nbytes, device);
+    graph_.buffers.push_back(b);
+    src.state.push_back({device, b.id});
+    st = src.state.end() - 1;
+  }
+  // The base is the generator's first draw in the call; draws only move forward, so offset >= base.
+  n.inputs.push_back(TensorRef{st->second, {2}, {1}, 0, DType::i64});
+  n.attrs.set("offset", int64_t(draw.offset - src.base));
 }
 
 // Host code reads values no op records, so whatever it computes from them (a scalar passed on to
@@ -123,6 +172,13 @@ void Tracer::on_host_read(const Tensor& t) {
 
 Graph Tracer::finish(const std::vector<Tensor>& outputs) {
   REEL_ASSERT(!active_, "Tracer::finish while tracing");
+  flush_host_draws();
+  for (const auto& [gen, src] : sources_) {
+    RandomSource r{gen, src.end - src.base, {}};
+    for (const auto& [device, buffer] : src.state) r.buffers.push_back(buffer);
+    graph_.random_sources.push_back(std::move(r));
+  }
+  sources_.clear();
   std::unordered_map<int, long> output_refs;  // references the returned tensors hold, per buffer
   for (const Tensor& t : outputs) {
     REEL_CHECK(t.defined(), "compile: the step function returned an undefined tensor");

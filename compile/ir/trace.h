@@ -13,8 +13,15 @@
 // tracer's own reference is left): Buffer::released_after, which gives eager execution's own lifetimes
 // (autograd holds saved tensors until their backward ran) to the memory budget's planner.
 //
+// Random ops (dropout, rand_*) are part of the plan: the tracer also watches the thread's Generator
+// draws (DrawObserver, tensor/rng.h) and ties each draw to the random op dispatched right after it.
+// Such a node gets an extra input, its generator's Philox state (an External buffer per generator
+// and device, written by the plan before each run: Graph::random_sources), and its offset attr
+// becomes relative to the generator's first draw in the call. A random op with no draw (its seed
+// and offset passed by hand) keeps its numbers on every run, as it would eagerly.
+//
 // Ops a replay cannot honour are recorded as graph breaks, with the reason:
-//   random ops (dropout, rand_*): their Philox offset is an attr, so a replay would repeat the numbers;
+//   a draw no random op follows: host code using random numbers, which a replay would not redraw;
 //   a copy from a GPU to the host: the host reads a device value, which stops a captured graph.
 #pragma once
 #include <unordered_map>
@@ -33,7 +40,7 @@ struct GraphBreak {
   bool eager = false;
 };
 
-class Tracer : public DispatchObserver {
+class Tracer : public DispatchObserver, public DrawObserver {
  public:
   // `inputs` are the call's arguments: their buffers become Input buffers.
   explicit Tracer(const std::vector<Tensor>& inputs);
@@ -46,6 +53,7 @@ class Tracer : public DispatchObserver {
   void on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                    const Attrs& attrs, bool into_given) override;
   void on_host_read(const Tensor& t) override;
+  void on_draw(Generator& gen, uint64_t offset, uint64_t counters) override;
 
   // The graph, with `outputs` (what the function returned) as its outputs. Call after stop().
   Graph finish(const std::vector<Tensor>& outputs);
@@ -56,12 +64,28 @@ class Tracer : public DispatchObserver {
   TensorRef ref_of(const Tensor& t, BufferKind kind_if_new);
 
   void note_releases();
+  // Draws not followed by their random op are host code's: each becomes a graph break.
+  void flush_host_draws();
+  // Binds node n (a random op) to the draw that preceded it, if any.
+  void bind_random(Node& n);
+
+  struct Draw {
+    Generator* gen;
+    uint64_t offset, counters;
+  };
+  struct Source {
+    uint64_t base = 0, end = 0;                 // first counter drawn, one past the last
+    std::vector<std::pair<Device, int>> state;  // its state buffer per device
+  };
+  std::vector<Draw> pending_;  // draws since the last dispatch
+  std::vector<std::pair<Generator*, Source>> sources_;
 
   Graph graph_;
   std::unordered_map<const Storage*, int> ids_;
   std::vector<int> held_;  // Internal buffers the traced program still references
   std::vector<GraphBreak> breaks_;
   DispatchObserver* previous_ = nullptr;
+  DrawObserver* previous_draws_ = nullptr;
   bool active_ = false;
 };
 

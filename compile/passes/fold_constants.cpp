@@ -1,6 +1,7 @@
 // Constant folding: a node with no inputs, or only constant ones, whose outputs are Internal buffers
 // written by no other node (position ids, causal masks, their casts) runs once at build time; its
-// outputs become External constants of the plan, bound like parameters.
+// outputs become External constants of the plan, bound like parameters. Random ops are never folded:
+// each run draws fresh numbers (Graph::random_sources).
 #include "compile/passes/passes.h"
 #include "kernels/dispatch.h"
 
@@ -13,7 +14,7 @@ void fold_constants(Graph& g, PassStats& stats) {
   std::vector<bool> constant(g.buffers.size(), false);
   std::vector<Node> kept;
   for (Node& n : g.nodes) {
-    bool foldable = !n.in_place && !n.outputs.empty();
+    bool foldable = !n.in_place && !n.outputs.empty() && !is_random_op(n.op);
     for (const auto& r : n.inputs) foldable = foldable && (!r || constant[r->buffer]);
     for (const TensorRef& r : n.outputs)
       foldable = foldable && g.buffers[r.buffer].kind == BufferKind::Internal && writers[r.buffer] == 1;

@@ -13,8 +13,10 @@
 // A call whose signature matches no cached plan is a recompile (logged under REEL_LOG=recompiles
 // with the mismatch); past `cache_limit` plans the function runs eagerly with a one-time warning,
 // as torch.compile does at its recompile limit. A trace containing what a replay cannot honour (a
-// random op; a tensor's values read on the host, by item() or to_vector(), whatever its device) is
-// a graph break: that signature then always runs eagerly, reported with the op name and reason.
+// tensor's values read on the host, by item() or to_vector(), whatever its device; random numbers
+// host code drew from a Generator without a random op) is a graph break: that signature then always
+// runs eagerly, reported with the op name and reason. Random ops (dropout, rand, randn) replay with
+// fresh numbers, the ones an eager call would draw (Graph::random_sources).
 //
 // The contract, as for every tracing compiler: the function must do the same ops on every call
 // with the same signature, and take host values only through its arguments — a host value that

@@ -102,9 +102,22 @@ void Plan::run_steps(size_t begin, size_t end) {
   }
 }
 
+void Plan::reserve_random_numbers() {
+  for (const RandomSource& r : graph_.random_sources) {
+    const uint64_t base = r.generator->advance(r.span);
+    Tensor host = Tensor::empty({2}, DType::i64, Device::cpu());
+    uint64_t* v = static_cast<uint64_t*>(host.data_ptr());
+    v[0] = r.generator->seed();
+    v[1] = base;
+    // Stream-ordered before the run's kernels (and its graphs' replays), as the arguments' copies are.
+    for (int b : r.buffers) run_kernel(OpKind::Copy, {host}, {bind(TensorRef{b, {2}, {1}, 0, DType::i64})}, Attrs());
+  }
+}
+
 std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) {
   REEL_ASSERT(int(inputs.size()) == graph_.num_inputs, "compile: ", inputs.size(), " inputs for a plan of ",
               graph_.num_inputs);
+  reserve_random_numbers();
   // Arguments into the static input buffers, in the traced geometry (the guards checked shapes).
   for (size_t i = 0; i < inputs.size(); ++i) run_kernel(OpKind::Copy, {inputs[i]}, {input_views_[i]}, Attrs());
   for (Segment& seg : segments_) {
@@ -142,6 +155,7 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) {
 namespace reel::compile {
 
 std::vector<Plan::KernelTime> Plan::profile(const std::vector<Tensor>& inputs) {
+  reserve_random_numbers();
   for (size_t i = 0; i < inputs.size(); ++i) run_kernel(OpKind::Copy, {inputs[i]}, {input_views_[i]}, Attrs());
   std::vector<KernelTime> times;
   for (size_t i = 0; i < steps_.size(); ++i) {

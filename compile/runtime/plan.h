@@ -3,7 +3,7 @@
 //   Input buffers     get static copies made at build time; each call copies its arguments in.
 //   External buffers  are the traced Storages themselves (parameters, optimizer state, ...).
 //   Internal buffers  are views into one arena per device, placed by the memory plan.
-// run() copies the arguments in, runs the nodes in order through the kernel table (run_kernel: no
+// run() reserves the random numbers of the run (Graph::random_sources), copies the arguments in, runs the nodes in order through the kernel table (run_kernel: no
 // schema checks, no allocation of activations, no autograd: the tape was recorded once; fused nodes
 // are ops like the others), and returns fresh copies of the outputs, so a caller may keep them while
 // later calls reuse the arena. Building a plan also prepares each node's kernel (prepare_kernel:
@@ -78,6 +78,9 @@ class Plan {
   void build_steps();
   void build_segments();
   void run_steps(size_t begin, size_t end);
+  // Reserves each generator's counters for this run and writes {seed, base} into its state buffers
+  // (Graph::random_sources), so random nodes draw what an eager call would draw now.
+  void reserve_random_numbers();
 
   PassStats stats_;  // before graph_: the passes fill it while graph_ is initialised
   Graph graph_;

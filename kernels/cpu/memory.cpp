@@ -6,6 +6,7 @@
 #include "kernels/cpu/dense_outputs.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
+#include "kernels/philox_args.h"
 #include "tensor/rng.h"
 
 namespace reel {
@@ -63,7 +64,8 @@ void arange_kernel(const KernelCall& c) {
 }
 
 void rand_uniform_kernel(const KernelCall& c) {
-  uint64_t seed = uint64_t(c.attrs.i("seed")), offset = uint64_t(c.attrs.i("offset"));
+  const PhiloxArgs rng = philox_args(c, 0);
+  const uint64_t seed = rng.key(), offset = rng.start();
   double lo = c.attrs.f("low", 0.0), hi = c.attrs.f("high", 1.0);
   visit_dtype(c.out[0].dtype(), [&]<typename T>() {
     fill_indexed<T>(c.out[0], [=](int64_t i) { return lo + (hi - lo) * double(philox_uniform(seed, offset, i)); });
@@ -71,7 +73,8 @@ void rand_uniform_kernel(const KernelCall& c) {
 }
 
 void rand_normal_kernel(const KernelCall& c) {
-  uint64_t seed = uint64_t(c.attrs.i("seed")), offset = uint64_t(c.attrs.i("offset"));
+  const PhiloxArgs rng = philox_args(c, 0);
+  const uint64_t seed = rng.key(), offset = rng.start();
   double mean = c.attrs.f("mean", 0.0), stddev = c.attrs.f("std", 1.0);
   visit_dtype(c.out[0].dtype(), [&]<typename T>() {
     fill_indexed<T>(c.out[0], [=](int64_t i) { return mean + stddev * double(philox_normal(seed, offset, i)); });

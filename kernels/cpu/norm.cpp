@@ -26,6 +26,7 @@
 #include "kernels/cpu/dense_outputs.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
+#include "kernels/philox_args.h"
 #include "tensor/rng.h"
 
 namespace reel {
@@ -386,7 +387,8 @@ void dropout_fwd_kernel(const KernelCall& c) {
   Tensor x = dense(c.in[0]);
   Tensor y = c.out[0], mask = c.out[1];
   double p = c.attrs.f("p");
-  uint64_t seed = uint64_t(c.attrs.i("seed")), offset = uint64_t(c.attrs.i("offset"));
+  const PhiloxArgs rng = philox_args(c, 1);
+  const uint64_t seed = rng.key(), offset = rng.start();
   int64_t n = x.numel();
   visit_float_dtype(x.dtype(), "dropout", [&]<typename T>() {
     using A = AccType<T>;

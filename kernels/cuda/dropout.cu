@@ -7,9 +7,11 @@
 //   (double -> Acc -> dtype), so that y = x * mask exactly, as backward assumes;
 //   y = x * mask computed in Acc (a dropped inf or NaN gives NaN, as on the CPU); p == 1 gives mask 0.
 // Launch: one thread per group of 4 elements, so each Philox evaluation yields all 4 of its words;
-// grid-stride over the groups.
+// grid-stride over the groups. The key and first counter come from PhiloxArgs (tensor/rng.h): the
+// attrs, or in a compiled plan the state the plan writes on the device before each run, read here.
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/cuda/norm_common.cuh"
+#include "kernels/philox_args.h"
 #include "tensor/rng.h"
 
 namespace reel {
@@ -20,9 +22,9 @@ using namespace norm_detail;
 
 // x, y, mask: n contiguous values; `keep` is the kept mask value, already rounded to D.
 template <typename D, typename A = Acc<D>>
-__global__ void dropout_fwd_kernel(const D* x, D* y, D* mask, int64_t n, uint64_t seed, uint64_t offset,
-                                   float threshold, A keep) {
+__global__ void dropout_fwd_kernel(const D* x, D* y, D* mask, int64_t n, PhiloxArgs rng, float threshold, A keep) {
   const int64_t groups = (n + 3) / 4;
+  const uint64_t seed = rng.key(), offset = rng.start();
   for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < groups; q += int64_t(gridDim.x) * blockDim.x) {
     const Philox4 r = philox4x32_10(seed, offset + uint64_t(q));
 #pragma unroll
@@ -52,12 +54,12 @@ void dropout_fwd(const KernelCall& c) {
   const int64_t n = x.numel();
   if (n == 0) return;
   const double p = c.attrs.f("p");
-  const uint64_t seed = uint64_t(c.attrs.i("seed")), offset = uint64_t(c.attrs.i("offset"));
+  const PhiloxArgs rng = philox_args(c, 1);
   const double keep = kept_value(x.dtype(), p);
   visit_float(x.dtype(), "dropout", [&]<typename D>() {
     using A = Acc<D>;
     dropout_fwd_kernel<D><<<blocks_for((n + 3) / 4), 256, 0, stream_of(x)>>>(
-        in_ptr<D>(x), out_ptr<D>(y), out_ptr<D>(mask), n, seed, offset, float(p), A(keep));
+        in_ptr<D>(x), out_ptr<D>(y), out_ptr<D>(mask), n, rng, float(p), A(keep));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }

@@ -11,6 +11,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/philox_args.h"
 #include "tensor/rng.h"
 
 namespace reel {
@@ -112,15 +113,20 @@ struct ArangeValue {
   double start, step;
   __device__ double operator()(int64_t i) const { return start + double(i) * step; }
 };
+// The key and first counter are read where the kernel runs: a compiled plan's state is device memory.
 struct UniformValue {
-  uint64_t seed, offset;
+  PhiloxArgs rng;
   double lo, hi;
-  __device__ double operator()(int64_t i) const { return lo + (hi - lo) * double(philox_uniform(seed, offset, i)); }
+  __device__ double operator()(int64_t i) const {
+    return lo + (hi - lo) * double(philox_uniform(rng.key(), rng.start(), i));
+  }
 };
 struct NormalValue {
-  uint64_t seed, offset;
+  PhiloxArgs rng;
   double mean, std;
-  __device__ double operator()(int64_t i) const { return mean + std * double(philox_normal(seed, offset, i)); }
+  __device__ double operator()(int64_t i) const {
+    return mean + std * double(philox_normal(rng.key(), rng.start(), i));
+  }
 };
 
 void fill_kernel(const KernelCall& c) { fill_indexed(c.out[0], ConstantValue{c.attrs.f("value")}); }
@@ -130,13 +136,11 @@ void arange_kernel(const KernelCall& c) {
 }
 
 void rand_uniform_kernel(const KernelCall& c) {
-  fill_indexed(c.out[0], UniformValue{uint64_t(c.attrs.i("seed")), uint64_t(c.attrs.i("offset")),
-                                      c.attrs.f("low", 0.0), c.attrs.f("high", 1.0)});
+  fill_indexed(c.out[0], UniformValue{philox_args(c, 0), c.attrs.f("low", 0.0), c.attrs.f("high", 1.0)});
 }
 
 void rand_normal_kernel(const KernelCall& c) {
-  fill_indexed(c.out[0], NormalValue{uint64_t(c.attrs.i("seed")), uint64_t(c.attrs.i("offset")),
-                                     c.attrs.f("mean", 0.0), c.attrs.f("std", 1.0)});
+  fill_indexed(c.out[0], NormalValue{philox_args(c, 0), c.attrs.f("mean", 0.0), c.attrs.f("std", 1.0)});
 }
 
 // A contiguous host copy of `src` in dtype `dt` (src itself when it already is one).

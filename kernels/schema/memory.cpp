@@ -2,8 +2,9 @@
 //
 //   fill ()           attrs shape, dtype, device_type, device_index, value    every element = value
 //   arange ()         attrs n, start, step, dtype, device_*                  (n,): start + i*step
-//   rand_uniform ()   attrs shape, dtype, device_*, low, high, seed, offset  see tensor/rng.h
-//   rand_normal ()    attrs shape, dtype, device_*, mean, std, seed, offset
+//   rand_uniform ([state])  attrs shape, dtype, device_*, low, high, seed, offset  see tensor/rng.h
+//   rand_normal ([state])   attrs shape, dtype, device_*, mean, std, seed, offset
+//                     state: a compiled plan's Philox state (PhiloxArgs); offset is then relative to it
 //   copy (x)          attr dtype (optional: cast)   a contiguous copy; with dispatch_out, a copy into
 //                                                   any view, across dtypes and (CUDA) devices
 //   concat (x0..xk)   attr dim                      shapes agree except along dim
@@ -19,8 +20,11 @@ std::vector<TensorMeta> infer_creation(const std::vector<Tensor>& in, const Attr
   return {{shape, a.dtype("dtype"), schema::attr_device(a)}};
 }
 
+template <OpKind Op>
 std::vector<TensorMeta> infer_random(const std::vector<Tensor>& in, const Attrs& a) {
-  auto metas = infer_creation(in, a);
+  REEL_ASSERT(in.size() <= 1, "random ops take at most one input (the Philox state), got ", in.size());
+  auto metas = infer_creation({}, a);
+  schema::expect_philox_state(Op, in, 0, metas[0].device);
   REEL_CHECK(is_floating(metas[0].dtype), "random: dtype must be a float type, got ", dtype_name(metas[0].dtype));
   return metas;
 }
@@ -64,8 +68,8 @@ std::vector<TensorMeta> infer_concat(const std::vector<Tensor>& in, const Attrs&
 void register_memory_schemas() {
   register_schema(OpKind::Fill, infer_creation);
   register_schema(OpKind::Arange, infer_arange);
-  register_schema(OpKind::RandUniform, infer_random);
-  register_schema(OpKind::RandNormal, infer_random);
+  register_schema(OpKind::RandUniform, infer_random<OpKind::RandUniform>);
+  register_schema(OpKind::RandNormal, infer_random<OpKind::RandNormal>);
   register_schema(OpKind::Copy, infer_copy);
   register_schema(OpKind::Concat, infer_concat);
 }

@@ -17,7 +17,7 @@
 //       training: batch statistics; running stats (both or neither, any float dtype) are updated in
 //       place by the kernel. eval: running stats required; save_* are running_mean, 1/sqrt(rv + eps).
 //   batch_norm_backward (g, x, w?, save_mean, save_rstd)   attr training -> dx, dw (C), db (C)
-//   dropout (x)                            attrs p in [0, 1], seed, offset
+//   dropout (x[, state])                   attrs p in [0, 1], seed, offset (state: tensor/rng.h's PhiloxArgs)
 //       -> y (x.shape), mask (x.shape, x's dtype, values 0 or 1/(1-p); all 0 when p == 1)
 #include "kernels/schema/schema_util.h"
 
@@ -233,8 +233,10 @@ std::vector<TensorMeta> infer_batch_norm_backward(const std::vector<Tensor>& in,
 
 std::vector<TensorMeta> infer_dropout(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::Dropout;
-  schema::expect_inputs(op, in, 1);
+  REEL_ASSERT(in.size() == 1 || in.size() == 2, "dropout takes x and an optional Philox state, got ", in.size(),
+              " inputs");
   expect_x(op, in[0]);
+  schema::expect_philox_state(op, in, 1, in[0].device());
   double p = a.f("p");
   REEL_CHECK(p >= 0 && p <= 1, "dropout: probability p must be in [0, 1], got ", p);
   a.i("seed");  // both are required: a missing one throws here, naming the attr

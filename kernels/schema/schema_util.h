@@ -40,6 +40,16 @@ inline void expect_ndim(OpKind op, const Tensor& t, int64_t ndim, const char* wh
 inline TensorMeta meta_like(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
 
 // Reads a device stored in attrs "device_type"/"device_index" (creation ops have no input to take it from).
+// A random op's optional Philox state (PhiloxArgs, tensor/rng.h), in[index] when present: what a
+// compiled plan passes so that each run draws fresh numbers. (2,) i64 on the op's device.
+inline void expect_philox_state(OpKind op, const std::vector<Tensor>& in, size_t index, Device device) {
+  if (in.size() <= index || !in[index].defined()) return;
+  const Tensor& s = in[index];
+  REEL_CHECK(s.dim() == 1 && s.size(0) == 2 && s.dtype() == DType::i64 && s.device() == device && s.is_contiguous(),
+             op_name(op), ": the Philox state ", shape_str(s.shape()), " ", dtype_name(s.dtype()), " on ",
+             s.device().str(), " must be a contiguous (2) i64 {seed, base offset} on ", device.str());
+}
+
 inline Device attr_device(const Attrs& a) {
   return Device{static_cast<DeviceType>(a.i("device_type", 0)), int(a.i("device_index", 0))};
 }
