@@ -1,5 +1,5 @@
 // The seed's model families (resnet18-cifar, vit-tiny, yolov8n-cls: nn/resnet.h, nn/vit.h, nn/yolo.h)
-// in MODELS.md's training step on the CPU, at micro-batch 2 to keep each test to seconds:
+// in MODELS.md's training step on the CPU, at micro-batches of 1 or 2 to keep each test to seconds:
 //   - compiled vs eager (fusion off, f32): the plan runs eager's kernels in eager's order, so losses,
 //     parameters and BatchNorm running statistics agree to the bit over a few AdamW steps with
 //     clipping and accumulation (call 0 warms up, 1 traces, the rest replay);
@@ -24,17 +24,19 @@ namespace {
 struct Family {
   const char* name;
   std::function<std::shared_ptr<nn::Module>(Generator*)> make;
-  int64_t side;  // image side of the test's inputs
+  int64_t side;         // image side of the test's inputs
+  int64_t micro_batch;  // items per micro-batch
 };
 
 // resnet18-cifar and yolov8n-cls are fully convolutional: smaller images than MODELS.md's keep the
-// CPU test short with every layer still in play (yolo: 32 -> 1 after five stride-2 convs). The ViT's
-// pos_embed fixes 32x32.
+// CPU test short with every layer still in play (resnet: 16 -> 2 after three stride-2 blocks; yolo: 32 -> 1
+// after five stride-2 convs). The ViT's
+// pos_embed fixes 32x32, and with no BatchNorm it can take micro-batches of one image.
 std::vector<Family> families() {
   return {
-      {"resnet18-cifar", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::resnet18_cifar(g)); }, 16},
-      {"vit-tiny", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::vit_tiny(g)); }, 32},
-      {"yolov8n-cls", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::yolov8n_cls(g)); }, 32},
+      {"resnet18-cifar", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::resnet18_cifar(g)); }, 16, 2},
+      {"vit-tiny", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::vit_tiny(g)); }, 32, 1},
+      {"yolov8n-cls", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::yolov8n_cls(g)); }, 32, 2},
   };
 }
 
@@ -103,7 +105,7 @@ Run train(const Family& f, const std::vector<optim::MicroBatch>& micro, int step
 
 void expect_compiled_matches_eager(const Family& f) {
   SCOPED_TRACE(f.name);
-  auto micro = image_batches(2, 2, f.side, 12);
+  auto micro = image_batches(2, f.micro_batch, f.side, 12);
   Run eager = train(f, micro, 4, false), compiled = train(f, micro, 4, true);
   EXPECT_EQ(eager.losses, compiled.losses);
   EXPECT_NE(eager.losses.front(), eager.losses.back()) << "the steps must change the model";
@@ -122,7 +124,7 @@ void expect_compiled_matches_eager(const Family& f) {
 void expect_accumulation_equals_large_batch(const Family& f, bool eval_mode) {
   SCOPED_TRACE(std::string(f.name) + (eval_mode ? " eval" : " train"));
   const int accum = 2;
-  auto micro = image_batches(accum, 2, f.side, 31);
+  auto micro = image_batches(accum, f.micro_batch, f.side, 31);
   std::vector<Tensor> xs, ys;
   for (const auto& m : micro) xs.push_back(m.inputs), ys.push_back(m.targets);
   Generator g1(5), g2(5);
@@ -136,7 +138,7 @@ void expect_accumulation_equals_large_batch(const Family& f, bool eval_mode) {
   }
   nn::model_loss(*whole, concat(xs, 0), concat(ys, 0)).backward();
   std::vector<double> a = flat_grads(*acc), w = flat_grads(*whole);
-  // f32 sums in another order (a GEMM over 4 items against two over 2): rounding, amplified a little
+  // f32 sums in another order (one GEMM over the whole batch against one per micro-batch): rounding, amplified a little
   // by depth; a wrong normalisation would be off by a factor, a missed micro-batch by ~50%.
   EXPECT_LT(rel_l2(a, w), 1e-5);
   // Per parameter too, for those whose gradient is not ~0 (where the relative error means nothing).
@@ -174,7 +176,7 @@ TEST(ModelFamilies, Yolov8nClsAccumulationEqualsOneLargeBatchInEvalMode) {
 // gradient is the mean of the micro-batches' gradients, each from the same starting weights.
 TEST(ModelFamilies, Yolov8nClsAccumulationInTrainingIsTheMeanOfMicroBatchGradients) {
   const Family f = families()[2];
-  auto micro = image_batches(2, 2, f.side, 41);
+  auto micro = image_batches(2, f.micro_batch, f.side, 41);
   Generator g(6);
   auto acc = f.make(&g);
   optim::SGD opt(acc->parameters(), optim::SGDOptions(0.0));
