@@ -2,7 +2,8 @@
 // in MODELS.md's training step on the CPU, at micro-batches of 1 or 2 to keep each test to seconds:
 //   - compiled vs eager (fusion off, f32): the plan runs eager's kernels in eager's order, so losses,
 //     parameters and BatchNorm running statistics agree to the bit over a few AdamW steps with
-//     clipping and accumulation (call 0 warms up, 1 traces, the rest replay);
+//     clipping and accumulation (call 0 warms up, 1 traces, the rest replay); with fusion on, the
+//     losses agree to f32 rounding;
 //   - the accumulation contract: ACCUM micro-batches give the gradient of one batch ACCUM times the
 //     size (within f32 rounding). With BatchNorm in training mode that holds only for the mean of the
 //     micro-batches' own gradients (tests/test_accumulation_batchnorm.cpp); in eval mode (running
@@ -77,15 +78,16 @@ struct Run {
   std::shared_ptr<nn::Module> model;
 };
 
-// `steps` MODELS.md steps (AdamW lr 1e-3 wd 0.01, clip 1.0, ACCUM = micro.size()), eager or compiled.
-Run train(const Family& f, const std::vector<optim::MicroBatch>& micro, int steps, bool compiled) {
+// `steps` MODELS.md steps (AdamW lr 1e-3 wd 0.01, clip 1.0, ACCUM = micro.size()), eager or compiled
+// (fusion passes on or off).
+Run train(const Family& f, const std::vector<optim::MicroBatch>& micro, int steps, bool compiled, bool fuse = false) {
   Generator gen(3);
   Run run{{}, f.make(&gen)};
   optim::AdamW opt(run.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
   opt.set_accum_steps(int64_t(micro.size())).set_max_grad_norm(1.0);
   nn::Module* m = run.model.get();
   auto loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
-  auto step = compile::compile_train_step(opt, loss_fn, {compile::Mode::Default, 8, false});
+  auto step = compile::compile_train_step(opt, loss_fn, {compile::Mode::Default, 8, fuse});
   for (int s = 0; s < steps; ++s) {
     if (compiled) {
       run.losses.push_back(step(compile::flatten_micro(micro))[0].item());
@@ -117,6 +119,12 @@ void expect_compiled_matches_eager(const Family& f) {
   ASSERT_EQ(be.size(), bc.size());
   for (size_t i = 0; i < be.size(); ++i)
     EXPECT_EQ(be[i].second.to_vector<double>(), bc[i].second.to_vector<double>()) << be[i].first;
+  // With every pass on, the plan's fused kernels (elementwise chains with the families' SiLU and exact
+  // GELU, GEMM epilogues, the optimizer over all parameters) run in place of eager's: the same
+  // losses to f32 rounding.
+  Run fused = train(f, micro, 3, true, true);  // warm-up, trace, one replay
+  for (size_t s = 0; s < fused.losses.size(); ++s)
+    EXPECT_NEAR(fused.losses[s], eager.losses[s], 1e-5 * std::abs(eager.losses[s])) << "fused, step " << s;
 }
 
 // The gradient after ACCUM micro-batches through the optimizer's contract (scale_loss, backward,
