@@ -1,8 +1,9 @@
 // Google Benchmark suite of MODELS.md's training step (part of `make bench`): one benchmark per model
 // and precision, eager, on the GPU when one is visible (timed with CUDA events, manual time) and on
 // the CPU otherwise (wall time). Counters: items/s (images or tokens) and ops run per step.
-// gpt-small is skipped on the CPU (tens of seconds a step on two cores); `reel bench` prints the
-// same figures as a table and JSON lines for joining with the PyTorch peer.
+// gpt-small, resnet18-cifar and vit-tiny are skipped on the CPU (seconds to tens of seconds a step on
+// two cores); `reel bench` prints the same figures as a table and JSON lines for joining with the
+// PyTorch peer.
 #include <benchmark/benchmark.h>
 
 #include "kernels/dispatch.h"
@@ -17,8 +18,8 @@ using namespace reel;
 
 void BM_TrainStep(benchmark::State& state, const std::string& model, const std::string& prec) {
   Device device = cuda::is_available() ? Device::cuda(0) : Device::cpu();
-  if (device.is_cpu() && model == "gpt-small") {
-    state.SkipWithError("gpt-small is too slow for the CPU suite; run reel bench on a GPU");
+  if (device.is_cpu() && (model == "gpt-small" || model == "resnet18-cifar" || model == "vit-tiny")) {
+    state.SkipWithError((model + " is too slow for the CPU suite; run reel bench on a GPU").c_str());
     return;
   }
   AutocastGuard amp(PrecisionPolicy::parse(prec));
@@ -49,10 +50,10 @@ void BM_TrainStep(benchmark::State& state, const std::string& model, const std::
 }
 
 void register_train_benchmarks() {
-  for (const char* model : {"cnn-small", "gpt-tiny", "gpt-small"})
+  for (const std::string& model : nn::benchmark_model_names())
     for (const char* prec : {"fp32", "bf16", "fp16"}) {
-      auto* b = benchmark::RegisterBenchmark((std::string("BM_TrainStep/") + model + "/" + prec).c_str(), BM_TrainStep,
-                                             std::string(model), std::string(prec));
+      auto* b = benchmark::RegisterBenchmark(("BM_TrainStep/" + model + "/" + prec).c_str(), BM_TrainStep, model,
+                                             std::string(prec));
       b->Unit(benchmark::kMillisecond);
       if (cuda::is_available()) b->UseManualTime()->MinTime(0.5);
       else b->UseRealTime()->Iterations(3);  // a CPU step takes a good fraction of a second

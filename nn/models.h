@@ -1,6 +1,7 @@
-// The benchmark models of MODELS.md (cnn-small, gpt-tiny, gpt-small), the Fashion-MNIST CNN of
-// `make run`, and model_loss. Parameter names match the PyTorch peer (peer/torch_anchor.py), so
-// a state_dict maps one to one (BatchNorm's num_batches_tracked aside).
+// The benchmark models of MODELS.md (cnn-small, gpt-tiny, gpt-small here; the seed's model families
+// resnet18-cifar, vit-tiny and yolov8n-cls in resnet.h, vit.h and yolo.h, which this index includes),
+// the Fashion-MNIST CNN of `make run`, and model_loss. Parameter names match the PyTorch peer
+// (peer/torch_anchor.py), so a state_dict maps one to one (BatchNorm's num_batches_tracked aside).
 //
 //   cnn_small   Sequential: 5 x [conv3x3 (no bias), BatchNorm2d x3 / GroupNorm(8) x2, ReLU],
 //               GlobalAvgPool2d, Flatten (a no-op, for the peer's indices), Linear(128 -> 10);
@@ -12,10 +13,16 @@
 //               gpt_tiny: 3,323,392 parameters; gpt_small: 25,613,312
 //   fashion_cnn conv3x3(1->w) BN ReLU maxpool2, conv3x3(w->2w) BN ReLU maxpool2, Flatten,
 //               Linear(2w*7*7 -> 10), w = 32 by default (convs without bias: BN follows); images (N, 1, 28, 28)
+//   resnet18_cifar  (resnet.h) 11,173,962 parameters; images (N, 3, 32, 32)
+//   vit_tiny        (vit.h)     5,362,762 parameters; images (N, 3, 32, 32)
+//   yolov8n_cls     (yolo.h)    1,451,098 parameters; images (N, 3, 64, 64)
 #pragma once
 #include "nn/attention.h"
 #include "nn/layers.h"
 #include "nn/norm_layers.h"
+#include "nn/resnet.h"
+#include "nn/vit.h"
+#include "nn/yolo.h"
 
 namespace reel::nn {
 

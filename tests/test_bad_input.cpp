@@ -227,12 +227,35 @@ TEST(PaperCuts, GptsTrainOnRandomTokens) {
   EXPECT_NE(r->out.find("done: 2 steps"), std::string::npos) << r->out;
   r = reel_cli("train --model nope");
   EXPECT_EQ(r->code, 1) << r->out;
-  EXPECT_NE(r->out.find("unknown model nope (expected fashion-cnn, cnn-small, gpt-tiny or gpt-small)"), std::string::npos)
+  EXPECT_NE(r->out.find("unknown model nope (expected fashion-cnn, cnn-small, resnet18-cifar, vit-tiny, yolov8n-cls, gpt-tiny or "
+                           "gpt-small)"), std::string::npos)
       << r->out;
   r = reel_cli("train --model fashion-cnn --dataset random --device cpu");
   EXPECT_EQ(r->code, 1) << r->out;
-  EXPECT_NE(r->out.find("cnn-small on random images"), std::string::npos) << r->out;
+  EXPECT_NE(r->out.find("yolov8n-cls on random images"), std::string::npos) << r->out;
   r = reel_cli("train --model gpt-tiny --dataset random --text /etc/hostname --device cpu");
   EXPECT_EQ(r->code, 1) << r->out;
   EXPECT_NE(r->out.find("--text /etc/hostname is read only with --dataset text"), std::string::npos) << r->out;
+}
+
+// The seed's model families train from `reel train` on random images of their size (64x64 for
+// yolov8n-cls), and --init-from loads a state_dict strictly before training: a file of the same model
+// loads every tensor; another model's file is refused, naming the keys, before any step.
+TEST(PaperCuts, ImageFamiliesTrainAndStartFromAStateDict) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("reel_init_" + std::to_string(::getpid()))).string();
+  nn::save_state_dict(*nn::yolov8n_cls(), path);
+  std::optional<CliRun> r = reel_cli("train --model yolov8n-cls --dataset random --device cpu --limit 8 --micro-batch 4 "
+                                     "--accum 2 --epochs 1 --compile default --init-from " + path);
+  REQUIRE_CLI(r);
+  EXPECT_EQ(r->code, 0) << r->out;
+  EXPECT_NE(r->out.find("init: 132 tensors loaded from " + path + " (80 parameters, 52 buffers)"), std::string::npos)
+      << r->out;
+  EXPECT_NE(r->out.find("model yolov8n-cls: 1451098 parameters"), std::string::npos) << r->out;
+  EXPECT_NE(r->out.find("done: 1 epochs"), std::string::npos) << r->out;
+  r = reel_cli("train --model resnet18-cifar --dataset random --device cpu --limit 8 --micro-batch 4 --accum 2 "
+               "--epochs 1 --init-from " + path);
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("lacks keys the module has: conv1.weight"), std::string::npos) << r->out;
+  EXPECT_EQ(r->out.find("epoch 1"), std::string::npos) << "refused before training: " << r->out;
+  std::filesystem::remove(path);
 }

@@ -38,7 +38,7 @@ namespace {
 constexpr int64_t kAccum = 4;
 
 struct BenchOptions {
-  std::vector<std::string> models{"cnn-small", "gpt-tiny", "gpt-small"};
+  std::vector<std::string> models = nn::benchmark_model_names();  // MODELS.md's six
   std::vector<std::string> precisions{"fp32", "bf16", "fp16"};
   std::vector<std::string> modes{"eager"};  // eager, or compile modes (compile/runtime/plan.h)
   std::string device = "auto";
@@ -80,6 +80,8 @@ BenchOptions parse(int argc, char** argv) {
                      " (expected --models, --precisions, --compile, --device, --steps, --warmup, --micro-batch, --json, "
                      "--profile, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P)");
   }
+  for (const std::string& m : o.models)  // a typo fails before any run
+    if (!nn::is_benchmark_model(m)) nn::make_benchmark_model(m);  // throws, naming the known models
   REEL_CHECK(o.steps > 0 && o.warmup >= 0 && o.profile_steps >= 0,
              "bench: --steps must be positive, --warmup and --profile non-negative");
   return o;
@@ -298,7 +300,7 @@ int bench_command(int argc, char** argv) {
     json.open(o.json_path);  // before any run: a path that cannot be written fails now, not silently later
     REEL_CHECK(json.good(), "bench: cannot write --json ", o.json_path);
   }
-  std::printf("%-10s %-5s %-16s %-7s %10s %10s %12s %9s %10s %8s\n", "model", "prec", "mode", "device", "median ms",
+  std::printf("%-14s %-5s %-16s %-7s %10s %10s %12s %9s %10s %8s\n", "model", "prec", "mode", "device", "median ms",
               "min ms", "items/s", "peak MiB", "ops/step", "first s");
   for (const std::string& mode : o.modes)
     if (mode != "eager") compile::parse_mode(mode);  // a typo fails before any run
@@ -306,7 +308,7 @@ int bench_command(int argc, char** argv) {
     for (const std::string& p : o.precisions)
       for (const std::string& mode : o.modes) {
         Result r = run_config(m, p, mode, device, o);
-        std::printf("%-10s %-5s %-16s %-7s %10.3f %10.3f %12.0f %9s %10.0f %8.2f\n", r.model.c_str(), r.prec.c_str(),
+        std::printf("%-14s %-5s %-16s %-7s %10.3f %10.3f %12.0f %9s %10.0f %8.2f\n", r.model.c_str(), r.prec.c_str(),
                     r.mode.c_str(), r.dev.c_str(), r.median_ms, r.min_ms,
                     double(r.items_per_step) / (r.median_ms / 1e3),
                     r.peak_mib < 0 ? "-" : std::to_string(std::lround(r.peak_mib)).c_str(), r.kernels_per_step,

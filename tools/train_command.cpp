@@ -268,19 +268,30 @@ double accuracy(nn::Module& model, const data::ImageDataset& test, Device device
   return double(correct) / double(test.size());
 }
 
-// Synthetic images (cnn-small has no CIFAR here): each of 10 classes has a fixed random prototype
-// and an image is 0.5 * its class's prototype plus unit noise, so there is something to learn and the
-// loss falls, while the step still measures the real model's compute.
-data::ImageDataset random_images(int64_t n, uint64_t seed) {
+// Synthetic images (the image benchmark models have no CIFAR here): each of 10 classes has a fixed
+// random prototype and an image is 0.5 * its class's prototype plus unit noise, so there is something to
+// learn and the loss falls, while the step still measures the real model's compute. side: 32, or 64
+// for yolov8n-cls (nn::benchmark_image_side).
+data::ImageDataset random_images(int64_t n, uint64_t seed, int64_t side) {
   Generator protos_gen(12345), g(seed);
-  Tensor protos = randn({10, 3 * 32 * 32}, {}, &protos_gen);
+  const int64_t pixels = 3 * side * side;
+  Tensor protos = randn({10, pixels}, {}, &protos_gen);
   std::vector<int64_t> labels;
   for (double u : uniform({n}, 0, 10, {DType::f64}, &g).to_vector<double>()) labels.push_back(std::min<int64_t>(9, int64_t(u)));
   data::ImageDataset d;
   d.labels = tensor_i64(labels, {n});
-  d.images = (embedding(protos, d.labels) * 0.5 + randn({n, 3 * 32 * 32}, {}, &g)).reshape({n, 3, 32, 32});
+  d.images = (embedding(protos, d.labels) * 0.5 + randn({n, pixels}, {}, &g)).reshape({n, 3, side, side});
   d.num_classes = 10;
   return d;
+}
+
+// --init-from: the whole state_dict, strictly (load_state_dict checks every key, shape and dtype
+// before it copies anything), into the model as built, before it moves to the device.
+void init_from(nn::Module& model, const std::string& path) {
+  if (path.empty()) return;
+  nn::load_state_dict(model, path);
+  std::printf("init: %zu tensors loaded from %s (%zu parameters, %zu buffers)\n", model.named_state().size(),
+              path.c_str(), model.named_parameters().size(), model.named_buffers().size());
 }
 
 int train_images(TrainOptions o, Device device, BudgetRun& budget) {
@@ -293,13 +304,16 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
     train = data::load_fashion_mnist(data::fashion_mnist_dir(), true, o.limit);
     test = data::load_fashion_mnist(data::fashion_mnist_dir(), false);
   } else {
-    REEL_CHECK(o.dataset == "random" && o.model == "cnn-small", "train: model ", o.model, " with dataset ",
-               o.dataset, " is not a known pairing (fashion-cnn trains on fashion-mnist, cnn-small on random "
-               "images, the GPTs on --dataset text (a file or the fortunes) or random tokens)");
-    model = nn::cnn_small(&gen);
-    train = random_images(o.limit > 0 ? o.limit : 2048, o.seed);
-    test = random_images(512, o.seed + 7);
+    REEL_CHECK(o.dataset == "random" && o.model != "fashion-cnn", "train: model ", o.model, " with dataset ",
+               o.dataset, " is not a known pairing (fashion-cnn trains on fashion-mnist; cnn-small, "
+               "resnet18-cifar, vit-tiny and yolov8n-cls on random images; the GPTs on --dataset text (a file or "
+               "the fortunes) or random tokens)");
+    model = nn::make_benchmark_model(o.model, &gen);
+    const int64_t side = nn::benchmark_image_side(o.model);
+    train = random_images(o.limit > 0 ? o.limit : 2048, o.seed, side);
+    test = random_images(512, o.seed + 7, side);
   }
+  init_from(*model, o.init_from);
   model->to(device);
   if (o.effective_batch > 0) {
     Shape item(train.images.shape().begin() + 1, train.images.shape().end());
@@ -453,6 +467,7 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
   Generator gen(o.seed);
   auto model = o.model == "gpt-small" ? nn::gpt_small(&gen) : nn::gpt_tiny(&gen);
   REEL_CHECK(o.model == "gpt-tiny" || o.model == "gpt-small", "train: unknown model ", o.model);
+  init_from(*model, o.init_from);
   model->to(device);
   if (o.effective_batch > 0) {
     const int64_t T = model->config().block_size;

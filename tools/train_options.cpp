@@ -5,6 +5,7 @@
 #include <map>
 
 #include "compile/runtime/memory_budget.h"
+#include "nn/workloads.h"
 #include "tools/arg_numbers.h"
 #include "tensor/error.h"
 
@@ -36,9 +37,11 @@ void check_budget_options(const TrainOptions& o) {
 
 const char* train_usage() {
   return "reel train [options]\n"
-         "  --model fashion-cnn|cnn-small|gpt-tiny|gpt-small   (default fashion-cnn)\n"
+         "  --model fashion-cnn|cnn-small|resnet18-cifar|vit-tiny|yolov8n-cls|gpt-tiny|gpt-small\n"
+         "                                                     (default fashion-cnn)\n"
          "  --dataset fashion-mnist|text|random                (default: by model; random: synthetic images\n"
-         "                                                     for cnn-small, uniform byte tokens for the GPTs)\n"
+         "                                                     for the image benchmark models, 3x32x32 or 3x64x64\n"
+         "                                                     for yolov8n-cls, uniform byte tokens for the GPTs)\n"
          "  --text PATH          text file for --dataset text (default: Debian's fortunes)\n"
          "  --device auto|cpu|cuda[:N]                         (default auto: the GPU when visible)\n"
          "  --epochs N           image models (default 4)    --steps N   text models (default 200)\n"
@@ -52,6 +55,8 @@ const char* train_usage() {
          "  --lr X  --schedule constant|cosine  --warmup N  --clip X (<= 0: none)\n"
          "  --remainder drop|step   an epoch's partial accumulation (default drop)\n"
          "  --seed N  --limit N (first N training items)  --checkpoint PATH  --sample-bytes N\n"
+         "  --init-from PATH     start from a state_dict file (a --checkpoint, or tools/torch_to_reel.py's\n"
+         "                       conversion of the PyTorch peer's model): every key, shape and dtype must match\n"
          "  --sync-bn 0|1        under mpirun: BatchNorm statistics over every rank's batch (default 0)\n"
          "Data parallel: mpirun -np K reel train ... (micro-batch and ACCUM are per rank; README: Data parallel)\n";
 }
@@ -79,6 +84,7 @@ TrainOptions parse_train_options(int argc, char** argv) {
       {"--seed", [&](const std::string& v) { o.seed = uint64_t(int_arg("train", "--seed", v, 0)); }},
       {"--limit", [&](const std::string& v) { o.limit = int_arg("train", "--limit", v, 1); }},
       {"--checkpoint", [&](const std::string& v) { o.checkpoint = v; }},
+      {"--init-from", [&](const std::string& v) { o.init_from = v; }},
       {"--sample-bytes", [&](const std::string& v) { o.sample_bytes = int_arg("train", "--sample-bytes", v, 0, kMaxSampleBytes); }},
       {"--sync-bn", [&](const std::string& v) {
          REEL_CHECK(v == "0" || v == "1", "train: --sync-bn expects 0 or 1, got \"", v, "\"");
@@ -102,8 +108,8 @@ TrainOptions parse_train_options(int argc, char** argv) {
   REEL_CHECK(o.compile == "none" || o.compile == "default" || o.compile == "reduce-overhead" ||
                  o.compile == "max-autotune",
              "train: --compile must be none, default, reduce-overhead or max-autotune, got ", o.compile);
-  REEL_CHECK(o.model == "fashion-cnn" || o.model == "cnn-small" || o.model == "gpt-tiny" || o.model == "gpt-small",
-             "train: unknown model ", o.model, " (expected fashion-cnn, cnn-small, gpt-tiny or gpt-small)");
+  REEL_CHECK(o.model == "fashion-cnn" || nn::is_benchmark_model(o.model), "train: unknown model ", o.model,
+             " (expected fashion-cnn, cnn-small, resnet18-cifar, vit-tiny, yolov8n-cls, gpt-tiny or gpt-small)");
   if (o.dataset.empty()) o.dataset = o.model == "fashion-cnn" ? "fashion-mnist"
                                      : o.model.rfind("gpt", 0) == 0 ? "text" : "random";
   REEL_CHECK(o.text_path.empty() || o.dataset == "text", "train: --text ", o.text_path,

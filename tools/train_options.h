@@ -10,7 +10,8 @@ namespace reel::tools {
 constexpr int64_t kMaxSampleBytes = int64_t(1) << 20;
 
 struct TrainOptions {
-  std::string model = "fashion-cnn";  // fashion-cnn | cnn-small | gpt-tiny | gpt-small
+  std::string model = "fashion-cnn";  // fashion-cnn or a benchmark model (nn/workloads.h: cnn-small,
+                                      // gpt-tiny, gpt-small, resnet18-cifar, vit-tiny, yolov8n-cls)
   std::string dataset;                // fashion-mnist | text | random (default: by model)
   std::string text_path;              // a text file for --dataset text (default: the fortunes)
   std::string device = "auto";        // auto | cpu | cuda | cuda:N
@@ -28,6 +29,7 @@ struct TrainOptions {
   uint64_t seed = 0;
   int64_t limit = -1;                 // use only the first N training items (quick runs)
   std::string checkpoint;             // save the state_dict here at the end
+  std::string init_from;              // load a state_dict file (strict: every key, shape, dtype) before training
   int64_t sample_bytes = 200;         // text models: length of the sample printed at the end
   // --effective-batch N --memory-budget SIZE: the micro-batch and ACCUM are planned (compile/runtime/memory_budget.h)
   // instead of given; both or neither, and not with --micro-batch or --accum.

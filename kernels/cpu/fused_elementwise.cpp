@@ -76,6 +76,8 @@ void unary_op(OpKind op, A* y, const A* x, A p, int64_t n) {
     case OpKind::Sigmoid: return unary_block<OpKind::Sigmoid>(y, x, p, n);
     case OpKind::Relu: return unary_block<OpKind::Relu>(y, x, p, n);
     case OpKind::Gelu: return unary_block<OpKind::Gelu>(y, x, p, n);
+    case OpKind::GeluErf: return unary_block<OpKind::GeluErf>(y, x, p, n);
+    case OpKind::Silu: return unary_block<OpKind::Silu>(y, x, p, n);
     case OpKind::PowScalar: return unary_block<OpKind::PowScalar>(y, x, p, n);
     case OpKind::AddScalar: return unary_block<OpKind::AddScalar>(y, x, p, n);
     case OpKind::MulScalar: return unary_block<OpKind::MulScalar>(y, x, p, n);
@@ -103,6 +105,8 @@ void binary_op(OpKind op, A* y, const A* a, const A* b, int64_t n) {
     case OpKind::Ge: return binary_block<OpKind::Ge>(y, a, b, n);
     case OpKind::ReluBackward: return binary_block<OpKind::ReluBackward>(y, a, b, n);
     case OpKind::GeluBackward: return binary_block<OpKind::GeluBackward>(y, a, b, n);
+    case OpKind::GeluErfBackward: return binary_block<OpKind::GeluErfBackward>(y, a, b, n);
+    case OpKind::SiluBackward: return binary_block<OpKind::SiluBackward>(y, a, b, n);
     case OpKind::TanhBackward: return binary_block<OpKind::TanhBackward>(y, a, b, n);
     case OpKind::SigmoidBackward: return binary_block<OpKind::SigmoidBackward>(y, a, b, n);
     default: REEL_ASSERT(false, "fused expr: ", op_name(op), " is not binary");

@@ -383,7 +383,33 @@ Attrs accumulate_attrs(DType t) {
   return fused_elementwise_attrs(e, {3, 8}, Device::cpu());
 }
 
+// silu(x) + gelu_erf(x) and silu_backward(g, x) + gelu_erf_backward(g, x): the activations of the
+// seed's models (YOLOv8's SiLU, ViT's exact GELU) and their gradients inside one program.
+Attrs silu_gelu_erf_attrs(DType t) {
+  FusedExpr e;
+  const int x = e.load(0, t), g = e.load(1, t);
+  e.store(0, e.op(OpKind::Add, {e.op(OpKind::Silu, {x}, t), e.op(OpKind::GeluErf, {x}, t)}, t), t);
+  e.store(1, e.op(OpKind::Add, {e.op(OpKind::SiluBackward, {g, x}, t), e.op(OpKind::GeluErfBackward, {g, x}, t)}, t), t);
+  return fused_elementwise_attrs(e, {4, 6}, Device::cpu());
+}
+
 void add_fused_elementwise_cases(std::vector<OpTestCase>& cases) {
+  cases.push_back({.op = OpKind::FusedElementwise,
+                   .name = "fused_elementwise_silu_gelu_erf_and_backwards_4x6",
+                   .dtypes = kFloatTypes,
+                   .make =
+                       [](Device, DType t) {
+                         return OpCall{{randn_input({4, 6}, t, 305), randn_input({4, 6}, t, 306, Layout::transposed)},
+                                       silu_gelu_erf_attrs(t)};
+                       },
+                   .reference =
+                       [](const OpCall& c) {
+                         const Tensor& x = c.inputs[0];
+                         const Tensor& g = c.inputs[1];
+                         Tensor y = run1(OpKind::Add, {run1(OpKind::Silu, {x}), run1(OpKind::GeluErf, {x})});
+                         Tensor dx = run1(OpKind::Add, {run1(OpKind::SiluBackward, {g, x}), run1(OpKind::GeluErfBackward, {g, x})});
+                         return Expected{host_values(y), host_values(dx)};
+                       }});
   cases.push_back({.op = OpKind::FusedElementwise,
                    .name = "fused_elementwise_add_gelu_mul_scalar_copy_4x6",
                    .dtypes = kFloatTypes,
