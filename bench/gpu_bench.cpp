@@ -206,11 +206,11 @@ void BM_CudaAttention(benchmark::State& state) {
   auto make = [&]() -> Work {
     const Attrs a = Attrs().set("heads", H).set("compute", DType::bf16);
     Tensor qkv = random_cuda({B, T, 3 * H * hd}, DType::bf16, 13);
-    if (!backward) return [qkv, a] { benchmark::DoNotOptimize(dispatch(OpKind::CausalAttention, {qkv}, a)[0].data_ptr()); };
-    std::vector<Tensor> f = dispatch(OpKind::CausalAttention, {qkv}, a);
+    if (!backward) return [qkv, a] { benchmark::DoNotOptimize(dispatch(OpKind::Attention, {qkv}, a)[0].data_ptr()); };
+    std::vector<Tensor> f = dispatch(OpKind::Attention, {qkv}, a);
     Tensor dy = random_cuda({B, T, H * hd}, DType::bf16, 14);
     return [qkv, dy, f, a] {
-      benchmark::DoNotOptimize(dispatch(OpKind::CausalAttentionBackward, {dy, qkv, f[0], f[1]}, a)[0].data_ptr());
+      benchmark::DoNotOptimize(dispatch(OpKind::AttentionBackward, {dy, qkv, f[0], f[1]}, a)[0].data_ptr());
     };
   };
   const double forward_flop = 2.0 * double(B * H) * double(T * T) * double(hd);

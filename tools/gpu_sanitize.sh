@@ -5,7 +5,7 @@
 # the logs into one tarball. A shard cut by the time limit shows how many tests it finished.
 #   tools/gpu_sanitize.sh TOOL SHARDS "INDICES" LIMIT_S [gtest filter] [extra compute-sanitizer options]
 #   e.g. tools/gpu_sanitize.sh memcheck 16 "0 1 2 3" 540
-#        tools/gpu_sanitize.sh racecheck 1 "0" 300 'CausalAttentionCuda.*'
+#        tools/gpu_sanitize.sh racecheck 1 "0" 300 'AttentionCuda.*'
 # BIN (default .gpu, where make gpu-bundle puts them) holds reel_tests and reel; logs under $OUT (or ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
