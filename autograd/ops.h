@@ -165,11 +165,21 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 // Zeroes each element with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen = nullptr);
 
-// ---- fused causal self-attention (autograd/functions/attention.cpp) ----
+// ---- fused scaled-dot-product self-attention (autograd/functions/attention.cpp) ----
 // qkv (B, T, 3d): q, k, v side by side, as Linear(d -> 3d) writes them -> y (B, T, d), heads merged:
-// softmax(q k^T / sqrt(d / heads), causal) v per head, in one op forward and one backward, with no
-// (T, T) scores kept. `compute`: the dtype the products' inputs are rounded to (qkv's own dtype, or
-// f16/bf16 under mixed precision; qkv's dtype when not given).
+// softmax(q k^T / sqrt(d / heads) + mask) v per head, in one op forward and one backward, with no
+// (T, T) scores kept. is_causal: query t sees keys s <= t only (else every key 0..T-1).
+// attn_mask: undefined, or an additive float mask broadcastable to (B, H, T, T) ((T, T), (B, 1, 1, T),
+// (1, H, T, T), ...; 0 keeps a key, -inf removes it), added to the scaled scores before the softmax;
+// converted to the accumulation dtype (f32; f64 for f64 qkv). A mask is a constant: it gets no
+// gradient, and one that requires grad is rejected. A query row whose keys are all removed gives
+// y = 0 and a zero gradient (its lse is +inf), as FlashAttention does. For a boolean key padding
+// (true = ignore the key, PyTorch's key_padding_mask) see nn::key_padding_mask.
+// `compute`: the dtype the products' inputs are rounded to (qkv's own dtype, or f16/bf16 under mixed
+// precision; qkv's dtype when not given).
+Tensor scaled_dot_product_attention(const Tensor& qkv, int64_t heads, bool is_causal, const Tensor& attn_mask = {},
+                                    std::optional<DType> compute = std::nullopt);
+// The causal shorthand: scaled_dot_product_attention(qkv, heads, true, {}, compute).
 Tensor scaled_causal_attention(const Tensor& qkv, int64_t heads, std::optional<DType> compute = std::nullopt);
 
 }  // namespace reel

@@ -196,32 +196,35 @@ BENCHMARK(BM_CudaLayerNormF32)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
-// ---- fused causal attention: Args B, T, H, hd, backward (0: forward, 1: backward alone) ----
+// ---- fused attention: Args B, T, H, hd, backward (0: forward, 1: backward alone), causal ----
 
 // The compiled plan's case: qkv (B, T, 3 H hd) in bf16, bf16 compute; the backward is timed on the
-// forward's saved y and lse.
+// forward's saved y and lse. causal 1: GPT's decoder; causal 0: ViT's encoder (ViT-Ti: T 65, 3 heads
+// of 64, every key visible).
 void BM_CudaAttention(benchmark::State& state) {
   const int64_t B = state.range(0), T = state.range(1), H = state.range(2), hd = state.range(3);
-  const bool backward = state.range(4) != 0;
+  const bool backward = state.range(4) != 0, causal = state.range(5) != 0;
   auto make = [&]() -> Work {
-    const Attrs a = Attrs().set("heads", H).set("compute", DType::bf16);
+    const Attrs a = Attrs().set("heads", H).set("compute", DType::bf16).set("causal", causal);
     Tensor qkv = random_cuda({B, T, 3 * H * hd}, DType::bf16, 13);
-    if (!backward) return [qkv, a] { benchmark::DoNotOptimize(dispatch(OpKind::CausalAttention, {qkv}, a)[0].data_ptr()); };
-    std::vector<Tensor> f = dispatch(OpKind::CausalAttention, {qkv}, a);
+    if (!backward) return [qkv, a] { benchmark::DoNotOptimize(dispatch(OpKind::Attention, {qkv}, a)[0].data_ptr()); };
+    std::vector<Tensor> f = dispatch(OpKind::Attention, {qkv}, a);
     Tensor dy = random_cuda({B, T, H * hd}, DType::bf16, 14);
     return [qkv, dy, f, a] {
-      benchmark::DoNotOptimize(dispatch(OpKind::CausalAttentionBackward, {dy, qkv, f[0], f[1]}, a)[0].data_ptr());
+      benchmark::DoNotOptimize(dispatch(OpKind::AttentionBackward, {dy, qkv, f[0], f[1]}, a)[0].data_ptr());
     };
   };
   const double forward_flop = 2.0 * double(B * H) * double(T * T) * double(hd);
   time_on_gpu(state, make, "TFLOP/s", backward ? 2.5 * forward_flop : forward_flop, 1e12);
 }
 BENCHMARK(BM_CudaAttention)
-    ->ArgNames({"B", "T", "H", "hd", "bwd"})
-    ->Args({16, 128, 4, 64, 0})
-    ->Args({16, 128, 4, 64, 1})
-    ->Args({16, 256, 8, 64, 0})
-    ->Args({16, 256, 8, 64, 1})
+    ->ArgNames({"B", "T", "H", "hd", "bwd", "causal"})
+    ->Args({16, 128, 4, 64, 0, 1})
+    ->Args({16, 128, 4, 64, 1, 1})
+    ->Args({16, 256, 8, 64, 0, 1})
+    ->Args({16, 256, 8, 64, 1, 1})
+    ->Args({128, 65, 3, 64, 0, 0})
+    ->Args({128, 65, 3, 64, 1, 0})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

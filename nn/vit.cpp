@@ -12,24 +12,6 @@ namespace {
 constexpr double kVitNormEps = 1e-6;  // timm's LayerNorm eps for ViTs
 }  // namespace
 
-// The textbook chain of ops. Once the fused attention op takes causal = false (nn/attention.h), this
-// becomes one call to it, as causal_attention() is for the GPT.
-Tensor bidirectional_attention(const Tensor& qkv, int64_t heads) {
-  REEL_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "bidirectional_attention: qkv ", shape_str(qkv.shape()),
-             " must be (B, T, 3d)");
-  const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3;
-  REEL_CHECK(heads > 0 && d % heads == 0, "bidirectional_attention: heads ", heads, " must divide d ", d, " (qkv ",
-             shape_str(qkv.shape()), ")");
-  const int64_t hd = d / heads;
-  std::vector<Tensor> parts = split(qkv, d, 2);  // q, k, v: (B, T, d)
-  auto to_heads = [&](const Tensor& t) { return t.reshape({B, T, heads, hd}).transpose(1, 2); };  // (B, H, T, hd)
-  Tensor q = to_heads(parts[0]), k = to_heads(parts[1]), v = to_heads(parts[2]);
-  // The scale on q (B, H, T, hd) rather than on the scores (B, H, T, T), as causal_attention_unfused does.
-  Tensor scores = autocast_matmul(q * (1.0 / std::sqrt(double(hd))), k.transpose(-2, -1), autocast_policy());
-  Tensor y = autocast_matmul(softmax(scores, -1), v, autocast_policy());  // (B, H, T, hd)
-  return y.transpose(1, 2).reshape({B, T, d});
-}
-
 VitAttention::VitAttention(int64_t dim, int64_t heads, Generator* gen)
     : Module("Attention"), dim_(dim), heads_(heads) {
   REEL_CHECK(dim > 0 && heads > 0 && dim % heads == 0, "VitAttention: heads ", heads,
@@ -41,7 +23,7 @@ VitAttention::VitAttention(int64_t dim, int64_t heads, Generator* gen)
 Tensor VitAttention::forward(const Tensor& x) {
   REEL_CHECK(x.dim() == 3 && x.size(2) == dim_, "VitAttention: input ", shape_str(x.shape()), " must be (B, T, ",
              dim_, ")");
-  return proj_->forward(bidirectional_attention(qkv_->forward(x), heads_));
+  return proj_->forward(attention(qkv_->forward(x), heads_, /*causal=*/false));  // the fused op, every key
 }
 
 VitMlp::VitMlp(int64_t dim, int64_t hidden, Generator* gen) : Module("Mlp") {

@@ -16,6 +16,7 @@
 #pragma once
 #include <memory>
 
+#include "nn/attention.h"
 #include "nn/layers.h"
 #include "nn/norm_layers.h"
 
@@ -30,11 +31,6 @@ struct VitConfig {
   int64_t hidden = 768;  // the MLP's width
   int64_t classes = 10;
 };
-
-// Non-causal multi-head self-attention of packed projections: qkv (B, T, 3d), q k v side by side as
-// Linear(d -> 3d) writes them -> (B, T, d) with the heads merged, before the output projection. The
-// products run under the autocast policy, as Linear's do.
-Tensor bidirectional_attention(const Tensor& qkv, int64_t heads);
 
 class VitAttention : public Module {
  public:

@@ -71,6 +71,26 @@ TEST(BadInput, OptimizerAndScalerSettingsAreChecked) {
   opt.set_max_grad_norm(0.0);  // no clipping, as documented
 }
 
+// Attention masks, as a user builds them wrongly: a shape that does not broadcast to (B, H, T, T)
+// (the message shows both), a 0/1 padding passed as the additive mask, a learned mask (masks are
+// constants), a padding of the wrong rank, and a mask of the right shape on a module. Nothing runs.
+TEST(BadInput, AttentionMasksAreCheckedWithTheirShapes) {
+  Generator gen(3);
+  nn::SelfAttention vit(12, 3, false, &gen);  // d 12, 3 heads
+  Tensor x = randn({2, 7, 12}, {}, &gen);
+  expect_error([&] { vit.forward(x, zeros({2, 1, 5, 7})); },
+               {"attention: mask (2, 1, 5, 7) f32 does not broadcast to (B, H, T, T) = (2, 3, 7, 7)"});
+  expect_error([&] { vit.forward(x, zeros({7, 1, 7})); }, {"attention: mask (7, 1, 7)", "(2, 3, 7, 7)"});
+  expect_error([&] { vit.forward(x, zeros({2, 7})); }, {"attention: mask (2, 7) f32 does not broadcast"});
+  expect_error([&] { vit.forward(x, tensor_i64(std::vector<int64_t>(14, 0), {2, 7})); },
+               {"attention: mask (2, 7) is i64", "additive", "key_padding_mask"});
+  Tensor learned = zeros({7, 7}, TensorOptions().with_requires_grad());
+  expect_error([&] { vit.forward(x, learned); }, {"attention: mask (7, 7) f32 requires grad", "constants"});
+  expect_error([&] { nn::key_padding_mask(zeros({2, 7, 1})); }, {"key_padding_mask: padding (2, 7, 1)", "(B, T)"});
+  EXPECT_EQ(vit.forward(x, nn::key_padding_mask(tensor_i64(std::vector<int64_t>(14, 0), {2, 7}))).shape(),
+            (Shape{2, 7, 12}));
+}
+
 // A NaN must reach the fp16 scaler's inf check: relu passes it on, as PyTorch's does.
 // Without a usable GPU, an op asked to run there says why: the build (no CUDA backend: the op's
 // kernel lookup says so) or no visible device (a CUDA build: its allocator says so).

@@ -1,7 +1,8 @@
 // compile/: the tracer, the memory planner, plans and the compiled function's lifecycle, on the CPU.
 //   - memory planning against hand-made lifetimes (disjoint buffers share bytes, overlapping never);
 //   - eager vs compiled parity of whole training steps (a small GPT with AdamW, clipping and a
-//     warm-up/cosine schedule; a CNN with BatchNorm and GroupNorm): the same kernels run in the same
+//     warm-up/cosine schedule; a CNN with BatchNorm and GroupNorm; a non-causal attention with a key
+//     padding mask built inside the step): the same kernels run in the same
 //     order, so losses, parameters and running statistics must agree to the bit;
 //   - the accumulation contract holds through a plan (ACCUM micro-batches == one large batch);
 //   - guards (another shape re-traces, logged under REEL_LOG=recompiles), the cache limit's message,
@@ -377,4 +378,63 @@ TEST(CompileParity, ItemCountedStepWithASmallerLastMicroBatchMatchesEager) {
   EXPECT_EQ(step.replays(), 2);
   auto pe = eager->parameters(), pc = compiled->parameters();
   for (size_t i = 0; i < pe.size(); ++i) EXPECT_EQ(pe[i].to_vector<double>(), pc[i].to_vector<double>()) << i;
+}
+
+TEST(CompileParity, NonCausalAttentionWithAKeyPaddingMaskMatchesEagerToTheBit) {
+  // An encoder's attention (every query sees every key) over padded sequences: the key padding mask is
+  // built inside the step from a (B, T) 0/1 tensor and enters the attention op as its second input.
+  const int64_t B = 3, T = 6, C = 8, H = 2, classes = 4;
+  struct Encoder {
+    std::shared_ptr<nn::SelfAttention> attn;
+    std::shared_ptr<nn::Linear> head;
+    std::vector<Tensor> parameters() const {
+      std::vector<Tensor> p = attn->parameters(), q = head->parameters();
+      p.insert(p.end(), q.begin(), q.end());
+      return p;
+    }
+  };
+  auto make = [&] {
+    Generator gen(7);
+    return Encoder{std::make_shared<nn::SelfAttention>(C, H, false, &gen),
+                   std::make_shared<nn::Linear>(C, classes, true, &gen)};
+  };
+  // Batch 0 unpadded, batch 1 two keys padded, batch 2 five.
+  std::vector<int64_t> pad;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) pad.push_back(t >= T - (b == 0 ? 0 : b == 1 ? 2 : 5) ? 1 : 0);
+  const Tensor padding = tensor_i64(pad, {B, T});
+  auto loss_of = [&](const Encoder& m) {
+    return [&m, &padding](const Tensor& x, const Tensor& y) {
+      Tensor h = m.attn->forward(x, nn::key_padding_mask(padding));  // (B, T, C)
+      return cross_entropy(m.head->forward(mean(h, {1})), y);
+    };
+  };
+  Generator gen(8);
+  std::vector<optim::MicroBatch> micro;
+  for (int i = 0; i < 2; ++i) micro.push_back({randn({B, T, C}, {}, &gen), tensor_i64({i % 4, (i + 1) % 4, 3}, {B})});
+  Encoder eager = make(), compiled = make();
+  optim::AdamW opt_e(eager.parameters(), optim::AdamWOptions(1e-2)), opt_c(compiled.parameters(), optim::AdamWOptions(1e-2));
+  opt_e.set_accum_steps(2);
+  opt_c.set_accum_steps(2);
+  auto step = compile::compile_train_step(opt_c, loss_of(compiled), {compile::Mode::Default, 8, false});
+  std::vector<double> le, lc;
+  for (int s = 0; s < 5; ++s) {
+    Tensor mean_loss;
+    optim::train_step(opt_e, loss_of(eager), micro, &mean_loss);
+    le.push_back(mean_loss.item());
+    lc.push_back(step(compile::flatten_micro(micro))[0].item());
+  }
+  EXPECT_EQ(step.traces(), 1);
+  EXPECT_EQ(step.replays(), 3);
+  EXPECT_EQ(le, lc);
+  expect_bitwise_equal(eager.parameters(), compiled.parameters(), "parameter");
+  // The plan holds the op with its mask and causal = 0, forward and backward.
+  int forward = 0, backward = 0;
+  for (const compile::Node& n : step.last_plan()->graph().nodes) {
+    const bool masked = !n.attrs.b("causal", true);
+    forward += n.op == OpKind::Attention && n.inputs.size() == 2 && masked;
+    backward += n.op == OpKind::AttentionBackward && n.inputs.size() == 5 && masked;
+  }
+  EXPECT_EQ(forward, 2) << "one attention per micro-batch";
+  EXPECT_EQ(backward, 2);
 }

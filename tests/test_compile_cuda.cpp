@@ -192,15 +192,15 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
     EXPECT_TRUE(epilogue) << prec << ": no GEMM took its bias add as an epilogue";
     int attention = 0, softmaxes = 0;  // attention runs as its one fused op, no softmax around it
     for (const compile::Node& n : step.last_plan()->graph().nodes) {
-      attention += n.op == OpKind::CausalAttention || n.op == OpKind::CausalAttentionCast;
+      attention += n.op == OpKind::Attention || n.op == OpKind::AttentionCast;
       softmaxes += n.op == OpKind::Softmax || (!n.fused.empty() && n.fused.back() == "softmax");
     }
-    EXPECT_EQ(attention, 3 * 2) << prec << ": one causal_attention per layer and micro-batch";
+    EXPECT_EQ(attention, 3 * 2) << prec << ": one attention per layer and micro-batch";
     EXPECT_EQ(softmaxes, 0) << prec;
     int norm_bwd_add = 0, attention_cast = 0;  // the fusions around them (compile/passes/fuse_norm_backward_add.cpp,
     for (const compile::Node& n : step.last_plan()->graph().nodes) {  // compile/passes/fuse_attention_cast.cpp)
       norm_bwd_add += n.fused == std::vector<std::string>{"layer_norm_backward", "add"};
-      attention_cast += n.fused.size() == 2 && n.fused[1] == "copy" && n.fused[0].starts_with("causal_attention");
+      attention_cast += n.fused.size() == 2 && n.fused[1] == "copy" && n.fused[0].starts_with("attention");
     }
     EXPECT_GT(norm_bwd_add, 0) << prec << ": no layer-norm backward took the residual's add";
     EXPECT_EQ(attention_cast, std::string(prec) == "bf16" ? 2 * 3 * 2 : 0) << prec;
@@ -242,9 +242,9 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
         const bool gemm_bias = n.fused.size() >= 3 && std::vector<std::string>(n.fused.begin(), n.fused.begin() + 3) ==
                                                           std::vector<std::string>{"matmul", "copy", "add"};
         gemm16 += gemm_bias && !n.in_place && n.outputs[0].dtype == DType::bf16;
-        attention_y16 += n.op == OpKind::CausalAttentionCast && n.outputs.size() == 2 && n.inputs[0]->dtype == DType::bf16 &&
+        attention_y16 += n.op == OpKind::AttentionCast && n.outputs.size() == 2 && n.inputs[0]->dtype == DType::bf16 &&
                          n.outputs[1].dtype == DType::bf16;
-        attention_bwd16 += n.op == OpKind::CausalAttentionBackwardCast && n.inputs[0]->dtype == DType::bf16 &&
+        attention_bwd16 += n.op == OpKind::AttentionBackwardCast && n.inputs[0]->dtype == DType::bf16 &&
                            n.inputs[1]->dtype == DType::bf16 &&
                            n.inputs[2]->dtype == DType::bf16 && n.outputs.size() == 1 &&
                            n.outputs[0].dtype == DType::bf16;

@@ -1,5 +1,5 @@
 // Compile fusions around the fused ops of a transformer block, on the GPU:
-//   - compile/passes/fuse_attention_cast.cpp: causal_attention (and its backward) also writes autocast's 16-bit
+//   - compile/passes/fuse_attention_cast.cpp: attention (and its backward) also writes autocast's 16-bit
 //     copy of its result, to the bit, and the cast node goes;
 //   - compile/passes/fuse_norm_backward_add.cpp: layer_norm_backward writes dx + the residual branch's gradient,
 //     and the add node goes (and a later cast of it joins);
@@ -69,12 +69,12 @@ TEST(FuseAttentionCastCuda, KernelsWriteTheCastOfTheirResultToTheBit) {
       const int64_t H = 2, d = H * hd;
       Tensor qkv = randn({2, 70, 3 * d}, {}, &gen).to(kGpu), dy = randn({2, 70, d}, {}, &gen).to(kGpu);
       Attrs a = Attrs().set("heads", H).set("compute", c);
-      std::vector<Tensor> f = dispatch(OpKind::CausalAttention, {qkv}, a);
-      Tensor dqkv = dispatch(OpKind::CausalAttentionBackward, {dy, qkv, f[0], f[1]}, a)[0];
+      std::vector<Tensor> f = dispatch(OpKind::Attention, {qkv}, a);
+      Tensor dqkv = dispatch(OpKind::AttentionBackward, {dy, qkv, f[0], f[1]}, a)[0];
       Tensor y = like(f[0], f[0].dtype()), lse = like(f[1], f[1].dtype()), y16 = like(f[0], c);
       Tensor dx = like(dqkv, dqkv.dtype()), dx16 = like(dqkv, c);
-      cuda::causal_attention_fwd_into(qkv, H, c, y, lse, y16);
-      cuda::causal_attention_bwd_into(dy, qkv, f[0], f[1], H, c, dx, dx16);
+      cuda::attention_fwd_into(qkv, H, c, y, lse, y16);
+      cuda::attention_bwd_into(dy, qkv, f[0], f[1], H, c, dx, dx16);
       expect_bitwise({y, lse, y16, dx, dx16}, {f[0], f[1], to_dtype(f[0], c), dqkv, to_dtype(dqkv, c)});
     }
   }
@@ -93,34 +93,34 @@ TEST(FuseAttentionCastCuda, KernelsRead16BitQkvAndYAsTheirRoundedF32) {
       Tensor qkv16 = to_dtype(randn({2, 70, 3 * d}, {}, &gen).to(kGpu), c), dy = randn({2, 70, d}, {}, &gen).to(kGpu);
       Tensor qkv = to_dtype(qkv16, DType::f32);
       Attrs a = Attrs().set("heads", H).set("compute", c);
-      std::vector<Tensor> f = dispatch(OpKind::CausalAttention, {qkv}, a);  // f32 reference
+      std::vector<Tensor> f = dispatch(OpKind::Attention, {qkv}, a);  // f32 reference
       Tensor y = like(f[0], DType::f32), lse = like(f[1], DType::f32), y16 = like(f[0], c);
-      cuda::causal_attention_fwd_into(qkv16, H, c, y, lse, y16);
+      cuda::attention_fwd_into(qkv16, H, c, y, lse, y16);
       expect_bitwise({y, lse, y16}, {f[0], f[1], to_dtype(f[0], c)});
       Tensor lse_only = like(f[1], DType::f32), y16_only = like(f[0], c);
-      cuda::causal_attention_fwd_into(qkv16, H, c, Tensor(), lse_only, y16_only);  // no f32 y
+      cuda::attention_fwd_into(qkv16, H, c, Tensor(), lse_only, y16_only);  // no f32 y
       expect_bitwise({lse_only, y16_only}, {f[1], y16});
       // Backward: qkv and y in 16 bits against their f32 images, one at a time and together.
       Tensor y16_as_f32 = to_dtype(y16, DType::f32);
-      Tensor want = dispatch(OpKind::CausalAttentionBackward, {dy, qkv, y16_as_f32, f[1]}, a)[0];
+      Tensor want = dispatch(OpKind::AttentionBackward, {dy, qkv, y16_as_f32, f[1]}, a)[0];
       for (int variant = 0; variant < 3; ++variant) {
         const Tensor& q_in = variant == 1 ? qkv : qkv16;
         const Tensor& y_in = variant == 0 ? y16_as_f32 : y16;
         Tensor dx = like(want, DType::f32), dx16 = like(want, c);
-        cuda::causal_attention_bwd_into(dy, q_in, y_in, f[1], H, c, dx, dx16);
+        cuda::attention_bwd_into(dy, q_in, y_in, f[1], H, c, dx, dx16);
         expect_bitwise({dx, dx16}, {want, to_dtype(want, c)});
       }
       Tensor dx16_only = like(want, c);  // no f32 dqkv asked for
-      cuda::causal_attention_bwd_into(dy, qkv16, y16, f[1], H, c, Tensor(), dx16_only);
+      cuda::attention_bwd_into(dy, qkv16, y16, f[1], H, c, Tensor(), dx16_only);
       expect_bitwise({dx16_only}, {to_dtype(want, c)});
       // dy in 16 bits (a GEMM's result, compile/passes/fuse_matmul_cast.cpp) against its f32 image: with the
       // f32 dqkv (f32 values) and without it (every operand 16-bit).
       Tensor dy16 = to_dtype(dy, c), dy16_as_f32 = to_dtype(dy16, DType::f32);
-      Tensor want_dy16 = dispatch(OpKind::CausalAttentionBackward, {dy16_as_f32, qkv, y16_as_f32, f[1]}, a)[0];
+      Tensor want_dy16 = dispatch(OpKind::AttentionBackward, {dy16_as_f32, qkv, y16_as_f32, f[1]}, a)[0];
       Tensor dx = like(want, DType::f32), dx16 = like(want, c), dx16_alone = like(want, c);
-      cuda::causal_attention_bwd_into(dy16, qkv16, y16, f[1], H, c, dx, dx16);
+      cuda::attention_bwd_into(dy16, qkv16, y16, f[1], H, c, dx, dx16);
       expect_bitwise({dx, dx16}, {want_dy16, to_dtype(want_dy16, c)});
-      cuda::causal_attention_bwd_into(dy16, qkv16, y16, f[1], H, c, Tensor(), dx16_alone);
+      cuda::attention_bwd_into(dy16, qkv16, y16, f[1], H, c, Tensor(), dx16_alone);
       expect_bitwise({dx16_alone}, {to_dtype(want_dy16, c)});
     }
   }
@@ -128,8 +128,8 @@ TEST(FuseAttentionCastCuda, KernelsRead16BitQkvAndYAsTheirRoundedF32) {
   Tensor qkv = randn({1, 8, 12}, {}, &gen).to(kGpu);
   Tensor y = Tensor::empty({1, 8, 4}, DType::f32, kGpu), lse = Tensor::empty({1, 2, 8}, DType::f32, kGpu);
   testing_util::expect_error(
-      [&] { cuda::causal_attention_fwd_into(to_dtype(qkv, DType::f16), 2, DType::bf16, y, lse, Tensor()); },
-      {"causal_attention: qkv (1, 8, 12) is f16; expected f32 (the value dtype) or bf16 (the compute dtype)"});
+      [&] { cuda::attention_fwd_into(to_dtype(qkv, DType::f16), 2, DType::bf16, y, lse, Tensor()); },
+      {"attention: qkv (1, 8, 12) is f16; expected f32 (the value dtype) or bf16 (the compute dtype)"});
 }
 
 TEST(FuseAttentionCastCuda, PassFusesTheCastsOfTheResultAndOfTheGradient) {
@@ -154,15 +154,15 @@ TEST(FuseAttentionCastCuda, PassFusesTheCastsOfTheResultAndOfTheGradient) {
     std::vector<Tensor> eager = fn({x}), out;
     for (int i = 0; i < 3; ++i) out = f({x});
     ASSERT_NE(f.last_plan(), nullptr);
-    EXPECT_EQ(nodes_fused_as(*f.last_plan(), {"causal_attention", "copy"}), 1u) << f.last_plan()->graph().str();
-    EXPECT_EQ(nodes_fused_as(*f.last_plan(), {"causal_attention_backward", "copy"}), 1u);
+    EXPECT_EQ(nodes_fused_as(*f.last_plan(), {"attention", "copy"}), 1u) << f.last_plan()->graph().str();
+    EXPECT_EQ(nodes_fused_as(*f.last_plan(), {"attention_backward", "copy"}), 1u);
     // Only the backward reads the f32 y: it reads y16 instead, and the forward writes no f32 y.
     for (const compile::Node& n : f.last_plan()->graph().nodes) {
-      if (n.op == OpKind::CausalAttentionCast) {
+      if (n.op == OpKind::AttentionCast) {
         ASSERT_EQ(n.outputs.size(), 2u) << "lse and y16 only";
         EXPECT_EQ(n.outputs[1].dtype, DType::bf16);
       }
-      if (n.op == OpKind::CausalAttentionBackwardCast) {  // reads y16; writes dqkv16 only (no f32 reader)
+      if (n.op == OpKind::AttentionBackwardCast) {  // reads y16; writes dqkv16 only (no f32 reader)
         EXPECT_EQ(n.inputs[2]->dtype, DType::bf16);
         ASSERT_EQ(n.outputs.size(), 1u);
         EXPECT_EQ(n.outputs[0].dtype, DType::bf16);
@@ -231,10 +231,10 @@ TEST(StoreGemmBias16BitCuda, QkvAndGeluInputsAreKeptIn16BitsWithinToleranceOfEag
     EXPECT_EQ(gemm16, 2) << g.str();
     EXPECT_EQ(gemm32, 0);
     for (const compile::Node& n : g.nodes) {
-      if (n.op == OpKind::CausalAttention || n.op == OpKind::CausalAttentionCast) {
+      if (n.op == OpKind::Attention || n.op == OpKind::AttentionCast) {
         EXPECT_EQ(n.inputs[0]->dtype, DType::bf16);
       }
-      if (n.op == OpKind::CausalAttentionBackward || n.op == OpKind::CausalAttentionBackwardCast) {
+      if (n.op == OpKind::AttentionBackward || n.op == OpKind::AttentionBackwardCast) {
         EXPECT_EQ(n.inputs[1]->dtype, DType::bf16);
       }
       // GELU runs in the epilogue of the GEMM that writes h (compile/passes/fuse_gemm_gelu.cpp), and its

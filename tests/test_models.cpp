@@ -261,12 +261,13 @@ TEST(NnModels, SeedFamiliesForwardShapes) {
   EXPECT_FALSE(BasicBlock(64, 64, 1).has_downsample());
 }
 
-// softmax(q k^T / sqrt(hd)) v per head over every token (no mask), by plain loops in f64.
+// The ViT's attention, the fused op with causal = false: softmax(q k^T / sqrt(hd)) v per head over
+// every token (no mask), against plain loops in f64.
 TEST(NnModels, VitAttentionIsNonCausalSoftmaxAttention) {
   const int64_t B = 2, T = 5, H = 2, hd = 3, d = H * hd;
   Generator gen(8);
   Tensor qkv = randn({B, T, 3 * d}, {DType::f64}, &gen);
-  std::vector<double> in = qkv.to_vector<double>(), out = bidirectional_attention(qkv, H).to_vector<double>();
+  std::vector<double> in = qkv.to_vector<double>(), out = attention(qkv, H, /*causal=*/false).to_vector<double>();
   ASSERT_EQ(out.size(), size_t(B * T * d));
   auto at = [&](int64_t b, int64_t t, int64_t col) { return in[size_t((b * T + t) * 3 * d + col)]; };
   double worst = 0;
@@ -289,7 +290,7 @@ TEST(NnModels, VitAttentionIsNonCausalSoftmaxAttention) {
         }
       }
   EXPECT_LT(worst, 1e-12);
-  expect_error([&] { bidirectional_attention(zeros({2, 5, 9}), 2); }, {"bidirectional_attention", "(2, 5, 9)", "divide"});
+  expect_error([&] { attention(zeros({2, 5, 9}), 2, false); }, {"attention", "(2, 5, 9)", "divide"});
 }
 
 // Each family's blocks at a small size, end to end through model_loss, in f64.

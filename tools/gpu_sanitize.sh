@@ -6,7 +6,7 @@
 # it was in.
 #   tools/gpu_sanitize.sh TOOL SHARDS "INDICES" LIMIT_S [gtest filter] [extra compute-sanitizer options]
 #   e.g. tools/gpu_sanitize.sh memcheck 16 "0 1 2 3" 540
-#        tools/gpu_sanitize.sh racecheck 1 "0" 300 'CausalAttentionCuda.*'
+#        tools/gpu_sanitize.sh racecheck 1 "0" 300 'AttentionCuda.*'
 # Shard k holds the tests whose position in the full test list (as this machine lists it) is k modulo
 # SHARDS, as GTEST_TOTAL_SHARDS deals them; the filter then picks among them. The shards are computed
 # here rather than by gtest because a negative filter given to gtest would re-deal the shards, and a

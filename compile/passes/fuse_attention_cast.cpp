@@ -1,12 +1,13 @@
 // Attention + cast fusion: under autocast, the f32 result of the fused attention op feeds a GEMM, which
 // casts it to 16 bits first:
-//   y, lse = causal_attention(qkv)           (y f32: the backward reads it)     y16 = copy(y) to bf16
-//   dqkv = causal_attention_backward(...)    (f32: the bias gradient sums it)   d16 = copy(dqkv) to bf16
-// The node becomes causal_attention_cast (causal_attention_backward_cast), which writes the 16-bit
+//   y, lse = attention(qkv)           (y f32: the backward reads it)     y16 = copy(y) to bf16
+//   dqkv = attention_backward(...)    (f32: the bias gradient sums it)   d16 = copy(dqkv) to bf16
+// The node becomes attention_cast (attention_backward_cast), which writes the 16-bit
 // copy as well, and the cast node goes: one kernel and one read of the f32 result fewer per op. The
 // f32 result stays (it has other readers). Applies when the cast is to the op's compute dtype, its
 // output is contiguous and untouched before the cast, and the device has the fused op; the copy
-// equals the unfused cast to the bit.
+// equals the unfused cast to the bit. The fused node keeps the op's inputs (the optional mask last)
+// and attrs (heads, compute, causal) as they are: the cast changes nothing the kernels compute.
 //
 // Then, where the forward's f32 y is read by nothing but the backward (a transformer block's case: y16 feeds the
 // projection's GEMM), the backward reads y16 instead and the forward no longer writes the f32 y: the
@@ -23,7 +24,7 @@ namespace {
 constexpr const char* kPass = "attention_cast";
 
 bool is_attention(const Node& n) {
-  return (n.op == OpKind::CausalAttention || n.op == OpKind::CausalAttentionBackward) && !n.in_place && !n.outputs.empty();
+  return (n.op == OpKind::Attention || n.op == OpKind::AttentionBackward) && !n.in_place && !n.outputs.empty();
 }
 
 // Node i (an attention op) whose f32 result a later cast to its compute dtype reads: the cast's
@@ -35,8 +36,8 @@ int match(const Graph& g, const BufferUses& u, size_t i, Why& why) {
   if (!why(out.dtype == DType::f32 && (compute == DType::bf16 || compute == DType::f16),
            "it is not an f32 result computed in 16 bits") ||
       !why(is_contiguous(out) && internal_once(g, u, out), "its result is not a contiguous buffer of its own") ||
-      !why(device_supports(g, out, n.op == OpKind::CausalAttention ? OpKind::CausalAttentionCast
-                                                                   : OpKind::CausalAttentionBackwardCast),
+      !why(device_supports(g, out, n.op == OpKind::Attention ? OpKind::AttentionCast
+                                                                   : OpKind::AttentionBackwardCast),
            "the device has no attention with a 16-bit copy"))
     return -1;
   const int cast = later_16bit_cast(g, u, out);
@@ -51,14 +52,14 @@ int match(const Graph& g, const BufferUses& u, size_t i, Why& why) {
 void keep_only_16bit_y(Graph& g) {
   const BufferUses u = buffer_uses(g);
   for (Node& f : g.nodes) {
-    if (f.op != OpKind::CausalAttentionCast || f.outputs.size() != 3 || !f.attrs.b("keep_f32", true)) continue;
+    if (f.op != OpKind::AttentionCast || f.outputs.size() != 3 || !f.attrs.b("keep_f32", true)) continue;
     const TensorRef y = f.outputs[0], y16 = f.outputs[2];
     if (!internal_once(g, u, y)) continue;
     bool only_backward = !u.readers[y.buffer].empty();
     for (int k : u.readers[y.buffer]) {
       const Node* r = k < int(g.nodes.size()) ? &g.nodes[size_t(k)] : nullptr;
-      const bool backward = r && (r->op == OpKind::CausalAttentionBackward || r->op == OpKind::CausalAttentionBackwardCast);
-      only_backward = only_backward && backward && r->inputs.size() == 4 &&
+      const bool backward = r && (r->op == OpKind::AttentionBackward || r->op == OpKind::AttentionBackwardCast);
+      only_backward = only_backward && backward && (r->inputs.size() == 4 || r->inputs.size() == 5) &&
                       r->inputs[2] && same_ref(*r->inputs[2], y) && r->attrs.i("compute") == f.attrs.i("compute");
       for (size_t j = 0; r && j < r->inputs.size(); ++j)
         only_backward = only_backward && (j == 2 || !r->inputs[j] || r->inputs[j]->buffer != y.buffer);
@@ -71,7 +72,7 @@ void keep_only_16bit_y(Graph& g) {
   // A backward whose f32 dqkv nothing reads (its GEMMs and the bias gradient take dqkv16) writes
   // dqkv16 alone. Dead-code elimination keeps a node for any output that is read, so this output goes here.
   for (Node& b : g.nodes) {
-    if (b.op != OpKind::CausalAttentionBackwardCast || b.outputs.size() != 2 || !b.attrs.b("keep_f32", true)) continue;
+    if (b.op != OpKind::AttentionBackwardCast || b.outputs.size() != 2 || !b.attrs.b("keep_f32", true)) continue;
     const TensorRef& dqkv = b.outputs[0];
     if (!internal_once(g, u, dqkv) || !u.readers[dqkv.buffer].empty()) continue;
     b.outputs.erase(b.outputs.begin());
@@ -86,8 +87,8 @@ void fuse_attention_cast(Graph& g, PassStats& stats) {
   auto matched = [&](size_t i, Why& why) { return match(g, u, i, why); };
   fuse_partners(g, kPass, "its cast", is_attention, matched, [&](size_t i, int cast, std::vector<bool>& drop) {
     Node& n = g.nodes[i];
-    const bool forward = n.op == OpKind::CausalAttention;
-    Node fused{forward ? OpKind::CausalAttentionCast : OpKind::CausalAttentionBackwardCast, n.attrs, n.inputs, n.outputs,
+    const bool forward = n.op == OpKind::Attention;
+    Node fused{forward ? OpKind::AttentionCast : OpKind::AttentionBackwardCast, n.attrs, n.inputs, n.outputs,
                false, {op_name(n.op), "copy"}};
     fused.outputs.push_back(g.nodes[size_t(cast)].outputs[0]);
     if (!call_supported(g, fused)) return why_not(kPass, g, i, "its cast", "the device's kernel does not take the call");

@@ -40,7 +40,7 @@ bool read_by_one_elementwise_op(Graph& g, const BufferUses& u, const TensorRef& 
 // compute dtype). (A transformer's case: the projection's input gradient.)
 Node* attention_backward_reading_dy(Graph& g, const BufferUses& u, const TensorRef& z, DType y_dtype) {
   Node* r = sole_reader(g, u, z);
-  const bool dy = r && r->op == OpKind::CausalAttentionBackward && !r->inputs.empty() && r->inputs[0] &&
+  const bool dy = r && r->op == OpKind::AttentionBackward && !r->inputs.empty() && r->inputs[0] &&
                   same_ref(*r->inputs[0], z) && r->attrs.i("compute") == int64_t(y_dtype);
   return dy ? r : nullptr;
 }

@@ -35,7 +35,7 @@ void fuse_matmul_cast(Graph& g, PassStats& stats);        // matmul_into (f32 re
 void fuse_matmul_accumulate(Graph& g, PassStats& stats);  // matmul_into (into a gradient)
 void fuse_masked_softmax(Graph& g, PassStats& stats);     // masked_softmax(_backward)
 void fuse_norm_cast(Graph& g, PassStats& stats);          // layer_norm_cast
-void fuse_attention_cast(Graph& g, PassStats& stats);     // causal_attention(_backward)_cast
+void fuse_attention_cast(Graph& g, PassStats& stats);     // attention(_backward)_cast
 void store_gemm_bias_16bit(Graph& g, PassStats& stats);   // gemm_epilogue in 16 bits (store_gemm_16bit.cpp)
 void fuse_norm_backward_add(Graph& g, PassStats& stats);  // layer_norm_backward_add
 void fuse_gemm_gelu(Graph& g, PassStats& stats);          // gemm_epilogue with GELU

@@ -40,8 +40,8 @@ Reader reader_kind(const Node& r, const TensorRef& z, DType compute) {
   int refs = 0;
   for (const auto& in : r.inputs) refs += in && in->buffer == z.buffer;
   if (refs != 1) return Reader::Other;
-  const bool forward = r.op == OpKind::CausalAttention || r.op == OpKind::CausalAttentionCast;
-  const bool backward = r.op == OpKind::CausalAttentionBackward || r.op == OpKind::CausalAttentionBackwardCast;
+  const bool forward = r.op == OpKind::Attention || r.op == OpKind::AttentionCast;
+  const bool backward = r.op == OpKind::AttentionBackward || r.op == OpKind::AttentionBackwardCast;
   const size_t qkv = forward ? 0 : backward ? 1 : SIZE_MAX;
   if (qkv != SIZE_MAX)
     return qkv < r.inputs.size() && r.inputs[qkv] && same_ref(*r.inputs[qkv], z) &&

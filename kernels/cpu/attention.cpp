@@ -1,11 +1,16 @@
-// CPU kernels of fused causal self-attention: the reference the CUDA kernels are checked against.
+// CPU kernels of fused scaled-dot-product self-attention: the reference the CUDA kernels are checked
+// against.
 //
 // qkv (B, T, 3d) holds q, k, v side by side; head h of each uses columns [h hd, (h+1) hd), hd = d / H.
-// For one (batch, head), with scale = 1 / sqrt(hd) and only keys s <= t (causal):
-//   forward    S_ts = scale q_t . k_s       lse_t = log sum_s exp(S_ts)       P_ts = exp(S_ts - lse_t)
+// For one (batch, head), with scale = 1 / sqrt(hd), M the optional additive mask (broadcast to
+// (B, H, T, T); kernels/attention_mask.h) and the visible keys s <= t (causal) or all s < T (not):
+//   forward    S_ts = scale q_t . k_s + M_ts    lse_t = log sum_s exp(S_ts)    P_ts = exp(S_ts - lse_t)
 //              y_t  = sum_s P_ts v_s                                          (y (B, T, d), heads merged)
 //   backward   D_t  = dy_t . y_t            dP_ts = dy_t . v_s                dS_ts = P_ts (dP_ts - D_t)
 //              dq_t = scale sum_s dS_ts k_s     dk_s = scale sum_t dS_ts q_t     dv_s = sum_t P_ts dy_t
+// A row whose visible keys the mask all removes (every S_ts = -inf) has no softmax: it gets y_t = 0
+// and lse_t = +inf, so the backward's P_ts = exp(S_ts - lse_t) = 0 and its gradients are zero
+// (FlashAttention's convention). The mask gets no gradient.
 // Rounding, the same points as the CUDA kernels': q, k, v and dy are rounded to the compute dtype, and
 // P and dS are rounded to it before they enter a product; everything accumulates in A (f32, or f64 for
 // f64). The softmax's normaliser sums the unrounded P, as the fused forward does. With compute equal
@@ -17,6 +22,7 @@
 
 #include <Eigen/Dense>
 
+#include "kernels/attention_mask.h"
 #include "kernels/cpu/compose.h"
 #include "kernels/cpu/dense_outputs.h"
 #include "kernels/dispatch.h"
@@ -44,9 +50,12 @@ A round_to(DType compute, A v) {
 struct Geometry {
   int64_t B, T, d, H, hd;
   DType compute;
+  bool causal;
   Geometry(const Tensor& qkv, const Attrs& a)
       : B(qkv.size(0)), T(qkv.size(1)), d(qkv.size(2) / 3), H(a.i("heads")), hd(d / H),
-        compute(static_cast<DType>(a.i("compute"))) {}
+        compute(static_cast<DType>(a.i("compute"))), causal(a.b("causal", true)) {}
+  // Keys [0, keys(t)) are visible to query t.
+  int64_t keys(int64_t t) const { return causal ? t + 1 : T; }
 };
 
 template <typename A>
@@ -71,20 +80,43 @@ void scatter_head(T* base, const Mat<A>& m, const Geometry& g, int64_t width, in
     for (int64_t c = 0; c < g.hd; ++c) base[(b * g.T + t) * width + col0 + c] = store<T>(scale * m(t, c));
 }
 
+// The optional additive mask, read in place through its broadcast strides (kernels/attention_mask.h).
+template <typename A>
+struct MaskView {
+  const A* data = nullptr;  // null: no mask
+  AttentionMaskStrides st;
+  explicit MaskView(const Tensor& mask) {
+    if (!mask.defined()) return;
+    data = mask.data<A>();
+    st = attention_mask_strides(mask);
+  }
+  // s (T, T) += M of (batch b, head h).
+  void add_to(Mat<A>& s, int64_t b, int64_t h) const {
+    if (!data) return;
+    const A* m = data + b * st.b + h * st.h;
+    for (int64_t t = 0; t < s.rows(); ++t)
+      for (int64_t j = 0; j < s.cols(); ++j) s(t, j) += m[t * st.t + j * st.s];
+  }
+};
+
+// The mask is the input after the `required` ones, when there is one.
+Tensor mask_input(const KernelCall& c, size_t required) { return c.in.size() > required ? c.in[required] : Tensor(); }
+
 template <typename A>
 void round_all(Mat<A>& m, DType compute) {
   if (compute == DType::bf16 || compute == DType::f16) m = m.unaryExpr([compute](A v) { return round_to(compute, v); });
 }
 
-// The products run as dense (T, T) GEMMs per (batch, head), the masked half zeroed: at these sizes
+// The products run as dense (T, T) GEMMs per (batch, head), the causally hidden half zeroed: at these sizes
 // Eigen's GEMM beats a triangular loop by far. One (batch, head) per thread (Eigen stays on the
 // calling thread inside the parallel loop).
-void causal_attention_fwd_kernel(const KernelCall& c) {
+void attention_fwd_kernel(const KernelCall& c) {
   Tensor qkv = dense(c.in[0]);
   const Tensor &y = c.out[0], &lse = c.out[1];
   const Geometry g(qkv, c.attrs);
-  visit_float_dtype(qkv.dtype(), "causal_attention", [&]<typename T>() {
+  visit_float_dtype(qkv.dtype(), "attention", [&]<typename T>() {
     using A = AccType<T>;
+    const MaskView<A> mask(mask_input(c, 1));
     const T* x = qkv.data<T>();
     T* py = y.data<T>();
     A* plse = lse.data<A>();
@@ -96,13 +128,20 @@ void causal_attention_fwd_kernel(const KernelCall& c) {
         const Mat<A> k = gather_head<T, A>(x, g, 3 * g.d, b, g.d + h * g.hd, true);
         const Mat<A> v = gather_head<T, A>(x, g, 3 * g.d, b, 2 * g.d + h * g.hd, true);
         Mat<A> s = (q * k.transpose()) * scale;  // (T, T)
+        mask.add_to(s, b, h);
         Mat<A> p(g.T, g.T);
         for (int64_t t = 0; t < g.T; ++t) {
+          const int64_t keys = g.keys(t);
           A m = -std::numeric_limits<A>::infinity();
-          for (int64_t j = 0; j <= t; ++j) m = std::max(m, s(t, j));
+          for (int64_t j = 0; j < keys; ++j) m = std::max(m, s(t, j));
+          if (m == -std::numeric_limits<A>::infinity()) {  // every visible key masked: y_t = 0, lse_t = +inf
+            p.row(t).setZero();
+            plse[(b * g.H + h) * g.T + t] = std::numeric_limits<A>::infinity();
+            continue;
+          }
           A l = 0;
           for (int64_t j = 0; j < g.T; ++j) {
-            const A e = j <= t ? std::exp(s(t, j) - m) : A(0);
+            const A e = j < keys ? std::exp(s(t, j) - m) : A(0);
             l += e;
             p(t, j) = round_to(g.compute, e);
           }
@@ -115,12 +154,13 @@ void causal_attention_fwd_kernel(const KernelCall& c) {
   });
 }
 
-void causal_attention_bwd_kernel(const KernelCall& c) {
+void attention_bwd_kernel(const KernelCall& c) {
   Tensor dy = dense(c.in[0]), qkv = dense(c.in[1]), y = dense(c.in[2]), lse = dense(c.in[3]);
   const Tensor& dqkv = c.out[0];
   const Geometry g(qkv, c.attrs);
-  visit_float_dtype(qkv.dtype(), "causal_attention_backward", [&]<typename T>() {
+  visit_float_dtype(qkv.dtype(), "attention_backward", [&]<typename T>() {
     using A = AccType<T>;
+    const MaskView<A> mask(mask_input(c, 4));
     const T *x = qkv.data<T>(), *pdy = dy.data<T>(), *py = y.data<T>();
     const A* plse = lse.data<A>();
     T* pd = dqkv.data<T>();
@@ -135,13 +175,15 @@ void causal_attention_bwd_kernel(const KernelCall& c) {
         const Mat<A> go = gather_head<T, A>(pdy, g, g.d, b, h * hd, true);
         const Mat<A> go_exact = gather_head<T, A>(pdy, g, g.d, b, h * hd, false);
         const Mat<A> yo = gather_head<T, A>(py, g, g.d, b, h * hd, false);
-        const Mat<A> s = (q * k.transpose()) * scale;  // (T, T)
-        const Mat<A> dp = go * v.transpose();            // (T, T)
+        Mat<A> s = (q * k.transpose()) * scale;  // (T, T)
+        mask.add_to(s, b, h);
+        const Mat<A> dp = go * v.transpose();  // (T, T)
         Mat<A> p(g.T, g.T), ds(g.T, g.T);
         for (int64_t t = 0; t < g.T; ++t) {
           const A D = go_exact.row(t).dot(yo.row(t)), l = plse[(b * g.H + h) * g.T + t];
+          const int64_t keys = g.keys(t);
           for (int64_t j = 0; j < g.T; ++j) {
-            const A e = j <= t ? std::exp(s(t, j) - l) : A(0);
+            const A e = j < keys ? std::exp(s(t, j) - l) : A(0);  // 0 for a fully masked row (l = +inf)
             p(t, j) = e;
             ds(t, j) = e * (dp(t, j) - D);
           }
@@ -157,15 +199,15 @@ void causal_attention_bwd_kernel(const KernelCall& c) {
 
 // Operands held in the compute dtype for an f32 result (the compiler's 16-bit storage) are widened to
 // the result's dtype first: exact, and the kernels round them to compute anyway. `operands`: how many
-// leading inputs hold such values (qkv; or dy, qkv, y: lse is in its own dtype).
+// leading inputs hold such values (qkv; or dy, qkv, y: lse and the mask are in their own dtype).
 void run_widened(const KernelCall& c, KernelFn kernel, size_t operands) {
   std::vector<Tensor> in = c.in;
   for (size_t i = 0; i < operands; ++i) in[i] = cpu::converted(in[i], c.out[0].dtype());
   cpu::run_into_contiguous(KernelCall{c.op, in, c.out, c.attrs}, kernel);
 }
 
-void causal_attention_kernel(const KernelCall& c) { run_widened(c, causal_attention_fwd_kernel, 1); }
-void causal_attention_backward_kernel(const KernelCall& c) { run_widened(c, causal_attention_bwd_kernel, 3); }
+void attention_kernel(const KernelCall& c) { run_widened(c, attention_fwd_kernel, 1); }
+void attention_backward_kernel(const KernelCall& c) { run_widened(c, attention_bwd_kernel, 3); }
 
 // The fused variants: the plain op into f32 (a temporary when the f32 result is not kept), then its
 // copy in the compute dtype.
@@ -180,12 +222,12 @@ void with_16bit_copy(const KernelCall& c, OpKind plain) {
 
 void register_attention_cpu_kernels() {
   constexpr DeviceType cpu = DeviceType::CPU;
-  register_kernel(cpu, OpKind::CausalAttention, causal_attention_kernel);
-  register_kernel(cpu, OpKind::CausalAttentionBackward, causal_attention_backward_kernel);
-  register_kernel(cpu, OpKind::CausalAttentionCast,
-                  [](const KernelCall& c) { with_16bit_copy(c, OpKind::CausalAttention); });
-  register_kernel(cpu, OpKind::CausalAttentionBackwardCast,
-                  [](const KernelCall& c) { with_16bit_copy(c, OpKind::CausalAttentionBackward); });
+  register_kernel(cpu, OpKind::Attention, attention_kernel);
+  register_kernel(cpu, OpKind::AttentionBackward, attention_backward_kernel);
+  register_kernel(cpu, OpKind::AttentionCast,
+                  [](const KernelCall& c) { with_16bit_copy(c, OpKind::Attention); });
+  register_kernel(cpu, OpKind::AttentionBackwardCast,
+                  [](const KernelCall& c) { with_16bit_copy(c, OpKind::AttentionBackward); });
 }
 
 }  // namespace reel

@@ -1,12 +1,14 @@
-// CUDA kernels of fused causal self-attention (the math and the rounding points are in
-// kernels/cpu/attention.cpp, the reference these kernels are tested against).
+// CUDA kernels of fused scaled-dot-product self-attention, causal or not, with an optional additive
+// mask (the math and the rounding points are in kernels/cpu/attention.cpp, the reference these
+// kernels are tested against).
 //
 // Two implementations of the same op, one file each beside this one (shared tile loaders in
 // attention_tiles.cuh); this file launches them:
 //
 //  - Tiled tensor-core kernels (16-bit compute, head size 32, 64 or 128): FlashAttention-2's scheme with
 //    WMMA fragments. A block of 4 warps owns a tile of 64 rows, each warp 16 of them, and walks the other
-//    side's tiles of 64 up to the causal diagonal; nothing T x T is ever written to global memory.
+//    side's tiles of 64 up to the causal diagonal (all of them when not causal, keys >= T hidden in
+//    the last one); nothing T x T is ever written to global memory.
 //      forward      block = 64 queries; per key tile: S = Q K^T (f32), the online softmax rescales the
 //                   running output O and normaliser l by exp(m_old - m_new), then O += P V. At the end
 //                   y = O / l and lse = m + log l.
@@ -32,10 +34,18 @@
 //  - Row kernels (attention_rows.cuh; any head size, f32/f64 compute, 16-bit at other head sizes): a block
 //    per query row (forward, backward's dQ) or key row (backward's dK, dV), scores for that row in
 //    shared memory. Simple loops, the same rounding points, O(T) shared memory per block.
+//
+// Variants: the tiled kernels are built per (Causal, Masked) (visit_variant below), so the decoder's
+// causal, unmasked kernel is the code it was before and does no work for the other cases; the row
+// kernels take causal at run time (it bounds their loops only) and Masked as a template parameter.
+// The mask is read through its broadcast strides (DeviceMask, attention_tiles.cuh), straight from
+// global memory where a score is formed (one load per score, the same (t, s) entry for every head
+// when it broadcasts over heads, so mostly from cache).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/attention_mask.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_rows.cuh"
@@ -72,6 +82,32 @@ void visit_compute(DType compute, Fn&& fn) {
 
 template <typename C>
 constexpr bool kSixteenBit = std::is_same_v<C, __half> || std::is_same_v<C, __nv_bfloat16>;
+
+// Calls fn.template operator()<Causal, Masked>() for the call's variant.
+template <typename Fn>
+void visit_variant(bool causal, bool masked, Fn&& fn) {
+  if (causal) {
+    if (masked) fn.template operator()<true, true>();
+    else fn.template operator()<true, false>();
+  } else {
+    if (masked) fn.template operator()<false, true>();
+    else fn.template operator()<false, false>();
+  }
+}
+
+// The optional mask as the kernels read it; its dtype (the accumulation type A) the schema checked.
+template <typename A>
+DeviceMask<A> device_mask(const Tensor& mask, const char* op) {
+  DeviceMask<A> m;
+  if (!mask.defined()) return m;
+  REEL_CHECK(mask.dtype() == (std::is_same_v<A, double> ? DType::f64 : DType::f32) && mask.device().is_cuda(), op,
+             ": mask ", shape_str(mask.shape()), " ", dtype_name(mask.dtype()), " on ", mask.device().str(),
+             " must be a CUDA tensor in the accumulation dtype");
+  const AttentionMaskStrides st = attention_mask_strides(mask);
+  m.data = static_cast<const A*>(mask.data_ptr());
+  m.sb = st.b, m.sh = st.h, m.st = st.t, m.ss = st.s;
+  return m;
+}
 
 // Calls fn.template operator()<HD>() when the tiled kernels take head size hd; false otherwise.
 template <typename Fn>
@@ -169,57 +205,71 @@ Prepared<C> prepare_dout(const In* dy, const Y* y, const AttentionGeometry& g, D
   return p;
 }
 
+// The forward's launch, once the operands are typed (In the value dtype, C the compute dtype, Q the
+// dtype qkv is stored in) and the variant is chosen: the register-resident kernels for head sizes up to
+// 64, the WMMA ones for 128, the row kernels otherwise.
+template <typename In, typename C, typename Q, bool Causal, bool Masked>
+void launch_attention_fwd(const Tensor& qkv, const AttentionGeometry& g, const Tensor& y, const Tensor& lse,
+                          const Tensor& y16, DType compute, const Tensor& mask, cudaStream_t stream) {
+  using A = Acc<In>;
+  In* py = y.defined() ? static_cast<In*>(y.data_ptr()) : nullptr;
+  C* p16 = copy16_ptr<C>(y16, compute, g, "attention");
+  const Q* px = static_cast<const Q*>(qkv.data_ptr());
+  bool tiled = false;
+  if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
+    tiled = visit_tiled_head(g.hd, [&]<int HD>() {
+      const DeviceMask<float> m = device_mask<float>(mask, "attention");
+      const unsigned tiles = (g.T + kTile - 1) / kTile;
+      const dim3 grid(tiles, g.B * g.H);
+      float* pl = static_cast<float*>(lse.data_ptr());
+      const float scale = 1.0f / std::sqrt(float(g.hd));
+      if constexpr (HD <= 64) {  // the register-resident kernel
+        constexpr size_t bytes = mma_fwd_smem_bytes<C, HD>();
+        auto kernel = attention_fwd_mma<In, Q, C, HD, 1, Causal, Masked>;
+        const bool waves = more_than_one_wave(kernel, bytes, grid, qkv.device().index);
+        if (waves) kernel = attention_fwd_mma<In, Q, C, HD, 4, Causal, Masked>;
+        Tensor keep;
+        const Q* q = aligned_operand(px, size_t(qkv.numel()), qkv.device(), stream, keep);
+        const dim3 order = waves ? dim3(g.B * g.H, tiles) : grid;  // block order: attention_mma.cuh
+        kernel<<<order, kThreads, bytes, stream>>>(q, py, p16, pl, g.T, g.H, g.d, scale, waves, m);
+      } else {
+        constexpr size_t bytes = tiled_smem_bytes<C, HD>();
+        auto kernel = attention_fwd_tiled<In, Q, C, HD, Causal, Masked>;
+        static const bool ready = (allow_smem(kernel, bytes), true);
+        (void)ready;
+        kernel<<<grid, kThreads, bytes, stream>>>(px, py, p16, pl, g.T, g.H, g.d, scale, m);
+      }
+      REEL_CUDA_LAUNCH_CHECK();
+    });
+  }
+  if (!tiled) {
+    const size_t bytes = sizeof(A) * size_t(g.T) + kRowSmemSlack;
+    check_row_smem(bytes, g.T, "attention");
+    auto kernel = attention_fwd_rows<In, Q, C, A, Masked>;
+    if (bytes > 48 * 1024) allow_smem(kernel, bytes);
+    kernel<<<dim3(g.T, g.B * g.H), kRowThreads, bytes, stream>>>(px, py, p16, static_cast<A*>(lse.data_ptr()), g.T,
+                                                                 g.H, g.d, g.hd, A(1) / std::sqrt(A(g.hd)), Causal,
+                                                                 device_mask<A>(mask, "attention"));
+    REEL_CUDA_LAUNCH_CHECK();
+  }
+}
+
 }  // namespace
 
-void causal_attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType compute, const Tensor& y, const Tensor& lse,
-                               const Tensor& y16) {
-  REEL_CHECK(y.defined() || y16.defined(), "causal_attention: neither y nor its 16-bit copy is asked for");
+void attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType compute, const Tensor& y, const Tensor& lse,
+                        const Tensor& y16, bool causal, const Tensor& mask) {
+  REEL_CHECK(y.defined() || y16.defined(), "attention: neither y nor its 16-bit copy is asked for");
   Tensor qkv = contiguous_on_device(qkv_in);
   const AttentionGeometry g(qkv, Attrs().set("heads", heads));
   if (int64_t(g.B) * g.T * g.H == 0) return;
   cudaStream_t stream = stream_of(qkv);
   const DType value = y.defined() ? y.dtype() : DType::f32;  // the dtype y is computed in
-  visit_float(value, "causal_attention", [&]<typename In>() {
+  visit_float(value, "attention", [&]<typename In>() {
     visit_compute<In>(compute, [&]<typename C>() {
-      visit_operand<In, C>(qkv, value, compute, "causal_attention", "qkv", [&]<typename Q>() {
-        using A = Acc<In>;
-        In* py = y.defined() ? static_cast<In*>(y.data_ptr()) : nullptr;
-        C* p16 = copy16_ptr<C>(y16, compute, g, "causal_attention");
-        const Q* px = static_cast<const Q*>(qkv.data_ptr());
-        bool tiled = false;
-        if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
-          tiled = visit_tiled_head(g.hd, [&]<int HD>() {
-            const unsigned tiles = (g.T + kTile - 1) / kTile;
-            const dim3 grid(tiles, g.B * g.H);
-            float* pl = static_cast<float*>(lse.data_ptr());
-            const float scale = 1.0f / std::sqrt(float(g.hd));
-            if constexpr (HD <= 64) {  // the register-resident kernel
-              constexpr size_t bytes = mma_fwd_smem_bytes<C, HD>();
-              auto kernel = attention_fwd_mma<In, Q, C, HD, 1>;
-              const bool waves = more_than_one_wave(kernel, bytes, grid, qkv.device().index);
-              if (waves) kernel = attention_fwd_mma<In, Q, C, HD, 4>;
-              Tensor keep;
-              const Q* q = aligned_operand(px, size_t(qkv.numel()), qkv.device(), stream, keep);
-              const dim3 order = waves ? dim3(g.B * g.H, tiles) : grid;  // block order: attention_mma.cuh
-              kernel<<<order, kThreads, bytes, stream>>>(q, py, p16, pl, g.T, g.H, g.d, scale, waves);
-            } else {
-              constexpr size_t bytes = tiled_smem_bytes<C, HD>();
-              static const bool ready = (allow_smem(attention_fwd_tiled<In, Q, C, HD>, bytes), true);
-              (void)ready;
-              attention_fwd_tiled<In, Q, C, HD><<<grid, kThreads, bytes, stream>>>(px, py, p16, pl, g.T, g.H, g.d,
-                                                                                   scale);
-            }
-            REEL_CUDA_LAUNCH_CHECK();
-          });
-        }
-        if (!tiled) {
-          const size_t bytes = sizeof(A) * size_t(g.T) + kRowSmemSlack;
-          check_row_smem(bytes, g.T, "causal_attention");
-          if (bytes > 48 * 1024) allow_smem(attention_fwd_rows<In, Q, C, A>, bytes);
-          attention_fwd_rows<In, Q, C, A><<<dim3(g.T, g.B * g.H), kRowThreads, bytes, stream>>>(
-              px, py, p16, static_cast<A*>(lse.data_ptr()), g.T, g.H, g.d, g.hd, A(1) / std::sqrt(A(g.hd)));
-          REEL_CUDA_LAUNCH_CHECK();
-        }
+      visit_operand<In, C>(qkv, value, compute, "attention", "qkv", [&]<typename Q>() {
+        visit_variant(causal, mask.defined(), [&]<bool Causal, bool Masked>() {
+          launch_attention_fwd<In, C, Q, Causal, Masked>(qkv, g, y, lse, y16, compute, mask, stream);
+        });
       });
     });
   });
@@ -230,10 +280,10 @@ namespace {
 // The backward's launch, once visit_operand has typed its operands (In the value dtype, C the compute
 // dtype; Q, Y, Dy those qkv, y and dy are stored in): the register-resident kernels for head sizes up
 // to 64, the tiled ones for larger heads, the row kernels otherwise.
-template <typename In, typename C, typename Q, typename Y, typename Dy>
+template <typename In, typename C, typename Q, typename Y, typename Dy, bool Causal, bool Masked>
 void launch_attention_bwd(const Tensor& dy, const Tensor& qkv, const Tensor& y, const Tensor& lse, DType value,
                           const AttentionGeometry& g, const Tensor& dqkv, const Tensor& dqkv16, DType compute,
-                          cudaStream_t stream) {
+                          const Tensor& mask, cudaStream_t stream) {
   using A = Acc<In>;
   // The kernels other than the register-resident ones read dy in the value dtype: a 16-bit dy
   // is widened for them first (exactly: its f32 image).
@@ -249,10 +299,11 @@ void launch_attention_bwd(const Tensor& dy, const Tensor& qkv, const Tensor& y, 
   const Q* px = static_cast<const Q*>(qkv.data_ptr());
   const Y* py = static_cast<const Y*>(y.data_ptr());
   In* pd = dqkv.defined() ? static_cast<In*>(dqkv.data_ptr()) : nullptr;
-  C* p16 = copy16_ptr<C>(dqkv16, compute, qkv.shape(), "causal_attention_backward");
+  C* p16 = copy16_ptr<C>(dqkv16, compute, qkv.shape(), "attention_backward");
   bool tiled = false;
   if constexpr (kSixteenBit<C> && (std::is_same_v<In, float> || std::is_same_v<In, C>)) {
     tiled = visit_tiled_head(g.hd, [&]<int HD>() {
+      const DeviceMask<float> m = device_mask<float>(mask, "attention_backward");
       const unsigned tiles = (g.T + kTile - 1) / kTile;
       const dim3 grid(tiles, g.B * g.H, 2);
       const float* pl = static_cast<const float*>(lse.data_ptr());
@@ -261,47 +312,49 @@ void launch_attention_bwd(const Tensor& dy, const Tensor& qkv, const Tensor& y, 
         const Prepared<C> prep =
             prepare_dout<C, HD>(static_cast<const Dy*>(dy.data_ptr()), py, g, qkv.device(), stream);
         constexpr size_t bytes = mma_bwd_smem_bytes<C, HD>();
-        static const bool ready = (allow_smem(attention_bwd_mma<Q, C, In, HD, 1>, bytes),
-                                   allow_smem(attention_bwd_mma<Q, C, In, HD, 3>, bytes), true);
+        static const bool ready = (allow_smem(attention_bwd_mma<Q, C, In, HD, 1, Causal, Masked>, bytes),
+                                   allow_smem(attention_bwd_mma<Q, C, In, HD, 3, Causal, Masked>, bytes), true);
         (void)ready;
-        auto kernel = attention_bwd_mma<Q, C, In, HD, 1>;
+        auto kernel = attention_bwd_mma<Q, C, In, HD, 1, Causal, Masked>;
         const bool waves = more_than_one_wave(kernel, bytes, grid, qkv.device().index);
-        if (waves) kernel = attention_bwd_mma<Q, C, In, HD, 3>;
+        if (waves) kernel = attention_bwd_mma<Q, C, In, HD, 3, Causal, Masked>;
         Tensor keep;
         const Q* q = aligned_operand(px, size_t(qkv.numel()), qkv.device(), stream, keep);
         const dim3 order = waves ? dim3(g.B * g.H, 2 * tiles) : grid;  // block order: attention_mma.cuh
-        kernel<<<order, kThreads, bytes, stream>>>(prep.dout, prep.D, q, pl, pd, p16, g.T, g.H, g.d, scale, waves);
+        kernel<<<order, kThreads, bytes, stream>>>(prep.dout, prep.D, q, pl, pd, p16, g.T, g.H, g.d, scale, waves, m);
       } else {
         constexpr size_t bytes = tiled_smem_bytes<C, HD>();
-        static const bool ready = (allow_smem(attention_bwd_tiled<In, Q, Y, C, HD>, bytes), true);
+        auto kernel = attention_bwd_tiled<In, Q, Y, C, HD, Causal, Masked>;
+        static const bool ready = (allow_smem(kernel, bytes), true);
         (void)ready;
-        attention_bwd_tiled<In, Q, Y, C, HD><<<grid, kThreads, bytes, stream>>>(wide_dy(), px, py, pl, pd, p16,
-                                                                              g.T, g.H, g.d, scale);
+        kernel<<<grid, kThreads, bytes, stream>>>(wide_dy(), px, py, pl, pd, p16, g.T, g.H, g.d, scale, m);
       }
       REEL_CUDA_LAUNCH_CHECK();
     });
   }
   if (!tiled) {
     const size_t bytes = 2 * sizeof(A) * size_t(g.T) + kRowSmemSlack;
-    check_row_smem(bytes, g.T, "causal_attention_backward");
-    if (bytes > 48 * 1024) allow_smem(attention_bwd_rows<In, Q, Y, C, A>, bytes);
-    attention_bwd_rows<In, Q, Y, C, A><<<dim3(g.T, g.B * g.H, 2), kRowThreads, bytes, stream>>>(
+    check_row_smem(bytes, g.T, "attention_backward");
+    auto kernel = attention_bwd_rows<In, Q, Y, C, A, Masked>;
+    if (bytes > 48 * 1024) allow_smem(kernel, bytes);
+    kernel<<<dim3(g.T, g.B * g.H, 2), kRowThreads, bytes, stream>>>(
         wide_dy(), px, py, static_cast<const A*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d, g.hd,
-        A(1) / std::sqrt(A(g.hd)));
+        A(1) / std::sqrt(A(g.hd)), Causal, device_mask<A>(mask, "attention_backward"));
     REEL_CUDA_LAUNCH_CHECK();
   }
 }
 
 }  // namespace
 
-void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const Tensor& y_in, const Tensor& lse_in,
-                               int64_t heads, DType compute, const Tensor& dqkv, const Tensor& dqkv16) {
+void attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const Tensor& y_in, const Tensor& lse_in,
+                        int64_t heads, DType compute, const Tensor& dqkv, const Tensor& dqkv16, bool causal,
+                        const Tensor& mask) {
   Tensor dy = contiguous_on_device(dy_in), qkv = contiguous_on_device(qkv_in);
   Tensor y = contiguous_on_device(y_in), lse = contiguous_on_device(lse_in);
   const AttentionGeometry g(qkv, Attrs().set("heads", heads));
   if (int64_t(g.B) * g.T * g.H == 0) return;
   cudaStream_t stream = stream_of(qkv);
-  REEL_CHECK(dqkv.defined() || dqkv16.defined(), "causal_attention_backward: neither dqkv nor its 16-bit copy is asked for");
+  REEL_CHECK(dqkv.defined() || dqkv16.defined(), "attention_backward: neither dqkv nor its 16-bit copy is asked for");
   // The dtype the values are in: dqkv's, or without it the widest operand's (when all are 16-bit, the
   // kernels for 16-bit values give the bits the f32 images of the operands would).
   auto width = [](DType t) { return t == DType::f64 ? 2 : t == DType::f32 ? 1 : 0; };
@@ -309,12 +362,15 @@ void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const 
   if (!dqkv.defined())
     for (const Tensor* t : {&qkv, &y})
       if (width(t->dtype()) > width(value)) value = t->dtype();
-  visit_float(value, "causal_attention_backward", [&]<typename In>() {
+  visit_float(value, "attention_backward", [&]<typename In>() {
     visit_compute<In>(compute, [&]<typename C>() {
-      visit_operand<In, C>(qkv, value, compute, "causal_attention_backward", "qkv", [&]<typename Q>() {
-        visit_operand<In, C>(y, value, compute, "causal_attention_backward", "y", [&]<typename Y>() {
-         visit_operand<In, C>(dy, value, compute, "causal_attention_backward", "dy", [&]<typename Dy>() {
-          launch_attention_bwd<In, C, Q, Y, Dy>(dy, qkv, y, lse, value, g, dqkv, dqkv16, compute, stream);
+      visit_operand<In, C>(qkv, value, compute, "attention_backward", "qkv", [&]<typename Q>() {
+        visit_operand<In, C>(y, value, compute, "attention_backward", "y", [&]<typename Y>() {
+         visit_operand<In, C>(dy, value, compute, "attention_backward", "dy", [&]<typename Dy>() {
+          visit_variant(causal, mask.defined(), [&]<bool Causal, bool Masked>() {
+            launch_attention_bwd<In, C, Q, Y, Dy, Causal, Masked>(dy, qkv, y, lse, value, g, dqkv, dqkv16, compute,
+                                                                   mask, stream);
+          });
          });
         });
       });
@@ -324,28 +380,42 @@ void causal_attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const 
 
 namespace {
 
-void causal_attention_fwd(const KernelCall& c) {
-  causal_attention_fwd_into(c.in[0], c.attrs.i("heads"), static_cast<DType>(c.attrs.i("compute")), c.out[0], c.out[1],
-                            Tensor());
+// The op's inputs: qkv [, mask] (forward), dy, qkv, y, lse [, mask] (backward); attrs heads, compute,
+// causal (kernels/schema/attention.cpp).
+struct Call {
+  int64_t heads;
+  DType compute;
+  bool causal;
+  Tensor mask;
+  Call(const KernelCall& c, size_t required)
+      : heads(c.attrs.i("heads")), compute(static_cast<DType>(c.attrs.i("compute"))), causal(c.attrs.b("causal", true)),
+        mask(c.in.size() > required ? c.in[required] : Tensor()) {}
+};
+
+void attention_fwd(const KernelCall& c) {
+  const Call a(c, 1);
+  attention_fwd_into(c.in[0], a.heads, a.compute, c.out[0], c.out[1], Tensor(), a.causal, a.mask);
 }
 
-void causal_attention_bwd(const KernelCall& c) {
-  causal_attention_bwd_into(c.in[0], c.in[1], c.in[2], c.in[3], c.attrs.i("heads"),
-                            static_cast<DType>(c.attrs.i("compute")), c.out[0], Tensor());
+void attention_bwd(const KernelCall& c) {
+  const Call a(c, 4);
+  attention_bwd_into(c.in[0], c.in[1], c.in[2], c.in[3], a.heads, a.compute, c.out[0], Tensor(), a.causal, a.mask);
 }
 
 // The fused variants (schemas in kernels/schema/attention.cpp): the f32 result when kept, and its copy
 // in the compute dtype, by the same kernel.
-void causal_attention_cast(const KernelCall& c) {
+void attention_cast(const KernelCall& c) {
   const bool keep = c.attrs.b("keep_f32", true);
-  causal_attention_fwd_into(c.in[0], c.attrs.i("heads"), static_cast<DType>(c.attrs.i("compute")),
-                            keep ? c.out[0] : Tensor(), c.out[keep ? 1 : 0], c.out.back());
+  const Call a(c, 1);
+  attention_fwd_into(c.in[0], a.heads, a.compute, keep ? c.out[0] : Tensor(), c.out[keep ? 1 : 0], c.out.back(),
+                     a.causal, a.mask);
 }
 
-void causal_attention_backward_cast(const KernelCall& c) {
+void attention_backward_cast(const KernelCall& c) {
   const bool keep = c.attrs.b("keep_f32", true);
-  causal_attention_bwd_into(c.in[0], c.in[1], c.in[2], c.in[3], c.attrs.i("heads"),
-                            static_cast<DType>(c.attrs.i("compute")), keep ? c.out[0] : Tensor(), c.out.back());
+  const Call a(c, 4);
+  attention_bwd_into(c.in[0], c.in[1], c.in[2], c.in[3], a.heads, a.compute, keep ? c.out[0] : Tensor(), c.out.back(),
+                     a.causal, a.mask);
 }
 
 }  // namespace
@@ -354,11 +424,11 @@ void causal_attention_backward_cast(const KernelCall& c) {
 void register_attention_cuda_kernels() {
   using cuda::norm_detail::run_into_contiguous;
   constexpr DeviceType gpu = DeviceType::CUDA;
-  register_kernel(gpu, OpKind::CausalAttention, [](const KernelCall& c) { run_into_contiguous(c, cuda::causal_attention_fwd); });
-  register_kernel(gpu, OpKind::CausalAttentionBackward,
-                  [](const KernelCall& c) { run_into_contiguous(c, cuda::causal_attention_bwd); });
-  register_kernel(gpu, OpKind::CausalAttentionCast, cuda::causal_attention_cast);
-  register_kernel(gpu, OpKind::CausalAttentionBackwardCast, cuda::causal_attention_backward_cast);
+  register_kernel(gpu, OpKind::Attention, [](const KernelCall& c) { run_into_contiguous(c, cuda::attention_fwd); });
+  register_kernel(gpu, OpKind::AttentionBackward,
+                  [](const KernelCall& c) { run_into_contiguous(c, cuda::attention_bwd); });
+  register_kernel(gpu, OpKind::AttentionCast, cuda::attention_cast);
+  register_kernel(gpu, OpKind::AttentionBackwardCast, cuda::attention_backward_cast);
 }
 
 }  // namespace reel

@@ -1,5 +1,9 @@
 // The register-resident builds of the tiled attention kernels (head sizes 32 and 64), on mma.sync.
-// Scheme and rounding points: kernels/cuda/attention.cu.
+// Scheme and rounding points: kernels/cuda/attention.cu. Each kernel is built per (Causal, Masked):
+// causal walks stop at the diagonal tile, non-causal ones take every tile and hide keys >= T in the
+// last one; only the Masked builds read the mask, and only they guard the online softmax against a
+// row that has seen no unmasked key yet (running max -inf). The (true, false) build is the
+// decoder's kernel as it was before these parameters, instruction for instruction.
 #pragma once
 #include <algorithm>
 #include <map>
@@ -239,10 +243,11 @@ __device__ __forceinline__ int block_pair(bool heads_first) { return heads_first
 // Forward. grid (ceil(T / 64), B H), or heads-first (B H, ceil(T / 64)) with query tile
 // qt = tiles - 1 - blockIdx.y; qkv (B, T, 3d), y (B, T, d), lse (B, H, T). y or y16 may be null.
 // qkv in C must be 16-byte aligned (cp.async fetches its tiles); in f32 it is rounded on the way.
-template <typename In, typename Q, typename C, int HD, int MinBlocks>
+template <typename In, typename Q, typename C, int HD, int MinBlocks, bool Causal, bool Masked>
 __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q* __restrict__ qkv, In* __restrict__ y,
                                                              C* __restrict__ y16, float* __restrict__ lse, int T,
-                                                             int H, int d, float scale, bool heads_first) {
+                                                             int H, int d, float scale, bool heads_first,
+                                                             DeviceMask<float> mask) {
   constexpr int ld = Strides<HD>::ld;
   extern __shared__ __align__(128) unsigned char raw[];
   const MmaSmem<C, HD, 1> sm{raw};
@@ -259,10 +264,12 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q
   unsigned qa[HD / 16][4];
   mma::load_a<HD>(qa, sm.own(0), warp * 16, ld);
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const auto m_head = mask.head(bh, H);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sums
   float o[HD / 8][4] = {};
-  for (int kt = 0; kt <= qt; ++kt) {
-    next_walk_step(kt < qt, [&] { fetch_key_tile(sm, base, d, width, kt + 1, T); });
+  const int last = Causal ? qt : (T + kTile - 1) / kTile - 1;  // the last key tile walked
+  for (int kt = 0; kt <= last; ++kt) {
+    next_walk_step(kt < last, [&] { fetch_key_tile(sm, base, d, width, kt + 1, T); });
     const C *sk = sm.walk(kt % 2, 0), *sv = sm.walk(kt % 2, 1);
 #pragma unroll
     for (int part = 0; part < kTile / mma::kPart; ++part) {  // keys kt * 64 + part * kPart + [0, kPart)
@@ -275,19 +282,27 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = key0 + n * 8 + 2 * t4 + (e & 1), r = e >> 1;
-          s[n][e] = (key <= row[r] && key < T) ? s[n][e] * scale : -INFINITY;
+          const bool visible = (!Causal || key <= row[r]) && key < T;
+          float x = s[n][e] * scale;
+          if constexpr (Masked) {
+            if (visible && row[r] < T) x += m_head.at(row[r], key);
+          }
+          s[n][e] = visible ? x : -INFINITY;
           mx[r] = fmaxf(mx[r], s[n][e]);
         }
       }
-      float alpha[2];
+      float alpha[2], mu[2];  // mu: the max P is taken against
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
-        // Finite: key 0 is in every row's first part; a later part wholly past a row's diagonal
-        // leaves the running max as it was (alpha 1, P 0).
+        // Finite without a mask: key 0 is visible in every row's first part; a later part wholly
+        // past a row's diagonal leaves the running max as it was (alpha 1, P 0). With a mask a row
+        // may have seen only -inf so far: P is then taken against 0, so exp(-inf - 0) = 0, not NaN.
         const float m_new = fmaxf(m[r], mx[r]);
-        alpha[r] = expf(m[r] - m_new);
+        mu[r] = m_new;
+        if constexpr (Masked) mu[r] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[r] = expf(m[r] - mu[r]);
         m[r] = m_new;
         l[r] *= alpha[r];
       }
@@ -295,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q
       for (int n = 0; n < mma::kPartTiles; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[n][e] = expf(s[n][e] - m[e >> 1]);
+          s[n][e] = expf(s[n][e] - mu[e >> 1]);
           l[e >> 1] += s[n][e];
         }
       }
@@ -312,7 +327,11 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q
     l[r] += __shfl_xor_sync(kFullMask, l[r], 1);
     l[r] += __shfl_xor_sync(kFullMask, l[r], 2);
     inv[r] = 1.0f / l[r];
-    if (t4 == 0 && row[r] < T) lse[int64_t(bh) * T + row[r]] = m[r] + logf(l[r]);
+    float row_lse = m[r] + logf(l[r]);
+    if constexpr (Masked) {  // no unmasked key (l = 0): y = 0, lse = +inf (the backward's P is then 0)
+      if (l[r] == 0.0f) inv[r] = 0.0f, row_lse = INFINITY;
+    }
+    if (t4 == 0 && row[r] < T) lse[int64_t(bh) * T + row[r]] = row_lse;
   }
 #pragma unroll
   for (int n = 0; n < HD / 8; ++n) o[n][0] *= inv[0], o[n][1] *= inv[0], o[n][2] *= inv[1], o[n][3] *= inv[1];
@@ -321,16 +340,16 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q
 }
 
 // Backward. grid (ceil(T / 64), B H, 2); dqkv (B, T, 3d). The roles of the WMMA kernel: z = 0 a block
-// of 64 keys s = blockIdx.x walks the query tiles t >= s (dK, dV), z = 1 a block of 64 queries
-// t = tiles - 1 - blockIdx.x the key tiles s <= t (dQ). Heads-first: grid (B H, 2 ceil(T / 64)), the
+// of 64 keys s = blockIdx.x walks the query tiles t >= s (dK, dV; every query tile when not causal),
+// z = 1 a block of 64 queries t = tiles - 1 - blockIdx.x the key tiles s <= t (dQ; every key tile). Heads-first: grid (B H, 2 ceil(T / 64)), the
 // roles alternating in blockIdx.y (the longest walks of both first), tile y / 2.
 // dout (B, T, d) and D (B H, T) come from attention_dout_prep; dout and qkv in C must be 16-byte aligned.
-template <typename Q, typename C, typename Out, int HD, int MinBlocks>
+template <typename Q, typename C, typename Out, int HD, int MinBlocks, bool Causal, bool Masked>
 __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C* __restrict__ dout,
                                                              const float* __restrict__ D, const Q* __restrict__ qkv,
                                                              const float* __restrict__ lse, Out* __restrict__ dqkv,
                                                              C* __restrict__ dqkv16, int T, int H, int d,
-                                                             float scale, bool heads_first) {
+                                                             float scale, bool heads_first, DeviceMask<float> mask) {
   constexpr int ld = Strides<HD>::ld;
   extern __shared__ __align__(128) unsigned char raw[];
   const MmaSmem<C, HD, 2> sm{raw};
@@ -346,6 +365,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C
   const float *lse_bh = lse + int64_t(bh) * T, *D_bh = D + int64_t(bh) * T;
   Out* out = dqkv ? dqkv + wide : nullptr;
   C* out16 = dqkv16 ? dqkv16 + wide : nullptr;
+  const auto m_head = mask.head(bh, H);
   // Query tile q0 / 64's Q, dO, lse and D into (q, dO) tiles q_dst, do_dst and floats lse_dst, D_dst.
   auto fetch_queries = [&](C* q_dst, C* do_dst, float* lse_dst, float* D_dst, int q0) {
     copy_tile<C, HD>(q_dst, base, width, q0, T);
@@ -359,14 +379,15 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C
 
   if (keys_role) {  // ---- keys role: this block's keys [k0, k0 + 64), the warp's 16 of them
     const int k0 = tile * kTile, key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+    const int first = Causal ? tile : 0;  // the first query tile that sees these keys
     const C *sk = sm.own(0), *sv = sm.own(1);
     copy_tile<C, HD>(sm.own(0), base + d, width, k0, T);
     copy_tile<C, HD>(sm.own(1), base + 2 * d, width, k0, T);
-    fetch_queries(sm.walk(0, 0), sm.walk(0, 1), sm.lse(0), sm.D(0), k0);  // one group with K, V
+    fetch_queries(sm.walk(0, 0), sm.walk(0, 1), sm.lse(0), sm.D(0), first * kTile);  // one group with K, V
     float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
     unsigned a[HD / 16][4];  // the warp's K, then V rows as A fragments, reloaded per part (fewer registers)
-    for (int qt = tile; qt < tiles; ++qt) {
-      const int q0 = qt * kTile, buf = (qt - tile) % 2;
+    for (int qt = first; qt < tiles; ++qt) {
+      const int q0 = qt * kTile, buf = (qt - first) % 2;
       next_walk_step(qt + 1 < tiles, [&] {
         fetch_queries(sm.walk(1 - buf, 0), sm.walk(1 - buf, 1), sm.lse(1 - buf), sm.D(1 - buf), q0 + kTile);
       });
@@ -381,8 +402,14 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C
         for (int n = 0; n < mma::kPartTiles; ++n) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int c = c0 + n * 8 + 2 * t4 + (e & 1), query = q0 + c;
-            s[n][e] = (key[e >> 1] <= query && query < T) ? expf(s[n][e] * scale - slse[c]) : 0.0f;
+            const int c = c0 + n * 8 + 2 * t4 + (e & 1), query = q0 + c, k = key[e >> 1];
+            // visible: both in range, so the mask is read in bounds
+            const bool visible = (Causal ? k <= query : k < T) && query < T;
+            float x = s[n][e] * scale;
+            if constexpr (Masked) {
+              if (visible) x += m_head.at(query, k);
+            }
+            s[n][e] = visible ? expf(x - slse[c]) : 0.0f;
           }
         }
         mma::to_a_fragments<C>(pa, s);
@@ -413,9 +440,10 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C
     const float row_lse[2] = {sm.lse(0)[r0 + g], sm.lse(0)[r0 + g + 8]};
     const float row_D[2] = {sm.D(0)[r0 + g], sm.D(0)[r0 + g + 8]};
     float dq[HD / 8][4] = {};
-    for (int kt = 0; kt <= qtile; ++kt) {
+    const int last = Causal ? qtile : tiles - 1;  // the last key tile these queries see
+    for (int kt = 0; kt <= last; ++kt) {
       const int k0 = kt * kTile;
-      next_walk_step(kt < qtile, [&] { fetch_key_tile(sm, base, d, width, kt + 1, T); });
+      next_walk_step(kt < last, [&] { fetch_key_tile(sm, base, d, width, kt + 1, T); });
       const C *sk = sm.walk(kt % 2, 0), *sv = sm.walk(kt % 2, 1);
 #pragma unroll
       for (int part = 0; part < kTile / mma::kPart; ++part) {  // keys k0 + part * kPart + [0, kPart)
@@ -427,7 +455,12 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int r = e >> 1, k = k0 + c0 + n * 8 + 2 * t4 + (e & 1);
-            const float p = (k <= query[r] && query[r] < T) ? expf(s[n][e] * scale - row_lse[r]) : 0.0f;
+            const bool visible = (Causal ? k <= query[r] : k < T) && query[r] < T;
+            float x = s[n][e] * scale;
+            if constexpr (Masked) {
+              if (visible) x += m_head.at(query[r], k);
+            }
+            const float p = visible ? expf(x - row_lse[r]) : 0.0f;
             s[n][e] = p * (dp[n][e] - row_D[r]);
           }
         }

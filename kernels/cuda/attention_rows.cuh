@@ -1,6 +1,8 @@
 // The row kernels of attention (any head size; f32/f64 compute, and 16-bit compute at head sizes the
 // tiled kernels do not take): a block per query row (forward, backward's dQ) or key row (backward's
 // dK, dV), that row's scores in shared memory. Simple loops with the tiled kernels' rounding points.
+// causal is a runtime flag (it only bounds the loops over partner rows); the mask is a template
+// parameter, so the unmasked build's arithmetic is exactly what it was before masks existed.
 #pragma once
 #include "kernels/cuda/attention_tiles.cuh"
 
@@ -39,23 +41,42 @@ constexpr int kRowThreads = 128;
 constexpr size_t kRowSmemSlack = 16;
 
 // Forward, one block per query row. grid (T, B H), shared memory T values of A. y or y16 may be null.
-template <typename In, typename Q, typename C, typename A>
-__global__ void attention_fwd_rows(const Q* qkv, In* y, C* y16, A* lse, int T, int H, int d, int hd, A scale) {
+// Keys [0, t] (causal) or [0, T) are visible; with Masked, M is added to the scaled scores and a row
+// whose keys are all -inf gets y = 0, lse = +inf (kernels/cpu/attention.cpp).
+template <typename In, typename Q, typename C, typename A, bool Masked>
+__global__ void attention_fwd_rows(const Q* qkv, In* y, C* y16, A* lse, int T, int H, int d, int hd, A scale,
+                                   bool causal, DeviceMask<A> mask) {
   extern __shared__ __align__(128) unsigned char raw[];
   A* score = reinterpret_cast<A*>(raw);
   const int t = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int keys = causal ? t + 1 : T;  // visible keys [0, keys)
   const int64_t width = 3 * int64_t(d);
   const Q* base = qkv + int64_t(b) * T * width + h * hd;
-  for (int s = warp; s <= t; s += warps) {
+  const auto m_row = mask.head(blockIdx.y, H);
+  for (int s = warp; s < keys; s += warps) {
     const A dot = warp_dot_rounded<C, A>(base + int64_t(t) * width, base + int64_t(s) * width + d, hd);
-    if (threadIdx.x % 32 == 0) score[s] = dot * scale;
+    if (threadIdx.x % 32 == 0) {
+      if constexpr (Masked) score[s] = dot * scale + m_row.at(t, s);
+      else score[s] = dot * scale;
+    }
   }
   __syncthreads();
   A mx = A(-INFINITY);
-  for (int s = threadIdx.x; s <= t; s += blockDim.x) mx = max(mx, score[s]);
+  for (int s = threadIdx.x; s < keys; s += blockDim.x) mx = max(mx, score[s]);
   mx = block_max(mx);
+  const int64_t out0 = (int64_t(b) * T + t) * d + h * hd;
+  if constexpr (Masked) {
+    if (mx == A(-INFINITY)) {  // every visible key masked (the same for the whole block)
+      for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+        if (y) y[out0 + c] = from_acc<In>(A(0));
+        if (y16) y16[out0 + c] = from_acc<C>(0.0f);
+      }
+      if (threadIdx.x == 0) lse[int64_t(blockIdx.y) * T + t] = A(INFINITY);
+      return;
+    }
+  }
   A part = 0;
-  for (int s = threadIdx.x; s <= t; s += blockDim.x) {
+  for (int s = threadIdx.x; s < keys; s += blockDim.x) {
     const A p = exp(score[s] - mx);
     score[s] = p;
     part += p;
@@ -63,19 +84,20 @@ __global__ void attention_fwd_rows(const Q* qkv, In* y, C* y16, A* lse, int T, i
   const A l = block_sum(part);  // synchronises, so every p is in `score`
   for (int c = threadIdx.x; c < hd; c += blockDim.x) {
     A acc = 0;
-    for (int s = 0; s <= t; ++s) acc += round_c<C>(score[s]) * round_c<C>(A(to_acc(base[int64_t(s) * width + 2 * d + c])));
+    for (int s = 0; s < keys; ++s) acc += round_c<C>(score[s]) * round_c<C>(A(to_acc(base[int64_t(s) * width + 2 * d + c])));
     const In v = from_acc<In>(acc / l);
-    if (y) y[(int64_t(b) * T + t) * d + h * hd + c] = v;
-    if (y16) y16[(int64_t(b) * T + t) * d + h * hd + c] = from_acc<C>(to_acc(v));
+    if (y) y[out0 + c] = v;
+    if (y16) y16[out0 + c] = from_acc<C>(to_acc(v));
   }
   if (threadIdx.x == 0) lse[int64_t(blockIdx.y) * T + t] = mx + log(l);
 }
 
 // Backward, one block per row: z = 0 key row s (dk, dv), z = 1 query row t (dq).
-// grid (T, B H, 2), shared memory 2 T values of A.
-template <typename In, typename Q, typename Y, typename C, typename A>
+// grid (T, B H, 2), shared memory 2 T values of A. A fully masked query row has lse = +inf, so its P
+// and dS are exp(-inf) = 0.
+template <typename In, typename Q, typename Y, typename C, typename A, bool Masked>
 __global__ void attention_bwd_rows(const In* dy, const Q* qkv, const Y* y, const A* lse, In* dqkv, C* dqkv16, int T,
-                                   int H, int d, int hd, A scale) {
+                                   int H, int d, int hd, A scale, bool causal, DeviceMask<A> mask) {
   extern __shared__ __align__(128) unsigned char raw[];
   A* pr = reinterpret_cast<A*>(raw);  // rounded P per partner row
   A* ds = pr + T;                     // rounded dS per partner row
@@ -87,9 +109,11 @@ __global__ void attention_bwd_rows(const In* dy, const Q* qkv, const Y* y, const
     if (out) out[at] = v;
     if (out16) out16[at] = from_acc<C>(to_acc(v));
   };
-  // Partners: the queries t >= s of key row s, or the keys s <= t of query row t.
+  // Partners: the queries t >= s of key row s, or the keys s <= t of query row t (causal); every row
+  // of the other side otherwise.
   const bool keys = blockIdx.z == 0;
-  const int first = keys ? row : 0, last = keys ? T - 1 : row;
+  const int first = keys && causal ? row : 0, last = keys || !causal ? T - 1 : row;
+  const auto m_row = mask.head(blockIdx.y, H);
   for (int o = first + warp; o <= last; o += warps) {
     const int t = keys ? o : row, s = keys ? row : o;
     A D = 0;
@@ -97,7 +121,9 @@ __global__ void attention_bwd_rows(const In* dy, const Q* qkv, const Y* y, const
     D = warp_sum(D);
     const A qk = warp_dot_rounded<C, A>(base + int64_t(t) * width, base + int64_t(s) * width + d, hd);
     const A dp = warp_dot_rounded<C, A>(g + int64_t(t) * d, base + int64_t(s) * width + 2 * d, hd);
-    const A p = exp(qk * scale - l[t]);
+    A x = qk * scale;
+    if constexpr (Masked) x += m_row.at(t, s);
+    const A p = exp(x - l[t]);
     if (lane == 0) pr[o] = round_c<C>(p), ds[o] = round_c<C>(p * (dp - D));
   }
   __syncthreads();

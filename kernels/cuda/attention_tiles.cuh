@@ -1,6 +1,6 @@
-// Shared pieces of the fused causal-attention kernels: a block's tile geometry, the tile loaders
-// (global -> shared memory, rounded to the compute dtype on the way, with dO's row sums D), and one
-// head's operands of the backward. The three kernel families build on it: attention_wmma.cuh (WMMA
+// Shared pieces of the fused attention kernels: a block's tile geometry, the tile loaders (global ->
+// shared memory, rounded to the compute dtype on the way, with dO's row sums D), one head's operands
+// of the backward, and the optional additive mask as the kernels read it. The three kernel families build on it: attention_wmma.cuh (WMMA
 // tiles, head size 128), attention_mma.cuh (mma.sync with scores in registers, head sizes 32 and 64)
 // and attention_rows.cuh (a block per row, any head size). Device code, included by
 // kernels/cuda/attention.cu alone, which opens with the math and picks a family per call.
@@ -19,6 +19,24 @@ template <typename C, typename A>
 __device__ __forceinline__ A round_c(A v) {
   return A(to_acc(from_acc<C>(v)));
 }
+
+// The additive mask (kernels/attention_mask.h): element (b, h, t, s) at data + b sb + h sh + t st + s ss,
+// a broadcast dimension with stride 0. Passed by value to every kernel; a kernel built without the
+// mask (template parameter Masked false) never reads it, so the unmasked path makes no extra loads.
+template <typename A>
+struct DeviceMask {
+  const A* data = nullptr;
+  int64_t sb = 0, sh = 0, st = 0, ss = 0;
+  // The (batch, head) pair bh = b H + h's (T, T) mask, as a row pointer and two strides.
+  struct Head {
+    const A* data;
+    int64_t st, ss;
+    __device__ __forceinline__ A at(int t, int s) const { return data[t * st + s * ss]; }
+  };
+  __device__ __forceinline__ Head head(int bh, int H) const {
+    return {data ? data + int64_t(bh / H) * sb + int64_t(bh % H) * sh : nullptr, st, ss};
+  }
+};
 
 // One (batch, head) block row's operands of the backward, from blockIdx.y = b H + h: the head's
 // columns of qkv and dqkv (rows of 3d), of dy and y (rows of d), and its row of lse. dqkv or dqkv16

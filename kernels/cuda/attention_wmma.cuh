@@ -2,6 +2,8 @@
 // would not fit in registers): scores and dP go from WMMA's accumulators to a per-warp f32 scratch
 // tile in shared memory, because the per-row softmax needs them by row and WMMA's fragment layout is
 // opaque. 70 KiB of shared memory per block. Scheme and rounding points: kernels/cuda/attention.cu.
+// Built per (Causal, Masked) as the mma.sync kernels are (attention_mma.cuh): the walks' ends, the
+// hiding of keys >= T without causality, and the mask's loads and -inf guards are compile-time.
 #pragma once
 #include <mma.h>
 
@@ -123,10 +125,10 @@ __device__ void store_rows(Acc16 (&acc)[HD / 16], float* scratch, Out* dst, C* d
 }
 
 // Forward. grid (ceil(T / 64), B H); qkv (B, T, 3d), y (B, T, d), lse (B, H, T). y or y16 may be null.
-template <typename In, typename Q, typename C, int HD>
+template <typename In, typename Q, typename C, int HD, bool Causal, bool Masked>
 __global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const Q* __restrict__ qkv, In* __restrict__ y,
                                                                C* __restrict__ y16, float* __restrict__ lse, int T,
-                                                               int H, int d, float scale) {
+                                                               int H, int d, float scale, DeviceMask<float> mask) {
   using S = WmmaStrides<HD>;
   extern __shared__ __align__(128) unsigned char raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -139,8 +141,10 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const Q* __restr
   // This lane's share of the softmax: row r of the warp's 16, columns c = 2 j + half (interleaved, so
   // the two lanes of a row hit different banks).
   const int r = lane / 2, half = lane % 2, t = q0 + warp * 16 + r;
+  const auto m_head = mask.head(blockIdx.y, H);
   float m = -INFINITY, l = 0.0f;
-  for (int kt = 0; kt <= qt; ++kt) {
+  const int last = Causal ? qt : (T + kTile - 1) / kTile - 1;  // the last key tile walked
+  for (int kt = 0; kt <= last; ++kt) {
     __syncthreads();  // the previous K, V tiles are consumed
     load_tile<C, HD>(sm.k, base + d, width, kt * kTile, T);
     load_tile<C, HD>(sm.v, base + 2 * d, width, kt * kTile, T);
@@ -151,16 +155,25 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const Q* __restr
 #pragma unroll
     for (int j = 0; j < kTile / 2; ++j) {
       const int c = 2 * j + half, s = kt * kTile + c;
-      x[j] = (s <= t && s < T) ? sm.s[r * S::lds + c] * scale : -INFINITY;
+      const bool visible = (!Causal || s <= t) && s < T;
+      float v = sm.s[r * S::lds + c] * scale;
+      if constexpr (Masked) {
+        if (visible && t < T) v += m_head.at(t, s);
+      }
+      x[j] = visible ? v : -INFINITY;
       mx = fmaxf(mx, x[j]);
     }
     mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
-    const float m_new = fmaxf(m, mx);  // finite: key 0 is in every row's first tile
-    const float alpha = expf(m - m_new);
+    // Finite without a mask: key 0 is visible in every row's first tile. With one, a row that has
+    // seen only -inf so far takes P against 0 (exp(-inf - 0) = 0, not NaN).
+    const float m_new = fmaxf(m, mx);
+    float mu = m_new;
+    if constexpr (Masked) mu = m_new == -INFINITY ? 0.0f : m_new;
+    const float alpha = expf(m - mu);
     float psum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kTile / 2; ++j) {
-      const float p = expf(x[j] - m_new);
+      const float p = expf(x[j] - mu);
       psum += p;
       sm.p[r * S::ldp + 2 * j + half] = from_acc<C>(p);
     }
@@ -176,9 +189,12 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const Q* __restr
     for (int n = 0; n < HD / 16; ++n) wm::store_matrix_sync(sm.o + n * 16, acc[n], S::lds, wm::mem_row_major);
     __syncwarp();
   }
-  const float inv_l = 1.0f / l;
+  float inv_l = 1.0f / l, row_lse = m + logf(l);
+  if constexpr (Masked) {  // no unmasked key (l = 0): y = 0, lse = +inf (the backward's P is then 0)
+    if (l == 0.0f) inv_l = 0.0f, row_lse = INFINITY;
+  }
   for (int c = half; c < HD; c += 2) sm.o[r * S::lds + c] *= inv_l;
-  if (half == 0 && t < T) lse[int64_t(blockIdx.y) * T + t] = m + logf(l);
+  if (half == 0 && t < T) lse[int64_t(blockIdx.y) * T + t] = row_lse;
   __syncwarp();
   const int64_t at = int64_t(b) * T * d + h * HD;
   for (int rr = 0; rr < 16; ++rr) {
@@ -193,11 +209,11 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const Q* __restr
 }
 
 // Backward. grid (ceil(T / 64), B H, 2); dqkv (B, T, 3d). See the file's opening comment for the roles.
-template <typename In, typename Q, typename Y, typename C, int HD>
+template <typename In, typename Q, typename Y, typename C, int HD, bool Causal, bool Masked>
 __global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tiled(const In* __restrict__ dy, const Q* __restrict__ qkv,
                                                                const Y* __restrict__ y, const float* __restrict__ lse,
                                                                In* __restrict__ dqkv, C* __restrict__ dqkv16, int T,
-                                                               int H, int d, float scale) {
+                                                               int H, int d, float scale, DeviceMask<float> mask) {
   using S = WmmaStrides<HD>;
   extern __shared__ __align__(128) unsigned char raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -207,6 +223,7 @@ __global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tile
   const auto [base, dy_b, y_b, lse_bh, out, out16] = HeadOperands<In, Q, Y, C, float>(dy, qkv, y, lse, dqkv, dqkv16, T, H, d, HD);
   // This lane's share of a 16 x 64 tile: row r of the warp's 16, columns c = 2 j + half.
   const int r = lane % 16, half = lane / 16;
+  const auto m_head = mask.head(blockIdx.y, H);
   float p[kTile / 2];
   Acc16 acc_a[HD / 16], acc_b[HD / 16];  // dK, dV (keys role) or dQ (queries role)
 #pragma unroll
@@ -219,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tile
     const int k0 = tile * kTile, s = k0 + warp * 16 + r;
     load_tile<C, HD>(sm.k, base + d, width, k0, T);
     load_tile<C, HD>(sm.v, base + 2 * d, width, k0, T);
-    for (int qt = tile; qt < tiles; ++qt) {
+    for (int qt = Causal ? tile : 0; qt < tiles; ++qt) {
       const int q0 = qt * kTile;
       __syncthreads();  // the previous query tile is consumed
       load_tile<C, HD>(sm.q, base, width, q0, T);
@@ -230,7 +247,12 @@ __global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tile
 #pragma unroll
       for (int j = 0; j < kTile / 2; ++j) {
         const int c = 2 * j + half, t = q0 + c;
-        p[j] = (s <= t && t < T) ? expf(sm.s[r * S::lds + c] * scale - sm.lse[c]) : 0.0f;
+        const bool visible = (Causal ? s <= t : s < T) && t < T;  // both in range: the mask is read in bounds
+        float v = sm.s[r * S::lds + c] * scale;
+        if constexpr (Masked) {
+          if (visible) v += m_head.at(t, s);
+        }
+        p[j] = visible ? expf(v - sm.lse[c]) : 0.0f;
         sm.p[r * S::ldp + c] = from_acc<C>(p[j]);
       }
       __syncwarp();
@@ -251,7 +273,8 @@ __global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tile
     const int q0 = tile * kTile, t = q0 + warp * 16 + r;
     load_tile<C, HD>(sm.q, base, width, q0, T);
     load_grad_tile<C, HD>(sm.dout, sm.D, sm.lse, dy_b, y_b, lse_bh, d, q0, T);
-    for (int kt = 0; kt <= tile; ++kt) {
+    const int last = Causal ? tile : tiles - 1;  // the last key tile these queries see
+    for (int kt = 0; kt <= last; ++kt) {
       const int k0 = kt * kTile;
       __syncthreads();  // the previous key tile is consumed (and the query tile is loaded)
       load_tile<C, HD>(sm.k, base + d, width, k0, T);
@@ -263,7 +286,12 @@ __global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tile
 #pragma unroll
       for (int j = 0; j < kTile / 2; ++j) {
         const int c = 2 * j + half, s = k0 + c;
-        p[j] = (s <= t && t < T) ? expf(sm.s[r * S::lds + c] * scale - row_lse) : 0.0f;
+        const bool visible = (Causal ? s <= t : s < T) && t < T;
+        float v = sm.s[r * S::lds + c] * scale;
+        if constexpr (Masked) {
+          if (visible) v += m_head.at(t, s);
+        }
+        p[j] = visible ? expf(v - row_lse) : 0.0f;
       }
       __syncwarp();
       rows_times_tile_t<C, HD>(sm.s, sm.dout + warp * 16 * S::ld, sm.v);  // dP (16 queries x 64 keys)

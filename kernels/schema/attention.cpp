@@ -1,17 +1,24 @@
-// Schemas of fused causal self-attention (the math is in kernels/cpu/attention.cpp).
+// Schemas of fused scaled-dot-product self-attention (the math is in kernels/cpu/attention.cpp).
 //
-//   causal_attention (qkv (B, T, 3d))                 attrs heads (H, divides d), compute (a DType)
+//   attention (qkv (B, T, 3d) [, mask])        attrs heads (H, divides d), compute (a DType),
+//                                              causal (bool, default 1)
 //       -> y (B, T, d) qkv's dtype, lse (B, H, T) in the accumulation type (f32; f64 for f64 qkv)
-//   causal_attention_backward (dy (B, T, d), qkv (B, T, 3d), y (B, T, d), lse (B, H, T))
-//       attrs heads, compute                          -> dqkv (B, T, 3d) qkv's dtype
+//   attention_backward (dy (B, T, d), qkv (B, T, 3d), y (B, T, d), lse (B, H, T) [, mask])
+//       attrs heads, compute, causal                 -> dqkv (B, T, 3d) qkv's dtype
+//
+// mask, the optional last input: an additive float mask in lse's dtype, broadcastable to (B, H, T, T)
+// (its shape left-padded with 1s, each dim 1 or the full size), added to the scaled scores before
+// the softmax; any strides (kernels/attention_mask.h). It is a constant: no gradient flows to it. The
+// input count says whether there is one (as layer_norm_cast's optional residual), so a plan records
+// it as any other input buffer.
 //
 // Both take attr dtype (optional): the result's dtype, qkv's by default, or f32 from a qkv (and dy, y)
 // in the compute dtype: how the compiler keeps a GEMM's qkv in 16 bits for the f32 attention.
 //
 // Fused (the compiler writes them; kernels/ops.def):
-//   causal_attention_cast (qkv)     attrs heads, compute (bf16 | f16), keep_f32 (default 1)
+//   attention_cast (qkv [, mask])     attrs heads, compute (bf16 | f16), causal, keep_f32 (default 1)
 //       -> [y (B, T, d) f32,] lse, y16 = y.to(compute)          (qkv f32 or in compute)
-//   causal_attention_backward_cast (dy, qkv, y, lse)   same attrs
+//   attention_backward_cast (dy, qkv, y, lse [, mask])   same attrs
 //       -> [dqkv (B, T, 3d) f32,] dqkv.to(compute)               (dy, qkv, y f32 or in compute)
 //
 // qkv holds q, k and v side by side in its last dim, as a Linear(d -> 3d) writes them, and y comes out
@@ -45,6 +52,28 @@ AttentionDims expect_qkv(OpKind op, const Tensor& qkv, const Attrs& a) {
   return {qkv.size(0), qkv.size(1), d, H};
 }
 
+// The optional mask (see the file's opening comment) of an op whose required inputs are `required`.
+void expect_mask(OpKind op, const std::vector<Tensor>& in, size_t required, const Tensor& qkv, const AttentionDims& n) {
+  REEL_ASSERT(in.size() == required || in.size() == required + 1, op_name(op), " takes ", required, " or ",
+              required + 1, " inputs (the last one the mask), got ", in.size());
+  if (in.size() == required) return;
+  const Tensor& mask = in.back();
+  schema::expect_defined(op, mask, "mask");
+  const Shape full{n.B, n.H, n.T, n.T};
+  bool broadcasts = mask.dim() <= 4;
+  for (int64_t i = 0; broadcasts && i < mask.dim(); ++i) {
+    const int64_t m = mask.size(i), f = full[size_t(4 - mask.dim() + i)];
+    broadcasts = m == 1 || m == f;
+  }
+  REEL_CHECK(broadcasts, op_name(op), ": mask ", schema::desc(mask), " does not broadcast to (B, H, T, T) = ",
+             shape_str(full));
+  const DType want = lse_dtype(qkv.dtype());
+  REEL_CHECK(mask.dtype() == want, op_name(op), ": mask ", schema::desc(mask), " must be ", dtype_name(want),
+             " (the accumulation dtype of a ", dtype_name(qkv.dtype()), " qkv): an additive mask, 0 or -inf");
+  REEL_CHECK(mask.device() == qkv.device(), op_name(op), ": mask ", schema::desc(mask), " is on ",
+             mask.device().str(), ", qkv ", shape_str(qkv.shape()), " on ", qkv.device().str());
+}
+
 // The result's dtype: attr dtype, else qkv's. f32 from 16-bit operands is the compiler's 16-bit
 // storage of what autocast computes in f32 (the kernels round the operands to compute anyway).
 DType result_dtype(OpKind op, const Tensor& qkv, const Attrs& a) {
@@ -62,19 +91,22 @@ void expect_result_like(OpKind op, const Tensor& t, const char* what, const Shap
              schema::desc(t), " does not match the output ", shape_str(shape), " ", dtype_name(result));
 }
 
-std::vector<TensorMeta> infer_causal_attention(const std::vector<Tensor>& in, const Attrs& a) {
-  constexpr OpKind op = OpKind::CausalAttention;
-  schema::expect_inputs(op, in, 1);
+std::vector<TensorMeta> infer_attention(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::Attention;
+  REEL_ASSERT(!in.empty(), "attention takes qkv and an optional mask, got no input");
   const AttentionDims n = expect_qkv(op, in[0], a);
+  expect_mask(op, in, 1, in[0], n);
   const Device dev = in[0].device();
   return {{{n.B, n.T, n.d}, result_dtype(op, in[0], a), dev}, {{n.B, n.H, n.T}, lse_dtype(in[0].dtype()), dev}};
 }
 
-std::vector<TensorMeta> infer_causal_attention_backward(const std::vector<Tensor>& in, const Attrs& a) {
-  constexpr OpKind op = OpKind::CausalAttentionBackward;
-  schema::expect_inputs(op, in, 4);
+std::vector<TensorMeta> infer_attention_backward(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::AttentionBackward;
+  REEL_ASSERT(in.size() >= 4, "attention_backward takes dy, qkv, y, lse and an optional mask, got ", in.size(),
+              " inputs");
   const Tensor &dy = in[0], &qkv = in[1], &y = in[2], &lse = in[3];
   const AttentionDims n = expect_qkv(op, qkv, a);
+  expect_mask(op, in, 4, qkv, n);
   const DType result = result_dtype(op, qkv, a), compute = static_cast<DType>(a.i("compute"));
   const Shape out_shape{n.B, n.T, n.d}, lse_shape{n.B, n.H, n.T};
   expect_result_like(op, dy, "gradient dy", out_shape, result, compute);
@@ -99,21 +131,21 @@ std::vector<TensorMeta> with_16bit_copy(OpKind op, std::vector<TensorMeta> out, 
 
 Attrs f32_result(const Attrs& a) { return Attrs(a).set("dtype", DType::f32); }
 
-std::vector<TensorMeta> infer_causal_attention_cast(const std::vector<Tensor>& in, const Attrs& a) {
-  return with_16bit_copy(OpKind::CausalAttentionCast, infer_causal_attention(in, f32_result(a)), a);
+std::vector<TensorMeta> infer_attention_cast(const std::vector<Tensor>& in, const Attrs& a) {
+  return with_16bit_copy(OpKind::AttentionCast, infer_attention(in, f32_result(a)), a);
 }
 
-std::vector<TensorMeta> infer_causal_attention_backward_cast(const std::vector<Tensor>& in, const Attrs& a) {
-  return with_16bit_copy(OpKind::CausalAttentionBackwardCast, infer_causal_attention_backward(in, f32_result(a)), a);
+std::vector<TensorMeta> infer_attention_backward_cast(const std::vector<Tensor>& in, const Attrs& a) {
+  return with_16bit_copy(OpKind::AttentionBackwardCast, infer_attention_backward(in, f32_result(a)), a);
 }
 
 }  // namespace
 
 void register_attention_schemas() {
-  register_schema(OpKind::CausalAttention, infer_causal_attention);
-  register_schema(OpKind::CausalAttentionBackward, infer_causal_attention_backward);
-  register_schema(OpKind::CausalAttentionCast, infer_causal_attention_cast);
-  register_schema(OpKind::CausalAttentionBackwardCast, infer_causal_attention_backward_cast);
+  register_schema(OpKind::Attention, infer_attention);
+  register_schema(OpKind::AttentionBackward, infer_attention_backward);
+  register_schema(OpKind::AttentionCast, infer_attention_cast);
+  register_schema(OpKind::AttentionBackwardCast, infer_attention_backward_cast);
 }
 
 }  // namespace reel

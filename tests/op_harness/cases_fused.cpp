@@ -8,6 +8,7 @@
 // whose N is a multiple of 8 (cuBLASLt's rule for the GELU epilogue), attention with head size 16.
 // The case's dtype is the 16-bit dtype of the copy where the op writes one (the f32 inputs stay f32).
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -250,41 +251,50 @@ void add_reduce_cases(std::vector<OpTestCase>& cases) {
 void add_fused_attention_cases(std::vector<OpTestCase>& cases) {
   struct Variant {
     const char* name;
-    bool keep_f32, qkv_16bit;
+    bool keep_f32, qkv_16bit, masked;  // masked: not causal, with a key padding (its mask the last input)
   };
-  for (Variant v : {Variant{"", true, false}, Variant{"copy_only_", false, false}, Variant{"qkv_16bit_", true, true}}) {
+  for (Variant v : {Variant{"", true, false, false}, Variant{"copy_only_", false, false, false},
+                    Variant{"qkv_16bit_", true, true, false}, Variant{"masked_full_", true, false, true},
+                    Variant{"masked_full_copy_only_", false, true, true}}) {
     auto forward = [v](DType t) {
       Tensor qkv = randn_input({2, 16, 96}, DType::f32, 261);
       if (v.qkv_16bit) qkv = cast(qkv, t);
-      return OpCall{{qkv}, Attrs().set("heads", int64_t(2)).set("compute", t).set("keep_f32", v.keep_f32)};
+      Attrs a = Attrs().set("heads", int64_t(2)).set("compute", t).set("keep_f32", v.keep_f32).set("causal", !v.masked);
+      if (!v.masked) return OpCall{{qkv}, a};
+      std::vector<double> m(32, 0.0);  // (2, 1, 1, 16): batch 0 ignores keys 13..15, batch 1 key 0
+      for (int s = 13; s < 16; ++s) m[size_t(s)] = -std::numeric_limits<double>::infinity();
+      m[16] = -std::numeric_limits<double>::infinity();
+      return OpCall{{qkv, values_input(m, {2, 1, 1, 16}, DType::f32)}, a};
     };
-    cases.push_back({.op = OpKind::CausalAttentionCast,
-                     .name = std::string("causal_attention_cast_") + v.name + "2x16x96_heads_2",
+    cases.push_back({.op = OpKind::AttentionCast,
+                     .name = std::string("attention_cast_") + v.name + "2x16x96_heads_2",
                      .dtypes = k16Bit,
                      .make = [forward](Device, DType t) { return forward(t); },
                      .reference =
                          [v](const OpCall& c) {
-                           std::vector<Tensor> f = dispatch(OpKind::CausalAttention, c.inputs, Attrs(c.attrs).set("dtype", DType::f32));
+                           std::vector<Tensor> f = dispatch(OpKind::Attention, c.inputs, Attrs(c.attrs).set("dtype", DType::f32));
                            Expected e;
                            if (v.keep_f32) e.push_back(host_values(f[0]));
                            e.push_back(host_values(f[1]));
                            e.push_back(host_values(cast(f[0], c.attrs.dtype("compute"))));
                            return e;
                          }});
-    cases.push_back({.op = OpKind::CausalAttentionBackwardCast,
-                     .name = std::string("causal_attention_backward_cast_") + v.name + "2x16x96_heads_2",
+    cases.push_back({.op = OpKind::AttentionBackwardCast,
+                     .name = std::string("attention_backward_cast_") + v.name + "2x16x96_heads_2",
                      .dtypes = k16Bit,
                      .make =
                          [forward](Device, DType t) {
                            OpCall f = forward(t);
                            std::vector<Tensor> saved =
-                               dispatch(OpKind::CausalAttention, f.inputs, Attrs(f.attrs).set("dtype", DType::f32));
+                               dispatch(OpKind::Attention, f.inputs, Attrs(f.attrs).set("dtype", DType::f32));
                            Tensor dy = randn_input({2, 16, 32}, DType::f32, 262, Layout::transposed);
-                           return OpCall{{dy, f.inputs[0], saved[0], saved[1]}, f.attrs};
+                           std::vector<Tensor> in{dy, f.inputs[0], saved[0], saved[1]};
+                           if (f.inputs.size() > 1) in.push_back(f.inputs[1]);  // the mask
+                           return OpCall{in, f.attrs};
                          },
                      .reference =
                          [v](const OpCall& c) {
-                           Tensor d = run1(OpKind::CausalAttentionBackward, c.inputs, Attrs(c.attrs).set("dtype", DType::f32));
+                           Tensor d = run1(OpKind::AttentionBackward, c.inputs, Attrs(c.attrs).set("dtype", DType::f32));
                            Expected e;
                            if (v.keep_f32) e.push_back(host_values(d));
                            e.push_back(host_values(cast(d, c.attrs.dtype("compute"))));
