@@ -13,6 +13,7 @@
 #include "optim/optim.h"
 #include "tensor/cuda.h"
 #include "test_util.h"
+#include "workload_parity.h"
 #include "compile_test_util.h"
 
 using namespace reel;
@@ -326,40 +327,8 @@ TEST(CompileCuda, ReduceOverheadCapturesOneGraph) {
 // with every pass on.
 TEST(CompileCuda, BenchmarkModelsMatchEagerAfterTwentySteps) {
   REEL_REQUIRE_GPU();
-  for (const char* model : {"cnn-small", "gpt-tiny", "gpt-small"}) {
-    for (const char* prec : {"fp32", "bf16"}) {
-      for (bool fuse : {false, true}) {
-        SCOPED_TRACE(std::string(model) + " " + prec + (fuse ? " fused" : " unfused"));
-        AutocastGuard amp(PrecisionPolicy::parse(prec));
-        nn::Workload we = nn::make_workload(model, kGpu, 4, 4), wc = nn::make_workload(model, kGpu, 4, 4);
-        std::vector<optim::MicroBatch> micro;
-        for (const auto& [x, y] : we.micro) micro.push_back({x, y});
-        optim::AdamW opt_e(we.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
-        optim::AdamW opt_c(wc.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
-        opt_e.set_accum_steps(4).set_max_grad_norm(1.0);
-        opt_c.set_accum_steps(4).set_max_grad_norm(1.0);
-        nn::Module* me = we.model.get();
-        nn::Module* mc = wc.model.get();
-        auto step = compile::compile_train_step(
-            opt_c, [mc](const Tensor& x, const Tensor& y) { return nn::model_loss(*mc, x, y); },
-            {compile::Mode::ReduceOverhead, 8, fuse});
-        const double tol = !fuse ? 0.0 : std::string(prec) == "fp32" ? 1e-4 : 3e-2;
-        for (int s = 0; s < 20; ++s) {
-          Tensor eager_loss;
-          optim::train_step(opt_e, [me](const Tensor& x, const Tensor& y) { return nn::model_loss(*me, x, y); }, micro,
-                            &eager_loss);
-          const double e = eager_loss.item(), c = step(compile::flatten_micro(micro))[0].item();
-          if (!fuse) EXPECT_EQ(c, e) << "step " << s;
-          else EXPECT_NEAR(c, e, tol * std::abs(e)) << "step " << s;
-        }
-        if (!fuse) {
-          auto pe = we.model->parameters(), pc = wc.model->parameters();
-          for (size_t i = 0; i < pe.size(); ++i) EXPECT_EQ(pe[i].to_vector<double>(), pc[i].to_vector<double>()) << i;
-        }
-        EXPECT_EQ(step.replays(), 18);
-      }
-    }
-  }
+  for (const char* model : {"cnn-small", "gpt-tiny", "gpt-small"})
+    testing_util::expect_workload_compiled_matches_eager(model, kGpu);
 }
 
 // The textbook attention chain (split, q k^T, causal mask, softmax, times v), compiled: the mask and

@@ -14,6 +14,7 @@
 #include "optim/optim.h"
 #include "tensor/cuda.h"
 #include "test_util.h"
+#include "workload_parity.h"
 
 using namespace reel;
 
@@ -32,6 +33,12 @@ struct ModelCase {
   const char* name;
   std::function<std::shared_ptr<nn::Module>(Generator*)> make;
   std::function<std::pair<Tensor, Tensor>()> batch;  // (inputs, targets) on the CPU
+  // Bound on each gradient's relative L2 distance, GPU against CPU, both f32. The sums run in other
+  // orders (cuDNN's algorithms against im2col GEMMs, other reduction trees), and the difference grows
+  // on the way back through a deep network: in resnet18-cifar's 20 conv + BatchNorm layers the first
+  // layers' gradients were 2e-4 to 8.4e-4 apart on the H200 (BatchNorm biases the most), layer3,
+  // layer4 and fc within 1e-4, the loss within 1e-5.
+  double grad_tol = 1e-4;
 };
 
 std::vector<ModelCase> model_cases() {
@@ -60,7 +67,7 @@ std::vector<ModelCase> model_cases() {
       {"gpt-small", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::gpt_small(g)); },
        [tokens] { return tokens(1, 256); }},
       {"resnet18-cifar", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::resnet18_cifar(g)); },
-       [images] { return images(8, 32); }},
+       [images] { return images(8, 32); }, 2e-3},
       {"vit-tiny", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::vit_tiny(g)); },
        [images] { return images(4, 32); }},
       {"yolov8n-cls", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::yolov8n_cls(g)); },
@@ -87,7 +94,7 @@ TEST(CudaModels, LossAndGradientsMatchTheCpu) {
     ASSERT_EQ(pc.size(), pg.size());
     for (size_t i = 0; i < pc.size(); ++i) {
       ASSERT_EQ(pc[i].first, pg[i].first);
-      EXPECT_LE(rel_l2(pg[i].second.grad().to_vector<double>(), pc[i].second.grad().to_vector<double>()), 1e-4)
+      EXPECT_LE(rel_l2(pg[i].second.grad().to_vector<double>(), pc[i].second.grad().to_vector<double>()), c.grad_tol)
           << "gradient of " << pc[i].first;
     }
   }
@@ -97,44 +104,6 @@ TEST(CudaModels, LossAndGradientsMatchTheCpu) {
 // micro-batch 4, compiled under reduce-overhead (the whole step one CUDA graph) against eager.
 TEST(CudaModels, SeedFamiliesCompiledMatchEagerAfterTwentySteps) {
   if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
-  const Device gpu = Device::cuda(0);
-  for (const char* model : {"resnet18-cifar", "vit-tiny", "yolov8n-cls"}) {
-    for (const char* prec : {"fp32", "bf16"}) {
-      for (bool fuse : {false, true}) {
-        SCOPED_TRACE(std::string(model) + " " + prec + (fuse ? " fused" : " unfused"));
-        AutocastGuard amp(PrecisionPolicy::parse(prec));
-        nn::Workload we = nn::make_workload(model, gpu, 4, 4), wc = nn::make_workload(model, gpu, 4, 4);
-        std::vector<optim::MicroBatch> micro;
-        for (const auto& [x, y] : we.micro) micro.push_back({x, y});
-        optim::AdamW opt_e(we.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
-        optim::AdamW opt_c(wc.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
-        opt_e.set_accum_steps(4).set_max_grad_norm(1.0);
-        opt_c.set_accum_steps(4).set_max_grad_norm(1.0);
-        nn::Module* me = we.model.get();
-        nn::Module* mc = wc.model.get();
-        auto loss_e = [me](const Tensor& x, const Tensor& y) { return nn::model_loss(*me, x, y); };
-        auto step = compile::compile_train_step(
-            opt_c, [mc](const Tensor& x, const Tensor& y) { return nn::model_loss(*mc, x, y); },
-            {compile::Mode::ReduceOverhead, 8, fuse});
-        const double tol = !fuse ? 0.0 : std::string(prec) == "fp32" ? 1e-4 : 3e-2;
-        for (int s = 0; s < 20; ++s) {
-          Tensor eager_loss;
-          optim::train_step(opt_e, loss_e, micro, &eager_loss);
-          const double e = eager_loss.item(), c = step(compile::flatten_micro(micro))[0].item();
-          if (!fuse) EXPECT_EQ(c, e) << "step " << s;
-          else EXPECT_NEAR(c, e, tol * std::abs(e)) << "step " << s;
-        }
-        if (!fuse) {
-          auto pe = we.model->named_parameters(), pc = wc.model->named_parameters();
-          for (size_t i = 0; i < pe.size(); ++i)
-            EXPECT_EQ(pe[i].second.to_vector<double>(), pc[i].second.to_vector<double>()) << pe[i].first;
-          auto be = we.model->named_buffers(), bc = wc.model->named_buffers();
-          for (size_t i = 0; i < be.size(); ++i)
-            EXPECT_EQ(be[i].second.to_vector<double>(), bc[i].second.to_vector<double>()) << be[i].first;
-        }
-        EXPECT_EQ(step.replays(), 18);
-        EXPECT_TRUE(step.graph_breaks().empty());
-      }
-    }
-  }
+  for (const char* model : {"resnet18-cifar", "vit-tiny", "yolov8n-cls"})
+    testing_util::expect_workload_compiled_matches_eager(model, Device::cuda(0));
 }
