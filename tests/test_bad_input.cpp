@@ -164,6 +164,13 @@ TEST(BadInput, CommandLineNumbersAreCheckedAndNothingAborts) {
   r = reel_cli("train --model gpt-tiny --sample-bytes 9223372036854775807");
   EXPECT_EQ(r->code, 1) << r->out;
   EXPECT_NE(r->out.find("--sample-bytes expects an integer"), std::string::npos) << r->out;
+  // Dropout is a probability below 1, and only the GPTs have it.
+  r = reel_cli("bench --dropout 1.5");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("bench: --dropout expects a finite number"), std::string::npos) << r->out;
+  r = reel_cli("bench --dropout 0.1 --models cnn-small --precisions fp32 --device cpu --steps 1 --warmup 0");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("bench: --dropout applies to the GPT models, not cnn-small"), std::string::npos) << r->out;
   r = reel_cli("bench --json /nonexistent-folder/x.jsonl --models cnn-small --precisions fp32 --device cpu");
   EXPECT_EQ(r->code, 1) << r->out;
   EXPECT_NE(r->out.find("cannot write --json"), std::string::npos) << r->out;
