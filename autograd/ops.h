@@ -36,6 +36,10 @@ Tensor rand(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullpt
 Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts = {}, Generator* gen = nullptr);
 Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);  // N(0, 1)
 Tensor normal(const Shape& shape, double mean, double std, TensorOptions opts = {}, Generator* gen = nullptr);
+// Integers in [low, high), as torch.randint: the whole part of a uniform draw in [0, high - low), plus
+// low. i64 unless opts says another dtype. The draw has 24 random bits, so a range of r integers
+// favours some by at most r / 2^24 of their probability; ranges wider than 2^24 are refused.
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts = {DType::i64}, Generator* gen = nullptr);
 // From host values: tensor({1, 2, 3, 4}, {2, 2}).
 Tensor tensor(const std::vector<double>& values, const Shape& shape, TensorOptions opts = {});
 Tensor tensor_i64(const std::vector<int64_t>& values, const Shape& shape, Device device = Device::cpu());
@@ -148,6 +152,10 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0);  // stride -1: = kernel
 Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0);  // counts padding
 Tensor global_avg_pool2d(const Tensor& x);  // (N, C, H, W) -> (N, C)
+// Nearest upsampling by an integer factor (torch's nn.Upsample(scale_factor=s, mode="nearest")):
+// y[n, c, i, j] = x[n, c, i / s, j / s], (N, C, H, W) -> (N, C, sH, sW). A broadcast view copied
+// out, so its gradient is the sum over each s x s block (expand's backward).
+Tensor upsample_nearest2d(const Tensor& x, int64_t scale);
 // weight (V, D), indices i64 of any shape with values in [0, V) -> indices.shape + (D,)
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 

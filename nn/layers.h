@@ -120,6 +120,19 @@ class GlobalAvgPool2d : public Module {
   Tensor forward(const Tensor& x) override { return global_avg_pool2d(x); }
 };
 
+// torch.nn.Upsample(scale_factor=s, mode="nearest") for an integer s: (N, C, H, W) -> (N, C, sH, sW).
+class Upsample : public Module {
+ public:
+  explicit Upsample(int64_t scale_factor, std::string mode = "nearest") : Module("Upsample"), scale_(scale_factor) {
+    REEL_CHECK(mode == "nearest", "Upsample: only mode \"nearest\" is implemented, got \"", mode, "\"");
+    REEL_CHECK(scale_factor >= 1, "Upsample: scale_factor must be an integer >= 1, got ", scale_factor);
+  }
+  Tensor forward(const Tensor& x) override { return upsample_nearest2d(x, scale_); }
+
+ private:
+  int64_t scale_;
+};
+
 // Merges dims start_dim..end_dim into one (default: all but the batch dim).
 class Flatten : public Module {
  public:

@@ -67,7 +67,9 @@ TEST(CompileRandom, DropoutRandAndRandnDrawWhatEagerDrawsFreshOnEveryReplay) {
     int random_nodes = 0;
     for (const compile::Node& n : g.nodes) random_nodes += compile::is_random_op(n.op) ? 1 : 0;
     EXPECT_EQ(random_nodes, 4);
-    if (device.is_cuda()) EXPECT_EQ(f.last_plan()->graphs(), 1u);
+    if (device.is_cuda()) {
+      EXPECT_EQ(f.last_plan()->graphs(), 1u);
+    }
   }
 }
 

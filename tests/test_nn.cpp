@@ -560,3 +560,50 @@ TEST(NnStateDict, BadFilesAreErrorsAndChangeNothing) {
   expect_error([&] { save_state_dict(src, "/nonexistent-dir/x.sd"); }, {"save_state_dict", "/nonexistent-dir/x.sd"});
   std::remove(path.c_str());
 }
+
+// Nearest upsampling against its definition by loops, with a transposed (strided) input too; its
+// gradient by finite differences; on the GPU the same values as on the CPU.
+TEST(NnUpsample, NearestRepeatsEachPixelOverAnSBySBlock) {
+  Generator g(12);
+  const Tensor x = randn({2, 3, 4, 5}, {}, &g);
+  for (const Tensor& in : {x, x.transpose(2, 3).contiguous().transpose(2, 3)}) {
+    const Tensor y = Upsample(3).forward(in);
+    ASSERT_EQ(y.shape(), (Shape{2, 3, 12, 15}));
+    const std::vector<double> xv = in.contiguous().to_vector<double>(), yv = y.to_vector<double>();
+    for (int64_t n = 0; n < 2; ++n)
+      for (int64_t c = 0; c < 3; ++c)
+        for (int64_t i = 0; i < 12; ++i)
+          for (int64_t j = 0; j < 15; ++j)
+            ASSERT_EQ(yv[size_t(((n * 3 + c) * 12 + i) * 15 + j)], xv[size_t(((n * 3 + c) * 4 + i / 3) * 5 + j / 3)])
+                << n << c << i << j;
+  }
+  Upsample up(2);
+  expect_module_gradcheck(up, randn({1, 2, 3, 2}, {}, &g));
+  for (Device d : testing_util::test_devices())
+    EXPECT_EQ(upsample_nearest2d(x.to(d), 2).to_vector<double>(), upsample_nearest2d(x, 2).to_vector<double>()) << d.str();
+  testing_util::expect_error([] { Upsample(0); }, {"Upsample", "scale_factor", "got 0"});
+  testing_util::expect_error([] { Upsample(2, "bilinear"); }, {"Upsample", "nearest", "bilinear"});
+  testing_util::expect_error([&] { upsample_nearest2d(zeros({3, 4}), 2); }, {"upsample_nearest2d", "(3, 4)"});
+}
+
+// randint: every value in [low, high), every value of a small range drawn with about its share, and
+// the same numbers on every device (a uniform draw underneath, so compiled plans replay it fresh).
+TEST(NnRandint, IntegersInTheRangeWithTheirShareOnEveryDevice) {
+  manual_seed(4);
+  const Tensor r = randint(-3, 4, {7000});
+  EXPECT_EQ(r.dtype(), DType::i64);
+  std::vector<int> counts(7, 0);
+  for (int64_t v : r.to_vector<int64_t>()) {
+    ASSERT_TRUE(v >= -3 && v < 4) << v;
+    counts[size_t(v + 3)] += 1;
+  }
+  for (int k = 0; k < 7; ++k) EXPECT_NEAR(counts[size_t(k)], 1000, 120) << "value " << k - 3;  // ~3.8 sigma
+  for (Device d : testing_util::test_devices()) {
+    Generator a(9), b(9);
+    EXPECT_EQ(randint(0, 10, {64}, {DType::i64, d}, &a).to_vector<int64_t>(),
+              randint(0, 10, {64}, {DType::i64}, &b).to_vector<int64_t>()) << d.str();
+  }
+  EXPECT_EQ(randint(5, 6, {3}).to_vector<int64_t>(), (std::vector<int64_t>{5, 5, 5}));
+  testing_util::expect_error([] { randint(3, 3, {2}); }, {"randint", "[3, 3)", "empty"});
+  testing_util::expect_error([] { randint(0, (int64_t(1) << 24) + 1, {2}); }, {"randint", "2^24"});
+}

@@ -71,6 +71,19 @@ Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts, 
 }
 Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) { return uniform(shape, 0.0, 1.0, opts, gen); }
 
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Generator* gen) {
+  REEL_CHECK(low < high, "randint: the range [", low, ", ", high, ") is empty");
+  constexpr int64_t kExact = int64_t(1) << 53;  // low is added through an f64 fill
+  REEL_CHECK(low >= -kExact && high <= kExact, "randint: the bounds [", low, ", ", high, ") must lie within +-2^53");
+  REEL_CHECK(uint64_t(high) - uint64_t(low) <= (uint64_t(1) << 24), "randint: the range [", low, ", ", high,
+             ") holds more than 2^24 integers, more than the 24 random bits of a draw can reach");
+  // u in [0, r) exactly in f64 (r * k / 2^24), truncated to an integer (u >= 0: truncation is floor).
+  const double range = double(high - low);
+  Tensor offsets = to_dtype(uniform(shape, 0.0, range, TensorOptions{DType::f64, opts.device}, gen), DType::i64);
+  Tensor out = low == 0 ? offsets : offsets + full(shape, double(low), TensorOptions{DType::i64, opts.device});
+  return opts.dtype == DType::i64 ? out : to_dtype(out, opts.dtype);
+}
+
 Tensor normal(const Shape& shape, double mean, double std, TensorOptions opts, Generator* gen) {
   REEL_CHECK(std::isfinite(mean) && std::isfinite(std) && std >= 0, "normal: mean ", mean, " and std ", std,
              " must be finite, the std >= 0");

@@ -58,6 +58,18 @@ Tensor global_avg_pool2d(const Tensor& x) {
   return mean(x, {2, 3});
 }
 
+Tensor upsample_nearest2d(const Tensor& x, int64_t scale) {
+  REEL_CHECK(x.defined(), "upsample_nearest2d: input is undefined");
+  REEL_CHECK(x.dim() == 4, "upsample_nearest2d: input must be 4-D (N, C, H, W), got shape ", shape_str(x.shape()));
+  REEL_CHECK(scale >= 1, "upsample_nearest2d: scale must be an integer >= 1, got ", scale, " (input ",
+             shape_str(x.shape()), ")");
+  if (scale == 1) return x;
+  const Shape& s = x.shape();
+  // (N, C, H, 1, W, 1) broadcast to (N, C, H, s, W, s): each pixel repeated over an s x s block.
+  Tensor blocks = expand(reshape(x, {s[0], s[1], s[2], 1, s[3], 1}), {s[0], s[1], s[2], scale, s[3], scale});
+  return reshape(contiguous(blocks), {s[0], s[1], s[2] * scale, s[3] * scale});  // (N, C, sH, sW)
+}
+
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   // weight: (V, D), indices: any shape -> indices.shape + (D)
   Tensor y = dispatch1(OpKind::Embedding, {weight, indices});
