@@ -50,13 +50,13 @@ Tensor autocast_matmul(const Tensor& a, const Tensor& b, const PrecisionPolicy& 
 }
 
 Tensor autocast_conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
-                       const PrecisionPolicy& policy) {
+                       const PrecisionPolicy& policy, int64_t groups) {
   const MemoryFormat format = policy.is_mixed() && autocast_channels_last() && x.defined() && x.dim() == 4 &&
                                        x.device().is_cuda()
                                    ? MemoryFormat::ChannelsLast
                                    : MemoryFormat::Contiguous;
   Tensor y = conv2d(policy.cast_for_compute(x, format), policy.cast_for_compute(weight, format),
-                    policy.cast_for_compute(bias), stride, padding);
+                    policy.cast_for_compute(bias), stride, padding, groups);
   return back_to_f32(y, policy);  // contiguous f32; its gradient comes back channels-last
 }
 

@@ -52,7 +52,7 @@ Tensor autocast_matmul(const Tensor& a, const Tensor& b, const PrecisionPolicy& 
 // without transposing in and out; the casts in and out of 16 bits do the transposes as they go.
 // set_autocast_channels_last(false) keeps everything NCHW (the layout of the CPU and of f32).
 Tensor autocast_conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
-                       const PrecisionPolicy& policy);
+                       const PrecisionPolicy& policy, int64_t groups = 1);
 
 // Whether autocast_conv2d uses channels-last on CUDA (default true). Process-wide.
 void set_autocast_channels_last(bool on);

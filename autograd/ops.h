@@ -142,11 +142,12 @@ Tensor global_norm(const std::vector<Tensor>& xs);
 // ---- matmul and convolution (autograd/functions/linalg.cpp) ----
 // a (..., M, K) @ b (..., K, N) -> (..., M, N); batch dims broadcast; 1-D operands as in NumPy.
 Tensor matmul(const Tensor& a, const Tensor& b);
-// x (N, C, H, W), weight (O, C, kH, kW), bias (O) or undefined -> (N, O, Ho, Wo). The result and dx
+// x (N, C, H, W), weight (O, C/groups, kH, kW), bias (O) or undefined -> (N, O, Ho, Wo). The result and dx
 // keep x's layout, dw keeps the weight's: channels-last operands give channels-last results (see
-// MemoryFormat), which cuDNN convolves without transposing.
+// MemoryFormat), which cuDNN convolves without transposing. groups as torch's F.conv2d: C and O split
+// into that many blocks, each convolved on its own (groups == C: depthwise); both must divide by it.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1,
-              int64_t padding = 0);
+              int64_t padding = 0, int64_t groups = 1);
 
 // ---- pooling and embedding (autograd/functions/pool.cpp) ----
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0);  // stride -1: = kernel

@@ -32,19 +32,27 @@ Tensor Linear::forward(const Tensor& x) {
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride, int64_t padding, bool bias,
                Generator* gen)
-    : Module("Conv2d"), stride_(stride), padding_(padding) {
-  check_positive("Conv2d", "in_channels", in_channels);
-  check_positive("Conv2d", "out_channels", out_channels);
-  check_positive("Conv2d", "kernel", kernel);
-  check_positive("Conv2d", "stride", stride);
-  REEL_CHECK(padding >= 0, "Conv2d: padding must be >= 0, got ", padding);
-  Shape w_shape{out_channels, in_channels, kernel, kernel};
+    : Conv2d(Conv2dOptions(in_channels, out_channels, kernel).stride(stride).padding(padding).bias(bias), gen) {}
+
+Conv2d::Conv2d(const Conv2dOptions& o, Generator* gen)
+    : Module("Conv2d"), stride_(o.stride_), padding_(o.padding_), groups_(o.groups_) {
+  check_positive("Conv2d", "in_channels", o.in_channels_);
+  check_positive("Conv2d", "out_channels", o.out_channels_);
+  check_positive("Conv2d", "kernel", o.kernel_);
+  check_positive("Conv2d", "stride", o.stride_);
+  check_positive("Conv2d", "groups", o.groups_);
+  REEL_CHECK(o.padding_ >= 0, "Conv2d: padding must be >= 0, got ", o.padding_);
+  REEL_CHECK(o.in_channels_ % o.groups_ == 0 && o.out_channels_ % o.groups_ == 0, "Conv2d: in_channels ",
+             o.in_channels_, " and out_channels ", o.out_channels_, " must both be divisible by groups ", o.groups_);
+  // Each output channel sees in_channels / groups inputs, so that is the weight's dim 1 and, through
+  // it, the fan_in of PyTorch's default init: in_channels / groups * k * k.
+  Shape w_shape{o.out_channels_, o.in_channels_ / o.groups_, o.kernel_, o.kernel_};
   weight_ = &register_parameter("weight", init::kaiming_uniform(w_shape, std::sqrt(5.0), gen));
-  if (bias) bias_ = &register_parameter("bias", init::bias_uniform({out_channels}, init::fan_in(w_shape), gen));
+  if (o.bias_) bias_ = &register_parameter("bias", init::bias_uniform({o.out_channels_}, init::fan_in(w_shape), gen));
 }
 
 Tensor Conv2d::forward(const Tensor& x) {
-  return autocast_conv2d(x, weight(), bias(), stride_, padding_, autocast_policy());
+  return autocast_conv2d(x, weight(), bias(), stride_, padding_, autocast_policy(), groups_);
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator* gen) : Module("Embedding") {

@@ -2,7 +2,8 @@
 // and CrossEntropyLoss (norms are in norm_layers.h, attention in attention.h).
 //
 //   Linear     x (..., in) -> x W^T + b: (..., out);  weight (out, in), bias (out)
-//   Conv2d     x (N, C, H, W) -> (N, O, Ho, Wo), Ho = (H + 2p - k) / s + 1;  weight (O, C, k, k), bias (O)
+//   Conv2d     x (N, C, H, W) -> (N, O, Ho, Wo), Ho = (H + 2p - k) / s + 1;  weight (O, C/groups, k, k),
+//              bias (O); groups as torch.nn.Conv2d's (groups == C: depthwise), fan_in = C/groups * k * k
 //   Embedding  indices (any shape, i64) -> indices.shape + (D,);  weight (V, D)
 //   Dropout    zero with probability p, scale by 1/(1-p), only while the module is training
 // Initialisation follows PyTorch (init.h); every constructor takes an optional Generator (reel's
@@ -31,16 +32,31 @@ class Linear : public Module {
   Tensor none_;
 };
 
+// Conv2d's settings by name, as libtorch's torch::nn::Conv2dOptions:
+//   Conv2d(Conv2dOptions(32, 32, 3).padding(1).groups(32).bias(false))   // a depthwise 3x3
+struct Conv2dOptions {
+  Conv2dOptions(int64_t in_channels, int64_t out_channels, int64_t kernel)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_(kernel) {}
+  Conv2dOptions& stride(int64_t v) { stride_ = v; return *this; }
+  Conv2dOptions& padding(int64_t v) { padding_ = v; return *this; }
+  Conv2dOptions& groups(int64_t v) { groups_ = v; return *this; }
+  Conv2dOptions& bias(bool v) { bias_ = v; return *this; }
+  int64_t in_channels_, out_channels_, kernel_, stride_ = 1, padding_ = 0, groups_ = 1;
+  bool bias_ = true;
+};
+
 class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride = 1, int64_t padding = 0,
          bool bias = true, Generator* gen = nullptr);
+  explicit Conv2d(const Conv2dOptions& options, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
   const Tensor& weight() const { return *weight_; }
   const Tensor& bias() const { return bias_ ? *bias_ : none_; }
+  int64_t groups() const { return groups_; }
 
  private:
-  int64_t stride_, padding_;
+  int64_t stride_, padding_, groups_;
   Tensor* weight_ = nullptr;
   Tensor* bias_ = nullptr;
   Tensor none_;

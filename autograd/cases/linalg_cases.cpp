@@ -1,7 +1,8 @@
 // Gradcheck cases of matmul and conv2d: plain, transposed and sliced (non-contiguous) operands,
 // broadcast batch dims, the folded shared-matrix path, NumPy 1-D operands; conv2d with stride 1/2,
-// padding 0/1, 1x1 and 3x3 kernels, non-square inputs, bias present or absent. Tensors stay small
-// (<= ~100 elements per input) because gradcheck builds full Jacobians.
+// padding 0/1, 1x1 and 3x3 kernels, non-square inputs, bias present or absent, and groups: 2 groups,
+// depthwise (groups == C) with channel multiplier 1 and 2. Tensors stay small (<= ~100 elements per
+// input) because gradcheck builds full Jacobians.
 #include "autograd/cases/op_cases.h"
 
 namespace reel {
@@ -15,10 +16,10 @@ OpCase matmul_case(const std::string& name, std::function<Inputs(Device, DType)>
   return {"matmul " + name, std::move(make), [](const Inputs& x) { return matmul(x[0], x[1]); }};
 }
 
-// conv2d over inputs (x, w[, bias]) with the given stride and padding.
-GradcheckFn conv_fn(int64_t stride, int64_t padding) {
-  return [stride, padding](const Inputs& x) {
-    return conv2d(x[0], x[1], x.size() > 2 ? x[2] : Tensor(), stride, padding);
+// conv2d over inputs (x, w[, bias]) with the given stride, padding and groups.
+GradcheckFn conv_fn(int64_t stride, int64_t padding, int64_t groups = 1) {
+  return [stride, padding, groups](const Inputs& x) {
+    return conv2d(x[0], x[1], x.size() > 2 ? x[2] : Tensor(), stride, padding, groups);
   };
 }
 
@@ -77,6 +78,19 @@ void add_linalg_cases(std::vector<OpCase>& c) {
                          sliced_leaf({2}, d, t, 242)};
                },
                conv_fn(2, 1)});
+  // Groups: w is (O, C/groups, kH, kW).
+  c.push_back({"conv2d groups 2, 3x3 pad 1, bias", [](Device d, DType t) -> Inputs {
+                 return {leaf({1, 4, 4, 3}, d, t, 243), leaf({4, 2, 3, 3}, d, t, 244), leaf({4}, d, t, 245)};
+               },
+               conv_fn(1, 1, 2)});
+  c.push_back({"conv2d depthwise 3x3 stride 2 pad 1", [](Device d, DType t) -> Inputs {
+                 return {leaf({2, 3, 5, 4}, d, t, 246), leaf({3, 1, 3, 3}, d, t, 247)};
+               },
+               conv_fn(2, 1, 3)});
+  c.push_back({"conv2d depthwise multiplier 2, 2x2, transposed x, bias", [](Device d, DType t) -> Inputs {
+                 return {transposed_leaf({1, 2, 4, 3}, d, t, 248), leaf({4, 1, 2, 2}, d, t, 249), leaf({4}, d, t, 250)};
+               },
+               conv_fn(1, 0, 2)});
 }
 
 }  // namespace reel

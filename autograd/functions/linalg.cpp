@@ -9,12 +9,15 @@
 //   1-D operands follow NumPy: a (K) is taken as (1, K) and b (K) as (K, 1); the added dim is
 //   squeezed from the result. These are views around the >= 2-D op, so autograd sees only them.
 //
-//   y = conv2d(x, w) + bias     x (N, C, H, W), w (O, C, kH, kW), bias (O)
+//   y = conv2d(x, w) + bias     x (N, C, H, W), w (O, C/G, kH, kW), bias (O), G groups
 //     dx = conv2d_backward_input(g, w)      (the transposed convolution, col2im of w^T g)
 //     dw = conv2d_backward_weight(g, x)     (sum over images of g[n] col[n]^T)
 //     dbias = sum(g, dims {0, 2, 3})
+//   Groups leave the formulas as they are, block by block (each group is its own convolution), so
+//   the backward ops take the forward's groups attr with its other attrs.
 //   The public conv2d() takes one stride and one padding for both spatial dims and stores them as
-//   [h, w] attrs, which the schema and kernels already honour separately.
+//   [h, w] attrs, which the schema and kernels already honour separately. groups is stored only when
+//   it is not 1 (absent means 1), so a plain convolution's node and plan text stay as they were.
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "kernels/dispatch.h"
@@ -81,9 +84,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return y;
 }
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding) {
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
+              int64_t groups) {
   Attrs attrs = Attrs().set("stride", std::vector<int64_t>{stride, stride}).set("padding",
                                                                               std::vector<int64_t>{padding, padding});
+  if (groups != 1) attrs.set("groups", groups);  // the schema refuses groups < 1
   // The result and dx in x's layout, dw in the weight's (channels-last in, channels-last out).
   const MemoryFormat x_format = x.suggested_format(), w_format = weight.suggested_format();
   Tensor y = dispatch1(OpKind::Conv2d, {x, weight, bias}, attrs, x_format);  // y: (N, O, Ho, Wo)

@@ -1,16 +1,24 @@
-// CPU kernels of conv2d and its two backward ops: im2col + Eigen GEMM, one image per OpenMP thread.
+// CPU kernels of conv2d and its two backward ops: im2col + Eigen GEMM, one (image, group) per
+// OpenMP thread.
 //
-// With K = C*kH*kW and P = Ho*Wo, image n's columns are
-//   col (K, P):  col[(c*kH + i)*kW + j, oh*Wo + ow] = x[n, c, oh*sh - ph + i, ow*sw - pw + j]  (0 outside)
-// and, with w viewed as (O, K) and g[n] as (O, P):
-//   forward          y[n] (O, P)  = w @ col + bias (broadcast over P)
-//   backward input   dx[n]        = col2im(w^T @ g[n])        col2im is im2col's adjoint: scatter-add
-//   backward weight  dw (O, K)    = sum_n g[n] @ col[n]^T     bias: db = sum of g over (N, Ho, Wo),
-//                                                             done by autograd with sum()
-// Threading (policy in linalg.cpp): images are split over OpenMP threads, each with its own column
-// buffer (and, for the weight gradient, its own dw accumulator, summed once at the end); Eigen runs
-// single-threaded inside the region. With one image (or little work) the loop stays serial and
-// Eigen threads each GEMM itself when it is large enough.
+// Groups G split the C input and O output channels into G equal blocks; block q of the output reads
+// only block q of the input (Cg = C/G channels), through w's rows [q*Og, (q+1)*Og), Og = O/G. Each
+// (image n, group q) is then one ordinary convolution of Cg channels into Og: with K = Cg*kH*kW and
+// P = Ho*Wo, its columns are
+//   col (K, P):  col[(c*kH + i)*kW + j, oh*Wo + ow] = x[n, q*Cg + c, oh*sh - ph + i, ow*sw - pw + j]
+//                (0 outside)
+// and, with w viewed as (O, K) (w is (O, Cg, kH, kW)), its block w_q (Og, K) and g[n, q] as (Og, P):
+//   forward          y[n, q] (Og, P) = w_q @ col + bias_q (broadcast over P)
+//   backward input   dx[n, q]        = col2im(w_q^T @ g[n, q])   col2im is im2col's adjoint: scatter-add
+//   backward weight  dw_q (Og, K)    = sum_n g[n, q] @ col[n, q]^T
+//   bias: db = sum of g over (N, Ho, Wo), done by autograd with sum()
+// G == 1 is the plain convolution (one block, the same GEMMs as before groups existed); G == C is
+// the depthwise one, a GEMM of (Og, kH*kW) by (kH*kW, P) per channel: small, but the column buffer of
+// one channel stays in cache, so the im2col copy costs about what a direct loop would read anyway.
+// Threading (policy in linalg.cpp): the N*G (image, group) items are split over OpenMP threads, each
+// with its own column buffer (and, for the weight gradient, its own dw accumulator, summed once at
+// the end); Eigen runs single-threaded inside the region. With one item (or little work) the loop
+// stays serial and Eigen threads each GEMM itself when it is large enough.
 // Dtypes: everything is computed in AccType (f32 for f16/bf16, f64 for f64): x is widened while it
 // is unfolded (read through its own strides, never copied), w and g are widened to contiguous
 // buffers, results are rounded back once. Stride and padding come as [h, w] attrs.
@@ -34,24 +42,28 @@ using MatMap = Eigen::Map<RowMat<A>>;
 template <typename A>
 using ConstMatMap = Eigen::Map<const RowMat<A>>;
 
+// C and O count all channels; Cg() and Og() those of one group, K() one group's column rows.
 struct ConvGeom {
-  int64_t N, C, H, W, O, kH, kW, Ho, Wo, sh, sw, ph, pw;
-  int64_t K() const { return C * kH * kW; }
+  int64_t N, C, H, W, O, kH, kW, Ho, Wo, sh, sw, ph, pw, G;
+  int64_t Cg() const { return C / G; }
+  int64_t Og() const { return O / G; }
+  int64_t K() const { return Cg() * kH * kW; }
   int64_t P() const { return Ho * Wo; }
-  double image_flops() const { return 2.0 * double(O) * double(K()) * double(P()); }  // one image's GEMM
+  int64_t items() const { return N * G; }  // (image, group) pairs: item t is image t / G, group t % G
+  double item_flops() const { return 2.0 * double(Og()) * double(K()) * double(P()); }  // one item's GEMM
 };
 
 ConvGeom make_geom(const Shape& x, const Shape& w, const Shape& y, const Attrs& attrs) {
   const auto& s = attrs.ints("stride");
   const auto& p = attrs.ints("padding");
-  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], s[0], s[1], p[0], p[1]};
+  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], s[0], s[1], p[0], p[1], attrs.i("groups", 1)};
 }
 
-// How the images are run: split over threads (`split`), or one after another with Eigen threading
+// How the items are run: split over threads (`split`), or one after another with Eigen threading
 // each GEMM only when it is large (`serial_scope` narrows Eigen's threads for small ones).
 struct ImageThreading {
-  explicit ImageThreading(const ConvGeom& g) : split(split_gemm_batch(g.N, g.image_flops())) {
-    if (!split) serial_scope.emplace(g.image_flops());
+  explicit ImageThreading(const ConvGeom& g) : split(split_gemm_batch(g.items(), g.item_flops())) {
+    if (!split) serial_scope.emplace(g.item_flops());
   }
   bool split;
   std::optional<GemmThreadScope> serial_scope;
@@ -75,10 +87,10 @@ void valid_range(int64_t j, int64_t stride, int64_t pad, int64_t size, int64_t n
   if (hi < lo) hi = lo;
 }
 
-// col (K, P) <- image x (C, H, W) read through strides xs = {sC, sH, sW}, widened to A.
+// col (K, P) <- one group's channels x (Cg, H, W) read through strides xs = {sC, sH, sW}, widened to A.
 template <typename T, typename A>
 void im2col(const T* x, const int64_t* xs, const ConvGeom& g, A* col) {
-  for (int64_t c = 0; c < g.C; ++c)
+  for (int64_t c = 0; c < g.Cg(); ++c)
     for (int64_t i = 0; i < g.kH; ++i)
       for (int64_t j = 0; j < g.kW; ++j) {
         A* row = col + ((c * g.kH + i) * g.kW + j) * g.P();
@@ -104,10 +116,10 @@ void im2col(const T* x, const int64_t* xs, const ConvGeom& g, A* col) {
       }
 }
 
-// dx (C, H, W) contiguous += col2im(col): the adjoint of im2col.
+// dx (Cg, H, W) contiguous += col2im(col): the adjoint of im2col, into one group's channels.
 template <typename A>
 void col2im_add(const A* col, const ConvGeom& g, A* dx) {
-  for (int64_t c = 0; c < g.C; ++c)
+  for (int64_t c = 0; c < g.Cg(); ++c)
     for (int64_t i = 0; i < g.kH; ++i)
       for (int64_t j = 0; j < g.kW; ++j) {
         const A* row = col + ((c * g.kH + i) * g.kW + j) * g.P();
@@ -128,7 +140,7 @@ void col2im_add(const A* col, const ConvGeom& g, A* dx) {
       }
 }
 
-// y (N, O, Ho, Wo) = conv2d(x, w) + bias.
+// y (N, O, Ho, Wo) = conv2d(x, w) + bias, group by group.
 template <typename T>
 void conv2d_fwd_im2col_kernel(const KernelCall& c) {
   using A = AccType<T>;
@@ -136,68 +148,72 @@ void conv2d_fwd_im2col_kernel(const KernelCall& c) {
   const Tensor& x = c.in[0];
   const Tensor& y = c.out[0];
   const ConvGeom g = make_geom(x.shape(), c.in[1].shape(), y.shape(), c.attrs);
-  Tensor w = contiguous_as(c.in[1], acc);  // (O, K)
+  Tensor w = contiguous_as(c.in[1], acc);  // (O, K): group q's rows are [q*Og, (q+1)*Og)
   Tensor bias = c.in[2].defined() ? contiguous_as(c.in[2], acc) : Tensor();
   const int64_t xs[3] = {x.strides()[1], x.strides()[2], x.strides()[3]};
-  ConstMatMap<A> wm(w.data<A>(), g.O, g.K());
+  const int64_t Og = g.Og(), block = Og * g.P();  // one group's output block (Og, P), contiguous in y[n]
 
   const ImageThreading threading(g);
 #pragma omp parallel if (threading.split)
   {
     std::vector<A> col(size_t(g.K() * g.P()));
-    std::vector<A> ybuf(std::is_same_v<T, A> ? 0 : size_t(g.O * g.P()));
+    std::vector<A> ybuf(std::is_same_v<T, A> ? 0 : size_t(block));
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < g.N; ++n) {
-      im2col(x.data<T>() + n * x.strides()[0], xs, g, col.data());
-      A* yn = nullptr;
-      if constexpr (std::is_same_v<T, A>) yn = y.data<T>() + n * g.O * g.P();
-      else yn = ybuf.data();
-      MatMap<A> ym(yn, g.O, g.P());
-      ym.noalias() = wm * ConstMatMap<A>(col.data(), g.K(), g.P());
-      if (bias.defined()) ym.colwise() += Eigen::Map<const Eigen::Matrix<A, Eigen::Dynamic, 1>>(bias.data<A>(), g.O);
+    for (int64_t t = 0; t < g.items(); ++t) {
+      const int64_t n = t / g.G, q = t % g.G;
+      im2col(x.data<T>() + n * x.strides()[0] + q * g.Cg() * xs[0], xs, g, col.data());
+      A* yq = nullptr;  // y[n, q]: (Og, P)
+      if constexpr (std::is_same_v<T, A>) yq = y.data<T>() + t * block;
+      else yq = ybuf.data();
+      MatMap<A> ym(yq, Og, g.P());
+      ym.noalias() =
+          ConstMatMap<A>(w.data<A>() + q * Og * g.K(), Og, g.K()) * ConstMatMap<A>(col.data(), g.K(), g.P());
+      if (bias.defined())
+        ym.colwise() += Eigen::Map<const Eigen::Matrix<A, Eigen::Dynamic, 1>>(bias.data<A>() + q * Og, Og);
       if constexpr (!std::is_same_v<T, A>) {
-        T* dst = y.data<T>() + n * g.O * g.P();
-        for (int64_t k = 0; k < g.O * g.P(); ++k) dst[k] = store<T>(yn[k]);
+        T* dst = y.data<T>() + t * block;
+        for (int64_t k = 0; k < block; ++k) dst[k] = store<T>(yq[k]);
       }
     }
   }
 }
 
-// dx (N, C, H, W) from g (N, O, Ho, Wo) and w (O, C, kH, kW).
+// dx (N, C, H, W) from g (N, O, Ho, Wo) and w (O, C/G, kH, kW), group by group.
 template <typename T>
 void conv2d_bwd_input_im2col_kernel(const KernelCall& c) {
   using A = AccType<T>;
   const DType acc = DTypeOf<A>::value;
   const Tensor& dx = c.out[0];
   const ConvGeom g = make_geom(dx.shape(), c.in[1].shape(), c.in[0].shape(), c.attrs);
-  Tensor gr = contiguous_as(c.in[0], acc);  // (N, O, P)
+  Tensor gr = contiguous_as(c.in[0], acc);  // (N, O, P): g[n, q] is the (Og, P) block at item t
   Tensor w = contiguous_as(c.in[1], acc);   // (O, K)
-  ConstMatMap<A> wm(w.data<A>(), g.O, g.K());
-  const int64_t image = g.C * g.H * g.W;
+  const int64_t Og = g.Og(), block = g.Cg() * g.H * g.W;  // one group's channels of dx[n], contiguous
 
   const ImageThreading threading(g);
 #pragma omp parallel if (threading.split)
   {
     std::vector<A> col(size_t(g.K() * g.P()));
-    std::vector<A> dxbuf(std::is_same_v<T, A> ? 0 : size_t(image));
+    std::vector<A> dxbuf(std::is_same_v<T, A> ? 0 : size_t(block));
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < g.N; ++n) {
+    for (int64_t t = 0; t < g.items(); ++t) {
+      const int64_t q = t % g.G;
       MatMap<A> cm(col.data(), g.K(), g.P());
-      cm.noalias() = wm.transpose() * ConstMatMap<A>(gr.data<A>() + n * g.O * g.P(), g.O, g.P());
-      A* dxn = nullptr;
-      if constexpr (std::is_same_v<T, A>) dxn = dx.data<T>() + n * image;
-      else dxn = dxbuf.data();
-      std::fill(dxn, dxn + image, A(0));
-      col2im_add(col.data(), g, dxn);
+      cm.noalias() = ConstMatMap<A>(w.data<A>() + q * Og * g.K(), Og, g.K()).transpose() *
+                     ConstMatMap<A>(gr.data<A>() + t * Og * g.P(), Og, g.P());
+      A* dxq = nullptr;
+      if constexpr (std::is_same_v<T, A>) dxq = dx.data<T>() + t * block;
+      else dxq = dxbuf.data();
+      std::fill(dxq, dxq + block, A(0));
+      col2im_add(col.data(), g, dxq);
       if constexpr (!std::is_same_v<T, A>) {
-        T* dst = dx.data<T>() + n * image;
-        for (int64_t k = 0; k < image; ++k) dst[k] = store<T>(dxn[k]);
+        T* dst = dx.data<T>() + t * block;
+        for (int64_t k = 0; k < block; ++k) dst[k] = store<T>(dxq[k]);
       }
     }
   }
 }
 
-// dw (O, C, kH, kW) from g (N, O, Ho, Wo) and x (N, C, H, W).
+// dw (O, C/G, kH, kW) from g (N, O, Ho, Wo) and x (N, C, H, W), group by group.
 template <typename T>
 void conv2d_bwd_weight_im2col_kernel(const KernelCall& c) {
   using A = AccType<T>;
@@ -207,7 +223,8 @@ void conv2d_bwd_weight_im2col_kernel(const KernelCall& c) {
   const ConvGeom g = make_geom(x.shape(), dw.shape(), c.in[0].shape(), c.attrs);
   Tensor gr = contiguous_as(c.in[0], acc);  // (N, O, P)
   const int64_t xs[3] = {x.strides()[1], x.strides()[2], x.strides()[3]};
-  const size_t wsize = size_t(g.O * g.K());
+  const size_t wsize = size_t(g.O * g.K());  // dw viewed as (O, K): group q's rows [q*Og, (q+1)*Og)
+  const int64_t Og = g.Og();
   std::vector<std::vector<A>> partial;  // one dw accumulator per thread
 
   const ImageThreading threading(g);
@@ -223,11 +240,12 @@ void conv2d_bwd_weight_im2col_kernel(const KernelCall& c) {
     // (the implicit barrier after `single` publishes the resize)
     partial[tid].assign(wsize, A(0));
     std::vector<A> col(size_t(g.K() * g.P()));
-    MatMap<A> dwm(partial[tid].data(), g.O, g.K());
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < g.N; ++n) {
-      im2col(x.data<T>() + n * x.strides()[0], xs, g, col.data());
-      dwm.noalias() += ConstMatMap<A>(gr.data<A>() + n * g.O * g.P(), g.O, g.P()) *
+    for (int64_t t = 0; t < g.items(); ++t) {
+      const int64_t n = t / g.G, q = t % g.G;
+      im2col(x.data<T>() + n * x.strides()[0] + q * g.Cg() * xs[0], xs, g, col.data());
+      MatMap<A> dwm(partial[tid].data() + q * Og * g.K(), Og, g.K());
+      dwm.noalias() += ConstMatMap<A>(gr.data<A>() + t * Og * g.P(), Og, g.P()) *
                        ConstMatMap<A>(col.data(), g.K(), g.P()).transpose();
     }
   }

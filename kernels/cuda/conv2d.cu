@@ -1,9 +1,12 @@
 // CUDA kernels of conv2d and its two backward ops on cuDNN's legacy convolution API, plus a small
 // bias-add kernel.
 //
-//   forward          y (N, O, Ho, Wo) = x (N, C, H, W) (*) w (O, C, kH, kW) + bias (O)
-//                    y[n, o, oh, ow] = sum_{c,i,j} w[o, c, i, j] x[n, c, oh*sh - ph + i, ow*sw - pw + j]
-//                    (cross-correlation, zero padding; Ho = (H + 2 ph - kH) / sh + 1, likewise Wo)
+//   forward          y (N, O, Ho, Wo) = x (N, C, H, W) (*) w (O, C/G, kH, kW) + bias (O)
+//                    y[n, o, oh, ow] = sum_{c,i,j} w[o, c, i, j] x[n, q*C/G + c, oh*sh - ph + i, ow*sw - pw + j]
+//                    with q = o / (O/G) the group of o (cross-correlation, zero padding;
+//                    Ho = (H + 2 ph - kH) / sh + 1, likewise Wo)
+//   groups G         cudnnSetConvolutionGroupCount: the tensors keep their full C and O, the filter
+//                    descriptor says C/G (cuDNN's convention, as PyTorch's weight shape)
 //   backward input   dx = cudnnConvolutionBackwardData(w, g)     (the adjoint of the forward in x)
 //   backward weight  dw = cudnnConvolutionBackwardFilter(x, g)   (summed over the batch)
 //   The bias gradient is sum(g, {0, 2, 3}), done by autograd; stride/padding come as [h, w] attrs.
@@ -26,7 +29,7 @@
 // and rounded again (the CPU adds the bias in f32 and rounds once): a difference of at most about
 // one 16-bit ulp. f32 and f64 add the bias in their own type, exactly as the CPU.
 //
-// Algorithms: chosen ONCE per (op, dtype, device, shapes, stride, padding) by cuDNN's heuristics —
+// Algorithms: chosen ONCE per (op, dtype, device, shapes, stride, padding, groups) by cuDNN's heuristics —
 // or, with autotuning on (kernels/autotune.h), by timing the candidates (cudnnFind*AlgorithmEx) on
 // the first call's tensors — as the best-ranked supported candidate that is deterministic (some
 // backward-filter algorithms accumulate with atomics; kernels/autotune.h's switch allows them), for
@@ -112,15 +115,16 @@ void zero_fill(const Tensor& t) {  // all-zero bits are 0.0 in every float dtype
 
 enum class ConvOp : int64_t { Forward, BackwardData, BackwardFilter };
 
+// C and O count all channels; the weight has C/G input channels per output channel.
 struct ConvGeom {
-  int64_t N, C, H, W, O, kH, kW, Ho, Wo, sh, sw, ph, pw;
+  int64_t N, C, H, W, O, kH, kW, Ho, Wo, sh, sw, ph, pw, G;
   MemoryFormat format;  // of x, y and (as KRSC) w
 };
 
 ConvGeom make_geom(const Shape& x, const Shape& w, const Shape& y, const Attrs& attrs, MemoryFormat format) {
   const auto& s = attrs.ints("stride");
   const auto& p = attrs.ints("padding");
-  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], s[0], s[1], p[0], p[1], format};
+  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], s[0], s[1], p[0], p[1], attrs.i("groups", 1), format};
 }
 
 struct CudnnTypes {
@@ -174,11 +178,12 @@ void set_descriptors(ConvPlan& p, const ConvGeom& g, const CudnnTypes& t) {
                                               as_int(g.W, "W")));
   REEL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p.y, f, t.data, as_int(g.N, "N"), as_int(g.O, "O"),
                                               as_int(g.Ho, "Ho"), as_int(g.Wo, "Wo")));
-  REEL_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p.w, t.data, f, as_int(g.O, "O"), as_int(g.C, "C"), as_int(g.kH, "kH"),
-                                              as_int(g.kW, "kW")));
+  REEL_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p.w, t.data, f, as_int(g.O, "O"), as_int(g.C / g.G, "C/groups"),
+                                              as_int(g.kH, "kH"), as_int(g.kW, "kW")));
   REEL_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(p.conv, as_int(g.ph, "pad_h"), as_int(g.pw, "pad_w"),
                                                    as_int(g.sh, "stride_h"), as_int(g.sw, "stride_w"), 1, 1,
                                                    CUDNN_CROSS_CORRELATION, t.compute));
+  REEL_CUDNN_CHECK(cudnnSetConvolutionGroupCount(p.conv, as_int(g.G, "groups")));
   REEL_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, t.math));
 }
 
@@ -294,13 +299,13 @@ void choose_algorithm(ConvPlan& p, ConvOp op, cudnnHandle_t h, DType dt, bool tu
 
 // The cached plan for (op, dtype, device, geometry), made on first use. Plans live until exit.
 const ConvPlan& conv_plan(ConvOp op, const ConvGeom& g, DType dt, Device device, cudnnHandle_t h, const ConvData& d) {
-  using Key = std::array<int64_t, 18>;
+  using Key = std::array<int64_t, 19>;
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<ConvPlan>> plans;
   const bool tune = autotune_enabled() && !capturing(h);
   const Key key{int64_t(op), int64_t(dt), device.index, g.N, g.C, g.H, g.W, g.O, g.kH, g.kW, g.Ho, g.Wo,
                 g.sh, g.sw, g.ph, g.pw, int64_t(autotune_enabled()) + 2 * int64_t(deterministic_algorithms()),
-                int64_t(g.format)};
+                int64_t(g.format), g.G};
   std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<ConvPlan>& slot = plans[key];
   if (!slot) {
@@ -350,8 +355,8 @@ struct Workspace {
 //     tensor cores (WMMA, f32 accumulators), then writes its tile to block b's partial;
 //   - the last block to finish (kernels/cuda/last_block.cuh) adds the partials in block order, four
 //     columns per load and two threads per column quad, and rounds once: the same bits every run.
-// Taken for 16-bit NHWC calls with C < 8, K <= 64 and O in {16, 32, 48, 64} (at most 16 tiles, one
-// warp each).
+// Taken for 16-bit NHWC calls with one group, C < 8, K <= 64 and O in {16, 32, 48, 64} (at most 16
+// tiles, one warp each).
 
 constexpr int kStemRows = 128;     // positions staged per slice
 constexpr int kStemBlocks = 64;    // blocks (partials) at most: the last block's serial sum stays short
@@ -363,8 +368,8 @@ int64_t stem_padded_k(int64_t K) { return K <= 16 ? 16 : K <= 32 ? 32 : 64; }
 
 bool stem_weight_gradient(const ConvGeom& g, DType dt) {
   const int64_t K = g.C * g.kH * g.kW;
-  return (dt == DType::bf16 || dt == DType::f16) && g.format == MemoryFormat::ChannelsLast && g.C < 8 && K <= 64 &&
-         g.O % 16 == 0 && g.O <= 64 && g.N * g.Ho * g.Wo < (int64_t(1) << 31) &&
+  return (dt == DType::bf16 || dt == DType::f16) && g.format == MemoryFormat::ChannelsLast && g.G == 1 && g.C < 8 &&
+         K <= 64 && g.O % 16 == 0 && g.O <= 64 && g.N * g.Ho * g.Wo < (int64_t(1) << 31) &&
          g.N * g.H * g.W * g.C < (int64_t(1) << 31);
 }
 
@@ -514,7 +519,7 @@ void stem_weight_gradient_into(const Tensor& dy, const Tensor& x, const Tensor& 
 
 // ---- the three ops ----
 
-// x: (N, C, H, W), w: (O, C, kH, kW), bias: (O) or undefined -> y: (N, O, Ho, Wo)
+// x: (N, C, H, W), w: (O, C/G, kH, kW), bias: (O) or undefined -> y: (N, O, Ho, Wo)
 void conv2d_fwd_cudnn_kernel(const KernelCall& c) {
   const Tensor& out = c.out[0];
   if (out.numel() == 0) return;
@@ -538,7 +543,7 @@ void conv2d_fwd_cudnn_kernel(const KernelCall& c) {
   finish(out, y);
 }
 
-// g: (N, O, Ho, Wo), w: (O, C, kH, kW) -> dx: (N, C, H, W)
+// g: (N, O, Ho, Wo), w: (O, C/G, kH, kW) -> dx: (N, C, H, W)
 void conv2d_bwd_input_cudnn_kernel(const KernelCall& c) {
   const Tensor& out = c.out[0];
   if (out.numel() == 0) return;  // otherwise N, C, H, W >= 1, so g is non-empty too
@@ -557,7 +562,7 @@ void conv2d_bwd_input_cudnn_kernel(const KernelCall& c) {
   finish(out, dx);
 }
 
-// g: (N, O, Ho, Wo), x: (N, C, H, W) -> dw: (O, C, kH, kW)
+// g: (N, O, Ho, Wo), x: (N, C, H, W) -> dw: (O, C/G, kH, kW)
 void conv2d_bwd_weight_cudnn_kernel(const KernelCall& c) {
   const Tensor& out = c.out[0];
   if (out.numel() == 0) return;

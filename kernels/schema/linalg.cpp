@@ -5,11 +5,14 @@
 //     a (..., M, K) @ b (..., K, N) -> (..., M, N). Both operands have >= 2 dims; their batch dims
 //     (all but the last two) broadcast NumPy-style. 1-D operands are handled by the public matmul()
 //     (autograd/functions/linalg.cpp), which unsqueezes and squeezes around this op.
-//   conv2d (x, w, bias)       attrs stride [sh, sw], padding [ph, pw]
-//     x (N, C, H, W), w (O, C, kH, kW), bias (O) or undefined -> y (N, O, Ho, Wo),
+//   conv2d (x, w, bias)       attrs stride [sh, sw], padding [ph, pw], groups G (absent: 1)
+//     x (N, C, H, W), w (O, C/G, kH, kW), bias (O) or undefined -> y (N, O, Ho, Wo),
 //     Ho = (H + 2 ph - kH) / sh + 1, Wo = (W + 2 pw - kW) / sw + 1 (floor division).
-//   conv2d_backward_input (g, w)   attrs input_shape [N, C, H, W], stride, padding -> dx (N, C, H, W)
-//   conv2d_backward_weight (g, x)  attrs weight_shape [O, C, kH, kW], stride, padding -> dw (O, C, kH, kW)
+//     Groups (PyTorch's): C and O split into G equal groups, output channel o sees only the input
+//     channels of its group, [o / (O/G) * C/G, +C/G); G == C is the depthwise convolution (channel
+//     multiplier O/C). Both C and O must be divisible by G.
+//   conv2d_backward_input (g, w)   attrs input_shape [N, C, H, W], stride, padding, groups -> dx (N, C, H, W)
+//   conv2d_backward_weight (g, x)  attrs weight_shape [O, C/G, kH, kW], stride, padding, groups -> dw
 //
 // Fused (the compiler writes them; kernels/ops.def). Products accumulate in f32 (f64 for f64) and
 // are rounded once, to the result's dtype:
@@ -72,26 +75,45 @@ std::vector<TensorMeta> infer_matmul(const std::vector<Tensor>& in, const Attrs&
 // ---- conv2d ----
 
 struct ConvParams {
-  int64_t sh, sw, ph, pw;
+  int64_t sh, sw, ph, pw, groups;
 };
 
-// Reads and validates the stride/padding attrs ([h, w] lists) of a convolution of x by w.
+// Reads and validates the stride/padding attrs ([h, w] lists) and groups of a convolution of x by w.
 ConvParams conv_params(OpKind op, const Attrs& a, const Shape& x, const Shape& w) {
   const auto& s = a.ints("stride");
   const auto& p = a.ints("padding");
+  const int64_t groups = a.i("groups", 1);
   REEL_CHECK(s.size() == 2 && p.size() == 2, op_name(op), ": stride and padding must be [h, w] pairs, got ",
              shape_str(s), " and ", shape_str(p));
   REEL_CHECK(s[0] >= 1 && s[1] >= 1, op_name(op), ": stride must be >= 1, got ", shape_str(s), " (input ",
              shape_str(x), ", weight ", shape_str(w), ")");
   REEL_CHECK(p[0] >= 0 && p[1] >= 0, op_name(op), ": padding must be >= 0, got ", shape_str(p), " (input ",
              shape_str(x), ", weight ", shape_str(w), ")");
-  return {s[0], s[1], p[0], p[1]};
+  REEL_CHECK(groups >= 1, op_name(op), ": groups must be >= 1, got ", groups, " (input ", shape_str(x), ", weight ",
+             shape_str(w), ")");
+  return {s[0], s[1], p[0], p[1], groups};
 }
 
-// The output shape of x_shape (N, C, H, W) convolved with w_shape (O, C, kH, kW), checking the pair.
+// Checks that x (N, C, H, W) and w (O, C/G, kH, kW) agree on channels under cp.groups. With one
+// group the message is the plain one: the weight's dim 1 is the input's channel count.
+void check_conv_channels(OpKind op, const Shape& x, const Shape& w, int64_t G) {
+  if (G == 1) {
+    REEL_CHECK(x[1] == w[1], op_name(op), ": input of shape ", shape_str(x), " has ", x[1],
+               " channels but the weight of shape ", shape_str(w), " expects ", w[1]);
+    return;
+  }
+  REEL_CHECK(x[1] % G == 0, op_name(op), ": input of shape ", shape_str(x), " has ", x[1],
+             " channels, which groups ", G, " does not divide (weight ", shape_str(w), ")");
+  REEL_CHECK(w[0] % G == 0, op_name(op), ": weight of shape ", shape_str(w), " has ", w[0],
+             " output channels, which groups ", G, " does not divide (input ", shape_str(x), ")");
+  REEL_CHECK(w[1] == x[1] / G, op_name(op), ": input of shape ", shape_str(x), " has ", x[1],
+             " channels, so with groups ", G, " the weight's dim 1 must be ", x[1], " / ", G, " = ", x[1] / G,
+             ", but the weight of shape ", shape_str(w), " has ", w[1]);
+}
+
+// The output shape of x_shape (N, C, H, W) convolved with w_shape (O, C/G, kH, kW), checking the pair.
 Shape conv_output_shape(OpKind op, const Shape& x, const Shape& w, const ConvParams& cp) {
-  REEL_CHECK(x[1] == w[1], op_name(op), ": input of shape ", shape_str(x), " has ", x[1],
-             " channels but the weight of shape ", shape_str(w), " expects ", w[1]);
+  check_conv_channels(op, x, w, cp.groups);
   REEL_CHECK(w[0] >= 1 && w[2] >= 1 && w[3] >= 1, op_name(op), ": weight of shape ", shape_str(w),
              " has an empty dim");
   int64_t hp = x[2] + 2 * cp.ph, wp = x[3] + 2 * cp.pw;

@@ -1,8 +1,9 @@
 // Op-harness cases of matmul and conv2d with its two backward ops (schemas: kernels/schema/linalg.cpp).
 // matmul: plain, transposed operands, broadcast batch dims, a strided batch, a 1x1 result, a long
 // inner dim. conv2d: padding with a bias, stride 2 without one, separate [h, w] strides and padding,
-// channels-last operands; each geometry also runs both backward ops. The plain-loop references walk
-// every (output, kernel tap) pair of a convolution once: y gathers from it, dx and dw scatter into it.
+// channels-last operands, groups (2 groups, depthwise with channel multiplier 1 and 2, channels-last
+// grouped); each geometry also runs both backward ops. The plain-loop references walk every (output,
+// kernel tap) pair of a convolution once: y gathers from it, dx and dw scatter into it.
 #include "tests/op_harness/inputs.h"
 #include "tests/test_util.h"
 
@@ -64,13 +65,17 @@ void add_matmul_cases(std::vector<OpTestCase>& cases) {
 
 struct Geometry {
   const char* name;
-  Shape x, w;
+  Shape x, w;       // w (O, C/groups, kH, kW)
   int64_t sh, sw, ph, pw;
   bool bias;
   Layout layout;    // of x and w
   bool gradcheck;   // through the public conv2d (square stride and padding)
+  int64_t groups = 1;
   Shape y() const { return {x[0], w[0], (x[2] + 2 * ph - w[2]) / sh + 1, (x[3] + 2 * pw - w[3]) / sw + 1}; }
-  Attrs attrs() const { return Attrs().set("stride", std::vector<int64_t>{sh, sw}).set("padding", std::vector<int64_t>{ph, pw}); }
+  Attrs attrs() const {
+    Attrs a = Attrs().set("stride", std::vector<int64_t>{sh, sw}).set("padding", std::vector<int64_t>{ph, pw});
+    return groups == 1 ? a : a.set("groups", groups);
+  }
 };
 
 const Geometry kGeometries[] = {
@@ -78,17 +83,25 @@ const Geometry kGeometries[] = {
     {"stride2_no_bias_1x2x7x7", {1, 2, 7, 7}, {3, 2, 3, 3}, 2, 2, 0, 0, false, Layout::contiguous, true},
     {"stride_2_1_pad_1_0_2x2x5x4", {2, 2, 5, 4}, {3, 2, 3, 2}, 2, 1, 1, 0, true, Layout::contiguous, false},
     {"channels_last_2x3x4x4", {2, 3, 4, 4}, {2, 3, 2, 2}, 1, 1, 0, 0, true, Layout::channels_last, false},
+    {"groups2_3x3_pad1_bias_2x4x5x4", {2, 4, 5, 4}, {6, 2, 3, 3}, 1, 1, 1, 1, true, Layout::contiguous, true, 2},
+    {"depthwise_3x3_stride2_pad1_2x3x7x6", {2, 3, 7, 6}, {3, 1, 3, 3}, 2, 2, 1, 1, false, Layout::contiguous, true, 3},
+    {"depthwise_x2_stride_1_2_pad_0_1_bias_1x2x5x5", {1, 2, 5, 5}, {4, 1, 3, 2}, 1, 2, 0, 1, true, Layout::contiguous,
+     false, 2},
+    {"groups2_channels_last_2x4x4x4", {2, 4, 4, 4}, {4, 2, 2, 2}, 1, 1, 1, 1, true, Layout::channels_last, false, 2},
+    {"depthwise_channels_last_2x8x5x5", {2, 8, 5, 5}, {8, 1, 3, 3}, 1, 1, 1, 1, false, Layout::channels_last, false, 8},
 };
 
-// Calls tap(n, o, c, oh, ow, h, w, i, j) for every output element and kernel tap inside the input.
+// Calls tap(n, o, c, oh, ow, h, w, i, j) for every output element and kernel tap inside the input;
+// c is the input channel (o's group's block of x), the weight's own channel index is c % (C/groups).
 template <typename Tap>
 void for_each_tap(const Geometry& g, Tap tap) {
   const Shape y = g.y();
+  const int64_t cg = g.x[1] / g.groups, og = g.w[0] / g.groups;
   for (int64_t n = 0; n < y[0]; ++n)
     for (int64_t o = 0; o < y[1]; ++o)
       for (int64_t oh = 0; oh < y[2]; ++oh)
         for (int64_t ow = 0; ow < y[3]; ++ow)
-          for (int64_t c = 0; c < g.x[1]; ++c)
+          for (int64_t c = o / og * cg; c < (o / og + 1) * cg; ++c)
             for (int64_t i = 0; i < g.w[2]; ++i)
               for (int64_t j = 0; j < g.w[3]; ++j) {
                 const int64_t h = oh * g.sh - g.ph + i, w = ow * g.sw - g.pw + j;
@@ -104,7 +117,7 @@ Expected conv_reference(const Geometry& g, const OpCall& call) {
   const Shape ys = g.y();
   for (int64_t k = 0; k < numel_of(ys); ++k) y[k] = b[(k / (ys[2] * ys[3])) % ys[1]];
   for_each_tap(g, [&](int64_t n, int64_t o, int64_t c, int64_t oh, int64_t ow, int64_t h, int64_t wi, int64_t i, int64_t j) {
-    y[at(ys, n, o, oh, ow)] += x[at(g.x, n, c, h, wi)] * w[at(g.w, o, c, i, j)];
+    y[at(ys, n, o, oh, ow)] += x[at(g.x, n, c, h, wi)] * w[at(g.w, o, c % g.w[1], i, j)];
   });
   return {y};
 }
@@ -116,8 +129,8 @@ Expected conv_backward_reference(const Geometry& g, const OpCall& call, bool wei
   const Shape ys = g.y();
   for_each_tap(g, [&](int64_t n, int64_t o, int64_t c, int64_t oh, int64_t ow, int64_t h, int64_t wi, int64_t i, int64_t j) {
     const double gv = gy[at(ys, n, o, oh, ow)];
-    if (weight) out[at(g.w, o, c, i, j)] += gv * other[at(g.x, n, c, h, wi)];
-    else out[at(g.x, n, c, h, wi)] += gv * other[at(g.w, o, c, i, j)];
+    if (weight) out[at(g.w, o, c % g.w[1], i, j)] += gv * other[at(g.x, n, c, h, wi)];
+    else out[at(g.x, n, c, h, wi)] += gv * other[at(g.w, o, c % g.w[1], i, j)];
   });
   return {out};
 }
@@ -125,7 +138,7 @@ Expected conv_backward_reference(const Geometry& g, const OpCall& call, bool wei
 void add_conv_cases(std::vector<OpTestCase>& cases) {
   for (const Geometry& g : kGeometries) {
     GradcheckFn grad;
-    if (g.gradcheck) grad = [g](const Inputs& x) { return conv2d(x[0], x[1], x[2], g.sh, g.ph); };
+    if (g.gradcheck) grad = [g](const Inputs& x) { return conv2d(x[0], x[1], x[2], g.sh, g.ph, g.groups); };
     cases.push_back({
         .op = OpKind::Conv2d,
         .name = std::string("conv2d_") + g.name,
