@@ -1,12 +1,14 @@
 // FusedExpr: building, printing, the loop geometry and the attrs encoding (see fused_expr.h).
 #include "kernels/fused_expr.h"
 
+#include <algorithm>
 #include <bit>
 
 #include <cmath>
 #include <sstream>
 #include <type_traits>
 
+#include "kernels/philox_args.h"
 #include "kernels/schema/views.h"
 
 namespace reel {
@@ -102,6 +104,21 @@ void FusedExpr::store(int output, int reg, DType dtype) {
   code.push_back(i);
 }
 
+int FusedExpr::random(int state, DType dtype, double p, uint64_t seed, uint64_t offset) {
+  REEL_ASSERT(is_floating(dtype), "fused expr: a dropout mask of ", dtype_name(dtype));
+  if (state >= 0) states = std::max(states, state + 1);
+  Instr i{InstrKind::Random};
+  i.type = value_type_of(dtype);
+  i.dtype = dtype;
+  i.index = state;
+  i.p0 = p;
+  i.p1 = dropout_kept_value(dtype, p);
+  i.seed = seed;
+  i.offset = offset;
+  code.push_back(i);
+  return int(code.size()) - 1;
+}
+
 std::string FusedExpr::str() const {
   std::ostringstream os;
   for (size_t r = 0; r < code.size(); ++r) {
@@ -110,6 +127,10 @@ std::string FusedExpr::str() const {
       case InstrKind::Load: os << "r" << r << " = load in" << i.index << " " << dtype_name(i.dtype); break;
       case InstrKind::Cast: os << "r" << r << " = cast r" << i.args[0] << " to " << dtype_name(i.dtype); break;
       case InstrKind::Store: os << "store out" << i.index << " " << dtype_name(i.dtype) << " <- r" << i.args[0]; break;
+      case InstrKind::Random:
+        os << "r" << r << " = dropout_mask (p " << i.p0 << ", " << (i.index >= 0 ? "state" + std::to_string(i.index) : "seed " + std::to_string(i.seed))
+           << " + " << i.offset << ") " << dtype_name(i.dtype);
+        break;
       case InstrKind::Op:
         os << "r" << r << " = " << op_name(i.op);
         for (int a : i.args)
@@ -129,8 +150,9 @@ std::string FusedExpr::str() const {
 std::string fused_label(const FusedExpr& expr) {
   std::string out;
   for (const Instr& i : expr.code) {
-    if (i.kind != InstrKind::Op && i.kind != InstrKind::Cast) continue;
-    out += (out.empty() ? "" : " ") + std::string(i.kind == InstrKind::Op ? op_name(i.op) : "copy");
+    if (i.kind == InstrKind::Load || i.kind == InstrKind::Store) continue;
+    const char* name = i.kind == InstrKind::Op ? op_name(i.op) : i.kind == InstrKind::Cast ? "copy" : "dropout_mask";
+    out += (out.empty() ? "" : " ") + std::string(name);
   }
   return out;
 }
@@ -164,7 +186,7 @@ FusedLoop make_fused_loop(const Shape& shape, const std::vector<std::vector<int6
 // ---- the attrs encoding ----------------------------------------------------------------------
 
 namespace {
-constexpr size_t kInstrInts = 10;  // kind, op, type, dtype, index, args[3], bits of p0 and p1
+constexpr size_t kInstrInts = 12;  // kind, op, type, dtype, index, args[3], bits of p0 and p1, seed, offset
 
 std::vector<int64_t> dtype_list(const std::vector<DType>& d) {
   std::vector<int64_t> out;
@@ -188,12 +210,13 @@ Attrs fused_elementwise_attrs(const FusedExpr& expr, const Shape& shape, Device 
   for (const Instr& i : expr.code) {
     program.insert(program.end(), {int64_t(i.kind), int64_t(i.op), int64_t(i.type), int64_t(i.dtype), int64_t(i.index),
                                    i.args[0], i.args[1], i.args[2], std::bit_cast<int64_t>(i.p0),
-                                   std::bit_cast<int64_t>(i.p1)});
+                                   std::bit_cast<int64_t>(i.p1), int64_t(i.seed), int64_t(i.offset)});
   }
   return Attrs()
       .set("program", std::move(program))
       .set("inputs", dtype_list(expr.inputs))
       .set("outputs", dtype_list(expr.outputs))
+      .set("states", int64_t(expr.states))
       .set("shape", std::vector<int64_t>(shape.begin(), shape.end()))
       .set("device_type", int64_t(device.type))
       .set("device_index", int64_t(device.index));
@@ -205,6 +228,7 @@ FusedExpr fused_expr_of(const Attrs& attrs) {
   FusedExpr e;
   e.inputs = dtypes_of(attrs.ints("inputs"));
   e.outputs = dtypes_of(attrs.ints("outputs"));
+  e.states = int(attrs.i("states", 0));
   for (size_t k = 0; k < p.size(); k += kInstrInts) {
     Instr i{static_cast<InstrKind>(p[k])};
     i.op = static_cast<OpKind>(p[k + 1]);
@@ -214,6 +238,8 @@ FusedExpr fused_expr_of(const Attrs& attrs) {
     for (int a = 0; a < 3; ++a) i.args[a] = int(p[k + 5 + size_t(a)]);
     i.p0 = std::bit_cast<double>(p[k + 8]);
     i.p1 = std::bit_cast<double>(p[k + 9]);
+    i.seed = uint64_t(p[k + 10]);
+    i.offset = uint64_t(p[k + 11]);
     e.code.push_back(i);
   }
   return e;
@@ -222,6 +248,12 @@ FusedExpr fused_expr_of(const Attrs& attrs) {
 Shape fused_shape_of(const Attrs& attrs) {
   const std::vector<int64_t>& s = attrs.ints("shape");
   return Shape(s.begin(), s.end());
+}
+
+std::vector<Tensor> loaded_inputs(const FusedExpr& expr, const std::vector<Tensor>& in) {
+  REEL_ASSERT(in.size() == expr.inputs.size() + size_t(expr.states), "fused_elementwise: ", in.size(),
+              " inputs for a program of ", expr.inputs.size(), " loads and ", expr.states, " Philox states");
+  return std::vector<Tensor>(in.begin(), in.begin() + int64_t(expr.inputs.size()));
 }
 
 FusedLoop fused_loop_of(const Shape& shape, const std::vector<Tensor>& inputs) {

@@ -10,6 +10,11 @@
 //   cast   r = as_dtype(r_a)               a copy's conversion: through double, then rounded to the
 //                                           target dtype (16-bit targets are rounded, then widened)
 //   store  out_k[e] = narrow(r_a)
+//   random r = dropout's mask value of element e: keep if philox_uniform(key, start, e) >= float(p),
+//               else 0 (tensor/rng.h; kernels/cpu/norm.cpp's dropout), where key and start come from
+//               the Philox state input `index` (PhiloxArgs: {seed, base} + offset) or, without one,
+//               from the seed and offset in the instruction. The mask is drawn again wherever it is
+//               read rather than stored: element e of the loop is element e of the mask.
 // Scalar attrs (an exponent, a fill value, clamp bounds) travel in the op instruction (p0, p1)
 // rather than as separate constants: the CPU converts them to the op's type as its kernel does, and
 // the CUDA source spells them as exact bit patterns.
@@ -21,7 +26,9 @@
 //     computes (bit for bit); f16/bf16 intermediates stay in float instead of being rounded to 16
 //     bits between ops (that is much of the point of fusing; compare with a tolerance);
 //   - every output has the loop's shape and is contiguous, so element e of the loop is element e of
-//     each output; inputs are read through strides over that shape (0 on broadcast dims).
+//     each output; inputs are read through strides over that shape (0 on broadcast dims);
+//   - the op's inputs are the loaded ones (`inputs`), then `states` Philox states ((2,) i64, read
+//     whole by random instructions, not part of the loop).
 #pragma once
 #include <string>
 #include <vector>
@@ -36,27 +43,33 @@ enum class ValueType : uint8_t { F32, F64, I64 };
 ValueType value_type_of(DType t);          // the accumulation type of a storage dtype
 const char* value_type_name(ValueType t);  // "float", "double", "long long"
 
-enum class InstrKind : uint8_t { Load, Op, Cast, Store };
+enum class InstrKind : uint8_t { Load, Op, Cast, Store, Random };
 
 struct Instr {
   InstrKind kind;
   OpKind op = OpKind::Add;     // Op: which formula
   ValueType type = ValueType::F32;  // the type of the register it defines (Store: of its operand)
   DType dtype = DType::f32;    // Load: the input's dtype; Cast/Store: the target dtype
-  int index = -1;              // Load: input index; Store: output index
+  int index = -1;              // Load: input index; Store: output index; Random: state index or -1
   int args[3] = {-1, -1, -1};  // operand registers
-  double p0 = 0, p1 = 0;       // attrs: pow's exponent, a scalar value, masked_fill's value, clamp's min/max
+  double p0 = 0, p1 = 0;       // attrs: pow's exponent, a scalar value, masked_fill's value, clamp's min/max;
+                               // Random: p, and the kept value (already a value of `dtype`)
+  uint64_t seed = 0, offset = 0;  // Random: the Philox key and counter (PhiloxArgs' attrs)
 };
 
 struct FusedExpr {
   std::vector<Instr> code;
   std::vector<DType> inputs, outputs;  // dtypes, by index
+  int states = 0;                      // Philox state inputs after the loaded ones
 
   int load(int input, DType dtype);
   // A fusable op (is_fusable_op) on registers of its input dtype; `out` is its output's dtype.
   int op(OpKind op, const std::vector<int>& args, DType out, double p0 = 0, double p1 = 0);
   int cast(int reg, DType to);
   void store(int output, int reg, DType dtype);  // reg must hold dtype's accumulation type
+  // Dropout's mask in `dtype` (p, seed, offset as the dropout_mask op's attrs); `state` is the index of
+  // a Philox state input (growing `states`), or -1 for none.
+  int random(int state, DType dtype, double p, uint64_t seed, uint64_t offset);
 
   std::string str() const;  // one instruction a line, for logs and tests
 };
@@ -83,16 +96,20 @@ FusedLoop make_fused_loop(const Shape& shape, const std::vector<std::vector<int6
 // The loop of `inputs` (each broadcast to `shape`, read through its own strides) and the outputs
 // (contiguous, of `shape`): what the kernels of a fused_elementwise call iterate.
 FusedLoop fused_loop_of(const Shape& shape, const std::vector<Tensor>& inputs);
+// The loaded inputs of a call's inputs: its first expr.inputs.size() (the Philox states follow).
+std::vector<Tensor> loaded_inputs(const FusedExpr& expr, const std::vector<Tensor>& in);
 
 // Runs `expr` over `loop` on CPU tensors (inputs in the geometry the loop was made for, outputs
-// contiguous), in blocks of elements spread over OpenMP threads (kernels/cpu/fused_elementwise.cpp).
+// contiguous, `states` the Philox states), in blocks of elements spread over OpenMP threads
+// (kernels/cpu/fused_elementwise.cpp).
 void run_fused_cpu(const FusedExpr& expr, const FusedLoop& loop, const std::vector<Tensor>& inputs,
-                   const std::vector<Tensor>& outputs);
+                   const std::vector<Tensor>& outputs, const std::vector<Tensor>& states = {});
 
 // The fused_elementwise op's attrs (schema: kernels/schema/fused_elementwise.cpp):
 //   program  ten values an instruction (kind, op, value type, dtype, index, three operand registers,
 //            and the bit patterns of p0 and p1), so a plan's attrs carry the whole program
-//   inputs, outputs  the dtypes of the op's inputs and outputs
+//   inputs, outputs  the dtypes of the op's loaded inputs and of its outputs
+//   states   how many Philox state inputs follow the loaded ones (0 when absent)
 //   shape    the loop's shape, which every output has
 //   device_type, device_index  where it runs (a program may have no inputs to tell)
 Attrs fused_elementwise_attrs(const FusedExpr& expr, const Shape& shape, Device device);

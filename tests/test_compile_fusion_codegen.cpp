@@ -104,6 +104,30 @@ TEST(NvrtcMath, FormulasEqualTheSharedOnesBitForBit) {
   expect_binary_formulas<double>();
 }
 
+// The device's Philox and dropout rule, compiled here, against tensor/rng.h and dropout's kernel rule:
+// every word at keys and counters across their 64-bit range, and the mask for p = 0, 0.1, 0.5, 1.
+TEST(NvrtcMath, PhiloxAndTheDropoutMaskEqualTheSharedOnesBitForBit) {
+  namespace fm = jit::nvrtc_math;
+  const uint64_t keys[] = {0, 1, 1234, 0xFFFFFFFFull, 0x123456789ABCDEFull, ~0ull};
+  const uint64_t counters[] = {0, 3, 0xFFFFFFFFull, 0x100000000ull, (1ull << 35) + 7, ~0ull - 5};
+  for (uint64_t key : keys)
+    for (uint64_t counter : counters) {
+      const Philox4 want = philox4x32_10(key, counter);
+      const fm::philox_words got = fm::philox4x32_10_words(key, counter);
+      EXPECT_EQ(got.w0, want.w[0]);
+      EXPECT_EQ(got.w1, want.w[1]);
+      EXPECT_EQ(got.w2, want.w[2]);
+      EXPECT_EQ(got.w3, want.w[3]);
+      for (unsigned k = 0; k < 4; ++k) EXPECT_EQ(fm::philox_word(got, k), want.w[k]);
+    }
+  for (double p : {0.0, 0.1, 0.5, 1.0})
+    for (uint64_t i = 0; i < 4096; ++i) {
+      const bool kept = philox_uniform(77, 1000, i) >= float(p);
+      EXPECT_EQ(fm::op_dropout_mask(77ull, 1000ull, i, float(p), 1.25f), kept ? 1.25f : 0.0f) << "p " << p << " i " << i;
+      EXPECT_EQ(fm::op_dropout_mask(77ull, 1000ull, i, float(p), 2.0), kept ? 2.0 : 0.0);
+    }
+}
+
 TEST(NvrtcMath, EveryFusableOpHasADeviceFormula) {
   const std::string text = jit::kNvrtcMathSource;
   int n = 0;
@@ -264,6 +288,32 @@ TEST(Nvrtc, ProgramsWithEveryOpCompileForSm90InEveryDtype) {
   // PTX for a virtual architecture (what an unknown, newer GPU gets): text the driver can load.
   const std::string ptx = jit::nvrtc_compile_cached(jit::cuda_fused_source(e, test_loop(), "neg"), "compute_90", "neg");
   EXPECT_NE(ptx.find(".entry fused_elementwise_kernel"), std::string::npos);
+}
+
+// Dropout masks drawn in the kernel (random instructions): the state's two values read once, the
+// vector loop drawing each Philox block of its pack once, the scalar loop per element; both compile.
+TEST(Nvrtc, DropoutMasksDrawnInTheKernelCompileInBothLoops) {
+  FusedExpr e;
+  const int x = e.load(0, DType::bf16);
+  const int m = e.random(0, DType::bf16, 0.1, 0, 3);
+  e.store(0, e.op(OpKind::Mul, {x, m}, DType::bf16), DType::bf16);
+  e.store(1, e.random(-1, DType::f32, 0.5, 77, 9), DType::f32);
+  EXPECT_EQ(e.states, 1);
+  const FusedLoop flat = make_fused_loop({16, 64}, {{64, 1}});
+  const std::string src = jit::cuda_fused_source(e, flat, "dropout_mask mul dropout_mask");
+  for (const char* part : {"const unsigned short* in0, const unsigned long long* st0, unsigned short* out0, float* out1)",
+                           "const unsigned long long key0 = st0[0], base0 = st0[1];",
+                           "= philox4x32_10_words(key0, (base0 + 3ull) + (unsigned long long)p * 2ull + 0ull);",
+                           "= philox4x32_10_words(key0, (base0 + 3ull) + (unsigned long long)p * 2ull + 1ull);",
+                           "= philox4x32_10_words(77ull, 9ull + (unsigned long long)p * 2ull + 1ull);",
+                           "dropout_mask_of(philox_word((j < 4 ? ph", "op_dropout_mask(key0, (base0 + 3ull), (unsigned long long)e,",
+                           "op_dropout_mask(77ull, 9ull, (unsigned long long)e,"})
+    EXPECT_NE(src.find(part), std::string::npos) << part << "\n" << src;
+  if (!cuda::is_built()) GTEST_SKIP() << "reel was built without the CUDA backend (no NVRTC)";
+  TempCacheDir cache;
+  EXPECT_NO_THROW(jit::nvrtc_compile_cached(src, "sm_90", "dropout"));
+  const FusedLoop strided = make_fused_loop({16, 64}, {{1, 16}});
+  EXPECT_NO_THROW(jit::nvrtc_compile_cached(jit::cuda_fused_source(e, strided, "dropout"), "sm_90", "dropout"));
 }
 
 TEST(Nvrtc, TheDiskCacheServesTheSecondCompilation) {

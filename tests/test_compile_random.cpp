@@ -14,6 +14,8 @@
 
 #include "compile/runtime/compile.h"
 #include "compile/runtime/train_step.h"
+#include "kernels/fused_expr.h"
+#include "kernels/philox_args.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "compile_test_util.h"
@@ -31,6 +33,18 @@ std::vector<Tensor> random_step(const std::vector<Tensor>& in, Generator& own) {
   const TensorOptions o{x.dtype(), x.device()};
   Tensor y = dropout(x, 0.3) + rand(x.shape(), o) * randn(x.shape(), o);
   return {y, dropout(x, 0.5, true, &own)};
+}
+
+// The random draws of a plan's graph: random nodes, and the dropout masks that fused kernels draw
+// (fused_elementwise's random instructions, the norms' dropout attrs).
+int random_draws(const compile::Graph& g) {
+  int n = 0;
+  for (const compile::Node& node : g.nodes) {
+    n += compile::is_random_op(node.op) || has_fused_dropout(node.attrs) ? 1 : 0;
+    if (node.op != OpKind::FusedElementwise) continue;
+    for (const Instr& i : fused_expr_of(node.attrs).code) n += i.kind == InstrKind::Random ? 1 : 0;
+  }
+  return n;
 }
 
 std::vector<std::vector<double>> values(const std::vector<Tensor>& ts) {
@@ -64,9 +78,7 @@ TEST(CompileRandom, DropoutRandAndRandnDrawWhatEagerDrawsFreshOnEveryReplay) {
     ASSERT_NE(f.last_plan(), nullptr);
     const compile::Graph& g = f.last_plan()->graph();
     EXPECT_EQ(g.random_sources.size(), 2u);  // the default generator and `own`
-    int random_nodes = 0;
-    for (const compile::Node& n : g.nodes) random_nodes += compile::is_random_op(n.op) ? 1 : 0;
-    EXPECT_EQ(random_nodes, 4);
+    EXPECT_EQ(random_draws(g), 4);
     if (device.is_cuda()) {
       EXPECT_EQ(f.last_plan()->graphs(), 1u);
     }
@@ -101,11 +113,17 @@ TEST(CompileRandom, DrawsBetweenCallsShiftTheNumbersAsEagerly) {
 }
 
 // A GPT with GPT-2's dropout, compiled as a whole training step (ACCUM 2, AdamW, clipping): one
-// trace, no graph break, and the same losses and parameters as eager from the same seed. Fusion off
-// on the CPU (the plan runs eager's kernels); on the GPU the default passes, as `reel bench` runs it.
+// trace, no graph break, and the same losses and parameters as eager from the same seed. On the CPU
+// with fusion off (the plan runs eager's kernels) and on (the masks drawn inside fused kernels, f32
+// arithmetic as eager's): to the bit both; on the GPU the default passes, as `reel bench` runs them.
 TEST(CompileRandom, GptWithDropoutTrainsAsEagerStepForStep) {
-  for (Device device : testing_util::test_devices()) {
-    SCOPED_TRACE(device.str());
+  std::vector<std::pair<Device, bool>> runs{{Device::cpu(), false}, {Device::cpu(), true}};
+  for (Device device : testing_util::test_devices())
+    if (device.is_cuda()) runs.push_back({device, true});
+  for (const auto& run_on : runs) {
+    const Device device = run_on.first;
+    const bool fuse = run_on.second;
+    SCOPED_TRACE(device.str() + (fuse ? " fused" : " unfused"));
     const nn::GptConfig config{32, 8, 16, 2, 2, 0.1};
     const auto micro = testing_util::token_batches(2, 2, 8, 32, device);
     auto run = [&](bool compiled, std::vector<double>& losses) {
@@ -116,7 +134,7 @@ TEST(CompileRandom, GptWithDropoutTrainsAsEagerStepForStep) {
       opt.set_accum_steps(2).set_max_grad_norm(1.0);
       auto loss_fn = [&](const Tensor& a, const Tensor& b) { return nn::model_loss(*model, a, b); };
       manual_seed(17);
-      auto step = compile::compile_train_step(opt, loss_fn, {mode_for(device), 8, device.is_cuda()});
+      auto step = compile::compile_train_step(opt, loss_fn, {mode_for(device), 8, fuse});
       for (int s = 0; s < 8; ++s) {
         if (compiled) {
           losses.push_back(step(compile::flatten_micro(micro))[0].item());
@@ -150,5 +168,54 @@ TEST(CompileRandom, GptWithDropoutTrainsAsEagerStepForStep) {
     const double training = nn::model_loss(*model, micro[0].inputs, micro[0].targets).item();
     model->eval();
     EXPECT_NE(training, nn::model_loss(*model, micro[0].inputs, micro[0].targets).item());
+  }
+}
+
+// The dropout_masks pass: no dropout node and no stored mask is left in a fused GPT step; each mask
+// is drawn inside the kernel that reads it, the losses are the bits of the plan without the pass,
+// and the planned arena is smaller by the masks it no longer keeps from the forward to the backward.
+// In fp32 the masks go into elementwise kernels (the forward's multiply, the backward's); in bf16 the
+// residual branches' into the norms' (layer_norm_cast draws it for the add before the norm,
+// layer_norm_backward_add for the branch's 16-bit gradient), the others into elementwise ones.
+TEST(CompileRandom, DropoutMasksAreDrawnWhereTheyAreReadNotStored) {
+  const nn::GptConfig config{32, 8, 16, 2, 2, 0.1};
+  const auto micro = testing_util::token_batches(2, 2, 8, 32);
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    AutocastGuard amp(PrecisionPolicy::parse(precision));
+    auto run = [&](std::vector<std::string> disabled, std::vector<double>& losses, size_t& arena) {
+      Generator init(7);
+      auto model = nn::gpt(config, &init);
+      optim::AdamW opt(model->parameters(), optim::AdamWOptions(3e-3));
+      opt.set_accum_steps(2);
+      auto loss_fn = [&](const Tensor& a, const Tensor& b) { return nn::model_loss(*model, a, b); };
+      manual_seed(23);
+      auto step = compile::compile_train_step(opt, loss_fn, {compile::Mode::Default, 8, true, disabled});
+      for (int s = 0; s < 4; ++s) losses.push_back(step(compile::flatten_micro(micro))[0].item());
+      const compile::Plan* plan = step.last_plan();
+      arena = plan->memory().arena_for(Device::cpu())->bytes;
+      return plan->graph();
+    };
+    std::vector<double> with, without;
+    size_t arena_with = 0, arena_without = 0;
+    const compile::Graph g = run({}, with, arena_with);
+    const compile::Graph kept = run({"dropout_masks"}, without, arena_without);
+    EXPECT_EQ(with, without);
+    // 5 dropouts a micro-batch (embeddings, and attention's and the MLP's outputs in 2 layers),
+    // ACCUM 2: 10 masks drawn in the forward's kernels and 10 again in the backward's.
+    int dropouts = 0, masks = 0, in_norms = 0;
+    for (const compile::Node& n : g.nodes) {
+      dropouts += n.op == OpKind::Dropout ? 1 : 0;
+      masks += n.op == OpKind::DropoutMask ? 1 : 0;
+      in_norms += (n.op == OpKind::LayerNormCast || n.op == OpKind::LayerNormBackwardAdd) && has_fused_dropout(n.attrs);
+    }
+    EXPECT_EQ(dropouts, 0);
+    EXPECT_EQ(masks, 0) << "a mask drawn by a kernel of its own";
+    EXPECT_EQ(random_draws(g), 20);
+    EXPECT_EQ(random_draws(kept), 10);
+    // bf16: the 4 residual branches a micro-batch in the forward's norms, and in the backward's all
+    // but the last (the final norm's gradient reaches the last branch with no residual add to fuse).
+    EXPECT_EQ(in_norms, std::string(precision) == "bf16" ? 2 * (4 + 3) : 0);
+    EXPECT_LT(arena_with, arena_without);
   }
 }

@@ -33,7 +33,23 @@ std::pair<double, double> scalar_attrs(const Node& n) {
 struct Fused {
   FusedExpr expr;
   std::vector<TensorRef> inputs, outputs;
+  std::vector<TensorRef> states;  // the Philox states its dropout masks read, after the inputs
 };
+
+// A dropout_mask node's random instruction, reading its Philox state (if any) as one of f's states.
+int random_instr(Fused& f, const Node& n) {
+  int state = -1;
+  if (!n.inputs.empty() && n.inputs[0]) {
+    for (size_t k = 0; k < f.states.size() && state < 0; ++k)
+      if (same_ref(f.states[k], *n.inputs[0])) state = int(k);
+    if (state < 0) {
+      f.states.push_back(*n.inputs[0]);
+      state = int(f.states.size()) - 1;
+    }
+  }
+  return f.expr.random(state, n.outputs[0].dtype, n.attrs.f("p"), uint64_t(n.attrs.i("seed")),
+                       uint64_t(n.attrs.i("offset")));
+}
 
 // The expression of nodes [i, j): loads of every ref first read from memory, the ops in order (a
 // ref written earlier in the group is its register), stores of the written refs someone else needs.
@@ -50,7 +66,9 @@ Fused build_expr(const Graph& g, size_t i, size_t j, const BufferReaders& reader
   for (size_t k = i; k < j; ++k) {
     const Node& n = g.nodes[k];
     std::vector<int> args;
+    const bool mask = n.op == OpKind::DropoutMask;
     for (const auto& r : n.inputs) {
+      if (mask) break;  // its state is not loaded per element
       reads_inside[size_t(r->buffer)] += 1;
       auto* v = find(*r);
       if (!v) {
@@ -62,7 +80,9 @@ Fused build_expr(const Graph& g, size_t i, size_t j, const BufferReaders& reader
     }
     const TensorRef& w = n.outputs[0];
     auto [p0, p1] = scalar_attrs(n);
-    const int reg = n.op == OpKind::Copy ? f.expr.cast(args[0], w.dtype) : f.expr.op(n.op, args, w.dtype, p0, p1);
+    const int reg = mask                   ? random_instr(f, n)
+                    : n.op == OpKind::Copy ? f.expr.cast(args[0], w.dtype)
+                                           : f.expr.op(n.op, args, w.dtype, p0, p1);
     if (auto* v = find(w)) v->second = reg;
     else value.emplace_back(w, reg);
     if (std::none_of(written.begin(), written.end(), [&](const TensorRef& q) { return same_ref(q, w); }))
@@ -96,6 +116,7 @@ Node lower_elementwise_group(const Graph& g, size_t i, size_t j, const BufferRea
     n.in_place = n.in_place || g.nodes[k].in_place;
   }
   for (const TensorRef& r : f.inputs) n.inputs.emplace_back(r);
+  for (const TensorRef& r : f.states) n.inputs.emplace_back(r);
   if (log_enabled("fusion"))
     log_line("fusion", detail::cat("fused ", label, " over ", shape_str(shape), " on ", device.str(), ": ", f.inputs.size(),
                               " inputs, ", f.outputs.size(), " outputs\n", f.expr.str()));

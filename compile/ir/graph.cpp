@@ -14,7 +14,9 @@ const char* buffer_kind_name(BufferKind k) {
   return "?";
 }
 
-bool is_random_op(OpKind op) { return op == OpKind::Dropout || op == OpKind::RandUniform || op == OpKind::RandNormal; }
+bool is_random_op(OpKind op) {
+  return op == OpKind::Dropout || op == OpKind::DropoutMask || op == OpKind::RandUniform || op == OpKind::RandNormal;
+}
 
 bool same_ref(const TensorRef& a, const TensorRef& b) {
   return a.buffer == b.buffer && a.shape == b.shape && a.strides == b.strides && a.offset == b.offset &&

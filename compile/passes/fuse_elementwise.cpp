@@ -10,8 +10,9 @@
 // split by unrelated nodes (attention scales q, copies k, then casts q) becomes consecutive.
 // A group is a maximal run of consecutive nodes (graph order; consecutive is what makes the rewrite
 // safe: nothing runs between its members) where every node
-//   - is an op of kernels/ops.def's elementwise family, clamp_scalar, or a copy between two tensors
-//     of one device (a cast or a layout copy), with no pass-made kernel yet;
+//   - is an op of kernels/ops.def's elementwise family, clamp_scalar, a copy between two tensors
+//     of one device (a cast or a layout copy), or a dropout_mask (drawn in the kernel: a random
+//     instruction), with no pass-made kernel yet;
 //   - iterates the group's shape (its output's shape) and writes a contiguous ref;
 //   - touches tensors of the group's one device only;
 // and where every buffer the group writes is referenced, by every node of the group, with exactly
@@ -55,9 +56,21 @@ bool broadcasts_to(const Shape& in, const Shape& out) {
   return true;
 }
 
+// A dropout_mask node (redraw_dropout_masks.cpp): no loaded input, only its optional Philox state,
+// which the group's kernel reads whole; it becomes a random instruction of the program.
+bool fusable_mask(const Graph& g, const Node& n) {
+  const TensorRef& out = n.outputs[0];
+  const Device device = g.buffers[out.buffer].device;
+  if (numel_of(out.shape) == 0 || !is_contiguous(out) || !supports(OpKind::FusedElementwise, device.type)) return false;
+  for (const auto& r : n.inputs)
+    if (!r || !(g.buffers[r->buffer].device == device)) return false;
+  return n.inputs.size() <= 1;
+}
+
 // Could `n` be a member of a group at all? (Membership also needs GroupState::accepts.)
 bool fusable_node(const Graph& g, const Node& n) {
   if (n.outputs.size() != 1) return false;
+  if (n.op == OpKind::DropoutMask) return !n.in_place && fusable_mask(g, n);
   const int arity = n.op == OpKind::Copy ? 1 : fusable_arity(n.op);
   if (arity == 0 || int(n.inputs.size()) != arity) return false;
   const TensorRef& out = n.outputs[0];

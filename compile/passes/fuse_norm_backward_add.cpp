@@ -8,7 +8,8 @@
 // to j writes r, the add's output is untouched before j, everything is contiguous and of one dtype,
 // and the device has the fused op. Equal to the unfused pair to the bit.
 // A later cast of the sum to 16 bits (autocast's, for the GEMMs of the layer before) joins the same
-// kernel, which writes both copies. That 16-bit sum is also the output gradient of the layer before's
+// kernel, which writes both copies; so does a cast of the sum times a dropout's mask (the branch's
+// dropout, its mask drawn in the kernel: the op's dropout attrs), which then goes with its multiply. That 16-bit sum is also the output gradient of the layer before's
 // last Linear (a GPT's proj or fc2), whose bias gradient the bias-gradient pass sums from it
 // (compile/passes/fuse_bias_grad_cast.cpp, a column_sums node): the same pass over the rows then sums it too,
 // into (or onto) the bias's gradient, and that launch goes. Applies when the column sums read the whole 16-bit sum, one
@@ -79,6 +80,25 @@ int column_sums_of(const Graph& g, const BufferUses& u, size_t i, const TensorRe
   return -1;
 }
 
+// The 16-bit cast of sum * mask (a dropout's backward: the multiply by the mask a dropout_mask node
+// draws, redraw_dropout_masks.cpp) into a fresh buffer, the product read by the cast alone: the
+// multiply's, the mask's and the cast's node indices, or cast -1.
+struct DroppedCast {
+  int mul = -1, mask = -1, cast = -1;
+};
+DroppedCast dropped_16bit_cast(const Graph& g, const BufferUses& u, const TensorRef& sum, const std::vector<bool>& drop) {
+  for (int k : u.readers[sum.buffer]) {
+    const std::optional<DropoutProduct> dp = dropout_product(g, u, k);
+    if (!dp || !same_ref(dp->value, sum) || drop[size_t(k)] || drop[size_t(dp->mask)]) continue;
+    const TensorRef& z = g.nodes[size_t(k)].outputs[0];
+    if (z.dtype != sum.dtype || z.shape != sum.shape || !is_contiguous(z) || !internal_once(g, u, z)) continue;
+    const int cast = later_16bit_cast(g, u, z);
+    if (cast < 0 || drop[size_t(cast)] || u.readers[z.buffer] != std::vector<int>{cast}) continue;
+    return {k, dp->mask, cast};
+  }
+  return {};
+}
+
 }  // namespace
 
 void fuse_norm_backward_add(Graph& g, PassStats& stats) {
@@ -95,17 +115,25 @@ void fuse_norm_backward_add(Graph& g, PassStats& stats) {
     n = std::move(fused);
     drop[size_t(m.add)] = true;
     stats.fused += 1;
-    // The sum's cast to 16 bits for the next GEMM, if any, is written by the same kernel.
-    const int cast = later_16bit_cast(g, u, a.outputs[0]);
+    // The sum's cast to 16 bits for the next GEMM, if any, is written by the same kernel; or the
+    // cast of the sum times a dropout's mask (the gradient of the branch a dropout closed).
+    const TensorRef& sum = a.outputs[0];
+    const DroppedCast dc = dropped_16bit_cast(g, u, sum, drop);
+    const int cast = dc.cast >= 0 ? dc.cast : later_16bit_cast(g, u, sum);
     if (cast < 0 || drop[size_t(cast)]) return;
     Node with_cast = n;
     with_cast.outputs.push_back(g.nodes[size_t(cast)].outputs[0]);
     with_cast.attrs.set("dtype", with_cast.outputs.back().dtype);
     with_cast.fused.push_back("copy");
+    if (dc.cast >= 0) add_fused_dropout(with_cast, g.nodes[size_t(dc.mask)]);
     if (!call_supported(g, with_cast)) return;
     n = std::move(with_cast);
     drop[size_t(cast)] = true;
     stats.fused += 1;
+    if (dc.cast >= 0) {
+      drop[size_t(dc.mul)] = drop[size_t(dc.mask)] = true;
+      stats.fused += 2;
+    }
     // And the bias gradient summed from that 16-bit copy, by the same pass over the rows.
     const int s = column_sums_of(g, u, i, n.outputs.back(), numel_of(n.outputs[1].shape), drop);
     if (s < 0) return;
@@ -113,7 +141,7 @@ void fuse_norm_backward_add(Graph& g, PassStats& stats) {
     const bool add = sums.attrs.b("accumulate", false);
     Node with_sums = n;
     with_sums.outputs.push_back(sums.outputs[0]);
-    if (add) with_sums.inputs.push_back(sums.outputs[0]);
+    if (add) with_sums.inputs.insert(with_sums.inputs.begin() + 6, sums.outputs[0]);  // before a Philox state
     with_sums.attrs.set("column_sums", true).set("accumulate", add);
     if (sums.fused.empty()) with_sums.fused.push_back("sum");  // summed into a buffer of its own
     else with_sums.fused.insert(with_sums.fused.end(), sums.fused.begin(), sums.fused.end());  // "sum" and "copy" or "add"

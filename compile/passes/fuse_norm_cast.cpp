@@ -7,7 +7,10 @@
 // The residual connection's add that feeds a pre-norm block's norm (x = r + h; layer_norm(x)) joins
 // the same kernel when nothing reads x in between: the kernel computes x, writes it (the residual
 // stream goes on) and normalises it, bit-identical to the add followed by the norm (the op's fourth
-// input and output).
+// input and output). When that add's other operand is a dropout's output, h * mask with the mask
+// drawn by a dropout_mask node (redraw_dropout_masks.cpp), the kernel reads h and draws the mask
+// itself (the op's dropout attrs and Philox state): the dropped branch is never written, and the
+// result is the bits of the multiply, the add and the norm.
 #include "compile/passes/passes.h"
 
 namespace reel::compile {
@@ -56,6 +59,28 @@ int residual_add(const Graph& g, const BufferUses& u, size_t i) {
   return p;
 }
 
+// Which operand of the residual add (node `add`, folded into norm i) is h * mask, a dropout's output
+// (redraw_dropout_masks.cpp) that only the add reads, with h f32 of the norm's shape and untouched
+// from the multiply to the norm: 0 or 1; -1 with the reason in `why`; -2 when neither is a dropout's.
+int dropped_addend(const Graph& g, const BufferUses& u, int add, size_t i, const std::vector<bool>& drop, Why& why) {
+  const Node& a = g.nodes[size_t(add)];
+  for (int side : {1, 0}) {
+    const TensorRef& y = *a.inputs[size_t(side)];
+    const int mul = u.producer(y.buffer);
+    const std::optional<DropoutProduct> dp = dropout_product(g, u, mul);
+    if (!dp) continue;
+    const TensorRef& h = dp->value;
+    if (!why(!drop[size_t(mul)] && !drop[size_t(dp->mask)], "its dropout went into another kernel") ||
+        !why(internal_once(g, u, y) && u.readers[y.buffer] == std::vector<int>{add}, "the dropout's output has other readers") ||
+        !why(h.dtype == DType::f32 && h.shape == y.shape, "the dropped value is not f32 of the sum's shape"))
+      return -1;
+    for (int w : u.writers[h.buffer])
+      if (!why(w < mul || w > int(i), "the dropped value is written between the dropout and the norm")) return -1;
+    return side;
+  }
+  return -2;  // no dropout there: nothing to say
+}
+
 }  // namespace
 
 void fuse_norm_cast(Graph& g, PassStats& stats) {
@@ -85,6 +110,22 @@ void fuse_norm_cast(Graph& g, PassStats& stats) {
     n = std::move(with_add);
     drop[size_t(add)] = true;
     stats.fused += 1;
+    // The residual branch's dropout (x + dropout(h)): the kernel draws the mask and reads h itself.
+    Why why;
+    const int side = dropped_addend(g, u, add, i, drop, why);
+    if (side == -1) why_not(kPass, g, i, "the dropout of its addend", why.reason());
+    if (side < 0) return;
+    const int mul = u.producer(a.inputs[size_t(side)]->buffer);
+    const DropoutProduct dp = *dropout_product(g, u, mul);
+    Node with_dropout = n;
+    with_dropout.inputs[0] = a.inputs[size_t(1 - side)];  // an add's operands commute, to the bit
+    with_dropout.inputs[3] = dp.value;
+    add_fused_dropout(with_dropout, g.nodes[size_t(dp.mask)]);
+    if (!call_supported(g, with_dropout))
+      return why_not(kPass, g, i, "the dropout of its addend", "the device's kernel does not take the call");
+    n = std::move(with_dropout);
+    drop[size_t(mul)] = drop[size_t(dp.mask)] = true;
+    stats.fused += 2;
   });
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/dispatch.h"
+#include "kernels/philox_args.h"
 #include "kernels/schema/views.h"
 #include "tensor/log.h"
 
@@ -58,6 +59,29 @@ bool is_plain_cast_of(const Graph& g, const BufferUses& u, int k, const TensorRe
     return false;
   const TensorRef& out = c.outputs[0];
   return out.shape == src.shape && is_contiguous(out) && internal_once(g, u, out);
+}
+
+std::optional<DropoutProduct> dropout_product(const Graph& g, const BufferUses& u, int k) {
+  if (k < 0 || k >= int(g.nodes.size())) return std::nullopt;
+  const Node& n = g.nodes[size_t(k)];
+  if (n.op != OpKind::Mul || n.in_place || n.inputs.size() != 2 || !n.inputs[0] || !n.inputs[1]) return std::nullopt;
+  for (int side = 0; side < 2; ++side) {
+    const TensorRef &m = *n.inputs[size_t(side)], &v = *n.inputs[size_t(1 - side)];
+    const int d = u.producer(m.buffer);
+    if (d < 0 || d >= k || g.nodes[size_t(d)].op != OpKind::DropoutMask || !internal_once(g, u, m) ||
+        u.readers[m.buffer] != std::vector<int>{k} || m.buffer == v.buffer)
+      continue;
+    if (!is_contiguous(m) || m.offset != 0 || m.shape != v.shape || m.dtype != v.dtype || !is_contiguous(v)) continue;
+    return DropoutProduct{d, v};
+  }
+  return std::nullopt;
+}
+
+void add_fused_dropout(Node& n, const Node& mask) {
+  const bool state = !mask.inputs.empty() && mask.inputs[0];
+  n.attrs = with_fused_dropout(n.attrs, mask.attrs, state);
+  if (state) n.inputs.push_back(mask.inputs[0]);
+  n.fused.push_back("dropout");
 }
 
 int sole_reader(const Graph& g, const BufferUses& u, const TensorRef& z) {

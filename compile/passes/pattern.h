@@ -108,6 +108,18 @@ std::optional<std::vector<int>> match_chain(const Graph& g, const BufferUses& u,
 void why_not(const char* pass, const Graph& g, size_t i, const char* with, const std::string& reason);
 
 
+// Node k as a value times its dropout mask, v * m, where m is drawn by a dropout_mask node
+// (compile/passes/redraw_dropout_masks.cpp) that writes it for k alone: the two nodes a norm pass
+// folds into its kernel as attrs and the Philox state (kernels/philox_args.h). `value` is v's ref;
+// the mask must be v's contiguous shape and dtype. nullopt otherwise.
+struct DropoutProduct {
+  int mask = -1;  // the dropout_mask node
+  TensorRef value;
+};
+std::optional<DropoutProduct> dropout_product(const Graph& g, const BufferUses& u, int k);
+// The fused op `n` with the dropout of node `mask`'s attrs, its Philox state (if any) as n's last input.
+void add_fused_dropout(Node& n, const Node& mask);
+
 // Whether the device of ref r has a kernel for op (the fused op a pass would write there).
 bool device_supports(const Graph& g, const TensorRef& r, OpKind op);
 // Whether node n, as a pass would write it, is a call its device's kernel takes: the schema accepts

@@ -15,6 +15,8 @@ const std::vector<Pass>& pipeline() {
       {"dead_code", S::Cleanup, eliminate_dead_code, "nodes whose results nothing reads"},
       {"constants", S::Cleanup, fold_constants, "nodes of constants only, run once at build time"},
       {"common_subexpressions", S::Cleanup, eliminate_common_subexpressions, "a node repeating an earlier one"},
+      // First: the norm passes fold a drawn mask into their kernels, elementwise fusion the others.
+      {"dropout_masks", S::Fusion, redraw_dropout_masks, "dropout's mask drawn again where it is read, not stored"},
       // Before any cast is folded: the bias sums read the 16-bit gradient the casts make.
       {"bias_grad_cast", S::Fusion, fuse_bias_grad_cast, "bias gradients summed from the 16-bit gradient"},
       // Before elementwise fusion would take the add after a GEMM.
@@ -29,6 +31,8 @@ const std::vector<Pass>& pipeline() {
       {"norm_backward_add", S::Fusion, fuse_norm_backward_add, "layer-norm backward + the residual's gradient (+ cast, sums)"},
       // After gemm_16bit: it fuses the 16-bit pre-activation that pass made.
       {"gemm_gelu", S::Fusion, fuse_gemm_gelu, "GELU in the epilogue of the GEMM before it"},
+      // Before elementwise: the counters it gathers at the end are fused there.
+      {"sink_updates", S::Fusion, sink_state_updates, "in-place updates of step state (counters) moved to the end, to fuse"},
       {"elementwise", S::Fusion, fuse_elementwise, "runs of elementwise ops as one generated kernel"},
       {"optimizer", S::Fusion, fuse_optimizer, "a run of per-parameter updates as one multi-tensor kernel"},
   };

@@ -14,6 +14,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/elementwise_math.h"
 #include "kernels/fused_expr.h"
+#include "tensor/rng.h"
 
 namespace reel {
 
@@ -162,6 +163,7 @@ void run_cast(const Instr& ins, int reg, RegisterFile& rf, int64_t n) {
 struct BlockArgs {
   const std::vector<Tensor>* inputs;
   const std::vector<Tensor>* outputs;
+  const std::vector<const uint64_t*>* states;  // each Philox state's {seed, base}
   const int64_t* offsets;        // per loop operand (0: outputs, 1 + k: input k) at the block's start
   const int64_t* inner_strides;  // per loop operand
   int64_t n;
@@ -191,12 +193,26 @@ void run_store(const Instr& ins, RegisterFile& rf, const BlockArgs& b) {
   });
 }
 
+// Dropout's mask over the block, as kernels/cpu/norm.cpp's dropout draws it: element e of the loop
+// (the outputs are contiguous, so the block starts at element offsets[0]) is element e of the mask.
+void run_random(const Instr& ins, int reg, RegisterFile& rf, const BlockArgs& b) {
+  const PhiloxArgs rng{ins.seed, ins.offset, ins.index >= 0 ? (*b.states)[size_t(ins.index)] : nullptr};
+  const uint64_t key = rng.key(), start = rng.start(), e0 = uint64_t(b.offsets[0]);
+  const float threshold = float(ins.p0);
+  visit_value_type(ins.type, [&]<typename A>() {
+    A* y = rf.at<A>(reg);
+    const A keep = A(ins.p1);
+    for (int64_t i = 0; i < b.n; ++i) y[i] = philox_uniform(key, start, e0 + uint64_t(i)) >= threshold ? keep : A(0);
+  });
+}
+
 void run_block(const FusedExpr& e, RegisterFile& rf, const BlockArgs& b) {
   for (size_t r = 0; r < e.code.size(); ++r) {
     const Instr& ins = e.code[r];
     switch (ins.kind) {
       case InstrKind::Load: run_load(ins, int(r), rf, b); break;
       case InstrKind::Store: run_store(ins, rf, b); break;
+      case InstrKind::Random: run_random(ins, int(r), rf, b); break;
       case InstrKind::Op:
         visit_value_type(ins.type, [&]<typename A>() { run_op<A>(ins, int(r), rf, b.n); });
         break;
@@ -220,11 +236,13 @@ void row_offsets(const FusedLoop& l, int64_t row, std::vector<int64_t>& off) {
 }  // namespace
 
 void run_fused_cpu(const FusedExpr& expr, const FusedLoop& loop, const std::vector<Tensor>& inputs,
-                   const std::vector<Tensor>& outputs) {
+                   const std::vector<Tensor>& outputs, const std::vector<Tensor>& states) {
   REEL_ASSERT(inputs.size() == expr.inputs.size() && outputs.size() == expr.outputs.size() &&
-                  loop.strides.size() == inputs.size() + 1,
-              "fused kernel: ", inputs.size(), " inputs and ", outputs.size(), " outputs for an expression of ",
-              expr.inputs.size(), " and ", expr.outputs.size());
+                  states.size() == size_t(expr.states) && loop.strides.size() == inputs.size() + 1,
+              "fused kernel: ", inputs.size(), " inputs, ", states.size(), " states and ", outputs.size(),
+              " outputs for an expression of ", expr.inputs.size(), ", ", expr.states, " and ", expr.outputs.size());
+  std::vector<const uint64_t*> state_ptrs;
+  for (const Tensor& s : states) state_ptrs.push_back(static_cast<const uint64_t*>(s.data_ptr()));
   if (loop.numel == 0) return;
   const size_t nops = loop.strides.size();
   const int64_t inner = loop.sizes.back();
@@ -241,7 +259,7 @@ void run_fused_cpu(const FusedExpr& expr, const FusedLoop& loop, const std::vect
       const int64_t row = u / per_row, c0 = (u % per_row) * kBlock;
       row_offsets(loop, row, off);
       for (size_t k = 0; k < nops; ++k) off[k] += c0 * inner_strides[k];
-      BlockArgs b{&inputs, &outputs, off.data(), inner_strides.data(), std::min(kBlock, inner - c0)};
+      BlockArgs b{&inputs, &outputs, &state_ptrs, off.data(), inner_strides.data(), std::min(kBlock, inner - c0)};
       run_block(expr, rf, b);
     }
   }
@@ -250,7 +268,9 @@ void run_fused_cpu(const FusedExpr& expr, const FusedLoop& loop, const std::vect
 namespace {
 void fused_elementwise_kernel(const KernelCall& c) {
   const FusedExpr expr = fused_expr_of(c.attrs);
-  run_fused_cpu(expr, fused_loop_of(fused_shape_of(c.attrs), c.in), c.in, c.out);
+  const std::vector<Tensor> loaded = loaded_inputs(expr, c.in);
+  const std::vector<Tensor> states(c.in.begin() + int64_t(loaded.size()), c.in.end());
+  run_fused_cpu(expr, fused_loop_of(fused_shape_of(c.attrs), loaded), loaded, c.out, states);
 }
 }  // namespace
 

@@ -16,7 +16,7 @@
 //
 // dropout: element i (row-major) is kept iff philox_uniform(seed, offset, i) >= float(p) (the Philox
 // convention of tensor/rng.h, shared with the CUDA kernel); mask = kept ? 1/(1-p) : 0 rounded to x's
-// dtype, y = x * mask. p == 1 drops everything (mask 0, never inf).
+// dtype, y = x * mask. p == 1 drops everything (mask 0, never inf). dropout_mask writes the mask alone.
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -383,41 +383,62 @@ void batch_norm_bwd_kernel(const KernelCall& c) {
 
 // ---------------------------------------------------------------- dropout
 
-void dropout_fwd_kernel(const KernelCall& c) {
-  Tensor x = dense(c.in[0]);
-  Tensor y = c.out[0], mask = c.out[1];
-  double p = c.attrs.f("p");
-  const PhiloxArgs rng = philox_args(c, 1);
+// Writes the mask (and, with x, y = x * mask) of n elements.
+void dropout_into(const KernelCall& c, size_t state_input, const Tensor* x, Tensor* y, Tensor& mask) {
+  const double p = c.attrs.f("p");
+  const PhiloxArgs rng = philox_args(c, state_input);
   const uint64_t seed = rng.key(), offset = rng.start();
-  int64_t n = x.numel();
-  visit_float_dtype(x.dtype(), "dropout", [&]<typename T>() {
+  const int64_t n = mask.numel();
+  visit_float_dtype(mask.dtype(), "dropout", [&]<typename T>() {
     using A = AccType<T>;
     // The kept value as stored in the mask, so that y = x * mask exactly, as backward assumes.
-    const T keep = store<T>(p < 1 ? A(1.0 / (1.0 - p)) : A(0));
+    const T keep = store<T>(A(dropout_kept_value(mask.dtype(), p)));
     const float threshold = float(p);
-    const T* px = x.data<T>();
-    T *py = y.data<T>(), *pmask = mask.data<T>();
+    const T* px = x ? x->data<T>() : nullptr;
+    T *py = y ? y->data<T>() : nullptr, *pmask = mask.data<T>();
     // A Philox draw costs tens of operations per element, so smaller tensors already pay for the fork.
 #pragma omp parallel for if (n >= cpu::kParallelGrain / 8)
     for (int64_t i = 0; i < n; ++i) {
       bool kept = philox_uniform(seed, offset, uint64_t(i)) >= threshold;
       T m = kept ? keep : store<T>(A(0));
       pmask[i] = m;
-      py[i] = store<T>(load(px[i]) * load(m));
+      if (px) py[i] = store<T>(load(px[i]) * load(m));
     }
   });
+}
+
+void dropout_fwd_kernel(const KernelCall& c) {
+  Tensor x = dense(c.in[0]);
+  Tensor y = c.out[0], mask = c.out[1];
+  dropout_into(c, 1, &x, &y, mask);
+}
+
+void dropout_mask_kernel(const KernelCall& c) {
+  Tensor mask = c.out[0];
+  dropout_into(c, 0, nullptr, nullptr, mask);
 }
 
 // ---------------------------------------------------------------- fused layer norms (kernels/ops.def)
 // The references of the compiler's fused kernels: the composition of the kernels above with the add,
 // cast and column-sum kernels, so a CPU plan computes exactly what the unfused ops would.
 
-// [s = x + addend]  y = layer_norm(s, w, b)  y16 = y.to(dtype). in: x, w?, b?[, addend];
+// `v` times the fused op's dropout mask over v's shape, as dropout_mask and mul compute it.
+Tensor with_fused_dropout_mask(const KernelCall& c, const Tensor& v) {
+  Tensor mask = cpu::scratch(v.shape(), v.dtype()), out = cpu::scratch(v.shape(), v.dtype());
+  std::vector<Tensor> state;
+  if (c.attrs.b("dropout_state", false)) state.push_back(c.in.back());
+  cpu::run_op(OpKind::DropoutMask, state, {mask}, dropout_mask_attrs_of(c.attrs, v));
+  cpu::run_op(OpKind::Mul, {v, mask}, {out});
+  return out;
+}
+
+// [s = x + addend [* mask]]  y = layer_norm(s, w, b)  y16 = y.to(dtype). in: x, w?, b?[, addend[, state]];
 // out: y16, mean, rstd[, s].
 void layer_norm_cast_kernel(const KernelCall& c) {
   Tensor x = c.in[0];
-  if (c.in.size() == 4 && c.in[3].defined()) {
-    cpu::run_op(OpKind::Add, {c.in[0], c.in[3]}, {c.out[3]});
+  if (c.in.size() >= 4 && c.in[3].defined()) {
+    const Tensor addend = has_fused_dropout(c.attrs) ? with_fused_dropout_mask(c, c.in[3]) : c.in[3];
+    cpu::run_op(OpKind::Add, {c.in[0], addend}, {c.out[3]});
     x = c.out[3];
   }
   Tensor y = cpu::scratch(x.shape(), x.dtype());
@@ -425,8 +446,8 @@ void layer_norm_cast_kernel(const KernelCall& c) {
   cpu::run_op(OpKind::Copy, {y}, {c.out[0]});
 }
 
-// out = layer_norm_backward(g, x, w, mean, rstd).dx + residual  [out16 = out.to(dtype)]
-// [sums (=|+=) column sums of out16]. in: g, x, w?, mean, rstd, residual[, sums_in];
+// out = layer_norm_backward(g, x, w, mean, rstd).dx + residual  [out16 = (out [* mask]).to(dtype)]
+// [sums (=|+=) column sums of out16]. in: g, x, w?, mean, rstd, residual[, sums_in][, state];
 // out: out, dw, db[, out16][, sums].
 void layer_norm_backward_add_kernel(const KernelCall& c) {
   const Tensor& x = c.in[1];
@@ -434,7 +455,7 @@ void layer_norm_backward_add_kernel(const KernelCall& c) {
   cpu::run_op(OpKind::LayerNormBackward, {c.in[0], x, c.in[2], c.in[3], c.in[4]}, {dx, c.out[1], c.out[2]});
   cpu::run_op(OpKind::Add, {dx, c.in[5]}, {c.out[0]});
   if (!c.attrs.has("dtype")) return;
-  cpu::run_op(OpKind::Copy, {c.out[0]}, {c.out[3]});
+  cpu::run_op(OpKind::Copy, {has_fused_dropout(c.attrs) ? with_fused_dropout_mask(c, c.out[0]) : c.out[0]}, {c.out[3]});
   if (!c.attrs.b("column_sums", false)) return;
   const bool accumulate = c.attrs.b("accumulate", false);
   const int64_t cols = c.out[4].numel();
@@ -456,6 +477,7 @@ void register_norm_cpu_kernels() {
   register_kernel(cpu, OpKind::BatchNorm, [](const KernelCall& c) { cpu::run_into_contiguous(c, batch_norm_fwd_kernel); });
   register_kernel(cpu, OpKind::BatchNormBackward, [](const KernelCall& c) { cpu::run_into_contiguous(c, batch_norm_bwd_kernel); });
   register_kernel(cpu, OpKind::Dropout, [](const KernelCall& c) { cpu::run_into_contiguous(c, dropout_fwd_kernel); });
+  register_kernel(cpu, OpKind::DropoutMask, [](const KernelCall& c) { cpu::run_into_contiguous(c, dropout_mask_kernel); });
   register_kernel(cpu, OpKind::LayerNormCast, layer_norm_cast_kernel);
   register_kernel(cpu, OpKind::LayerNormBackwardAdd, layer_norm_backward_add_kernel);
 }

@@ -1,4 +1,4 @@
-// CUDA kernel of dropout (registered from norm.cu's register_norm_cuda_kernels()).
+// CUDA kernels of dropout and dropout_mask (registered from norm.cu's register_norm_cuda_kernels()).
 //
 // The CPU's rule exactly (kernels/cpu/norm.cpp, tensor/rng.h): element i (row-major) is kept iff
 //   philox_uniform(seed, offset, i) >= float(p),
@@ -20,7 +20,8 @@ namespace {
 
 using namespace norm_detail;
 
-// x, y, mask: n contiguous values; `keep` is the kept mask value, already rounded to D.
+// x, y, mask: n contiguous values; `keep` is the kept mask value, already rounded to D. Without x
+// (and y), the mask alone (dropout_mask).
 template <typename D, typename A = Acc<D>>
 __global__ void dropout_fwd_kernel(const D* x, D* y, D* mask, int64_t n, PhiloxArgs rng, float threshold, A keep) {
   const int64_t groups = (n + 3) / 4;
@@ -34,18 +35,9 @@ __global__ void dropout_fwd_kernel(const D* x, D* y, D* mask, int64_t n, PhiloxA
       const float u = float(r.w[k] >> 8) * (1.0f / 16777216.0f);  // philox_uniform(seed, offset, i)
       const A m = u >= threshold ? keep : A(0);
       mask[i] = from_acc<D>(m);
-      y[i] = from_acc<D>(to_acc(x[i]) * m);
+      if (x) y[i] = from_acc<D>(to_acc(x[i]) * m);
     }
   }
-}
-
-// The kept mask value 1/(1-p) (0 when p == 1) rounded to dtype `t` as the CPU rounds it, returned
-// as a double (exact: it is a value of `t`).
-double kept_value(DType t, double p) {
-  return visit_dtype(t, [&]<typename T>() -> double {
-    using A = AccType<T>;
-    return double(load(store<T>(p < 1 ? A(1.0 / (1.0 - p)) : A(0))));
-  });
 }
 
 void dropout_fwd(const KernelCall& c) {
@@ -55,11 +47,26 @@ void dropout_fwd(const KernelCall& c) {
   if (n == 0) return;
   const double p = c.attrs.f("p");
   const PhiloxArgs rng = philox_args(c, 1);
-  const double keep = kept_value(x.dtype(), p);
+  const double keep = dropout_kept_value(x.dtype(), p);
   visit_float(x.dtype(), "dropout", [&]<typename D>() {
     using A = Acc<D>;
     dropout_fwd_kernel<D><<<blocks_for((n + 3) / 4), 256, 0, stream_of(x)>>>(
         in_ptr<D>(x), out_ptr<D>(y), out_ptr<D>(mask), n, rng, float(p), A(keep));
+    REEL_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void dropout_mask_fwd(const KernelCall& c) {
+  const Tensor& mask = c.out[0];
+  const int64_t n = mask.numel();
+  if (n == 0) return;
+  const double p = c.attrs.f("p");
+  const PhiloxArgs rng = philox_args(c, 0);
+  const double keep = dropout_kept_value(mask.dtype(), p);
+  visit_float(mask.dtype(), "dropout_mask", [&]<typename D>() {
+    using A = Acc<D>;
+    dropout_fwd_kernel<D><<<blocks_for((n + 3) / 4), 256, 0, stream_of(mask)>>>(
+        nullptr, nullptr, out_ptr<D>(mask), n, rng, float(p), A(keep));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }
@@ -70,6 +77,8 @@ void dropout_fwd(const KernelCall& c) {
 void register_dropout_cuda_kernels() {
   register_kernel(DeviceType::CUDA, OpKind::Dropout,
                   [](const KernelCall& c) { cuda::norm_detail::run_into_contiguous(c, cuda::dropout_fwd); });
+  register_kernel(DeviceType::CUDA, OpKind::DropoutMask,
+                  [](const KernelCall& c) { cuda::norm_detail::run_into_contiguous(c, cuda::dropout_mask_fwd); });
 }
 
 }  // namespace reel

@@ -1,7 +1,8 @@
 // CUDA kernels of layer norm: forward and backward, and the fused variants the compiler writes
 // (layer_norm_cast: the residual add + the norm + the cast of its result to 16 bits;
 // layer_norm_backward_add: the backward + the residual's gradient + its 16-bit copy + that copy's
-// column sums, the bias gradient of the Linear before), with their registration.
+// column sums, the bias gradient of the Linear before; in both, the dropout of the residual branch,
+// its mask drawn in the kernel: RowDropout), with their registration.
 //
 // The math is the CPU's (kernels/cpu/norm.cpp), term by term:
 //   mean = sum(x) / n      var = sum((x - mean)^2) / n   (biased, two passes: stable for large means)
@@ -34,6 +35,8 @@
 #include "kernels/cuda/column_sums.h"
 #include "kernels/cuda/last_block.cuh"
 #include "kernels/cuda/norm_common.cuh"
+#include "kernels/philox_args.h"
+#include "tensor/rng.h"
 
 // ---------------------------------------------------------------- rows in CUDA threads
 // RowTeam, the threads that share one row, and the row-in-registers builds of the forward and
@@ -56,6 +59,45 @@ struct RowTeam {
     else return block_sum(v);
   }
 };
+
+// ---- a fused op's dropout (kernels/philox_args.h): dropout's mask over one (rows, cols) operand,
+// drawn where the operand is read. Element e (row-major) is kept iff the uniform of Philox word e % 4
+// at counter start + e / 4 is >= threshold; kept elements are multiplied by `keep` (1/(1-p) rounded
+// to f32, as dropout's mask holds it), the others by 0: the bits of mul(v, dropout_mask).
+struct RowDropout {
+  PhiloxArgs rng;
+  float threshold = 0.0f, keep = 1.0f;
+  bool on = false;
+
+  __device__ static float uniform(uint32_t w) { return float(w >> 8) * (1.0f / 16777216.0f); }
+  __device__ float mask_of(uint32_t w) const { return uniform(w) >= threshold ? keep : 0.0f; }
+  __device__ float mask(int64_t e) const {
+    const Philox4 r = philox4x32_10(rng.key(), rng.start() + uint64_t(e) / 4);
+    return mask_of(r.w[uint64_t(e) % 4]);
+  }
+  // Elements e0 .. e0 + 3 (e0 a multiple of 4: one Philox block) times their masks.
+  __device__ void apply4(int64_t e0, float (&v)[4]) const {
+    const Philox4 r = philox4x32_10(rng.key(), rng.start() + uint64_t(e0) / 4);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) v[c] *= mask_of(r.w[c]);
+  }
+  __device__ void apply4(int64_t e0, float4& v) const {
+    const Philox4 r = philox4x32_10(rng.key(), rng.start() + uint64_t(e0) / 4);
+    v.x *= mask_of(r.w[0]), v.y *= mask_of(r.w[1]), v.z *= mask_of(r.w[2]), v.w *= mask_of(r.w[3]);
+  }
+};
+
+// The call's dropout, off when its attrs have none.
+inline RowDropout row_dropout_of(const KernelCall& c) {
+  RowDropout d;
+  if (!has_fused_dropout(c.attrs)) return d;
+  const double p = c.attrs.f("dropout_p");
+  d.rng = fused_dropout_args(c);
+  d.threshold = float(p);
+  d.keep = float(dropout_kept_value(DType::f32, p));
+  d.on = true;
+  return d;
+}
 
 // ---- row-in-registers builds
 //
@@ -91,7 +133,7 @@ __device__ __forceinline__ void for_each4(float4& v, F&& f) { f(v.x, 0), f(v.y, 
 template <int K, typename O>
 __global__ void __launch_bounds__(256) layer_norm_fwd_vec_kernel(const float* x, const float* addend, float* sum_out,
                                                                  const float* w, const float* b, O* y, float* mean,
-                                                                 float* rstd, int64_t rows, float eps) {
+                                                                 float* rstd, int64_t rows, float eps, RowDropout drop) {
   using Row = VecRow<K>;
   float4 wv[K], bv[K];
   if (w) Row::load(wv, w);
@@ -104,6 +146,7 @@ __global__ void __launch_bounds__(256) layer_norm_fwd_vec_kernel(const float* x,
       Row::load(a, addend + r * Row::cols);
 #pragma unroll
       for (int i = 0; i < K; ++i) {
+        if (drop.on) drop.apply4(r * Row::cols + Row::col(i), a[i]);
         v[i] = v[i] + a[i];
         if (sum_out) *reinterpret_cast<float4*>(sum_out + r * Row::cols + Row::col(i)) = v[i];
       }
@@ -141,7 +184,7 @@ template <int K, typename O, int kSums = 2>
 __global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g, const float* x, const float* w,
                                                                  const float* mean, const float* rstd,
                                                                  const float* residual, float* dx, O* dx16,
-                                                                 float* part, int64_t rows) {
+                                                                 float* part, int64_t rows, RowDropout drop) {
   static_assert(kSums == 2 || (kSums == 3 && !std::is_same_v<O, float>), "the third sum is of the 16-bit copy");
   using Row = VecRow<K>;
   __shared__ float4 block_sums[kSums][K][32];  // dw, db (and the sums of dx16) of the block, in the lanes' layout
@@ -178,6 +221,7 @@ __global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g,
         o[c] = residual ? v + (&res[i].x)[c] : v;
       });
       store4(dx + r * Row::cols + Row::col(i), o[0], o[1], o[2], o[3]);
+      if (drop.on) drop.apply4(r * Row::cols + Row::col(i), o);  // the 16-bit copy's dropout
       if (dx16) store4(dx16 + r * Row::cols + Row::col(i), o[0], o[1], o[2], o[3]);
       if constexpr (kSums == 3)
         for_each4(sums[2][i], [&](float& e, int c) { e += to_acc(from_acc<O>(o[c])); });
@@ -268,13 +312,17 @@ using namespace norm_detail;
 // that sum is also written to sum_out (the residual stream a block passes on).
 template <bool kWarp, typename D, typename O = D, typename A = Acc<D>>
 __global__ void layer_norm_fwd_rows_kernel(const D* x, const D* addend, D* sum_out, const D* w, const D* b, O* y,
-                                           A* mean, A* rstd, int64_t rows, int64_t cols, A eps) {
+                                           A* mean, A* rstd, int64_t rows, int64_t cols, A eps, RowDropout drop) {
   using Team = RowTeam<kWarp>;
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const D* xr = x + r * cols;
     const D* ar = addend ? addend + r * cols : nullptr;
     O* yr = y + r * cols;
-    auto xin = [&](int64_t j) -> A { return ar ? to_acc(from_acc<D>(to_acc(xr[j]) + to_acc(ar[j]))) : to_acc(xr[j]); };
+    // The addend, times its dropout mask (as mul stores it) when the op has one.
+    auto add = [&](int64_t j) -> A {
+      return drop.on ? to_acc(from_acc<D>(to_acc(ar[j]) * A(drop.mask(r * cols + j)))) : to_acc(ar[j]);
+    };
+    auto xin = [&](int64_t j) -> A { return ar ? to_acc(from_acc<D>(to_acc(xr[j]) + add(j))) : to_acc(xr[j]); };
     A s = 0;
     for (int64_t j = Team::rank(); j < cols; j += Team::size()) {
       const A v = xin(j);
@@ -305,7 +353,8 @@ __global__ void layer_norm_fwd_rows_kernel(const D* x, const D* addend, D* sum_o
 // (layer_norm_bwd_add). g, x, dx, residual, dx16: (rows, cols); w: (cols) or null; mean, rstd: (rows).
 template <bool kWarp, typename D, typename O = D, typename A = Acc<D>>
 __global__ void layer_norm_bwd_dx_rows_kernel(const D* g, const D* x, const D* w, const A* mean, const A* rstd,
-                                              const D* residual, D* dx, O* dx16, int64_t rows, int64_t cols) {
+                                              const D* residual, D* dx, O* dx16, int64_t rows, int64_t cols,
+                                              RowDropout drop) {
   using Team = RowTeam<kWarp>;
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const D *gr = g + r * cols, *xr = x + r * cols;
@@ -323,7 +372,7 @@ __global__ void layer_norm_bwd_dx_rows_kernel(const D* g, const D* x, const D* w
       const D v = from_acc<D>(rs * (gw - mean_gw - xh * mean_gwx));
       const D out = residual ? from_acc<D>(to_acc(v) + to_acc(residual[r * cols + j])) : v;
       dxr[j] = out;
-      if (dx16) dx16[r * cols + j] = from_acc<O>(to_acc(out));
+      if (dx16) dx16[r * cols + j] = from_acc<O>(drop.on ? to_acc(out) * A(drop.mask(r * cols + j)) : to_acc(out));
     }
   }
 }
@@ -399,12 +448,12 @@ void launch_rows(WarpKernel warp_kernel, BlockKernel block_kernel, int64_t rows,
 // Layer norm's forward of x (rows, cols) into y (O), by the row-in-registers kernel where it applies.
 template <typename D, typename O, typename A = Acc<D>>
 void launch_layer_norm_fwd(const D* x, const D* addend, D* sum_out, const D* w, const D* b, O* y, A* mean, A* rstd,
-                           int64_t rows, int64_t cols, A eps, cudaStream_t s) {
+                           int64_t rows, int64_t cols, A eps, cudaStream_t s, RowDropout drop = {}) {
   if constexpr (std::is_same_v<D, float>) {
     const bool vec = rows > 0 && visit_vec_row(cols, {x, addend, sum_out, w, b, sizeof(O) == 4 ? y : nullptr},
                                                sizeof(O) == 2 ? y : nullptr, [&]<int K>() {
       layer_norm_fwd_vec_kernel<K, O><<<grid_for((rows + 7) / 8), 256, 0, s>>>(x, addend, sum_out, w, b, y, mean, rstd,
-                                                                              rows, eps);
+                                                                              rows, eps, drop);
     });
     if (vec) {
       REEL_CUDA_LAUNCH_CHECK();
@@ -412,7 +461,7 @@ void launch_layer_norm_fwd(const D* x, const D* addend, D* sum_out, const D* w, 
     }
   }
   launch_rows(layer_norm_fwd_rows_kernel<true, D, O>, layer_norm_fwd_rows_kernel<false, D, O>, rows, cols, s, x, addend,
-              sum_out, w, b, y, mean, rstd, rows, cols, eps);
+              sum_out, w, b, y, mean, rstd, rows, cols, eps, drop);
 }
 
 void layer_norm_fwd(const KernelCall& c) {
@@ -442,7 +491,7 @@ int64_t param_chunks(int64_t rows, int64_t cols) {
 bool layer_norm_bwd_vec(const float* pg, const float* px, const float* pw, const float* pm, const float* pr,
                         const float* presidual, const Tensor& dx, const Tensor& dx16, const Tensor& dw,
                         const Tensor& db, const Tensor& sums16, bool accumulate, int64_t rows, int64_t cols,
-                        cudaStream_t s) {
+                        cudaStream_t s, RowDropout drop) {
   if (rows == 0) return false;
   auto run = [&]<typename O>(O* p16) {
     float* pdx = out_ptr<float>(dx);
@@ -455,7 +504,7 @@ bool layer_norm_bwd_vec(const float* pg, const float* px, const float* pw, const
         Tensor part = workspace(sizeof(float) * size_t(blocks * kSums * cols), dx.device());
         float* pp = out_ptr<float>(part);
         layer_norm_bwd_vec_kernel<K, O, kSums><<<unsigned(blocks), 256, 0, s>>>(pg, px, pw, pm, pr, presidual, pdx,
-                                                                                p16, pp, rows);
+                                                                                p16, pp, rows, drop);
         REEL_CUDA_LAUNCH_CHECK();
         layer_norm_param_finish_kernel<kSums><<<unsigned((cols + 31) / 32), dim3(32, kFinishRows), 0, s>>>(
             pp, blocks, cols, out_ptr<float>(dw), out_ptr<float>(db), kSums == 3 ? out_ptr<float>(sums16) : nullptr,
@@ -477,7 +526,7 @@ bool layer_norm_bwd_vec(const float* pg, const float* px, const float* pw, const
 void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w_in, const Tensor& mean_in,
                          const Tensor& rstd_in, const Tensor& residual_in, const Tensor& dx, const Tensor& dx16,
                          const Tensor& dw, const Tensor& db, const Tensor& sums16 = Tensor(),
-                         bool accumulate = false) {
+                         bool accumulate = false, RowDropout drop = {}) {
   Tensor g = contiguous_on_device(g_in), x = contiguous_on_device(x_in), w = contiguous_on_device(w_in);
   Tensor mean = contiguous_on_device(mean_in), rstd = contiguous_on_device(rstd_in);
   Tensor residual = contiguous_on_device(residual_in);
@@ -491,12 +540,12 @@ void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w
     const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
     if constexpr (std::is_same_v<D, float>) {  // dx and the partial dw, db in one pass, where it applies
       if (layer_norm_bwd_vec(pg, px, in_ptr<float>(w), pm, pr, in_ptr<float>(residual), dx, dx16, dw, db, sums16,
-                             accumulate, rows, cols, s))
+                             accumulate, rows, cols, s, drop))
         return;
     }
     auto launch_dx = [&]<typename O>(O* p16) {
       launch_rows(layer_norm_bwd_dx_rows_kernel<true, D, O>, layer_norm_bwd_dx_rows_kernel<false, D, O>, rows, cols,
-                  s, pg, px, in_ptr<D>(w), pm, pr, in_ptr<D>(residual), out_ptr<D>(dx), p16, rows, cols);
+                  s, pg, px, in_ptr<D>(w), pm, pr, in_ptr<D>(residual), out_ptr<D>(dx), p16, rows, cols, drop);
     };
     if (rows > 0) {
       if (!dx16.defined()) launch_dx(static_cast<D*>(nullptr));
@@ -528,7 +577,8 @@ void layer_norm_bwd(const KernelCall& c) {
 // ---------------------------------------------------------------- fused variants
 
 void layer_norm_fwd_16(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps, const Tensor& y16,
-                       const Tensor& mean, const Tensor& rstd, const Tensor& addend_in, const Tensor& sum_out) {
+                       const Tensor& mean, const Tensor& rstd, const Tensor& addend_in, const Tensor& sum_out,
+                       RowDropout drop) {
   REEL_CHECK(x_in.dtype() == DType::f32 && (y16.dtype() == DType::bf16 || y16.dtype() == DType::f16) &&
                  y16.is_contiguous() && mean.is_contiguous() && rstd.is_contiguous() && y16.numel() == x_in.numel(),
              "layer_norm_fwd_16: x ", shape_str(x_in.shape()), " ", x_in.dtype(), " into y ", shape_str(y16.shape()),
@@ -547,7 +597,7 @@ void layer_norm_fwd_16(const Tensor& x_in, const Tensor& w_in, const Tensor& b_i
     launch_layer_norm_fwd<float, O>(in_ptr<float>(x), in_ptr<float>(addend),
                                     sum_out.defined() ? out_ptr<float>(sum_out) : nullptr, in_ptr<float>(w),
                                     in_ptr<float>(b), out_ptr<O>(y16), out_ptr<float>(mean), out_ptr<float>(rstd), rows,
-                                    cols, float(eps), stream_of(x));
+                                    cols, float(eps), stream_of(x), drop);
   };
   if (y16.dtype() == DType::bf16) launch.template operator()<__nv_bfloat16>();
   else launch.template operator()<__half>();
@@ -555,7 +605,7 @@ void layer_norm_fwd_16(const Tensor& x_in, const Tensor& w_in, const Tensor& b_i
 
 void layer_norm_bwd_add(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                         const Tensor& residual, const Tensor& out, const Tensor& dw, const Tensor& db,
-                        const Tensor& out16, const Tensor& sums16, bool accumulate) {
+                        const Tensor& out16, const Tensor& sums16, bool accumulate, RowDropout drop) {
   REEL_CHECK(!out16.defined() || (out16.shape() == x.shape() && out16.is_contiguous() &&
                                   (out16.dtype() == DType::bf16 || out16.dtype() == DType::f16)),
              "layer_norm_bwd_add: the 16-bit copy ", shape_str(out16.shape()), " ", out16.dtype(),
@@ -571,20 +621,21 @@ void layer_norm_bwd_add(const Tensor& g, const Tensor& x, const Tensor& w, const
              "layer_norm_bwd_add: the column sums ", shape_str(sums16.shape()), " ", sums16.dtype(),
              " must be a contiguous f32 tensor of ", dw.numel(), " elements (one per normalised column of x ",
              shape_str(x.shape()), "), summing a 16-bit copy that is asked for", out16.defined() ? "" : " (none is)");
-  layer_norm_bwd_into(g, x, w, mean, rstd, residual, out, out16, dw, db, sums16, accumulate);
+  layer_norm_bwd_into(g, x, w, mean, rstd, residual, out, out16, dw, db, sums16, accumulate, drop);
 }
 
 // The fused ops' kernels (kernels/ops.def; schemas in kernels/schema/norm.cpp).
 void layer_norm_cast_kernel(const KernelCall& c) {
-  const bool add = c.in.size() == 4 && c.in[3].defined();
+  const bool add = c.in.size() >= 4 && c.in[3].defined();
   layer_norm_fwd_16(c.in[0], c.in[1], c.in[2], c.attrs.f("eps"), c.out[0], c.out[1], c.out[2],
-                    add ? c.in[3] : Tensor(), add ? c.out[3] : Tensor());
+                    add ? c.in[3] : Tensor(), add ? c.out[3] : Tensor(), row_dropout_of(c));
 }
 
 void layer_norm_backward_add_kernel(const KernelCall& c) {
   const bool copy16 = c.attrs.has("dtype"), sums = c.attrs.b("column_sums", false);
   layer_norm_bwd_add(c.in[0], c.in[1], c.in[2], c.in[3], c.in[4], c.in[5], c.out[0], c.out[1], c.out[2],
-                     copy16 ? c.out[3] : Tensor(), sums ? c.out[4] : Tensor(), c.attrs.b("accumulate", false));
+                     copy16 ? c.out[3] : Tensor(), sums ? c.out[4] : Tensor(), c.attrs.b("accumulate", false),
+                     row_dropout_of(c));
 }
 
 }  // namespace

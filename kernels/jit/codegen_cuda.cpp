@@ -126,10 +126,12 @@ std::string offset_text(const FusedLoop& l, size_t k, const char* suffix) {
 std::string signature(const FusedExpr& e) {
   std::string s = std::string("extern \"C\" __global__ void __launch_bounds__(") + std::to_string(kFusedBlockThreads) +
                   ") " + kFusedKernelName + "(";
-  for (size_t k = 0; k < e.inputs.size(); ++k)
-    s += (k ? ", " : "") + std::string("const ") + storage_type(e.inputs[k]) + "* in" + std::to_string(k);
-  for (size_t k = 0; k < e.outputs.size(); ++k)
-    s += ", " + std::string(storage_type(e.outputs[k])) + "* out" + std::to_string(k);
+  std::string sep;
+  for (size_t k = 0; k < e.inputs.size(); ++k, sep = ", ")
+    s += sep + std::string("const ") + storage_type(e.inputs[k]) + "* in" + std::to_string(k);
+  for (int k = 0; k < e.states; ++k, sep = ", ") s += sep + "const unsigned long long* st" + std::to_string(k);
+  for (size_t k = 0; k < e.outputs.size(); ++k, sep = ", ")
+    s += sep + std::string(storage_type(e.outputs[k])) + "* out" + std::to_string(k);
   return s + ")";
 }
 
@@ -149,14 +151,29 @@ void emit_loop_head(std::ostringstream& os, const FusedLoop& l, const char* suff
   os << "    const index_t i0 = rest;\n";
 }
 
+// The Philox key and first counter of random instruction i: its state's values (read once at the
+// kernel's start, key<k> and base<k>) plus its offset, or its own constants.
+std::string random_key(const Instr& i) {
+  return i.index >= 0 ? "key" + std::to_string(i.index) : std::to_string(i.seed) + "ull";
+}
+std::string random_start(const Instr& i) {
+  const std::string off = std::to_string(i.offset) + "ull";
+  return i.index >= 0 ? "(base" + std::to_string(i.index) + " + " + off + ")" : off;
+}
+std::string random_args(const Instr& i) {
+  return constant(double(float(i.p0)), ValueType::F32) + ", " + constant(i.p1, i.type);
+}
+
 // Instruction r of the program, `indent` deep. Input k's element is read as load(k) and output k's
 // written as store(k) (the scalar loop: in k at its offset, out k at e; the vector loop: element j of
 // the packs).
-template <typename Load, typename Store>
-void emit_instr(std::ostringstream& os, const FusedExpr& e, size_t r, const char* indent, Load load, Store store) {
+template <typename Load, typename Store, typename Random>
+void emit_instr(std::ostringstream& os, const FusedExpr& e, size_t r, const char* indent, Load load, Store store,
+                Random random) {
   const Instr& i = e.code[r];
   const char* type = value_type_name(i.type);
   switch (i.kind) {
+    case InstrKind::Random: os << indent << "const " << type << " " << reg(int(r)) << " = " << random(int(r)) << ";\n"; break;
     case InstrKind::Load: os << indent << "const " << type << " " << reg(int(r)) << " = " << widen(i.dtype, load(i.index)) << ";\n"; break;
     case InstrKind::Op: os << indent << "const " << type << " " << reg(int(r)) << " = " << op_text(i) << ";\n"; break;
     case InstrKind::Cast: os << indent << "const " << type << " " << reg(int(r)) << " = " << cast_text(i.args[0], i.dtype) << ";\n"; break;
@@ -169,9 +186,14 @@ void emit_instr(std::ostringstream& os, const FusedExpr& e, size_t r, const char
 void emit_scalar_body(std::ostringstream& os, const FusedExpr& e, const FusedLoop& l, const char* suffix) {
   auto load = [&](int k) { return "in" + std::to_string(k) + "[" + offset_text(l, size_t(k) + 1, suffix) + "]"; };
   auto store = [&](int k) { return "out" + std::to_string(k) + "[e]"; };
+  auto random = [&](int r) {
+    const Instr& i = e.code[size_t(r)];
+    return std::string("op_dropout_mask(") + random_key(i) + ", " + random_start(i) + ", (unsigned long long)e, " +
+           random_args(i) + ")";
+  };
   for (const bool loads : {true, false})
     for (size_t r = 0; r < e.code.size(); ++r)
-      if ((e.code[r].kind == InstrKind::Load) == loads) emit_instr(os, e, r, "    ", load, store);
+      if ((e.code[r].kind == InstrKind::Load) == loads) emit_instr(os, e, r, "    ", load, store, random);
 }
 
 // The vector loop of a contiguous program: each thread reads kFusedVectorWidth elements of every
@@ -191,11 +213,27 @@ void emit_vector_loop(std::ostringstream& os, const FusedExpr& e, const char* su
     os << "      const " << pack_type(e.inputs[k]) << " l" << k << " = *reinterpret_cast<const " << pack_type(e.inputs[k])
        << "*>(in" << k << " + p * " << w << suffix << ");\n";
   for (size_t k = 0; k < e.outputs.size(); ++k) os << "      " << pack_type(e.outputs[k]) << " s" << k << ";\n";
+  // A random instruction's Philox blocks for the pack's elements p w .. p w + w - 1, drawn once each
+  // (a block gives four consecutive elements their words) rather than once per element.
+  static_assert(kFusedVectorWidth % 4 == 0, "a pack holds whole Philox blocks");
+  for (size_t r = 0; r < e.code.size(); ++r) {
+    const Instr& i = e.code[r];
+    if (i.kind != InstrKind::Random) continue;
+    for (int b = 0; b < w / 4; ++b)
+      os << "      const philox_words ph" << r << "_" << b << " = philox4x32_10_words(" << random_key(i) << ", "
+         << random_start(i) << " + (unsigned long long)p * " << w / 4 << "ull + " << b << "ull);\n";
+  }
   os << "#pragma unroll\n      for (int j = 0; j < " << w << "; ++j) {\n";
+  auto random = [&](int r) {
+    std::string blocks = "ph" + std::to_string(r) + "_" + std::to_string(w / 4 - 1);
+    for (int b = w / 4 - 2; b >= 0; --b)
+      blocks = "(j < " + std::to_string(4 * (b + 1)) + " ? ph" + std::to_string(r) + "_" + std::to_string(b) + " : " + blocks + ")";
+    return "dropout_mask_of(philox_word(" + blocks + ", (unsigned int)(j % 4)), " + random_args(e.code[size_t(r)]) + ")";
+  };
   for (size_t r = 0; r < e.code.size(); ++r)
     emit_instr(
         os, e, r, "        ", [](int k) { return "l" + std::to_string(k) + ".v[j]"; },
-        [](int k) { return "s" + std::to_string(k) + ".v[j]"; });
+        [](int k) { return "s" + std::to_string(k) + ".v[j]"; }, random);
   os << "      }\n";
   for (size_t k = 0; k < e.outputs.size(); ++k)
     os << "      *reinterpret_cast<" << pack_type(e.outputs[k]) << "*>(out" << k << " + p * " << w << suffix << ") = s" << k
@@ -230,6 +268,8 @@ std::string cuda_fused_source(const FusedExpr& expr, const FusedLoop& loop, cons
   os << "  typedef " << (idx32 ? "unsigned int" : "long long") << " index_t;\n";
   os << "  const index_t n = " << loop.numel << suffix << ";\n";
   os << "  index_t first = 0;\n";
+  for (int k = 0; k < expr.states; ++k)
+    os << "  const unsigned long long key" << k << " = st" << k << "[0], base" << k << " = st" << k << "[1];\n";
   if (fused_vector_width(loop) > 1) emit_vector_loop(os, expr, suffix);
   emit_loop_head(os, loop, suffix);
   emit_scalar_body(os, expr, loop, suffix);

@@ -141,7 +141,7 @@ std::shared_ptr<FusedLaunch> build_launch(const FusedExpr& expr, const FusedLoop
   // A thread of the vector loop takes fused_vector_width elements: the grid covers numel / width threads.
   const int64_t per_block = int64_t(kFusedBlockThreads) * fused_vector_width(loop);
   launch->grid = unsigned(std::clamp<int64_t>((loop.numel + per_block - 1) / per_block, 1, 65535 * 8));
-  launch->inputs = expr.inputs.size();
+  launch->inputs = expr.inputs.size() + size_t(expr.states);  // the loaded inputs, then the Philox states
   launch->outputs = expr.outputs.size();
   return launch;
 }
@@ -175,7 +175,11 @@ std::unordered_map<const Attrs*, CallSite>& call_sites() {
 // `fresh`: look the kernel up in the process's caches even when the call site knows it (a plan being
 // built counts its kernels as found in memory, not as a call site's repeat).
 std::shared_ptr<FusedLaunch> launch_for(const KernelCall& c, bool fresh = false) {
-  const FusedLoop loop = fused_loop_of(fused_shape_of(c.attrs), c.in);
+  // The loop is the loaded inputs' (the Philox states after them are read whole, not iterated).
+  const size_t states = size_t(c.attrs.i("states", 0));
+  REEL_ASSERT(states <= c.in.size(), "fused_elementwise: ", states, " Philox states among ", c.in.size(), " inputs");
+  const std::vector<Tensor> loaded(c.in.begin(), c.in.end() - int64_t(states));
+  const FusedLoop loop = fused_loop_of(fused_shape_of(c.attrs), loaded);
   LaunchKey key = key_of(c, loop);
   if (!fresh) {
     std::lock_guard<std::mutex> lock(sites_mu);

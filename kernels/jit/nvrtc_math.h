@@ -107,4 +107,39 @@ REEL_NVRTC_MATH(
   template <typename A> REEL_FM_FN A op_where(A c, A a, A b) { return c != A(0) ? a : b; }
   template <typename A> REEL_FM_FN A op_masked_fill(A x, A m, A v) { return m != A(0) ? v : x; }
   template <typename A> REEL_FM_FN A op_clamp_scalar(A x, A lo, A hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+  // Philox4x32-10, tensor/rng.h's philox4x32_10 in types NVRTC knows without headers: the four words
+  // at (key, counter). A fused kernel draws dropout's mask with it where the mask is read.
+  struct philox_words { unsigned int w0, w1, w2, w3; };
+  REEL_FM_FN philox_words philox4x32_10_words(unsigned long long key, unsigned long long counter) {
+    unsigned int c0 = (unsigned int)counter, c1 = (unsigned int)(counter >> 32), c2 = 0u, c3 = 0u;
+    unsigned int k0 = (unsigned int)key, k1 = (unsigned int)(key >> 32);
+    for (int round = 0; round < 10; ++round) {
+      unsigned long long p0 = (unsigned long long)0xD2511F53u * c0;
+      unsigned long long p1 = (unsigned long long)0xCD9E8D57u * c2;
+      unsigned int n0 = (unsigned int)(p1 >> 32) ^ c1 ^ k0;
+      unsigned int n1 = (unsigned int)p1;
+      unsigned int n2 = (unsigned int)(p0 >> 32) ^ c3 ^ k1;
+      unsigned int n3 = (unsigned int)p0;
+      c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    philox_words r = {c0, c1, c2, c3};
+    return r;
+  }
+  // Word k (0..3) by selects, not by indexing an array (which would put it in local memory).
+  REEL_FM_FN unsigned int philox_word(philox_words r, unsigned int k) {
+    return k == 0u ? r.w0 : (k == 1u ? r.w1 : (k == 2u ? r.w2 : r.w3));
+  }
+  // Dropout's rule (kernels/cpu/norm.cpp): kept iff the word's uniform (w >> 8) 2^-24 >= float(p);
+  // the mask is then the kept value (already a value of the mask's dtype), else 0.
+  template <typename A> REEL_FM_FN A dropout_mask_of(unsigned int word, float threshold, A keep) {
+    return float(word >> 8) * (1.0f / 16777216.0f) >= threshold ? keep : A(0);
+  }
+  // Element i of a mask drawn from (key, start): word i % 4 of the block at counter start + i / 4.
+  template <typename A>
+  REEL_FM_FN A op_dropout_mask(unsigned long long key, unsigned long long start, unsigned long long i, float threshold, A keep) {
+    return dropout_mask_of(philox_word(philox4x32_10_words(key, start + i / 4u), (unsigned int)(i % 4u)), threshold, keep);
+  }
 )

@@ -19,6 +19,22 @@
 //   batch_norm_backward (g, x, w?, save_mean, save_rstd)   attr training -> dx, dw (C), db (C)
 //   dropout (x[, state])                   attrs p in [0, 1], seed, offset (state: tensor/rng.h's PhiloxArgs)
 //       -> y (x.shape), mask (x.shape, x's dtype, values 0 or 1/(1-p); all 0 when p == 1)
+// Fused (the compiler writes them; kernels/ops.def):
+//   layer_norm_cast (x, w?, b?[, addend[, state]])   attrs eps, normalized_ndim, dtype (bf16 | f16)
+//       [, dropout_p, dropout_seed, dropout_offset, dropout_state]
+//       -> y16 = layer_norm(s).to(dtype), mean, rstd[, s], s = x + addend (x alone without addend);
+//          with the dropout attrs, s = x + addend * mask, mask as dropout_mask draws it over x's shape
+//          (kernels/philox_args.h; state last when dropout_state). x, addend f32.
+//   layer_norm_backward_add (g, x, w?, mean, rstd, residual[, sums_in][, state])
+//       attrs [dtype[, column_sums[, accumulate]]][, dropout_*]
+//       -> out = layer_norm_backward(...).dx + residual, dw, db[, out16 = (out [* mask]).to(dtype)]
+//          [, sums = column sums of out16 (+ sums_in with accumulate)]; the dropout mask (over x's
+//          shape) applies to the 16-bit copy alone, so it needs dtype.
+//   dropout_mask ([state])                 attrs shape, dtype, device_*, p, seed, offset
+//       -> mask: dropout's mask alone, drawn by the same rule: the mask a dropout of x of this shape
+//          and dtype with the same p, seed and offset makes (what a compiled plan draws again
+//          where the mask is read, instead of storing it)
+#include "kernels/philox_args.h"
 #include "kernels/schema/schema_util.h"
 
 namespace reel {
@@ -94,6 +110,19 @@ std::vector<TensorMeta> infer_layer_norm_backward(const std::vector<Tensor>& in,
   return {schema::meta_like(x), {normalized, x.dtype(), x.device()}, {normalized, x.dtype(), x.device()}};
 }
 
+// A fused op's dropout attrs (kernels/philox_args.h): p in [0, 1], seed and offset, and the state, when
+// dropout_state says there is one, as the last input.
+void expect_fused_dropout(OpKind op, const std::vector<Tensor>& in, const Attrs& a, Device device) {
+  const double p = a.f("dropout_p");
+  REEL_CHECK(p >= 0 && p <= 1, op_name(op), ": dropout probability must be in [0, 1], got ", p);
+  a.i("dropout_seed");
+  a.i("dropout_offset");
+  if (a.b("dropout_state", false)) {
+    REEL_CHECK(in.back().defined(), op_name(op), ": dropout_state is set but the last input is undefined");
+    schema::expect_philox_state(op, in, in.size() - 1, device);
+  }
+}
+
 // A 16-bit dtype attr (the fused ops' casts for the next GEMM).
 DType cast_dtype(OpKind op, const Attrs& a) {
   const DType d = a.dtype("dtype");
@@ -104,26 +133,30 @@ DType cast_dtype(OpKind op, const Attrs& a) {
 
 std::vector<TensorMeta> infer_layer_norm_cast(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::LayerNormCast;
-  REEL_ASSERT(in.size() == 3 || in.size() == 4, "layer_norm_cast takes 3 or 4 inputs, got ", in.size());
+  const bool dropout = has_fused_dropout(a), state = a.b("dropout_state", false);
+  REEL_ASSERT(in.size() == 3 || in.size() == 4 || (state && in.size() == 5), "layer_norm_cast takes 3 or 4 inputs",
+              state ? " and its Philox state" : "", ", got ", in.size());
   const Tensor& x = in[0];
   schema::expect_defined(op, x, "x");
   schema::expect_dtype(op, x, DType::f32, "x");
   const DType d = cast_dtype(op, a);
   std::vector<TensorMeta> out = infer_layer_norm({x, in[1], in[2]}, a);
   out[0].dtype = d;
-  if (in.size() == 4 && in[3].defined()) {
+  if (in.size() >= 4 && in[3].defined()) {
     REEL_CHECK(in[3].shape() == x.shape() && in[3].dtype() == DType::f32, "layer_norm_cast: addend ",
                schema::desc(in[3]), " must be f32 of x's shape ", shape_str(x.shape()));
     out.push_back(schema::meta_like(x));
   }
+  REEL_CHECK(!dropout || (in.size() >= 4 && in[3].defined()), "layer_norm_cast: dropout applies to the addend, and there is none");
+  if (dropout) expect_fused_dropout(op, in, a, x.device());
   return out;
 }
 
 std::vector<TensorMeta> infer_layer_norm_backward_add(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::LayerNormBackwardAdd;
   const bool sums = a.b("column_sums", false), accumulate = a.b("accumulate", false);
-  REEL_ASSERT(in.size() == size_t(accumulate ? 7 : 6), "layer_norm_backward_add takes ", accumulate ? 7 : 6,
-              " inputs, got ", in.size());
+  const size_t inputs = (accumulate ? 7 : 6) + (a.b("dropout_state", false) ? 1 : 0);
+  REEL_ASSERT(in.size() == inputs, "layer_norm_backward_add takes ", inputs, " inputs, got ", in.size());
   std::vector<TensorMeta> out = infer_layer_norm_backward({in[0], in[1], in[2], in[3], in[4]}, a);
   const Tensor &x = in[1], &r = in[5];
   schema::expect_defined(op, r, "residual");
@@ -140,6 +173,10 @@ std::vector<TensorMeta> infer_layer_norm_backward_add(const std::vector<Tensor>&
     out.push_back({cols, DType::f32, x.device()});
   }
   REEL_CHECK(!accumulate || sums, "layer_norm_backward_add: accumulate adds column sums, which need column_sums");
+  if (has_fused_dropout(a)) {
+    REEL_CHECK(a.has("dtype"), "layer_norm_backward_add: dropout applies to the 16-bit copy, which needs a dtype attr");
+    expect_fused_dropout(op, in, a, x.device());
+  }
   return out;
 }
 
@@ -244,6 +281,22 @@ std::vector<TensorMeta> infer_dropout(const std::vector<Tensor>& in, const Attrs
   return {schema::meta_like(in[0]), schema::meta_like(in[0])};
 }
 
+std::vector<TensorMeta> infer_dropout_mask(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::DropoutMask;
+  REEL_ASSERT(in.size() <= 1, "dropout_mask takes only an optional Philox state, got ", in.size(), " inputs");
+  const std::vector<int64_t>& dims = a.ints("shape");
+  const Shape shape(dims.begin(), dims.end());
+  const DType dtype = a.dtype("dtype");
+  REEL_CHECK(is_floating(dtype), "dropout_mask: dtype must be a float type, got ", dtype_name(dtype));
+  const Device device = schema::attr_device(a);
+  schema::expect_philox_state(op, in, 0, device);
+  const double p = a.f("p");
+  REEL_CHECK(p >= 0 && p <= 1, "dropout_mask: probability p must be in [0, 1], got ", p);
+  a.i("seed");
+  a.i("offset");
+  return {{shape, dtype, device}};
+}
+
 }  // namespace
 
 void register_norm_schemas() {
@@ -254,6 +307,7 @@ void register_norm_schemas() {
   register_schema(OpKind::BatchNorm, infer_batch_norm);
   register_schema(OpKind::BatchNormBackward, infer_batch_norm_backward);
   register_schema(OpKind::Dropout, infer_dropout);
+  register_schema(OpKind::DropoutMask, infer_dropout_mask);
   register_schema(OpKind::LayerNormCast, infer_layer_norm_cast);
   register_schema(OpKind::LayerNormBackwardAdd, infer_layer_norm_backward_add);
 }

@@ -106,6 +106,73 @@ void add_layer_norm_cases(std::vector<OpTestCase>& cases) {
   }
 }
 
+// ---- layer norm with a residual branch's dropout: the mask drawn in the kernel ----
+// The Philox state {99, 1000} with dropout_offset 5: the mask dropout(key 99, offset 1005) makes.
+// Rows of 40 and 48 columns take the generic rows kernels on CUDA, rows of 256 and 128 the
+// row-in-registers ones.
+
+Tensor dropout_state() { return values_input({99, 1000}, {2}, DType::i64); }
+Attrs with_test_dropout(Attrs a) {
+  return a.set("dropout_p", 0.25).set("dropout_seed", int64_t(7)).set("dropout_offset", int64_t(5)).set("dropout_state", true);
+}
+// v times the mask the cases' dropout draws over v's shape.
+Tensor dropped(const Tensor& v) {
+  return dispatch(OpKind::Dropout, {v}, Attrs().set("p", 0.25).set("seed", int64_t(99)).set("offset", int64_t(1005)))[0];
+}
+
+void add_layer_norm_dropout_cases(std::vector<OpTestCase>& cases) {
+  for (int64_t cols : {40, 256}) {
+    cases.push_back({.op = OpKind::LayerNormCast,
+                     .name = "layer_norm_cast_residual_add_dropout_6x" + std::to_string(cols),
+                     .dtypes = k16Bit,
+                     .make =
+                         [cols](Device, DType t) {
+                           Inputs in{randn_input({6, cols}, DType::f32, 221), randn_input({cols}, DType::f32, 222, Layout::contiguous, 0.5, 1.0),
+                                     randn_input({cols}, DType::f32, 223, Layout::contiguous, 0.5),
+                                     randn_input({6, cols}, DType::f32, 224), dropout_state()};
+                           return OpCall{in, with_test_dropout(Attrs().set("eps", kEps).set("normalized_ndim", int64_t(1)).set("dtype", t))};
+                         },
+                     .reference =
+                         [](const OpCall& c) {
+                           Tensor x = run1(OpKind::Add, {c.inputs[0], dropped(c.inputs[3])});
+                           std::vector<Tensor> y = dispatch(OpKind::LayerNorm, {x, c.inputs[1], c.inputs[2]},
+                                                            Attrs().set("eps", kEps).set("normalized_ndim", int64_t(1)));
+                           return Expected{host_values(cast(y[0], c.attrs.dtype("dtype"))), host_values(y[1]), host_values(y[2]),
+                                           host_values(x)};
+                         }});
+  }
+  for (int64_t cols : {48, 128}) {
+    cases.push_back(
+        {.op = OpKind::LayerNormBackwardAdd,
+         .name = "layer_norm_backward_add_dropout_copy_column_sums_accumulate_5x" + std::to_string(cols),
+         .dtypes = k16Bit,
+         .make =
+             [cols](Device, DType t) {
+               Tensor x = randn_input({5, cols}, DType::f32, 231), w = randn_input({cols}, DType::f32, 232, Layout::contiguous, 0.5, 1.0);
+               std::vector<Tensor> f = dispatch(OpKind::LayerNorm, {x, w, Tensor()},
+                                                Attrs().set("eps", kEps).set("normalized_ndim", int64_t(1)));
+               Tensor sums = randn_input({cols}, DType::f32, 235);
+               Inputs in{randn_input({5, cols}, DType::f32, 233), x, w, f[1], f[2], randn_input({5, cols}, DType::f32, 234), sums,
+                         dropout_state()};
+               Attrs a = with_test_dropout(Attrs().set("dtype", t).set("column_sums", true).set("accumulate", true));
+               std::vector<TensorMeta> m = infer_outputs(OpKind::LayerNormBackwardAdd, in, a);
+               std::vector<Tensor> out;
+               for (size_t k = 0; k + 1 < m.size(); ++k) out.push_back(Tensor::empty(m[k].shape, m[k].dtype));
+               out.push_back(sums);
+               return OpCall{in, a, out};
+             },
+         .reference =
+             [](const OpCall& c) {
+               std::vector<Tensor> b = dispatch(OpKind::LayerNormBackward, {c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4]});
+               Tensor out = run1(OpKind::Add, {b[0], c.inputs[5]});
+               Tensor out16 = cast(dropped(out), c.attrs.dtype("dtype"));
+               Tensor s = run1(OpKind::Sum, {cast(out16, DType::f32)}, Attrs().set("dims", std::vector<int64_t>{0}));
+               s = run1(OpKind::Add, {copy_of(c.inputs[6]), s});
+               return values_of({out, b[1], b[2], out16, s});
+             }});
+  }
+}
+
 // ---- GEMMs: into a given result (f32, transposed, added to) and with the bias (+ GELU) epilogue ----
 
 void add_gemm_cases(std::vector<OpTestCase>& cases) {
@@ -403,7 +470,38 @@ Attrs silu_gelu_erf_attrs(DType t) {
   return fused_elementwise_attrs(e, {4, 6}, Device::cpu());
 }
 
+// Dropout inside a kernel: y = x * mask + r with the mask drawn from a Philox state input {1234, 50}
+// (offset 3 past its base), and a second mask from the seed and offset in the program alone. 4 x 37
+// elements: the vector loop's packs and the scalar loop's tail both draw.
+Attrs dropout_add_attrs(DType t) {
+  FusedExpr e;
+  const int x = e.load(0, t), r = e.load(1, t);
+  const int m = e.random(0, t, 0.2, 0, 3);
+  e.store(0, e.op(OpKind::Add, {e.op(OpKind::Mul, {x, m}, t), r}, t), t);
+  e.store(1, e.random(-1, t, 0.5, 77, 9), t);
+  return fused_elementwise_attrs(e, {4, 37}, Device::cpu());
+}
+
 void add_fused_elementwise_cases(std::vector<OpTestCase>& cases) {
+  cases.push_back({.op = OpKind::FusedElementwise,
+                   .name = "fused_elementwise_dropout_masks_drawn_in_the_kernel_4x37",
+                   .dtypes = kFloatTypes,
+                   .make =
+                       [](Device, DType t) {
+                         return OpCall{{randn_input({4, 37}, t, 307), randn_input({4, 37}, t, 308),
+                                        values_input({1234, 50}, {2}, DType::i64)},
+                                       dropout_add_attrs(t)};
+                       },
+                   .tol_scale = 1,
+                   .reference =
+                       [](const OpCall& c) {
+                         // dropout's own kernel draws the same masks from the same key and counter.
+                         const Attrs first = Attrs().set("p", 0.2).set("seed", int64_t(1234)).set("offset", int64_t(53));
+                         const std::vector<Tensor> d = dispatch(OpKind::Dropout, {c.inputs[0]}, first);
+                         const Tensor second = dispatch(OpKind::Dropout, {c.inputs[0]},
+                                                        Attrs().set("p", 0.5).set("seed", int64_t(77)).set("offset", int64_t(9)))[1];
+                         return Expected{host_values(run1(OpKind::Add, {d[0], c.inputs[1]})), host_values(second)};
+                       }});
   cases.push_back({.op = OpKind::FusedElementwise,
                    .name = "fused_elementwise_silu_gelu_erf_and_backwards_4x6",
                    .dtypes = kFloatTypes,
@@ -453,6 +551,7 @@ void add_fused_elementwise_cases(std::vector<OpTestCase>& cases) {
 std::vector<OpTestCase> fused_cases() {
   std::vector<OpTestCase> cases;
   add_layer_norm_cases(cases);
+  add_layer_norm_dropout_cases(cases);
   add_gemm_cases(cases);
   add_reduce_cases(cases);
   add_fused_attention_cases(cases);

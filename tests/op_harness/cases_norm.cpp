@@ -6,7 +6,8 @@
 // p = 0.3, 0, 1 and 0.5 with a large Philox offset.
 // Plain-loop references: all three norms are "normalise each set by its own mean and variance, then
 // an affine map per feature" (sets: rows; (n, group)s; channels), so one forward and one backward
-// formula over a (set, feature) labelling of the elements serves them; dropout's mask is Philox's.
+// formula over a (set, feature) labelling of the elements serves them; dropout's mask is Philox's,
+// and dropout_mask's is dropout's.
 #include <cmath>
 
 #include "tensor/rng.h"
@@ -284,6 +285,49 @@ void add_dropout_cases(std::vector<OpTestCase>& cases) {
   }
 }
 
+// dropout_mask: dropout's mask alone, from its attrs or from a Philox state {seed, base} (the offset
+// attr then relative to the base), as a compiled plan draws it again where the mask is read.
+void add_dropout_mask_cases(std::vector<OpTestCase>& cases) {
+  struct Mask {
+    const char* name;
+    Shape shape;
+    double p;
+    int64_t seed, offset;
+    bool state;  // {seed + 1000, 40} as a state input
+  };
+  for (const Mask& m : {Mask{"p_0_3_4x5", {4, 5}, 0.3, 7, 2, false}, Mask{"p_0_1_state_3x37", {3, 37}, 0.1, 11, 3, true},
+                        Mask{"p_1_2x3", {2, 3}, 1.0, 9, 0, false},
+                        Mask{"p_0_5_high_offset_6x7", {6, 7}, 0.5, 10, int64_t(1) << 35, false}}) {
+    const uint64_t key = uint64_t(m.state ? m.seed + 1000 : m.seed), start = uint64_t(m.offset) + (m.state ? 40 : 0);
+    cases.push_back({.op = OpKind::DropoutMask,
+                     .name = std::string("dropout_mask_") + m.name,
+                     .dtypes = kFloatTypes,
+                     .make =
+                         [m](Device d, DType t) {
+                           Attrs a = with_device(Attrs()
+                                                     .set("shape", std::vector<int64_t>(m.shape.begin(), m.shape.end()))
+                                                     .set("dtype", t)
+                                                     .set("p", m.p)
+                                                     .set("seed", m.seed)
+                                                     .set("offset", m.offset),
+                                                 d);
+                           std::vector<Tensor> in;
+                           if (m.state) in.push_back(values_input({double(m.seed + 1000), 40}, {2}, DType::i64));
+                           return OpCall{in, a};
+                         },
+                     .tol_scale = 0,
+                     .reference =
+                         [m, key, start](const OpCall& c) {
+                           const DType t = c.attrs.dtype("dtype");
+                           const double keep = host_values(scalar_input(m.p < 1 ? 1 / (1 - m.p) : 0, t))[0];
+                           std::vector<double> v;
+                           for (uint64_t i = 0; i < uint64_t(numel_of(m.shape)); ++i)
+                             v.push_back(philox_uniform(key, start, i) >= float(m.p) ? keep : 0);
+                           return Expected{v};
+                         }});
+  }
+}
+
 }  // namespace
 
 std::vector<OpTestCase> norm_cases() {
@@ -291,6 +335,7 @@ std::vector<OpTestCase> norm_cases() {
   add_layer_and_group_norm_cases(cases);
   add_batch_norm_cases(cases);
   add_dropout_cases(cases);
+  add_dropout_mask_cases(cases);
   return cases;
 }
 
