@@ -61,6 +61,8 @@ void fill_(const Tensor& t, double value);
 void zero_(const Tensor& t);
 // dst += src (dst a gradient buffer or a parameter updated under no_grad).
 void add_(const Tensor& dst, const Tensor& src);
+// dst += value in dst's dtype (BatchNorm's i64 num_batches_tracked counts forwards with it).
+void add_(const Tensor& dst, double value);
 void mul_(const Tensor& dst, double value);
 
 // ---- views (autograd/functions/views.cpp) ----

@@ -1,7 +1,7 @@
 // The benchmark models of MODELS.md (cnn-small, gpt-tiny, gpt-small here; the seed's model families
 // resnet18-cifar, vit-tiny and yolov8n-cls in resnet.h, vit.h and yolo.h, which this index includes),
 // the Fashion-MNIST CNN of `make run`, and model_loss. Parameter names match the PyTorch peer
-// (peer/torch_anchor.py), so a state_dict maps one to one (BatchNorm's num_batches_tracked aside).
+// (peer/torch_anchor.py), so a state_dict maps one to one (BatchNorm's num_batches_tracked included).
 //
 //   cnn_small   Sequential: 5 x [conv3x3 (no bias), BatchNorm2d x3 / GroupNorm(8) x2, ReLU],
 //               GlobalAvgPool2d, Flatten (a no-op, for the peer's indices), Linear(128 -> 10);

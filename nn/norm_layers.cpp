@@ -16,11 +16,16 @@ BatchNorm2d::BatchNorm2d(std::string type_name, int64_t channels, double eps, do
   bias_ = &register_parameter("bias", zeros({channels}));
   running_mean_ = &register_buffer("running_mean", zeros({channels}));
   running_var_ = &register_buffer("running_var", ones({channels}));
+  num_batches_tracked_ = &register_buffer("num_batches_tracked", zeros({}, TensorOptions().with_dtype(DType::i64)));
 }
 
 Tensor BatchNorm2d::forward(const Tensor& x) {
   REEL_CHECK(x.dim() == 4 && x.size(1) == channels_, "BatchNorm2d: input ", shape_str(x.shape()),
              " must be (N, ", channels_, ", H, W)");
+  // Before the statistics, as torch does. An op on the device rather than a host count, so that a
+  // compiled step replays it (compile/passes/sink_state_updates.cpp gathers a step's counts into
+  // one kernel).
+  if (is_training()) add_(num_batches_tracked(), 1.0);
   if (comm_)
     return dist::sync_batch_norm(x, running_mean(), running_var(), weight(), bias(), is_training(), momentum_, eps_,
                                  *comm_);

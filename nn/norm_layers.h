@@ -7,6 +7,10 @@
 //     LayerNorm:    the last dim (size d)
 //   BatchNorm2d running stats, in training: r <- (1 - momentum) r + momentum * batch_stat, with the
 //   unbiased variance for running_var (batch_norm() updates the buffers in place).
+//   num_batches_tracked: a 0-dim i64 buffer, += 1 at each forward in training (not in eval), as
+//   torch's _BatchNorm keeps it, so that a PyTorch state_dict maps one to one. momentum is always a
+//   number here (torch's momentum=None, the cumulative average 1/num_batches_tracked, is not
+//   offered), so the count only counts.
 //   With a communicator (set_communicator, or SyncBatchNorm2d / convert_sync_batchnorm in
 //   nn/sync_batch_norm.h) the training statistics span every rank's batch (distributed/sync_batch_norm.h).
 #pragma once
@@ -28,6 +32,7 @@ class BatchNorm2d : public Module {
   const Tensor& bias() const { return *bias_; }
   const Tensor& running_mean() const { return *running_mean_; }
   const Tensor& running_var() const { return *running_var_; }
+  const Tensor& num_batches_tracked() const { return *num_batches_tracked_; }
   // Data parallel: batch statistics over every rank of `comm` in training; nullptr: this batch only.
   void set_communicator(std::shared_ptr<dist::Communicator> comm) { comm_ = std::move(comm); }
   const std::shared_ptr<dist::Communicator>& communicator() const { return comm_; }
@@ -38,7 +43,7 @@ class BatchNorm2d : public Module {
  private:
   int64_t channels_;
   double eps_, momentum_;
-  Tensor *weight_, *bias_, *running_mean_, *running_var_;
+  Tensor *weight_, *bias_, *running_mean_, *running_var_, *num_batches_tracked_;
   std::shared_ptr<dist::Communicator> comm_;
 };
 

@@ -1,6 +1,6 @@
 // ResNet-18 in its CIFAR form (MODELS.md's resnet18-cifar), with torchvision's module names so that a
 // state_dict maps one to one onto the PyTorch peer's (peer/torch_anchor.py; BatchNorm's
-// num_batches_tracked aside).
+// num_batches_tracked included).
 //
 //   stem        conv1 3x3 (3 -> 64, stride 1, pad 1, no bias), bn1, ReLU   (no max-pool: 32x32 stays 32x32)
 //   layer1..4   2 BasicBlocks each, widths 64, 128, 256, 512; the first block of layers 2-4 has stride 2

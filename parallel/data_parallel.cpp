@@ -271,12 +271,18 @@ std::shared_ptr<GradientBuckets> make_data_parallel(nn::Module& model, optim::Op
     REEL_CHECK(params[i].is_same(theirs[i]), "make_data_parallel: the optimizer's parameter ", i, " of shape ",
                shape_str(theirs[i].shape()), " is not the model's (move the model before building the optimizer)");
   broadcast_module(*comm, model, 0);
-  // Buffers to broadcast at each step: all but SyncBatchNorm's running statistics, which agree already.
+  // Buffers to broadcast at each step: all but those that agree already, SyncBatchNorm's running
+  // statistics and every BatchNorm's num_batches_tracked (each rank runs the same forwards between
+  // two boundaries, whose collectives keep the ranks in step, and broadcast_module aligned the
+  // counts at the start: rank 0's count is every rank's, as after DDP's broadcast, one collective fewer).
   std::vector<Tensor> buffers;
   if (options.sync_buffers) {
     std::vector<Tensor> synced;
     auto note = [&](nn::Module& m) {
-      if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(&m); bn && bn->communicator() && bn->communicator()->world_size() > 1) {
+      auto* bn = dynamic_cast<nn::BatchNorm2d*>(&m);
+      if (!bn) return;
+      synced.push_back(bn->num_batches_tracked());
+      if (bn->communicator() && bn->communicator()->world_size() > 1) {
         synced.push_back(bn->running_mean());
         synced.push_back(bn->running_var());
       }

@@ -20,7 +20,8 @@
 //      backward (no overlap with it yet).
 //   3. with sync_buffers (DDP's broadcast_buffers), floating buffers (BatchNorm's running statistics)
 //      are broadcast from rank 0 at each boundary too, one more collective per step; SyncBatchNorm
-//      (nn/sync_batch_norm.h) keeps its running statistics identical by itself, so they are left out.
+//      (nn/sync_batch_norm.h) keeps its running statistics identical by itself, so they are left out,
+//      and so is every BatchNorm's num_batches_tracked (each rank counts the same forwards).
 // A parameter that received no gradient on a rank contributes zeros; every parameter gets the reduced
 // gradient on every rank (as DDP with find_unused_parameters=False assumes every parameter is used).
 // Precision: the reduction runs in the gradients' dtype (f32 master gradients; fp16 loss scaling

@@ -142,19 +142,30 @@ bool has_key(const std::vector<std::string>& keys, const std::string& key) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 
+size_t batch_norms(const Module& m) {
+  size_t n = 0;
+  for (const auto& [name, child] : m.named_modules()) n += dynamic_cast<const BatchNorm2d*>(child.get()) != nullptr;
+  return n;
+}
+
 }  // namespace
 
-// torchvision's names. PyTorch's state_dict has 122 entries: these 102 and 20 BatchNorms'
-// num_batches_tracked, which reel does not keep.
+// torchvision's names, every entry of PyTorch's state_dict (122), num_batches_tracked included.
 TEST(NnModels, ResNetStateDictKeysAreTorchvisions) {
   auto m = resnet18_cifar();
   std::vector<std::string> keys = state_keys(*m);
-  EXPECT_EQ(keys.size(), 102u);
-  std::vector<std::string> first(keys.begin(), keys.begin() + 11);
+  const size_t bns = batch_norms(*m);  // one per convolution: the stem's, 16 in the blocks, 3 shortcuts
+  EXPECT_EQ(bns, 20u);
+  // A conv weight and a BatchNorm's weight, bias, running_mean, running_var, num_batches_tracked
+  // each, and fc's weight and bias.
+  EXPECT_EQ(keys.size(), bns * (1 + 5) + 2);
+  EXPECT_EQ(keys.size(), 122u);
+  std::vector<std::string> first(keys.begin(), keys.begin() + 13);
   EXPECT_EQ(first, (std::vector<std::string>{"conv1.weight", "bn1.weight", "bn1.bias", "bn1.running_mean",
-                                             "bn1.running_var", "layer1.0.conv1.weight", "layer1.0.bn1.weight",
-                                             "layer1.0.bn1.bias", "layer1.0.bn1.running_mean",
-                                             "layer1.0.bn1.running_var", "layer1.0.conv2.weight"}));
+                                             "bn1.running_var", "bn1.num_batches_tracked", "layer1.0.conv1.weight",
+                                             "layer1.0.bn1.weight", "layer1.0.bn1.bias", "layer1.0.bn1.running_mean",
+                                             "layer1.0.bn1.running_var", "layer1.0.bn1.num_batches_tracked",
+                                             "layer1.0.conv2.weight"}));
   EXPECT_EQ(keys[keys.size() - 2], "fc.weight");
   EXPECT_EQ(keys.back(), "fc.bias");
   for (const char* k : {"layer2.0.downsample.0.weight", "layer2.0.downsample.1.running_var",
@@ -167,6 +178,7 @@ TEST(NnModels, ResNetStateDictKeysAreTorchvisions) {
   EXPECT_EQ(state_shape(*m, "layer2.0.downsample.0.weight"), (Shape{128, 64, 1, 1}));
   EXPECT_EQ(state_shape(*m, "layer4.1.conv2.weight"), (Shape{512, 512, 3, 3}));
   EXPECT_EQ(state_shape(*m, "fc.weight"), (Shape{10, 512}));
+  EXPECT_EQ(state_shape(*m, "layer4.0.downsample.1.num_batches_tracked"), (Shape{}));
 }
 
 // timm's names; the model's own parameters come before its children's, as in torch's state_dict.
@@ -193,17 +205,19 @@ TEST(NnModels, VitStateDictKeysAreTimms) {
 }
 
 // torch_anchor.py's yolov8n_cls() is a bare nn.Sequential, so its keys start at the layer index (an
-// Ultralytics checkpoint's carry a "model." prefix). 158 in PyTorch: these 132 and 26
-// num_batches_tracked.
+// Ultralytics checkpoint's carry a "model." prefix). All 158 of PyTorch's, num_batches_tracked included.
 TEST(NnModels, YoloStateDictKeysAreTheSequentialOfUltralyticsParts) {
   auto m = yolov8n_cls();
   std::vector<std::string> keys = state_keys(*m);
-  EXPECT_EQ(keys.size(), 132u);  // 26 Convs x (conv weight, bn 4) + linear 2
-  std::vector<std::string> first(keys.begin(), keys.begin() + 6);
+  const size_t convs = batch_norms(*m);  // each Conv is conv + BatchNorm + SiLU
+  EXPECT_EQ(convs, 26u);
+  EXPECT_EQ(keys.size(), convs * (1 + 5) + 2);  // Convs x (conv weight, bn 5) + linear 2
+  EXPECT_EQ(keys.size(), 158u);
+  std::vector<std::string> first(keys.begin(), keys.begin() + 7);
   EXPECT_EQ(first, (std::vector<std::string>{"0.conv.weight", "0.bn.weight", "0.bn.bias", "0.bn.running_mean",
-                                             "0.bn.running_var", "1.conv.weight"}));
+                                             "0.bn.running_var", "0.bn.num_batches_tracked", "1.conv.weight"}));
   std::vector<std::string> last(keys.end() - 3, keys.end());
-  EXPECT_EQ(last, (std::vector<std::string>{"9.conv.bn.running_var", "9.linear.weight", "9.linear.bias"}));
+  EXPECT_EQ(last, (std::vector<std::string>{"9.conv.bn.num_batches_tracked", "9.linear.weight", "9.linear.bias"}));
   for (const char* k : {"2.cv1.conv.weight", "2.cv2.bn.bias", "2.m.0.cv1.conv.weight", "2.m.0.cv2.bn.running_mean",
                         "4.m.1.cv2.conv.weight", "6.m.1.cv1.bn.weight", "8.m.0.cv2.conv.weight", "9.conv.conv.weight"})
     EXPECT_TRUE(has_key(keys, k)) << k;

@@ -81,10 +81,10 @@ TEST(NnModule, NamesAreDottedInRegistrationOrder) {
             (std::vector<std::string>{"a", "z", "inner.weight", "inner.bias", "seq.1.weight", "seq.1.bias"}));
   EXPECT_EQ(names_of(t.named_parameters(false)), (std::vector<std::string>{"a", "z"}));
   EXPECT_EQ(names_of(t.named_buffers()),
-            (std::vector<std::string>{"stat", "seq.1.running_mean", "seq.1.running_var"}));
+            (std::vector<std::string>{"stat", "seq.1.running_mean", "seq.1.running_var", "seq.1.num_batches_tracked"}));
   EXPECT_EQ(names_of(t.named_state()),
             (std::vector<std::string>{"a", "z", "stat", "inner.weight", "inner.bias", "seq.1.weight", "seq.1.bias",
-                                      "seq.1.running_mean", "seq.1.running_var"}));
+                                      "seq.1.running_mean", "seq.1.running_var", "seq.1.num_batches_tracked"}));
   ASSERT_EQ(t.children().size(), 2u);
   EXPECT_EQ(t.named_children()[1].first, "seq");
   std::vector<std::string> mods;
@@ -171,7 +171,8 @@ TEST(NnModule, ToDtypeAndBackKeepsLeavesValuesAndGrads) {
   std::vector<double> g_before = t.inner->weight().grad().to_vector<double>();
 
   t.to(DType::f64);
-  for (auto& [n, p] : t.named_state()) EXPECT_EQ(p.dtype(), DType::f64) << n;  // floating buffers follow
+  for (auto& [n, p] : t.named_state())  // floating buffers follow; BatchNorm's count stays i64, as in torch
+    EXPECT_EQ(p.dtype(), n == "seq.1.num_batches_tracked" ? DType::i64 : DType::f64) << n;
   for (auto& p : t.parameters()) {
     EXPECT_TRUE(p.is_leaf());
     EXPECT_TRUE(p.requires_grad());

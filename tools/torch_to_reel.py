@@ -4,8 +4,8 @@
 
 The peer's models (peer/torch_anchor.py, imported from the path given) carry the names reel's models
 do (torchvision's, timm's, Ultralytics' and the peer GPT's), so each tensor is written under its own
-key. BatchNorm's num_batches_tracked has no counterpart in reel: those entries are skipped, and the
-script says how many.
+key, every one of them: BatchNorm's num_batches_tracked too (a 0-dim int64, as reel's BatchNorm keeps
+it), so the file has exactly the entries of the peer's state_dict.
 
   python3 tools/torch_to_reel.py --peer PATH/torch_anchor.py --model resnet18-cifar --out resnet.reelsd [--seed 0]
   python3 tools/torch_to_reel.py --peer PATH/torch_anchor.py --model vit-tiny --list     # keys and shapes only
@@ -28,7 +28,6 @@ import sys
 MAGIC = b"REELSD01"
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int64": 4}
 ELEMENT_SIZE = {0: 4, 1: 8, 2: 2, 3: 2, 4: 8}
-SKIPPED_SUFFIX = "num_batches_tracked"  # BatchNorm's step counter: not kept by reel
 
 # reel's model names -> how torch_anchor.py builds them
 IMAGE_MODELS = ("cnn-small", "resnet18-cifar", "vit-tiny", "yolov8n-cls")
@@ -96,19 +95,16 @@ def build_peer_model(peer, name):
 
 
 def tensor_entries(state_dict):
-    """A torch state_dict -> (entries, skipped keys)."""
-    entries, skipped = [], []
+    """A torch state_dict -> entries, one per key, in its order."""
+    entries = []
     for key, t in state_dict.items():
-        if key.endswith(SKIPPED_SUFFIX):
-            skipped.append(key)
-            continue
         dtype = str(t.dtype).replace("torch.", "")
         if dtype not in DTYPE_CODES:
             raise SystemExit(f"torch_to_reel: '{key}' is {dtype}; reel's files hold {', '.join(DTYPE_CODES)}")
         c = t.detach().cpu().contiguous()
         data = ctypes.string_at(c.data_ptr(), c.numel() * c.element_size()) if c.numel() else b""
         entries.append((key, DTYPE_CODES[dtype], list(c.shape), data))
-    return entries, skipped
+    return entries
 
 
 def main():
@@ -134,19 +130,20 @@ def main():
     import torch  # only here: the format helpers above run without PyTorch
     torch.manual_seed(a.seed)
     model = build_peer_model(load_peer(a.peer), a.model)
-    entries, skipped = tensor_entries(model.state_dict())
+    entries = tensor_entries(model.state_dict())
     params = sum(p.numel() for p in model.parameters())
     if a.list:
         for name, code, shape, _ in entries:
             print(f"{name} {[k for k, v in DTYPE_CODES.items() if v == code][0]} {tuple(shape)}")
-        print(f"{a.model}: {len(entries)} tensors, {params} parameters; skipped {len(skipped)} {SKIPPED_SUFFIX}")
+        print(f"{a.model}: {len(entries)} tensors, {params} parameters")
         return 0
     blob = encode(entries)
     assert decode(blob, a.out) == entries
     with open(a.out, "wb") as f:
         f.write(blob)
-    print(f"{a.model}: wrote {len(entries)} tensors ({params} parameters) to {a.out}; skipped {len(skipped)} "
-          f"{SKIPPED_SUFFIX} entr{'y' if len(skipped) == 1 else 'ies'} (reel's BatchNorm does not keep one)")
+    counters = sum(name.endswith("num_batches_tracked") for name, *_ in entries)
+    print(f"{a.model}: wrote {len(entries)} tensors ({params} parameters) to {a.out}, "
+          f"{counters} of them BatchNorm's num_batches_tracked")
     print(f"check: reel train --model {a.model} --init-from {a.out} ...  (prints 'init: {len(entries)} tensors loaded')")
     return 0
 

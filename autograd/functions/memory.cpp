@@ -218,6 +218,11 @@ void add_(const Tensor& dst, const Tensor& src) {
   dispatch_out(OpKind::Add, {dst, src}, {dst});
 }
 
+void add_(const Tensor& dst, double value) {
+  check_inplace("add_", dst);
+  dispatch_out(OpKind::AddScalar, {dst}, {dst}, Attrs().set("value", value));
+}
+
 void mul_(const Tensor& dst, double value) {
   check_inplace("mul_", dst);
   dispatch_out(OpKind::MulScalar, {dst}, {dst}, Attrs().set("value", value));
