@@ -183,7 +183,7 @@ TEST(CudaCodegen, BroadcastBiasAndGeluCompileToConstantIndexMath) {
                            "const float* in1, float* out0)",
                            "typedef unsigned int index_t;", "const index_t n = 262144u;",
                            "const index_t i1 = rest % 1024u; rest /= 1024u;", "const float r0 = in0[e];",
-                           "const float r1 = in1[i1];", "const float r2 = op_add(r0, r1);", "const float r3 = op_gelu(r2);",
+                           "const float r1 = in1[i1];", "const float r2 = reel_rounded(op_add(r0, r1));", "const float r3 = reel_rounded(op_gelu(r2));",
                            "out0[e] = r3;", "// reel fused elementwise kernel: add gelu"})
     EXPECT_NE(src.find(part), std::string::npos) << part << "\n" << src;
   EXPECT_NE(src.find(jit::kNvrtcMathSource), std::string::npos);
@@ -253,7 +253,7 @@ TEST(CudaCodegen, ManyInputsTakeTheScalarLoopWithEveryLoadFirst) {
   EXPECT_EQ(src.find("addresses"), std::string::npos) << src;
   const size_t body = src.find(std::string("void __launch_bounds__(256) ") + jit::kFusedKernelName);
   ASSERT_NE(body, std::string::npos) << src;
-  const size_t last_load = src.rfind("= in"), first_op = src.find("= op_", body), first_store = src.find("out0[e] =", body);
+  const size_t last_load = src.rfind("= in"), first_op = src.find("= reel_rounded(op_", body), first_store = src.find("out0[e] =", body);
   ASSERT_NE(last_load, std::string::npos) << src;
   ASSERT_NE(first_store, std::string::npos) << src;
   EXPECT_LT(last_load, first_op) << src;

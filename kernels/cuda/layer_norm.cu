@@ -63,7 +63,8 @@ struct RowTeam {
 // ---- a fused op's dropout (kernels/philox_args.h): dropout's mask over one (rows, cols) operand,
 // drawn where the operand is read. Element e (row-major) is kept iff the uniform of Philox word e % 4
 // at counter start + e / 4 is >= threshold; kept elements are multiplied by `keep` (1/(1-p) rounded
-// to f32, as dropout's mask holds it), the others by 0: the bits of mul(v, dropout_mask).
+// to f32, as dropout's mask holds it), the others by 0: the bits of mul(v, dropout_mask), the
+// product rounded on its own (__fmul_rn: never contracted with the add after it into an FMA).
 struct RowDropout {
   PhiloxArgs rng;
   float threshold = 0.0f, keep = 1.0f;
@@ -79,11 +80,18 @@ struct RowDropout {
   __device__ void apply4(int64_t e0, float (&v)[4]) const {
     const Philox4 r = philox4x32_10(rng.key(), rng.start() + uint64_t(e0) / 4);
 #pragma unroll
-    for (int c = 0; c < 4; ++c) v[c] *= mask_of(r.w[c]);
+    for (int c = 0; c < 4; ++c) v[c] = __fmul_rn(v[c], mask_of(r.w[c]));
   }
   __device__ void apply4(int64_t e0, float4& v) const {
     const Philox4 r = philox4x32_10(rng.key(), rng.start() + uint64_t(e0) / 4);
-    v.x *= mask_of(r.w[0]), v.y *= mask_of(r.w[1]), v.z *= mask_of(r.w[2]), v.w *= mask_of(r.w[3]);
+    v.x = __fmul_rn(v.x, mask_of(r.w[0])), v.y = __fmul_rn(v.y, mask_of(r.w[1]));
+    v.z = __fmul_rn(v.z, mask_of(r.w[2])), v.w = __fmul_rn(v.w, mask_of(r.w[3]));
+  }
+  // a * (element e's mask) in A, rounded on its own.
+  template <typename A>
+  __device__ A times_mask(A a, int64_t e) const {
+    if constexpr (std::is_same_v<A, double>) return __dmul_rn(a, double(mask(e)));
+    else return __fmul_rn(a, mask(e));
   }
 };
 
@@ -320,7 +328,7 @@ __global__ void layer_norm_fwd_rows_kernel(const D* x, const D* addend, D* sum_o
     O* yr = y + r * cols;
     // The addend, times its dropout mask (as mul stores it) when the op has one.
     auto add = [&](int64_t j) -> A {
-      return drop.on ? to_acc(from_acc<D>(to_acc(ar[j]) * A(drop.mask(r * cols + j)))) : to_acc(ar[j]);
+      return drop.on ? to_acc(from_acc<D>(drop.times_mask(to_acc(ar[j]), r * cols + j))) : to_acc(ar[j]);
     };
     auto xin = [&](int64_t j) -> A { return ar ? to_acc(from_acc<D>(to_acc(xr[j]) + add(j))) : to_acc(xr[j]); };
     A s = 0;
@@ -372,7 +380,7 @@ __global__ void layer_norm_bwd_dx_rows_kernel(const D* g, const D* x, const D* w
       const D v = from_acc<D>(rs * (gw - mean_gw - xh * mean_gwx));
       const D out = residual ? from_acc<D>(to_acc(v) + to_acc(residual[r * cols + j])) : v;
       dxr[j] = out;
-      if (dx16) dx16[r * cols + j] = from_acc<O>(drop.on ? to_acc(out) * A(drop.mask(r * cols + j)) : to_acc(out));
+      if (dx16) dx16[r * cols + j] = from_acc<O>(drop.on ? drop.times_mask(to_acc(out), r * cols + j) : to_acc(out));
     }
   }
 }
