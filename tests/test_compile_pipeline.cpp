@@ -22,24 +22,7 @@ using namespace reel;
 
 namespace {
 
-// Sets an environment variable for one scope (and the log topics, which are read once).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-    reload_log_topics();
-  }
-  ~ScopedEnv() {
-    if (old_) setenv(name_, old_->c_str(), 1);
-    else unsetenv(name_);
-    reload_log_topics();
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing_util::ScopedEnv;
 
 // Three compiled steps of a two-layer GPT (f32, ACCUM 2) under `options`: the plan of the last.
 struct GptPlan {

@@ -152,4 +152,38 @@ TEST(FuseGemmGeluCuda, MlpRunsGeluInsideItsGemmsWithinToleranceOfEager) {
   }
 }
 
+TEST(FuseGemmGeluCuda, ExactGeluStaysInItsKernelAndTheLogSaysWhy) {
+  // A ViT's MLP: exact (erf) GELU. cuBLASLt's GELU epilogue is the tanh form, so the GEMM keeps its
+  // bias epilogue alone, the casts and gelu_erf become one elementwise kernel, and REEL_LOG=fusion
+  // says why the epilogue did not take the GELU.
+  REEL_REQUIRE_GPU();
+  Generator gen(13);
+  const int64_t d = 32, hidden = 128;
+  auto fn = [&](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+    AutocastGuard amp(PrecisionPolicy::parse("bf16"));
+    const PrecisionPolicy& pol = autocast_policy();
+    Tensor h = autocast_matmul(in[0], in[1].t(), pol) + in[2];
+    return {autocast_matmul(gelu(h, "none"), in[3].t(), pol)};
+  };
+  std::vector<Tensor> in = {randn({2, 40, d}, {}, &gen).to(kGpu), (randn({hidden, d}, {}, &gen) * 0.2).to(kGpu),
+                            (randn({hidden}, {}, &gen) * 0.1).to(kGpu), (randn({d, hidden}, {}, &gen) * 0.1).to(kGpu)};
+  std::string log;
+  compile::CompiledFunction f = compile::compile(fn, {compile::Mode::ReduceOverhead, 8, true});
+  {
+    testing_util::ScopedEnv env("REEL_LOG", "fusion");
+    testing::internal::CaptureStderr();
+    for (int i = 0; i < 2; ++i) f(in);
+    log = testing::internal::GetCapturedStderr();
+  }
+  EXPECT_NE(log.find("gemm_gelu: gemm_epilogue k"), std::string::npos) << log.substr(0, 3000);
+  EXPECT_NE(log.find("the GELU is the exact (erf) form"), std::string::npos) << log.substr(0, 3000);
+  ASSERT_NE(f.last_plan(), nullptr);
+  int erf_in_elementwise = 0;
+  for (const compile::Node& n : f.last_plan()->graph().nodes)
+    erf_in_elementwise += n.op == OpKind::FusedElementwise &&
+                          std::find(n.fused.begin(), n.fused.end(), "gelu_erf") != n.fused.end();
+  EXPECT_EQ(erf_in_elementwise, 1) << f.last_plan()->graph().str();
+  EXPECT_LT(testing_util::max_rel_diff(f(in)[0], fn(in)[0]), 5e-2);
+}
+
 #endif  // REEL_CUDA

@@ -3,13 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "nn/nn.h"
 #include "reel.h"
 #include "tensor/cuda.h"
+#include "tensor/log.h"
 
 // Skips the calling test, with the reason, where no GPU is usable.
 #define REEL_REQUIRE_GPU() \
@@ -87,5 +90,26 @@ inline double max_rel_diff(const Tensor& a, const Tensor& b) {
   for (size_t i = 0; i < x.size() && i < y.size(); ++i) err = std::max(err, std::abs(x[i] - y[i]));
   return x.size() == y.size() ? err / scale : INFINITY;
 }
+
+// Sets an environment variable for one scope (and re-reads the log topics, which are read once).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+    reload_log_topics();
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
+    reload_log_topics();
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 }  // namespace reel::testing_util

@@ -45,7 +45,20 @@ std::optional<std::pair<std::vector<int>, TensorRef>> gelu_chain(const Graph& g,
                   {cast_link("a cast to f32", DType::f32, false, /*sole=*/false), op_link("gelu", OpKind::Gelu, DType::f32),
                    cast_link("a cast back to the GEMM's dtype", z.dtype)},
                   why);
-  if (!c) return std::nullopt;
+  if (!c) {
+    // The exact GELU (a ViT's MLP) has the chain's shape with gelu_erf in gelu's place; cuBLASLt's
+    // epilogue computes the tanh form only, so it stays in the elementwise kernel: say so.
+    Why erf;
+    if (match_chain(g, u, z,
+                    {cast_link("a cast to f32", DType::f32, false, /*sole=*/false),
+                     op_link("gelu_erf", OpKind::GeluErf, DType::f32)},
+                    erf)) {
+      why = Why();
+      why(false, "the GELU is the exact (erf) form and cuBLASLt's GELU epilogue computes the tanh form: "
+                 "it stays in an elementwise kernel with the casts");
+    }
+    return std::nullopt;
+  }
   const TensorRef& v = g.nodes[size_t(c->back())].outputs[0];
   if (!why(u.touches[v.buffer].front() == c->back(), "the 16-bit GELU output is touched before the cast writes it"))
     return std::nullopt;
