@@ -8,6 +8,9 @@
 #   scaling   micro-batch 8, 32, 128 for cnn-small and gpt-tiny, reel vs torch eager
 #   cpu       the CPU, 2 threads each, cnn-small and gpt-tiny fp32
 #   profile   torch's kernel profile of gpt-small (bench/torch_profile.py), to set beside reel's
+#   families  the six models of MODELS.md in bf16: reel reduce-overhead (and max-autotune for the
+#             CNNs) vs the whole-step CUDA graph, torch.compile default and reduce-overhead with
+#             CUDA-graph trees off (each peer run under a time limit: compiling takes tens of seconds)
 #   memory    micro-batch 1..128 (powers of two), bf16: reel's planned peak (--plan-memory) beside its
 #             measured one, eager (every B) and reduce-overhead (B 1, 8, 64: each costs a compilation),
 #             and torch eager's measured peak (bench/memory_table.py joins them)
@@ -63,6 +66,18 @@ for phase in "$@"; do
       THREADS=2 STEPS=5 python3 .peer/torch_anchor.py cpu cnn-small,gpt-tiny eager fp32 > "$out/torch_eager.jsonl" \
         2> "$out/torch_eager.err"
       join "$out" "$out/torch_eager.jsonl" ;;
+    families)
+      m6=cnn-small,resnet18-cifar,vit-tiny,yolov8n-cls,gpt-tiny,gpt-small
+      "$reel" bench --models "$m6" --precisions bf16 --compile reduce-overhead --json "$out/reel.jsonl" > "$out/reel.txt" 2>&1
+      "$reel" bench --models cnn-small,resnet18-cifar,yolov8n-cls --precisions bf16 --compile max-autotune \
+        --json "$out/reel_autotune.jsonl" > "$out/reel_autotune.txt" 2>&1
+      ATTN=sdpa timeout 90 python3 .peer/torch_graphed.py "$m6" bf16 > "$out/torch_graphed.jsonl" 2> "$out/torch_graphed.err"
+      ATTN=sdpa timeout 170 python3 .peer/torch_anchor.py cuda "$m6" default bf16 > "$out/torch_default.jsonl" \
+        2> "$out/torch_default.err"
+      CG_TREES=0 ATTN=sdpa timeout 170 python3 .peer/torch_anchor.py cuda "$m6" reduce-overhead bf16 \
+        > "$out/torch_trees_off.jsonl" 2> "$out/torch_trees_off.err"
+      cat "$out/reel_autotune.jsonl" >> "$out/reel.jsonl"
+      join "$out" "$out/torch_default.jsonl" "$out/torch_trees_off.jsonl" "$out/torch_graphed.jsonl" ;;
     profile)
       for p in fp32 bf16; do python3 bench/torch_profile.py gpt-small "$p" 25; done > "$out/torch_profile.txt" 2>&1 ;;
     memory)
@@ -77,7 +92,7 @@ for phase in "$@"; do
           2>> "$out/torch_eager.err"
       done
       python3 bench/memory_table.py "$out/reel.jsonl" "$out/torch_eager.jsonl" > "$out/joined.md" ;;
-    *) echo "unknown phase $phase (eager, compiled, scaling, cpu, profile, memory)" >&2; exit 2 ;;
+    *) echo "unknown phase $phase (eager, compiled, families, scaling, cpu, profile, memory)" >&2; exit 2 ;;
   esac
 done
 for phase in "$@"; do
