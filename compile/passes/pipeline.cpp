@@ -31,6 +31,7 @@ const std::vector<Pass>& pipeline() {
       {"norm_backward_add", S::Fusion, fuse_norm_backward_add, "layer-norm backward + the residual's gradient (+ cast, sums)"},
       // After gemm_16bit: it fuses the 16-bit pre-activation that pass made.
       {"gemm_gelu", S::Fusion, fuse_gemm_gelu, "GELU in the epilogue of the GEMM before it"},
+      {"norm_16bit_input", S::Fusion, read_norm_input_16bit, "group/batch norms reading a 16-bit x, not its f32 cast"},
       // Before elementwise: the counters it gathers at the end are fused there.
       {"sink_updates", S::Fusion, sink_state_updates, "in-place updates of step state (counters) moved to the end, to fuse"},
       {"elementwise", S::Fusion, fuse_elementwise, "runs of elementwise ops as one generated kernel"},

@@ -13,6 +13,9 @@
 //               then dx = g w rstd (the statistics are constants).
 // Statistics accumulate in A = AccType<T> (f32 for f16/bf16, f64 for f64); mean/rstd outputs are A.
 // Inputs of any strides are first made contiguous; parallel over rows, (n, group)s or channels.
+// Group and batch norm also take a bf16/f16 x with f32 everything else (attr dtype = f32, which the
+// compiler sets: schema/norm.cpp): x is widened to f32 through the copy kernel, exactly, and the f32
+// kernel runs, so the results are the bits of x.to(f32) through the f32 op.
 //
 // dropout: element i (row-major) is kept iff philox_uniform(seed, offset, i) >= float(p) (the Philox
 // convention of tensor/rng.h, shared with the CUDA kernel); mask = kept ? 1/(1-p) : 0 rounded to x's
@@ -39,6 +42,10 @@ Tensor dense(const Tensor& t) {
   cpu::copy_strided(c, t);
   return c;
 }
+
+// x as the group and batch norm kernels read it: contiguous, in the dtype of their outputs `d` (a
+// 16-bit x read as f32 is widened here; the widening is exact).
+Tensor dense_as(const Tensor& x, DType d) { return x.dtype() == d ? dense(x) : cpu::converted(x, d); }
 
 template <typename T>
 const T* data_or_null(const Tensor& t) {
@@ -190,7 +197,7 @@ void layer_norm_bwd_kernel(const KernelCall& c) {
 // ---------------------------------------------------------------- group norm
 
 void group_norm_fwd_kernel(const KernelCall& c) {
-  Tensor x = dense(c.in[0]), w = dense(c.in[1]), b = dense(c.in[2]);
+  Tensor x = dense_as(c.in[0], c.out[0].dtype()), w = dense(c.in[1]), b = dense(c.in[2]);
   Tensor y = c.out[0], mean = c.out[1], rstd = c.out[2];
   auto [N, C, S] = ncs_of(x);
   int64_t G = c.attrs.i("groups"), Cg = C / G, set = Cg * S;  // one set: (C/G, S) contiguous values
@@ -247,7 +254,8 @@ void group_norm_bwd_set(const T* g, const T* x, const T* w, int64_t ch0, int64_t
 }
 
 void group_norm_bwd_kernel(const KernelCall& c) {
-  Tensor g = dense(c.in[0]), x = dense(c.in[1]), w = dense(c.in[2]), mean = dense(c.in[3]), rstd = dense(c.in[4]);
+  Tensor g = dense(c.in[0]), x = dense_as(c.in[1], c.out[0].dtype()), w = dense(c.in[2]);
+  Tensor mean = dense(c.in[3]), rstd = dense(c.in[4]);
   Tensor dx = c.out[0], dw = c.out[1], db = c.out[2];
   auto [N, C, S] = ncs_of(x);
   int64_t G = c.attrs.i("groups"), Cg = C / G, set = Cg * S;
@@ -301,7 +309,7 @@ void update_running(const Tensor& running, const std::vector<double>& stat, doub
 }
 
 void batch_norm_fwd_kernel(const KernelCall& c) {
-  Tensor x = dense(c.in[0]), w = dense(c.in[1]), b = dense(c.in[2]);
+  Tensor x = dense_as(c.in[0], c.out[0].dtype()), w = dense(c.in[1]), b = dense(c.in[2]);
   const Tensor &running_mean = c.in[3], &running_var = c.in[4];
   Tensor y = c.out[0], mean = c.out[1], rstd = c.out[2];
   auto [N, C, S] = ncs_of(x);
@@ -361,7 +369,8 @@ void batch_norm_bwd_channel(const T* g, const T* x, A w, A mean, A rstd, int64_t
 }
 
 void batch_norm_bwd_kernel(const KernelCall& c) {
-  Tensor g = dense(c.in[0]), x = dense(c.in[1]), w = dense(c.in[2]), mean = dense(c.in[3]), rstd = dense(c.in[4]);
+  Tensor g = dense(c.in[0]), x = dense_as(c.in[1], c.out[0].dtype()), w = dense(c.in[2]);
+  Tensor mean = dense(c.in[3]), rstd = dense(c.in[4]);
   Tensor dx = c.out[0], dw = c.out[1], db = c.out[2];
   auto [N, C, S] = ncs_of(x);
   bool training = c.attrs.b("training");

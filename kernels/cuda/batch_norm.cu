@@ -15,6 +15,9 @@
 //     dx = w rstd (g - 0 - xhat 0)                    (eval: they are constants; same expression, so
 //                                                      inf/NaN propagate exactly as on the CPU)
 // The "more than 1 value per channel" check is a shape check done by the schema on the host.
+// Types: x is X, everything else D (g, w, b, y, dx, dw, db), statistics A = Acc<D>. X = D for a plain
+// call; a bf16/f16 x read as f32 (attr dtype = f32, schema/norm.cpp) has X 16-bit and D = float:
+// to_acc widens x exactly, so the results are the bits of x.to(f32) through the f32 kernels.
 //
 // Launch shapes. Channel reductions (statistics, backward sums) are two-stage and deterministic:
 // each channel's N*S values are split into `parts` chunks so that even a few channels fill the GPU
@@ -105,8 +108,8 @@ struct ChannelWalk {
 // Training statistics, stage 1. x: (N, C, S). Each tile (c, k) sums its chunk of channel c and the
 // squared deviations from the chunk's own mean (two passes; the chunk is hot in L1/L2 for the second).
 // part: (2, C, parts) = chunk sums, then chunk M2s.
-template <typename D, typename A = Acc<D>>
-__global__ void batch_norm_fwd_partial_kernel(const D* x, ChannelSplit sp, A* part) {
+template <typename X, typename A>
+__global__ void batch_norm_fwd_partial_kernel(const X* x, ChannelSplit sp, A* part) {
   for (int64_t t = blockIdx.x; t < sp.C * sp.parts; t += gridDim.x) {
     const int64_t c = t / sp.parts, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
     A s = 0;
@@ -172,8 +175,8 @@ __global__ void batch_norm_fwd_eval_stats_kernel(RunningStat running_mean, Runni
 
 // y = x scale_c + shift_c. x, y: (N, C, S) flat, total = N*C*S; w, b: (C) or null; mean, rstd: (C).
 // I is the index type: 32-bit when total fits, which makes c = (i / S) % C several times cheaper.
-template <typename I, typename D, typename A = Acc<D>>
-__global__ void batch_norm_fwd_apply_kernel(const D* x, const D* w, const D* b, const A* mean, const A* rstd, D* y,
+template <typename I, typename X, typename D, typename A = Acc<D>>
+__global__ void batch_norm_fwd_apply_kernel(const X* x, const D* w, const D* b, const A* mean, const A* rstd, D* y,
                                             I total, I C, I S) {
   for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
     const I c = (i / S) % C;
@@ -184,8 +187,8 @@ __global__ void batch_norm_fwd_apply_kernel(const D* x, const D* w, const D* b, 
 
 // Backward, stage 1. g, x: (N, C, S); mean, rstd: (C). Each tile (c, k) sums g and g xhat over its
 // chunk of channel c into part: (2, C, parts).
-template <typename D, typename A = Acc<D>>
-__global__ void batch_norm_bwd_partial_kernel(const D* g, const D* x, const A* mean, const A* rstd, ChannelSplit sp,
+template <typename X, typename D, typename A = Acc<D>>
+__global__ void batch_norm_bwd_partial_kernel(const D* g, const X* x, const A* mean, const A* rstd, ChannelSplit sp,
                                               A* part) {
   for (int64_t t = blockIdx.x; t < sp.C * sp.parts; t += gridDim.x) {
     const int64_t c = t / sp.parts, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
@@ -226,8 +229,8 @@ __global__ void batch_norm_bwd_finalize_kernel(const A* part, ChannelSplit sp, b
 
 // dx = w rstd (g - mean(g) - xhat mean(g xhat)). g, x, dx: (N, C, S) flat; w: (C) or null; mean,
 // rstd: (C); coef: (2, C) from stage 2. I as in the apply kernel.
-template <typename I, typename D, typename A = Acc<D>>
-__global__ void batch_norm_bwd_dx_kernel(const D* g, const D* x, const D* w, const A* mean, const A* rstd,
+template <typename I, typename X, typename D, typename A = Acc<D>>
+__global__ void batch_norm_bwd_dx_kernel(const D* g, const X* x, const D* w, const A* mean, const A* rstd,
                                          const A* coef, D* dx, I total, I C, I S) {
   for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
     const I c = (i / S) % C;
@@ -267,15 +270,15 @@ void batch_norm_fwd(const KernelCall& c) {
     rm = running_stat(running_mean);
     rv = running_stat(running_var);
   }
-  visit_float(x.dtype(), "batch_norm", [&]<typename D>() {
+  visit_norm_input(x.dtype(), y.dtype(), "batch_norm", [&]<typename X, typename D>() {
     using A = Acc<D>;
     A *pm = out_ptr<A>(mean), *pr = out_ptr<A>(rstd);
     if (training) {
       const ChannelSplit sp = split_channels(d);
       const double momentum = has_running ? c.attrs.f("momentum") : 0.0;
       Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());  // chunk sums, chunk M2s
-      batch_norm_fwd_partial_kernel<D><<<grid_for(d.C * sp.parts), kChannelThreads, 0, s>>>(in_ptr<D>(x), sp,
-                                                                                             out_ptr<A>(part));
+      batch_norm_fwd_partial_kernel<X, A><<<grid_for(d.C * sp.parts), kChannelThreads, 0, s>>>(in_ptr<X>(x), sp,
+                                                                                                out_ptr<A>(part));
       REEL_CUDA_LAUNCH_CHECK();
       batch_norm_fwd_finalize_kernel<A><<<blocks_for(d.C), 256, 0, s>>>(in_ptr<A>(part), sp, A(eps), pm, pr,
                                                                         has_running, rm, rv, momentum);
@@ -285,8 +288,8 @@ void batch_norm_fwd(const KernelCall& c) {
     REEL_CUDA_LAUNCH_CHECK();
     const int64_t total = x.numel();
     if (total == 0) return;
-    launch_flat(batch_norm_fwd_apply_kernel<uint32_t, D>, batch_norm_fwd_apply_kernel<int64_t, D>, total, d, s,
-                in_ptr<D>(x), in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(y));
+    launch_flat(batch_norm_fwd_apply_kernel<uint32_t, X, D>, batch_norm_fwd_apply_kernel<int64_t, X, D>, total, d,
+                s, in_ptr<X>(x), in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(y));
   });
 }
 
@@ -298,23 +301,24 @@ void batch_norm_bwd(const KernelCall& c) {
   if (d.C == 0) return;
   const bool training = c.attrs.b("training");
   cudaStream_t s = stream_of(x);
-  visit_float(x.dtype(), "batch_norm_backward", [&]<typename D>() {
+  visit_norm_input(x.dtype(), dx.dtype(), "batch_norm_backward", [&]<typename X, typename D>() {
     using A = Acc<D>;
-    const D *pg = in_ptr<D>(g), *px = in_ptr<D>(x);
+    const D* pg = in_ptr<D>(g);
+    const X* px = in_ptr<X>(x);
     const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
     const ChannelSplit sp = split_channels(d);
     Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());  // chunk sums of g, g xhat
     Tensor coef = Tensor::empty({2, d.C}, mean.dtype(), x.device());            // mean(g), mean(g xhat)
-    batch_norm_bwd_partial_kernel<D><<<grid_for(d.C * sp.parts), kChannelThreads, 0, s>>>(pg, px, pm, pr, sp,
-                                                                                           out_ptr<A>(part));
+    batch_norm_bwd_partial_kernel<X, D><<<grid_for(d.C * sp.parts), kChannelThreads, 0, s>>>(pg, px, pm, pr, sp,
+                                                                                              out_ptr<A>(part));
     REEL_CUDA_LAUNCH_CHECK();
     batch_norm_bwd_finalize_kernel<D><<<blocks_for(d.C), 256, 0, s>>>(in_ptr<A>(part), sp, training, out_ptr<D>(dw),
                                                                       out_ptr<D>(db), out_ptr<A>(coef));
     REEL_CUDA_LAUNCH_CHECK();
     const int64_t total = x.numel();
     if (total == 0) return;
-    launch_flat(batch_norm_bwd_dx_kernel<uint32_t, D>, batch_norm_bwd_dx_kernel<int64_t, D>, total, d, s, pg, px,
-                in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<D>(dx));
+    launch_flat(batch_norm_bwd_dx_kernel<uint32_t, X, D>, batch_norm_bwd_dx_kernel<int64_t, X, D>, total, d, s, pg,
+                px, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<D>(dx));
   });
 }
 

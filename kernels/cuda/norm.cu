@@ -5,7 +5,9 @@
 //   mean = sum(x) / n      var = sum((x - mean)^2) / n   (biased, two passes)
 //   rstd = 1 / sqrt(var + eps)     xhat = (x - mean) rstd     y = xhat w + b   (w = 1, b = 0 if absent)
 //   dx = rstd (gw - mean(gw) - xhat mean(gw xhat))     dw = sum(g xhat)     db = sum(g)    (gw = g w)
-// Statistics accumulate in A = Acc<D>; dw and db are always produced.
+// Statistics accumulate in A = Acc<D>; dw and db are always produced. x is X, everything else D: X = D
+// for a plain call, X bf16/f16 with D = float for a 16-bit x read as f32 (attr dtype = f32,
+// schema/norm.cpp), which to_acc widens exactly: the bits of x.to(f32) through the f32 kernels.
 //
 // Launch shapes: x viewed as (N, G, C/G, S): a 256-thread block per (n, group), whose C/G * S values
 // are contiguous. Backward: each warp reduces whole channels of its group (sum_s g xhat, sum_s g)
@@ -26,12 +28,12 @@ constexpr int kSetThreads = 256;
 
 // x, y: (N, G, Cg, S), one set (n, group) = Cg * S contiguous values; w, b: (C = G Cg) or null;
 // mean, rstd: (N, G). One block per set.
-template <typename D, typename A = Acc<D>>
-__global__ void group_norm_fwd_kernel(const D* x, const D* w, const D* b, D* y, A* mean, A* rstd, int64_t sets,
+template <typename X, typename D, typename A = Acc<D>>
+__global__ void group_norm_fwd_kernel(const X* x, const D* w, const D* b, D* y, A* mean, A* rstd, int64_t sets,
                                       int64_t G, int64_t Cg, int64_t S, A eps) {
   const int64_t len = Cg * S;
   for (int64_t set = blockIdx.x; set < sets; set += gridDim.x) {
-    const D* xs = x + set * len;
+    const X* xs = x + set * len;
     D* ys = y + set * len;
     A s = 0;
     for (int64_t i = threadIdx.x; i < len; i += blockDim.x) s += to_acc(xs[i]);
@@ -58,13 +60,14 @@ __global__ void group_norm_fwd_kernel(const D* x, const D* w, const D* b, D* y, 
 // g, x, dx: (N, G, Cg, S); w: (C) or null; mean, rstd: (N, G). One block per set (n, group); warp k
 // reduces channels k, k + warps, ... of the group over S. Writes dx and the per-sample channel sums
 // ds = sum_s g xhat, dbias = sum_s g, both (N, C), which stage 2 sums over N.
-template <typename D, typename A = Acc<D>>
-__global__ void group_norm_bwd_kernel(const D* g, const D* x, const D* w, const A* mean, const A* rstd, D* dx, A* ds,
+template <typename X, typename D, typename A = Acc<D>>
+__global__ void group_norm_bwd_kernel(const D* g, const X* x, const D* w, const A* mean, const A* rstd, D* dx, A* ds,
                                       A* dbias, int64_t sets, int64_t G, int64_t Cg, int64_t S) {
   const int64_t len = Cg * S;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   for (int64_t set = blockIdx.x; set < sets; set += gridDim.x) {
-    const D *gs = g + set * len, *xs = x + set * len;
+    const D* gs = g + set * len;
+    const X* xs = x + set * len;
     D* dxs = dx + set * len;
     const A mu = mean[set], rs = rstd[set];
     const int64_t ch0 = (set % G) * Cg;
@@ -102,10 +105,10 @@ void group_norm_fwd(const KernelCall& c) {
   const NCS d = ncs_of(x);
   const int64_t G = c.attrs.i("groups"), sets = d.N * G;
   if (sets == 0) return;
-  visit_float(x.dtype(), "group_norm", [&]<typename D>() {
+  visit_norm_input(x.dtype(), y.dtype(), "group_norm", [&]<typename X, typename D>() {
     using A = Acc<D>;
-    group_norm_fwd_kernel<D><<<grid_for(sets), kSetThreads, 0, stream_of(x)>>>(
-        in_ptr<D>(x), in_ptr<D>(w), in_ptr<D>(b), out_ptr<D>(y), out_ptr<A>(mean), out_ptr<A>(rstd), sets, G, d.C / G,
+    group_norm_fwd_kernel<X, D><<<grid_for(sets), kSetThreads, 0, stream_of(x)>>>(
+        in_ptr<X>(x), in_ptr<D>(w), in_ptr<D>(b), out_ptr<D>(y), out_ptr<A>(mean), out_ptr<A>(rstd), sets, G, d.C / G,
         d.S, A(c.attrs.f("eps")));
     REEL_CUDA_LAUNCH_CHECK();
   });
@@ -119,14 +122,14 @@ void group_norm_bwd(const KernelCall& c) {
   const int64_t N = d.N, C = d.C, S = d.S, G = c.attrs.i("groups"), sets = N * G;
   if (C == 0) return;
   cudaStream_t s = stream_of(x);
-  visit_float(x.dtype(), "group_norm_backward", [&]<typename D>() {
+  visit_norm_input(x.dtype(), dx.dtype(), "group_norm_backward", [&]<typename X, typename D>() {
     using A = Acc<D>;
     // part: (2, N, C) = per-sample channel sums of g xhat, then of g.
     Tensor part = Tensor::empty({2, N, C}, mean.dtype(), x.device());
     A* pp = out_ptr<A>(part);
     if (sets > 0) {
-      group_norm_bwd_kernel<D><<<grid_for(sets), kSetThreads, 0, s>>>(
-          in_ptr<D>(g), in_ptr<D>(x), in_ptr<D>(w), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(dx), pp, pp + N * C,
+      group_norm_bwd_kernel<X, D><<<grid_for(sets), kSetThreads, 0, s>>>(
+          in_ptr<D>(g), in_ptr<X>(x), in_ptr<D>(w), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(dx), pp, pp + N * C,
           sets, G, C / G, S);
       REEL_CUDA_LAUNCH_CHECK();
     }

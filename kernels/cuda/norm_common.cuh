@@ -1,6 +1,6 @@
 // Pieces shared by the CUDA kernels of the norm family (norm.cu, batch_norm.cu, dropout.cu): warp and
-// block sums, the float-dtype visitor, the statistics' 1/sqrt, and running a kernel into contiguous
-// outputs (dispatch_out may hand us strided views).
+// block sums, the float-dtype visitors (x's own dtype, or a 16-bit x read as f32), the statistics'
+// 1/sqrt, and running a kernel into contiguous outputs (dispatch_out may hand us strided views).
 //
 // Sums are deterministic: the shuffle tree and the per-warp partials are combined in a fixed order,
 // so the same inputs give the same bits on every run (no atomics anywhere in this family).
@@ -43,6 +43,19 @@ __device__ __forceinline__ float inv_std(float var, float eps) { return 1.0f / s
 __device__ __forceinline__ double inv_std(double var, double eps) { return 1.0 / sqrt(var + eps); }
 
 using cuda::visit_float;  // kernels/cuda/cuda_common.cuh
+
+// Calls fn.template operator()<X, D>() with X the device type of x's dtype and D that of the outputs
+// (the norm's compute type). A plain call has X = D. Group and batch norm also read a bf16/f16 x as
+// f32 (attr dtype = f32, schema/norm.cpp): X = __half or __nv_bfloat16, D = float. The kernels load x
+// with to_acc, which widens exactly, so they give the bits of x.to(f32) through the f32 kernels.
+template <typename Fn>
+void visit_norm_input(DType x, DType d, const char* op, Fn&& fn) {
+  if (x == d) return visit_float(d, op, [&]<typename D>() { fn.template operator()<D, D>(); });
+  if (d == DType::f32 && x == DType::f16) return fn.template operator()<__half, float>();
+  if (d == DType::f32 && x == DType::bf16) return fn.template operator()<__nv_bfloat16, float>();
+  throw Error(detail::cat(op, ": x of dtype ", dtype_name(x), " with outputs of dtype ", dtype_name(d),
+                          " is not supported (x in the outputs' dtype, or bf16/f16 x with f32 outputs)"));
+}
 
 // Typed device pointers of a tensor; nullptr for an absent optional input.
 template <typename D>

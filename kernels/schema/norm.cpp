@@ -17,6 +17,11 @@
 //       training: batch statistics; running stats (both or neither, any float dtype) are updated in
 //       place by the kernel. eval: running stats required; save_* are running_mean, 1/sqrt(rv + eps).
 //   batch_norm_backward (g, x, w?, save_mean, save_rstd)   attr training -> dx, dw (C), db (C)
+//   group and batch norm, forward and backward, also take an optional attr dtype: the dtype of w, b,
+//       g and the outputs. Absent, or x's own: the plain call. f32 with a bf16/f16 x: "a 16-bit x read
+//       as its exact f32 widening", the bits of x.to(f32) through the f32 op. Eager autograd never
+//       sets it; the compiler does, where a norm read autocast's f32 cast of a 16-bit convolution
+//       result (compile/passes/read_norm_input_16bit.cpp), so the step keeps x in 16 bits for the backward.
 //   dropout (x[, state])                   attrs p in [0, 1], seed, offset (state: tensor/rng.h's PhiloxArgs)
 //       -> y (x.shape), mask (x.shape, x's dtype, values 0 or 1/(1-p); all 0 when p == 1)
 // Fused (the compiler writes them; kernels/ops.def):
@@ -42,13 +47,35 @@ namespace {
 
 DType stat_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
 
-// An optional per-feature parameter (weight or bias): x's dtype and exactly `shape`.
-void expect_param(OpKind op, const Tensor& p, const Tensor& x, const Shape& shape, const char* what) {
+// The dtype of a norm's parameters, incoming gradient and outputs: x's own, or f32 for a 16-bit x
+// when attr dtype says f32 (group and batch norm; see the file comment). Anything else names both.
+DType param_dtype(OpKind op, const Tensor& x, const Attrs& a) {
+  if (!a.has("dtype")) return x.dtype();
+  const DType d = a.dtype("dtype");
+  const bool widened = d == DType::f32 && (x.dtype() == DType::bf16 || x.dtype() == DType::f16);
+  REEL_CHECK(d == x.dtype() || widened, op_name(op), ": dtype ", dtype_name(d), " with x of dtype ",
+             dtype_name(x.dtype()), ": x is read in its own dtype, or a bf16/f16 x as f32 (dtype f32)");
+  return d;
+}
+
+// What a parameter or gradient of dtype d is expected to agree with, for the messages.
+std::string expected_for(const Tensor& x, DType d) {
+  if (d == x.dtype()) return std::string("x has dtype ") + dtype_name(x.dtype());
+  return std::string("expected ") + dtype_name(d) + " for x of dtype " + dtype_name(x.dtype()) + " read as " +
+         dtype_name(d) + " (attr dtype)";
+}
+
+// An optional per-feature parameter (weight or bias): dtype d (x's unless widened) and exactly `shape`.
+void expect_param(OpKind op, const Tensor& p, const Tensor& x, const Shape& shape, const char* what,
+                  DType d) {
   if (!p.defined()) return;
-  REEL_CHECK(p.dtype() == x.dtype(), op_name(op), ": ", what, " has dtype ", dtype_name(p.dtype()),
-             " but x has dtype ", dtype_name(x.dtype()), " (reel does not promote; cast one with .to(dtype))");
+  REEL_CHECK(p.dtype() == d, op_name(op), ": ", what, " has dtype ", dtype_name(p.dtype()), " but ",
+             expected_for(x, d), " (reel does not promote; cast one with .to(dtype))");
   REEL_CHECK(p.shape() == shape, op_name(op), ": ", what, " has shape ", shape_str(p.shape()), ", expected ",
              shape_str(shape), " for x of shape ", shape_str(x.shape()));
+}
+void expect_param(OpKind op, const Tensor& p, const Tensor& x, const Shape& shape, const char* what) {
+  expect_param(op, p, x, shape, what, x.dtype());
 }
 
 // A saved statistic (mean or rstd) passed back to a backward op.
@@ -65,11 +92,12 @@ void expect_x(OpKind op, const Tensor& x) {
   schema::expect_float(op, x, "x");
 }
 
-void expect_grad_like_x(OpKind op, const Tensor& g, const Tensor& x) {
+void expect_grad_like_x(OpKind op, const Tensor& g, const Tensor& x, DType d) {
   schema::expect_defined(op, g, "gradient");
-  REEL_CHECK(g.shape() == x.shape() && g.dtype() == x.dtype(), op_name(op), ": gradient ", schema::desc(g),
-             " does not match x ", schema::desc(x));
+  REEL_CHECK(g.shape() == x.shape() && g.dtype() == d, op_name(op), ": gradient ", schema::desc(g),
+             " does not match x ", schema::desc(x), d == x.dtype() ? "" : " read as f32 (attr dtype f32)");
 }
+void expect_grad_like_x(OpKind op, const Tensor& g, const Tensor& x) { expect_grad_like_x(op, g, x, x.dtype()); }
 
 // x (N, C, *) for group and batch norm.
 void expect_channels(OpKind op, const Tensor& x) {
@@ -196,11 +224,12 @@ std::vector<TensorMeta> infer_group_norm(const std::vector<Tensor>& in, const At
   expect_channels(op, x);
   int64_t G = checked_groups(op, x, a);
   REEL_CHECK(a.f("eps") >= 0, "group_norm: eps must be >= 0, got ", a.f("eps"));
-  expect_param(op, in[1], x, {x.shape()[1]}, "weight");
-  expect_param(op, in[2], x, {x.shape()[1]}, "bias");
+  const DType d = param_dtype(op, x, a);
+  expect_param(op, in[1], x, {x.shape()[1]}, "weight", d);
+  expect_param(op, in[2], x, {x.shape()[1]}, "bias", d);
   DType st = stat_dtype(x.dtype());
   Shape stats{x.shape()[0], G};
-  return {schema::meta_like(x), {stats, st, x.device()}, {stats, st, x.device()}};
+  return {{x.shape(), d, x.device()}, {stats, st, x.device()}, {stats, st, x.device()}};
 }
 
 std::vector<TensorMeta> infer_group_norm_backward(const std::vector<Tensor>& in, const Attrs& a) {
@@ -209,13 +238,14 @@ std::vector<TensorMeta> infer_group_norm_backward(const std::vector<Tensor>& in,
   const Tensor& x = in[1];
   expect_x(op, x);
   expect_channels(op, x);
-  expect_grad_like_x(op, in[0], x);
+  const DType d = param_dtype(op, x, a);
+  expect_grad_like_x(op, in[0], x, d);
   int64_t G = checked_groups(op, x, a);
   Shape channels{x.shape()[1]};
-  expect_param(op, in[2], x, channels, "weight");
+  expect_param(op, in[2], x, channels, "weight", d);
   expect_stat(op, in[3], x, {x.shape()[0], G}, "mean");
   expect_stat(op, in[4], x, {x.shape()[0], G}, "rstd");
-  return {schema::meta_like(x), {channels, x.dtype(), x.device()}, {channels, x.dtype(), x.device()}};
+  return {{x.shape(), d, x.device()}, {channels, d, x.device()}, {channels, d, x.device()}};
 }
 
 void expect_running_stat(const Tensor& r, const Tensor& x, const char* what) {
@@ -233,8 +263,9 @@ std::vector<TensorMeta> infer_batch_norm(const std::vector<Tensor>& in, const At
   expect_x(op, x);
   expect_channels(op, x);
   Shape channels{x.shape()[1]};
-  expect_param(op, in[1], x, channels, "weight");
-  expect_param(op, in[2], x, channels, "bias");
+  const DType d = param_dtype(op, x, a);
+  expect_param(op, in[1], x, channels, "weight", d);
+  expect_param(op, in[2], x, channels, "bias", d);
   const Tensor &rm = in[3], &rv = in[4];
   REEL_CHECK(rm.defined() == rv.defined(), "batch_norm: running_mean and running_var must be given together (got ",
              rm.defined() ? "running_mean" : "running_var", " only)");
@@ -251,21 +282,22 @@ std::vector<TensorMeta> infer_batch_norm(const std::vector<Tensor>& in, const At
     REEL_CHECK(rm.defined(), "batch_norm: eval mode (training=false) needs running_mean and running_var, got none");
   }
   DType st = stat_dtype(x.dtype());
-  return {schema::meta_like(x), {channels, st, x.device()}, {channels, st, x.device()}};
+  return {{x.shape(), d, x.device()}, {channels, st, x.device()}, {channels, st, x.device()}};
 }
 
-std::vector<TensorMeta> infer_batch_norm_backward(const std::vector<Tensor>& in, const Attrs&) {
+std::vector<TensorMeta> infer_batch_norm_backward(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::BatchNormBackward;
   schema::expect_inputs(op, in, 5);
   const Tensor& x = in[1];
   expect_x(op, x);
   expect_channels(op, x);
-  expect_grad_like_x(op, in[0], x);
+  const DType d = param_dtype(op, x, a);
+  expect_grad_like_x(op, in[0], x, d);
   Shape channels{x.shape()[1]};
-  expect_param(op, in[2], x, channels, "weight");
+  expect_param(op, in[2], x, channels, "weight", d);
   expect_stat(op, in[3], x, channels, "save_mean");
   expect_stat(op, in[4], x, channels, "save_rstd");
-  return {schema::meta_like(x), {channels, x.dtype(), x.device()}, {channels, x.dtype(), x.device()}};
+  return {{x.shape(), d, x.device()}, {channels, d, x.device()}, {channels, d, x.device()}};
 }
 
 std::vector<TensorMeta> infer_dropout(const std::vector<Tensor>& in, const Attrs& a) {

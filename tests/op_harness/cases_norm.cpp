@@ -4,6 +4,9 @@
 // in place, which the runner compares as inputs after the call) and in eval, and with f32 running
 // statistics under 16-bit x. Backward ops get the statistics their forward saved. Dropout runs at
 // p = 0.3, 0, 1 and 0.5 with a large Philox offset.
+// Group and batch norm, forward and backward, also read a bf16/f16 x as f32 (attr dtype = f32, what
+// compile/passes/read_norm_input_16bit.cpp writes): their reference is the composition the compiler
+// replaced, x cast to f32 and then the f32 op (tests/test_norm_16bit_input.cpp checks the bits).
 // Plain-loop references: all three norms are "normalise each set by its own mean and variance, then
 // an affine map per feature" (sets: rows; (n, group)s; channels), so one forward and one backward
 // formula over a (set, feature) labelling of the elements serves them; dropout's mask is Philox's,
@@ -234,6 +237,80 @@ void add_batch_norm_cases(std::vector<OpTestCase>& cases) {
                  {DType::f16, DType::bf16});
 }
 
+// ---- group and batch norm reading a 16-bit x as f32 ----
+
+// x (the case's dtype, bf16 or f16) read as f32; w, b, running statistics and g are f32.
+struct Widened {
+  const char* name;
+  Shape x;
+  Layout layout;
+  bool batch;      // batch norm; else group norm with `groups`
+  bool training;   // batch norm
+  bool affine, running;
+  int64_t groups = 1;
+};
+
+// x, w, b[, running_mean, running_var] and attrs of the forward.
+OpCall widened_call(const Widened& v, DType t) {
+  const int64_t C = v.x[1];
+  Tensor w = v.affine ? randn_input({C}, DType::f32, 141, Layout::contiguous, 0.5, 1.0) : Tensor();
+  Tensor b = v.affine ? randn_input({C}, DType::f32, 142, Layout::contiguous, 0.5) : Tensor();
+  Tensor x = randn_input(v.x, t, 140, v.layout, 1.0, 0.5);
+  Attrs a = Attrs().set("eps", kEps).set("dtype", DType::f32);
+  if (!v.batch) return OpCall{{x, w, b}, a.set("groups", v.groups)};
+  Tensor rm = v.running ? randn_input({C}, DType::f32, 143, Layout::contiguous, 0.5) : Tensor();
+  Tensor rv = v.running ? uniform_input({C}, DType::f32, 144, 0.5, 1.5) : Tensor();
+  return OpCall{{x, w, b, rm, rv}, a.set("training", v.training).set("momentum", kMomentum)};
+}
+
+// The backward's (g, x, w, mean, rstd), with the statistics of the forward on the CPU.
+OpCall widened_backward_call(const Widened& v, DType t) {
+  OpCall f = widened_call(v, t);
+  std::vector<Tensor> saved = dispatch(v.batch ? OpKind::BatchNorm : OpKind::GroupNorm, f.inputs, f.attrs);
+  Attrs a = Attrs().set("dtype", DType::f32);
+  a = v.batch ? a.set("training", v.training) : a.set("groups", v.groups);
+  return OpCall{{randn_input(v.x, DType::f32, 145, Layout::transposed), f.inputs[0], f.inputs[1], saved[1], saved[2]},
+                a};
+}
+
+// The op on the call with input `x_at` cast to f32 first (running statistics updated on copies).
+Expected cast_then_f32(OpKind op, const OpCall& c, size_t x_at) {
+  std::vector<Tensor> in = c.inputs;
+  in[x_at] = dispatch(OpKind::Copy, {in[x_at]}, Attrs().set("dtype", DType::f32))[0];
+  for (size_t i = 3; op == OpKind::BatchNorm && i < 5; ++i)
+    if (in[i].defined()) in[i] = clone(in[i]);
+  Expected e;
+  for (const Tensor& t : dispatch(op, in, c.attrs)) e.push_back(host_values(t));
+  return e;
+}
+
+void add_widened_cases(std::vector<OpTestCase>& cases) {
+  using L = Layout;
+  // The outputs are f32: f32's tolerance, whichever 16-bit dtype x has (the scale is f16's to f32's,
+  // so bf16 runs get 6x that).
+  const double f32_tol = tolerance(DType::f32) / tolerance(DType::f16);
+  for (const Widened& v : {Widened{"train_running_stats_4x3x2x2", {4, 3, 2, 2}, L::contiguous, true, true, true, true},
+                           Widened{"train_channels_last_no_affine_2x4x3x3", {2, 4, 3, 3}, L::channels_last, true, true, false, false},
+                           Widened{"eval_strided_3x5", {3, 5}, L::strided, true, false, true, true},
+                           Widened{"channels_last_2x4x3x3_groups_2", {2, 4, 3, 3}, L::channels_last, false, true, true, false, 2},
+                           Widened{"no_affine_3x6x5_groups_3", {3, 6, 5}, L::contiguous, false, true, false, false, 3}}) {
+    const OpKind op = v.batch ? OpKind::BatchNorm : OpKind::GroupNorm;
+    const OpKind backward = v.batch ? OpKind::BatchNormBackward : OpKind::GroupNormBackward;
+    cases.push_back({.op = op,
+                     .name = std::string(op_name(op)) + "_16bit_x_" + v.name,
+                     .dtypes = {DType::bf16, DType::f16},
+                     .make = [v](Device, DType t) { return widened_call(v, t); },
+                     .tol_scale = f32_tol,
+                     .reference = [op](const OpCall& c) { return cast_then_f32(op, c, 0); }});
+    cases.push_back({.op = backward,
+                     .name = std::string(op_name(backward)) + "_16bit_x_" + v.name,
+                     .dtypes = {DType::bf16, DType::f16},
+                     .make = [v](Device, DType t) { return widened_backward_call(v, t); },
+                     .tol_scale = f32_tol,
+                     .reference = [backward](const OpCall& c) { return cast_then_f32(backward, c, 1); }});
+  }
+}
+
 // ---- dropout ----
 
 struct Drop {
@@ -334,6 +411,7 @@ std::vector<OpTestCase> norm_cases() {
   std::vector<OpTestCase> cases;
   add_layer_and_group_norm_cases(cases);
   add_batch_norm_cases(cases);
+  add_widened_cases(cases);
   add_dropout_cases(cases);
   add_dropout_mask_cases(cases);
   return cases;
