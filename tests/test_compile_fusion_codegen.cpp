@@ -183,8 +183,12 @@ TEST(CudaCodegen, BroadcastBiasAndGeluCompileToConstantIndexMath) {
                            "const float* in1, float* out0)",
                            "typedef unsigned int index_t;", "const index_t n = 262144u;",
                            "const index_t i1 = rest % 1024u; rest /= 1024u;", "const float r0 = in0[e];",
-                           "const float r1 = in1[i1];", "const float r2 = reel_rounded(op_add(r0, r1));", "const float r3 = reel_rounded(op_gelu(r2));",
-                           "out0[e] = r3;", "// reel fused elementwise kernel: add gelu"})
+                           "const float r1 = in1[i1];", "const float r2 = op_add(r0, r1);", "const float r3 = op_gelu(r2);",
+                           "out0[e] = r3;", "// reel fused elementwise kernel: add gelu",
+                           // mul, add and sub round on their own: no FMA across two ops of the chain
+                           "float math_mul(float a, float b) { return __fmul_rn(a, b); }",
+                           "float math_add(float a, float b) { return __fadd_rn(a, b); }",
+                           "double math_sub(double a, double b) { return __dsub_rn(a, b); }"})
     EXPECT_NE(src.find(part), std::string::npos) << part << "\n" << src;
   EXPECT_NE(src.find(jit::kNvrtcMathSource), std::string::npos);
 }
@@ -253,7 +257,7 @@ TEST(CudaCodegen, ManyInputsTakeTheScalarLoopWithEveryLoadFirst) {
   EXPECT_EQ(src.find("addresses"), std::string::npos) << src;
   const size_t body = src.find(std::string("void __launch_bounds__(256) ") + jit::kFusedKernelName);
   ASSERT_NE(body, std::string::npos) << src;
-  const size_t last_load = src.rfind("= in"), first_op = src.find("= reel_rounded(op_", body), first_store = src.find("out0[e] =", body);
+  const size_t last_load = src.rfind("= in"), first_op = src.find("= op_", body), first_store = src.find("out0[e] =", body);
   ASSERT_NE(last_load, std::string::npos) << src;
   ASSERT_NE(first_store, std::string::npos) << src;
   EXPECT_LT(last_load, first_op) << src;
@@ -314,6 +318,29 @@ TEST(Nvrtc, DropoutMasksDrawnInTheKernelCompileInBothLoops) {
   EXPECT_NO_THROW(jit::nvrtc_compile_cached(src, "sm_90", "dropout"));
   const FusedLoop strided = make_fused_loop({16, 64}, {{1, 16}});
   EXPECT_NO_THROW(jit::nvrtc_compile_cached(jit::cuda_fused_source(e, strided, "dropout"), "sm_90", "dropout"));
+}
+
+// y = x * m + u * n in f32 (dropout's multiply and a product of draws, added): eager rounds each
+// product in its own kernel before the add, so the fused kernel must too. Its PTX multiplies and adds
+// with mul.rn / add.rn, which neither NVVM nor ptxas may contract into an fma (a plain mul.f32 +
+// add.f32 pair may become one, and did: on the H200 such a chain differed from eager in the last bit).
+TEST(Nvrtc, AChainOfMultipliesAndAddsIsNotContractedIntoFmas) {
+  if (!cuda::is_built()) GTEST_SKIP() << "reel was built without the CUDA backend (no NVRTC)";
+  TempCacheDir cache;
+  FusedExpr e;
+  const int x = e.load(0, DType::f32), u = e.load(1, DType::f32), n = e.load(2, DType::f32);
+  const int m = e.random(0, DType::f32, 0.3, 0, 0);
+  const int y = e.op(OpKind::Add, {e.op(OpKind::Mul, {x, m}, DType::f32), e.op(OpKind::Mul, {u, n}, DType::f32)}, DType::f32);
+  e.store(0, e.op(OpKind::Sub, {e.op(OpKind::MulScalar, {y}, DType::f32, 3.0), u}, DType::f32), DType::f32);
+  const std::string ptx =
+      jit::nvrtc_compile_cached(jit::cuda_fused_source(e, make_fused_loop({96}, {{1}, {1}, {1}}), "mul add"), "compute_90", "mul add");
+  EXPECT_NE(ptx.find("mul.rn.f32"), std::string::npos) << ptx;
+  EXPECT_NE(ptx.find("add.rn.f32"), std::string::npos) << ptx;
+  EXPECT_NE(ptx.find("sub.rn.f32"), std::string::npos) << ptx;
+  EXPECT_EQ(ptx.find("fma.rn.f32"), std::string::npos) << ptx;
+  // (A plain mul.f32 remains: the mask's uniform, (w >> 8) * 2^-24, exact and compared, never added.)
+  for (const char* contractable : {"add.f32", "sub.f32"})
+    EXPECT_EQ(ptx.find(contractable), std::string::npos) << contractable << "\n" << ptx;
 }
 
 TEST(Nvrtc, TheDiskCacheServesTheSecondCompilation) {

@@ -172,7 +172,7 @@ TEST(FuseGemmGeluCuda, ExactGeluStaysInItsKernelAndTheLogSaysWhy) {
   {
     testing_util::ScopedEnv env("REEL_LOG", "fusion");
     testing::internal::CaptureStderr();
-    for (int i = 0; i < 2; ++i) f(in);
+    for (int i = 0; i < 3; ++i) f(in);  // warm-up, trace, replay: the plan exists from the third call
     log = testing::internal::GetCapturedStderr();
   }
   EXPECT_NE(log.find("gemm_gelu: gemm_epilogue k"), std::string::npos) << log.substr(0, 3000);

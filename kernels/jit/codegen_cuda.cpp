@@ -27,12 +27,19 @@ REEL_FM_FN float math_erf(float x) { return erff(x); }
 REEL_FM_FN double math_erf(double x) { return erf(x); }
 REEL_FM_FN float math_pow(float x, float y) { return powf(x, y); }
 REEL_FM_FN double math_pow(double x, double y) { return pow(x, y); }
-// Each op's result as its own kernel stores it: the empty asm hides how the value was made, so the
-// compiler cannot contract one op's multiply with the next op's add into an FMA (which a chain of
-// separate kernels, eager's, never does). Inside one op's formula FMAs form as in its eager kernel.
-REEL_FM_FN float reel_rounded(float x) { asm("" : "+f"(x)); return x; }
-REEL_FM_FN double reel_rounded(double x) { asm("" : "+d"(x)); return x; }
-REEL_FM_FN long long reel_rounded(long long x) { return x; }
+// mul, add and sub as single correctly rounded instructions (mul.rn / add.rn / sub.rn), which the
+// code generator never contracts into an FMA: a chain of ops rounds after each one, as a chain of
+// eager kernels does (a plain a * b + c in the generated code may become one fma). Inside the other
+// formulas FMAs form as in their eager kernels, which nvcc compiles with the same contraction.
+REEL_FM_FN float math_mul(float a, float b) { return __fmul_rn(a, b); }
+REEL_FM_FN double math_mul(double a, double b) { return __dmul_rn(a, b); }
+REEL_FM_FN long long math_mul(long long a, long long b) { return a * b; }
+REEL_FM_FN float math_add(float a, float b) { return __fadd_rn(a, b); }
+REEL_FM_FN double math_add(double a, double b) { return __dadd_rn(a, b); }
+REEL_FM_FN long long math_add(long long a, long long b) { return a + b; }
+REEL_FM_FN float math_sub(float a, float b) { return __fsub_rn(a, b); }
+REEL_FM_FN double math_sub(double a, double b) { return __dsub_rn(a, b); }
+REEL_FM_FN long long math_sub(long long a, long long b) { return a - b; }
 REEL_FM_FN float reel_load_f16(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 REEL_FM_FN unsigned short reel_store_f16(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 REEL_FM_FN float reel_load_bf16(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
@@ -181,7 +188,7 @@ void emit_instr(std::ostringstream& os, const FusedExpr& e, size_t r, const char
   switch (i.kind) {
     case InstrKind::Random: os << indent << "const " << type << " " << reg(int(r)) << " = " << random(int(r)) << ";\n"; break;
     case InstrKind::Load: os << indent << "const " << type << " " << reg(int(r)) << " = " << widen(i.dtype, load(i.index)) << ";\n"; break;
-    case InstrKind::Op: os << indent << "const " << type << " " << reg(int(r)) << " = reel_rounded(" << op_text(i) << ");\n"; break;
+    case InstrKind::Op: os << indent << "const " << type << " " << reg(int(r)) << " = " << op_text(i) << ";\n"; break;
     case InstrKind::Cast: os << indent << "const " << type << " " << reg(int(r)) << " = " << cast_text(i.args[0], i.dtype) << ";\n"; break;
     case InstrKind::Store: os << indent << store(i.index) << " = " << narrow(i.dtype, reg(i.args[0])) << ";\n"; break;
   }

@@ -9,9 +9,9 @@
 //   target   sm_XY (CUBIN) when this NVRTC supports the device's compute capability X.Y, else PTX
 //            for the newest compute_ZZ below it (the driver compiles it when loading);
 //   options  --std=c++17 only: default IEEE division, square root and denormals, as nvcc builds
-//            reel's own kernels (FMA contraction on, as there, inside each op's formula; between
-//            two ops of a program it is blocked, codegen_cuda.cpp's reel_rounded, as between two
-//            eager kernels, so a fused f32 chain gives eager's bits);
+//            reel's own kernels (FMA contraction on, as there, inside each op's formula; mul, add
+//            and sub are correctly rounded single instructions, codegen_cuda.cpp's math_mul etc.,
+//            so no FMA forms across two ops of a program, as none forms across two eager kernels);
 //   loading  in the op's PrepareFn, which a plan runs when it is built (kernels/dispatch.h), so never
 //            while a graph is being captured; the kernel is fetched for the device right away, so
 //            lazy module loading cannot happen inside a capture. An unprepared call (eager dispatch)

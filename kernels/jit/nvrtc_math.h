@@ -36,6 +36,11 @@ inline float math_erf(float x) { return std::erf(x); }
 inline double math_erf(double x) { return std::erf(x); }
 inline float math_pow(float x, float y) { return std::pow(x, y); }
 inline double math_pow(double x, double y) { return std::pow(x, y); }
+// The arithmetic that ends an op and starts the next: plain on the host; on the device the prelude
+// makes them correctly rounded single instructions, never contracted into an FMA across two ops.
+template <typename A> inline A math_mul(A a, A b) { return a * b; }
+template <typename A> inline A math_add(A a, A b) { return a + b; }
+template <typename A> inline A math_sub(A a, A b) { return a - b; }
 
 }  // namespace reel::jit::nvrtc_math
 
@@ -69,12 +74,12 @@ REEL_NVRTC_MATH(
   // silu: x sigmoid(x)
   template <typename A> REEL_FM_FN A op_silu(A x) { return x / (A(1) + math_exp(-x)); }
   template <typename A> REEL_FM_FN A op_pow_scalar(A x, A p) { return math_pow(x, p); }
-  template <typename A> REEL_FM_FN A op_add_scalar(A x, A p) { return x + p; }
-  template <typename A> REEL_FM_FN A op_mul_scalar(A x, A p) { return x * p; }
+  template <typename A> REEL_FM_FN A op_add_scalar(A x, A p) { return math_add(x, p); }
+  template <typename A> REEL_FM_FN A op_mul_scalar(A x, A p) { return math_mul(x, p); }
 
-  template <typename A> REEL_FM_FN A op_add(A a, A b) { return a + b; }
-  template <typename A> REEL_FM_FN A op_sub(A a, A b) { return a - b; }
-  template <typename A> REEL_FM_FN A op_mul(A a, A b) { return a * b; }
+  template <typename A> REEL_FM_FN A op_add(A a, A b) { return math_add(a, b); }
+  template <typename A> REEL_FM_FN A op_sub(A a, A b) { return math_sub(a, b); }
+  template <typename A> REEL_FM_FN A op_mul(A a, A b) { return math_mul(a, b); }
   template <typename A> REEL_FM_FN A op_div(A a, A b) { return a / b; }
   template <typename A> REEL_FM_FN A op_eq(A a, A b) { return A(a == b); }
   template <typename A> REEL_FM_FN A op_ne(A a, A b) { return A(a != b); }
