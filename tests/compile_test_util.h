@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "compile/runtime/train_step.h"
 #include "optim/optim.h"
 #include "reel.h"
 
@@ -32,6 +33,24 @@ inline std::vector<optim::MicroBatch> token_batches(int accum, int64_t B, int64_
     micro.push_back({tensor_i64(x, {B, T}, device), tensor_i64(y, {B, T}, device)});
   }
   return micro;
+}
+
+// The mean losses of `steps` training steps over `micro`: through the compiled step when given
+// (compile::compile_train_step of the same optimizer and loss), else eagerly (optim::train_step).
+inline std::vector<double> step_losses(optim::Optimizer& opt, const optim::LossFn& loss_fn,
+                                       const std::vector<optim::MicroBatch>& micro, int steps,
+                                       compile::CompiledFunction* compiled) {
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    if (compiled) {
+      losses.push_back((*compiled)(compile::flatten_micro(micro))[0].item());
+    } else {
+      Tensor mean_loss;
+      optim::train_step(opt, loss_fn, micro, &mean_loss);
+      losses.push_back(mean_loss.item());
+    }
+  }
+  return losses;
 }
 
 // Equal to the bit, NaN included (a planted overflow leaves NaN in losses or BatchNorm's running

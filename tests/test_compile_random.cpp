@@ -139,15 +139,7 @@ TEST(CompileRandom, GptWithDropoutTrainsAsEagerStepForStep) {
       auto loss_fn = [&](const Tensor& a, const Tensor& b) { return nn::model_loss(*model, a, b); };
       manual_seed(17);
       auto step = compile::compile_train_step(opt, loss_fn, {mode_for(device), 8, fuse});
-      for (int s = 0; s < 8; ++s) {
-        if (compiled) {
-          losses.push_back(step(compile::flatten_micro(micro))[0].item());
-        } else {
-          Tensor mean_loss;
-          optim::train_step(opt, loss_fn, micro, &mean_loss);
-          losses.push_back(mean_loss.item());
-        }
-      }
+      losses = testing_util::step_losses(opt, loss_fn, micro, 8, compiled ? &step : nullptr);
       if (compiled) {
         EXPECT_EQ(step.traces(), 1);
         EXPECT_EQ(step.replays(), 6);

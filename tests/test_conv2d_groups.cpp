@@ -20,6 +20,7 @@
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "reel.h"
+#include "tests/compile_test_util.h"
 #include "tests/test_util.h"
 
 using namespace reel;
@@ -273,16 +274,7 @@ TEST(Conv2dGroupsCompile, DepthwiseSeparableStepMatchesEagerToTheBit) {
     nn::Module* m = model.get();
     auto loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
     auto step = compile::compile_train_step(opt, loss_fn, {compile::Mode::Default, 8, false});
-    std::vector<double> losses;
-    for (int s = 0; s < 5; ++s) {
-      if (compiled) {
-        losses.push_back(step(compile::flatten_micro(micro))[0].item());
-      } else {
-        Tensor mean_loss;
-        optim::train_step(opt, loss_fn, micro, &mean_loss);
-        losses.push_back(mean_loss.item());
-      }
-    }
+    std::vector<double> losses = testing_util::step_losses(opt, loss_fn, micro, 5, compiled ? &step : nullptr);
     if (compiled) {
       EXPECT_EQ(step.replays(), 3);
     }

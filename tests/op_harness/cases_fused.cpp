@@ -36,6 +36,16 @@ Expected values_of(const std::vector<Tensor>& ts) {
 
 // ---- layer norm: the residual add + norm + cast, and the backward + add (+ cast, column sums) ----
 
+// A layer_norm_backward_add call that adds its column sums to `sums`: that tensor is an input and the
+// same tensor as the last output (params +=); the other outputs are fresh.
+OpCall adding_into_sums(const Inputs& in, const Attrs& a, const Tensor& sums) {
+  std::vector<TensorMeta> m = infer_outputs(OpKind::LayerNormBackwardAdd, in, a);
+  std::vector<Tensor> out;
+  for (size_t k = 0; k + 1 < m.size(); ++k) out.push_back(Tensor::empty(m[k].shape, m[k].dtype));
+  out.push_back(sums);
+  return OpCall{in, a, out};
+}
+
 void add_layer_norm_cases(std::vector<OpTestCase>& cases) {
   for (bool add : {false, true}) {
     cases.push_back({.op = OpKind::LayerNormCast,
@@ -83,11 +93,7 @@ void add_layer_norm_cases(std::vector<OpTestCase>& cases) {
                // Added to: the sums' tensor is an input and the same tensor as the output (params +=).
                Tensor sums = randn_input({48}, DType::f32, 215);
                in.push_back(sums);
-               std::vector<TensorMeta> m = infer_outputs(OpKind::LayerNormBackwardAdd, in, a);
-               std::vector<Tensor> out;
-               for (size_t k = 0; k + 1 < m.size(); ++k) out.push_back(Tensor::empty(m[k].shape, m[k].dtype));
-               out.push_back(sums);
-               return OpCall{in, a, out};
+               return adding_into_sums(in, a, sums);
              },
          .reference =
              [v](const OpCall& c) {
@@ -154,12 +160,8 @@ void add_layer_norm_dropout_cases(std::vector<OpTestCase>& cases) {
                Tensor sums = randn_input({cols}, DType::f32, 235);
                Inputs in{randn_input({5, cols}, DType::f32, 233), x, w, f[1], f[2], randn_input({5, cols}, DType::f32, 234), sums,
                          dropout_state()};
-               Attrs a = with_test_dropout(Attrs().set("dtype", t).set("column_sums", true).set("accumulate", true));
-               std::vector<TensorMeta> m = infer_outputs(OpKind::LayerNormBackwardAdd, in, a);
-               std::vector<Tensor> out;
-               for (size_t k = 0; k + 1 < m.size(); ++k) out.push_back(Tensor::empty(m[k].shape, m[k].dtype));
-               out.push_back(sums);
-               return OpCall{in, a, out};
+               return adding_into_sums(in, with_test_dropout(Attrs().set("dtype", t).set("column_sums", true).set("accumulate", true)),
+                                       sums);
              },
          .reference =
              [](const OpCall& c) {
