@@ -51,16 +51,22 @@ inline Attrs with_fused_dropout(Attrs a, const Attrs& mask, bool state) {
       .set("dropout_state", state);
 }
 
-inline Attrs dropout_mask_attrs_of(const Attrs& fused, const Tensor& like) {
-  const Shape& s = like.shape();
+// The attrs of a dropout_mask op drawing a mask of `shape` and `dtype` on `device`.
+inline Attrs dropout_mask_attrs(const Shape& shape, DType dtype, Device device, double p, int64_t seed,
+                                int64_t offset) {
   return Attrs()
-      .set("shape", std::vector<int64_t>(s.begin(), s.end()))
-      .set("dtype", like.dtype())
-      .set("device_type", int64_t(like.device().type))
-      .set("device_index", int64_t(like.device().index))
-      .set("p", fused.f("dropout_p"))
-      .set("seed", fused.i("dropout_seed"))
-      .set("offset", fused.i("dropout_offset"));
+      .set("shape", std::vector<int64_t>(shape.begin(), shape.end()))
+      .set("dtype", dtype)
+      .set("device_type", int64_t(device.type))
+      .set("device_index", int64_t(device.index))
+      .set("p", p)
+      .set("seed", seed)
+      .set("offset", offset);
+}
+
+inline Attrs dropout_mask_attrs_of(const Attrs& fused, const Tensor& like) {
+  return dropout_mask_attrs(like.shape(), like.dtype(), like.device(), fused.f("dropout_p"), fused.i("dropout_seed"),
+                            fused.i("dropout_offset"));
 }
 
 }  // namespace reel

@@ -28,10 +28,7 @@ using testing_util::expect_error;
 
 namespace {
 
-Tensor random(const Shape& shape, uint64_t seed, DType dtype = DType::f64) {
-  Generator gen(seed);
-  return randn(shape, TensorOptions{dtype}, &gen);
-}
+using testing_util::random;
 
 struct GroupCfg {
   int64_t N, C, H, W, O, kH, kW, stride, pad, groups;

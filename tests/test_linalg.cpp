@@ -16,11 +16,7 @@ using testing_util::expect_error;
 
 namespace {
 
-// Values ~ N(0, 1) from a generator seeded by `seed`, in `dtype`.
-Tensor random(const Shape& shape, uint64_t seed, DType dtype = DType::f64) {
-  Generator gen(seed);
-  return randn(shape, TensorOptions{dtype}, &gen);
-}
+using testing_util::random;
 
 struct Ref {
   Shape shape;

@@ -91,6 +91,12 @@ inline double max_rel_diff(const Tensor& a, const Tensor& b) {
   return x.size() == y.size() ? err / scale : INFINITY;
 }
 
+// Values ~ N(0, 1) from a generator seeded by `seed`, in `dtype`.
+inline Tensor random(const Shape& shape, uint64_t seed, DType dtype = DType::f64) {
+  Generator gen(seed);
+  return randn(shape, TensorOptions{dtype}, &gen);
+}
+
 // Sets an environment variable for one scope (and re-reads the log topics, which are read once).
 class ScopedEnv {
  public:

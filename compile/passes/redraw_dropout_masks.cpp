@@ -24,6 +24,7 @@
 
 #include "compile/passes/passes.h"
 #include "kernels/dispatch.h"
+#include "kernels/philox_args.h"
 #include "tensor/log.h"
 
 namespace reel::compile {
@@ -34,15 +35,12 @@ constexpr const char* kPass = "dropout_masks";
 
 // The dropout_mask node that draws `mask` (the dropout node d's mask ref) into `out`.
 Node mask_node(const Node& d, const TensorRef& out, const Device& device) {
-  Attrs a = Attrs()
-                .set("shape", std::vector<int64_t>(out.shape.begin(), out.shape.end()))
-                .set("dtype", out.dtype)
-                .set("device_type", int64_t(device.type))
-                .set("device_index", int64_t(device.index))
-                .set("p", d.attrs.f("p"))
-                .set("seed", d.attrs.i("seed"))
-                .set("offset", d.attrs.i("offset"));
-  Node n{OpKind::DropoutMask, std::move(a), {}, {out}, false, {"dropout"}};
+  Node n{OpKind::DropoutMask,
+         dropout_mask_attrs(out.shape, out.dtype, device, d.attrs.f("p"), d.attrs.i("seed"), d.attrs.i("offset")),
+         {},
+         {out},
+         false,
+         {"dropout"}};
   if (d.inputs.size() > 1 && d.inputs[1]) n.inputs.push_back(d.inputs[1]);
   return n;
 }

@@ -40,36 +40,29 @@ __global__ void dropout_fwd_kernel(const D* x, D* y, D* mask, int64_t n, PhiloxA
   }
 }
 
-void dropout_fwd(const KernelCall& c) {
-  Tensor x = contiguous_on_device(c.in[0]);
-  const Tensor &y = c.out[0], &mask = c.out[1];
-  const int64_t n = x.numel();
+// Launches the mask (and, with x, y = x * mask) of the call's n elements; the Philox state, when the
+// call has one, is input `state_input`.
+void launch_dropout(const char* op, const KernelCall& c, size_t state_input, const Tensor* x, const Tensor* y,
+                    const Tensor& mask) {
+  const int64_t n = mask.numel();
   if (n == 0) return;
   const double p = c.attrs.f("p");
-  const PhiloxArgs rng = philox_args(c, 1);
-  const double keep = dropout_kept_value(x.dtype(), p);
-  visit_float(x.dtype(), "dropout", [&]<typename D>() {
+  const PhiloxArgs rng = philox_args(c, state_input);
+  const double keep = dropout_kept_value(mask.dtype(), p);
+  visit_float(mask.dtype(), op, [&]<typename D>() {
     using A = Acc<D>;
-    dropout_fwd_kernel<D><<<blocks_for((n + 3) / 4), 256, 0, stream_of(x)>>>(
-        in_ptr<D>(x), out_ptr<D>(y), out_ptr<D>(mask), n, rng, float(p), A(keep));
+    dropout_fwd_kernel<D><<<blocks_for((n + 3) / 4), 256, 0, stream_of(mask)>>>(
+        x ? in_ptr<D>(*x) : nullptr, y ? out_ptr<D>(*y) : nullptr, out_ptr<D>(mask), n, rng, float(p), A(keep));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }
 
-void dropout_mask_fwd(const KernelCall& c) {
-  const Tensor& mask = c.out[0];
-  const int64_t n = mask.numel();
-  if (n == 0) return;
-  const double p = c.attrs.f("p");
-  const PhiloxArgs rng = philox_args(c, 0);
-  const double keep = dropout_kept_value(mask.dtype(), p);
-  visit_float(mask.dtype(), "dropout_mask", [&]<typename D>() {
-    using A = Acc<D>;
-    dropout_fwd_kernel<D><<<blocks_for((n + 3) / 4), 256, 0, stream_of(mask)>>>(
-        nullptr, nullptr, out_ptr<D>(mask), n, rng, float(p), A(keep));
-    REEL_CUDA_LAUNCH_CHECK();
-  });
+void dropout_fwd(const KernelCall& c) {
+  const Tensor x = contiguous_on_device(c.in[0]);
+  launch_dropout("dropout", c, 1, &x, &c.out[0], c.out[1]);
 }
+
+void dropout_mask_fwd(const KernelCall& c) { launch_dropout("dropout_mask", c, 0, nullptr, nullptr, c.out[0]); }
 
 }  // namespace
 }  // namespace cuda
