@@ -25,6 +25,10 @@ bool is_available();          // built, and at least one device is visible
 int device_count();
 std::string unavailable_reason();  // why is_available() is false ("" when it is true)
 void synchronize(int device = 0);  // waits for all work on the device
+// Marks the work between start and stop for a profiler started with collection off (Nsight Compute's
+// `ncu --profile-from-start off`, cudaProfilerStart/Stop): e.g. one replayed step out of a run.
+void profiler_start();
+void profiler_stop();
 
 using StreamHandle = void*;  // a cudaStream_t
 StreamHandle current_stream(int device = 0);

@@ -9,6 +9,8 @@ bool is_available() { return false; }
 int device_count() { return 0; }
 std::string unavailable_reason() { return "reel was built without the CUDA backend (nvcc was not found)"; }
 void synchronize(int) {}
+void profiler_start() {}
+void profiler_stop() {}
 StreamHandle current_stream(int) { return nullptr; }
 void set_current_stream(StreamHandle, int) {}
 StreamHandle create_stream() { throw Error("cuda: reel was built without the CUDA backend"); }

@@ -16,6 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <cuda_profiler_api.h>
+
 #include "tensor/cuda.h"
 #include "tensor/cuda_check.h"
 
@@ -289,6 +291,9 @@ void synchronize(int device) {
   DeviceScope scope(device);
   REEL_CUDA_CHECK(cudaDeviceSynchronize());
 }
+
+void profiler_start() { REEL_CUDA_CHECK(cudaProfilerStart()); }
+void profiler_stop() { REEL_CUDA_CHECK(cudaProfilerStop()); }
 
 StreamHandle current_stream(int device) {
   REEL_CHECK(device >= 0 && device < kMaxDevices, "cuda: device index ", device, " out of range");

@@ -44,6 +44,7 @@ struct BenchOptions {
   std::string device = "auto";
   int64_t steps = 30, warmup = 5, micro_batch = -1;
   int64_t profile_steps = 0;  // > 0: profile this many extra steps op by op (tools/op_profile.h)
+  int64_t profiler_steps = 0;  // > 0: run this many extra steps inside a CUDA profiler range (ncu)
   bool plan_memory = false;   // also plan each step's peak without running it (compile/runtime/memory_budget.h)
   double dropout = 0;         // the GPTs' dropout (GptConfig::dropout); the timed steps train, so it draws
   std::string json_path;
@@ -72,13 +73,14 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--micro-batch") o.micro_batch = int_arg("bench", k, v, 1);
     else if (k == "--json") o.json_path = v;
     else if (k == "--profile") o.profile_steps = int_arg("bench", k, v, 0);
+    else if (k == "--profiler-range") o.profiler_steps = int_arg("bench", k, v, 0);
     else if (k == "--deterministic") set_deterministic_algorithms(v != "0");
     else if (k == "--channels-last") set_autocast_channels_last(v != "0");
     else if (k == "--plan-memory") o.plan_memory = v != "0";
     else if (k == "--dropout") o.dropout = real_arg("bench", k, v, 0, 0.99);
     else throw Error("bench: unknown option " + k +
                      " (expected --models, --precisions, --compile, --device, --steps, --warmup, --micro-batch, --json, "
-                     "--profile, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P)");
+                     "--profile, --profiler-range N, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P)");
   }
   for (const std::string& m : o.models)  // a typo fails before any run
     if (!nn::is_benchmark_model(m)) nn::make_benchmark_model(m);  // throws, naming the known models
@@ -246,6 +248,15 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
     sync();
     set_dispatch_observer(previous);
     scratch.print();
+  }
+  if (o.profiler_steps > 0 && device.is_cuda()) {
+    // Steady steps as they run (a compiled step replays its CUDA graph), for a profiler that collects
+    // only inside the range: `ncu --profile-from-start off ... reel bench --profiler-range 1`.
+    sync();
+    cuda::profiler_start();
+    for (int64_t i = 0; i < o.profiler_steps; ++i) step();
+    sync();
+    cuda::profiler_stop();
   }
   if (o.profile_steps > 0 && compiled && compiled_step->last_plan()) {
     // A replayed plan bypasses the dispatch door: the plan times its own kernels, one at a time.

@@ -5,7 +5,7 @@
 //
 // First, an elementwise node over contiguous tensors of one size that reads a fusable producer's
 // output traced in another shape (a reshape between them) is rewritten in the producer's shape (same
-// bytes, same linear order). Then each fusable node moves up (at most 16 places) to just after the last writer of its inputs
+// bytes, same linear order). Then each fusable node moves up (at most 1024 places) to just after the last writer of its inputs
 // when that writer is a fusable node of its shape and nothing in between touches its outputs: a chain
 // split by unrelated nodes (attention scales q, copies k, then casts q) becomes consecutive.
 // A group is a maximal run of consecutive nodes (graph order; consecutive is what makes the rewrite
@@ -134,8 +134,13 @@ class GroupState {
   std::unordered_map<int, Use> uses_;
 };
 
-// How far back a node may be moved to join its producer's group (a window keeps the pass linear).
-constexpr size_t kMaxHoist = 16;
+// How far back a node may be moved to join its producer's group. Far enough for a gradient's
+// accumulation to reach the cast that makes it: a convolution's 16-bit weight gradient is widened in
+// the backward and added into the f32 gradient (or copied into it, in the first micro-batch) only at
+// the micro-batch's end, a few hundred nodes later in a ResNet; moved up, cast and add are one kernel
+// and the f32 temporary is never stored (resnet18-cifar bf16: 971 -> 883 kernels, arena 231.9 ->
+// 208.1 MiB on the CPU). The window bounds the pass's cost (each move rescans the nodes before it).
+constexpr size_t kMaxHoist = 1024;
 
 bool refers_to(const Node& n, int buffer) {
   for (const auto& r : n.inputs)
