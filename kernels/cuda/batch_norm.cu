@@ -28,7 +28,21 @@
 // (N, C, S) with an incremental (n, s) position: no 64-bit division per value. y and dx are flat
 // elementwise passes over (N, C, S), c = (i / S) % C in 32-bit arithmetic when the size allows,
 // coalesced in i. No atomics: the same inputs give the same bits on every run.
+//
+// Channels-last operands. Under autocast a convolution writes its 16-bit result channels-last
+// (N, H, W, C: element (p, c) at p C + c, p = n S + s the pixel), and the compiled step hands that to
+// the norm as x (compile/passes/read_norm_input_16bit.cpp); in the backward g usually comes in
+// (N, C, S) order and x channels-last. Rather than copying such operands into (N, C, S) order first
+// (a transpose kernel per operand, as many as the norms themselves), the kernels then work on tiles
+// of 32 pixels x 32 channels staged in shared memory: each operand is loaded along its own
+// contiguous dim (pixels for (N, C, S), channels for channels-last), so every global access is
+// coalesced whatever the mix of layouts, and the tile is then read across. The statistics and the
+// backward's sums are then one launch each: the last block of a channel tile to finish combines the
+// tile's chunks (kernels/cuda/last_block.cuh) with the code of the stage-2 kernels above. The chunks of a channel's
+// values are then chunks of pixels, summed in another order than the (N, C, S) kernels': the results
+// agree to rounding, not to the bit, with those of the same values in (N, C, S) order.
 #include "kernels/cuda/cuda_registry.h"
+#include "kernels/cuda/last_block.cuh"
 #include "kernels/cuda/norm_common.cuh"
 
 namespace reel {
@@ -136,31 +150,37 @@ __global__ void batch_norm_fwd_partial_kernel(const X* x, ChannelSplit sp, A* pa
 // With one chunk this is exactly the plain two-pass mean and variance. Writes mean, rstd: (C) and,
 // when `update`, the running statistics.
 template <typename A>
+__device__ void finalize_channel_stats(int64_t c, const A* part, const ChannelSplit& sp, A eps, A* mean, A* rstd,
+                                       bool update, RunningStat running_mean, RunningStat running_var,
+                                       double momentum) {
+  const A *sums = part + c * sp.parts, *m2s = part + (sp.C + c) * sp.parts;
+  A s = 0;
+  for (int64_t k = 0; k < sp.parts; ++k) s += load_partial(sums + k);
+  const A mu = s / A(sp.count);  // count == 0 gives NaN, as on the CPU
+  A m2 = 0;
+  for (int64_t k = 0; k < sp.parts; ++k) {
+    const int64_t nk = sp.end(k) - sp.begin(k);
+    if (nk == 0) continue;
+    const A d = load_partial(sums + k) / A(nk) - mu;
+    m2 += load_partial(m2s + k) + A(nk) * d * d;
+  }
+  const A var = m2 / A(sp.count);
+  mean[c] = mu;
+  rstd[c] = inv_std(var, eps);
+  if (update) {
+    // Explicit roundings keep nvcc from contracting into FMAs: the same bits as the CPU's loop.
+    const double n = double(sp.count), var_unbiased = __ddiv_rn(__dmul_rn(double(var), n), n - 1);
+    const double keep = 1 - momentum;
+    running_mean.store(c, __dadd_rn(__dmul_rn(keep, running_mean.load(c)), __dmul_rn(momentum, double(mu))));
+    running_var.store(c, __dadd_rn(__dmul_rn(keep, running_var.load(c)), __dmul_rn(momentum, var_unbiased)));
+  }
+}
+
+template <typename A>
 __global__ void batch_norm_fwd_finalize_kernel(const A* part, ChannelSplit sp, A eps, A* mean, A* rstd, bool update,
                                                RunningStat running_mean, RunningStat running_var, double momentum) {
-  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < sp.C; c += int64_t(gridDim.x) * blockDim.x) {
-    const A *sums = part + c * sp.parts, *m2s = part + (sp.C + c) * sp.parts;
-    A s = 0;
-    for (int64_t k = 0; k < sp.parts; ++k) s += sums[k];
-    const A mu = s / A(sp.count);  // count == 0 gives NaN, as on the CPU
-    A m2 = 0;
-    for (int64_t k = 0; k < sp.parts; ++k) {
-      const int64_t nk = sp.end(k) - sp.begin(k);
-      if (nk == 0) continue;
-      const A d = sums[k] / A(nk) - mu;
-      m2 += m2s[k] + A(nk) * d * d;
-    }
-    const A var = m2 / A(sp.count);
-    mean[c] = mu;
-    rstd[c] = inv_std(var, eps);
-    if (update) {
-      // Explicit roundings keep nvcc from contracting into FMAs: the same bits as the CPU's loop.
-      const double n = double(sp.count), var_unbiased = __ddiv_rn(__dmul_rn(double(var), n), n - 1);
-      const double keep = 1 - momentum;
-      running_mean.store(c, __dadd_rn(__dmul_rn(keep, running_mean.load(c)), __dmul_rn(momentum, double(mu))));
-      running_var.store(c, __dadd_rn(__dmul_rn(keep, running_var.load(c)), __dmul_rn(momentum, var_unbiased)));
-    }
-  }
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < sp.C; c += int64_t(gridDim.x) * blockDim.x)
+    finalize_channel_stats(c, part, sp, eps, mean, rstd, update, running_mean, running_var, momentum);
 }
 
 // Eval statistics from the running ones: mean = running_mean, rstd = 1 / sqrt(running_var + eps).
@@ -213,18 +233,23 @@ __global__ void batch_norm_bwd_partial_kernel(const D* g, const X* x, const A* m
 // db = sum(g) (D, (C)) and the coefficients of dx, coef: (2, C) = mean(g), mean(g xhat) in
 // training, zeros in eval.
 template <typename D, typename A = Acc<D>>
-__global__ void batch_norm_bwd_finalize_kernel(const A* part, ChannelSplit sp, bool training, D* dw, D* db, A* coef) {
-  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < sp.C; c += int64_t(gridDim.x) * blockDim.x) {
-    A s_g = 0, s_gx = 0;
-    for (int64_t k = 0; k < sp.parts; ++k) {
-      s_g += part[c * sp.parts + k];
-      s_gx += part[(sp.C + c) * sp.parts + k];
-    }
-    dw[c] = from_acc<D>(s_gx);
-    db[c] = from_acc<D>(s_g);
-    coef[c] = training ? s_g / A(sp.count) : A(0);
-    coef[sp.C + c] = training ? s_gx / A(sp.count) : A(0);
+__device__ void finalize_channel_grads(int64_t c, const A* part, const ChannelSplit& sp, bool training, D* dw, D* db,
+                                       A* coef) {
+  A s_g = 0, s_gx = 0;
+  for (int64_t k = 0; k < sp.parts; ++k) {
+    s_g += load_partial(part + c * sp.parts + k);
+    s_gx += load_partial(part + (sp.C + c) * sp.parts + k);
   }
+  dw[c] = from_acc<D>(s_gx);
+  db[c] = from_acc<D>(s_g);
+  coef[c] = training ? s_g / A(sp.count) : A(0);
+  coef[sp.C + c] = training ? s_gx / A(sp.count) : A(0);
+}
+
+template <typename D, typename A = Acc<D>>
+__global__ void batch_norm_bwd_finalize_kernel(const A* part, ChannelSplit sp, bool training, D* dw, D* db, A* coef) {
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < sp.C; c += int64_t(gridDim.x) * blockDim.x)
+    finalize_channel_grads(c, part, sp, training, dw, db, coef);
 }
 
 // dx = w rstd (g - mean(g) - xhat mean(g xhat)). g, x, dx: (N, C, S) flat; w: (C) or null; mean,
@@ -237,6 +262,208 @@ __global__ void batch_norm_bwd_dx_kernel(const D* g, const X* x, const D* w, con
     const A rs = rstd[c], xh = (to_acc(x[i]) - mean[c]) * rs, wc = w ? to_acc(w[c]) : A(1);
     dx[i] = from_acc<D>(wc * rs * (to_acc(g[i]) - coef[c] - xh * coef[C + c]));
   }
+}
+
+// ---- tiles of 32 pixels x 32 channels, for channels-last operands ----
+
+constexpr int kTile = 32, kTileRows = 8;  // a block is kTile x kTileRows threads: (tx, ty)
+
+// Where element (pixel p, channel c) of an (N, C, S) tensor lies: p C + c channels-last, else
+// (n C + c) S + s with p = n S + s.
+struct PlaneLayout {
+  int64_t C, S;
+  bool channels_last;
+};
+
+// One operand's 32 x 32 tile (pixels p0.., channels c0..) into `tile` [pixel][channel] as A, zeros
+// outside the tensor. Threads run along the operand's contiguous dim: coalesced loads.
+template <typename T, typename A>
+__device__ void load_tile(A (&tile)[kTile][kTile + 1], const T* v, PlaneLayout L, int64_t P, int64_t p0, int64_t c0) {
+  if (L.channels_last) {
+    const int64_t c = c0 + threadIdx.x;
+    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+      const int64_t p = p0 + r;
+      tile[r][threadIdx.x] = p < P && c < L.C ? to_acc(v[p * L.C + c]) : A(0);
+    }
+  } else {
+    const int64_t p = p0 + threadIdx.x, n = p / L.S, sp = p - n * L.S;
+    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+      const int64_t c = c0 + r;
+      tile[threadIdx.x][r] = p < P && c < L.C ? to_acc(v[(n * L.C + c) * L.S + sp]) : A(0);
+    }
+  }
+}
+
+// `tile` [pixel][channel] out to an (N, C, S)-ordered D tensor, threads along pixels: coalesced.
+template <typename D, typename A>
+__device__ void store_tile_ncs(const A (&tile)[kTile][kTile + 1], D* v, int64_t C, int64_t S, int64_t P, int64_t p0,
+                               int64_t c0) {
+  const int64_t p = p0 + threadIdx.x, n = p / S, sp = p - n * S;
+  for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+    const int64_t c = c0 + r;
+    if (p < P && c < C) v[(n * C + c) * S + sp] = from_acc<D>(tile[threadIdx.x][r]);
+  }
+}
+
+// The 32 per-thread partial sums of each channel column (ty = 0..7) summed in ty order; every
+// thread gets its column's total. Synchronises.
+template <typename A>
+__device__ A column_sum(A v, A (&scratch)[kTileRows][kTile]) {
+  __syncthreads();
+  scratch[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  A s = 0;
+  for (int r = 0; r < kTileRows; ++r) s += scratch[r][threadIdx.x];
+  return s;
+}
+
+// Training statistics, stage 1, tiled: block (channel tile j, pixel chunk k) sums the chunk's values of
+// its 32 channels, then their squared deviations from the chunk mean (two passes, as above); thread
+// (tx, ty) takes channel c0 + tx of pixel rows ty, ty + 8, ... of each tile. part as above.
+// The last block of each channel tile to finish then combines the tile's chunks as
+// batch_norm_fwd_finalize_kernel does (kernels/cuda/last_block.cuh): one launch, the same bits.
+template <typename X, typename A>
+__global__ void batch_norm_fwd_stats_tiled_kernel(const X* x, PlaneLayout Lx, ChannelSplit sp, A* part, A eps,
+                                                  A* mean, A* rstd, bool update, RunningStat running_mean,
+                                                  RunningStat running_var, double momentum) {
+  __shared__ A tile[kTile][kTile + 1];
+  __shared__ A scratch[kTileRows][kTile];
+  const int64_t tiles_c = (sp.C + kTile - 1) / kTile;
+  for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {
+    const int64_t c0 = (t / sp.parts) * kTile, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
+    A s = 0;
+    for (int64_t p0 = i0; p0 < i1; p0 += kTile) {
+      __syncthreads();
+      load_tile(tile, x, Lx, i1, p0, c0);
+      __syncthreads();
+      for (int r = threadIdx.y; r < kTile; r += kTileRows) s += tile[r][threadIdx.x];
+    }
+    s = column_sum(s, scratch);
+    const A chunk_mean = i1 > i0 ? s / A(i1 - i0) : A(0);
+    A q = 0;
+    for (int64_t p0 = i0; p0 < i1; p0 += kTile) {
+      __syncthreads();
+      load_tile(tile, x, Lx, i1, p0, c0);
+      __syncthreads();
+      for (int r = threadIdx.y; r < kTile && p0 + r < i1; r += kTileRows) {
+        const A d = tile[r][threadIdx.x] - chunk_mean;
+        q += d * d;
+      }
+    }
+    q = column_sum(q, scratch);
+    const int64_t c = c0 + threadIdx.x;
+    if (threadIdx.y == 0 && c < sp.C) {
+      part[c * sp.parts + k] = s;
+      part[(sp.C + c) * sp.parts + k] = q;
+    }
+    if (arrive_last(finish_counter(c0 / kTile), unsigned(sp.parts)) && threadIdx.y == 0 && c < sp.C)
+      finalize_channel_stats(c, part, sp, eps, mean, rstd, update, running_mean, running_var, momentum);
+  }
+}
+
+// y = x scale_c + shift_c, tiled: x in its layout, y (N, C, S). Block (pixel tile, channel tile).
+template <typename X, typename D, typename A = Acc<D>>
+__global__ void batch_norm_fwd_apply_tiled_kernel(const X* x, PlaneLayout Lx, const D* w, const D* b, const A* mean,
+                                                  const A* rstd, D* y, int64_t P) {
+  __shared__ A tile[kTile][kTile + 1];
+  const int64_t tiles_p = (P + kTile - 1) / kTile, tiles_c = (Lx.C + kTile - 1) / kTile;
+  for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {
+    const int64_t p0 = (t % tiles_p) * kTile, c0 = (t / tiles_p) * kTile;
+    __syncthreads();
+    load_tile(tile, x, Lx, P, p0, c0);
+    __syncthreads();
+    const int64_t c = c0 + threadIdx.x;
+    if (c < Lx.C) {
+      const A scale = rstd[c] * (w ? to_acc(w[c]) : A(1)), shift = (b ? to_acc(b[c]) : A(0)) - mean[c] * scale;
+      for (int r = threadIdx.y; r < kTile; r += kTileRows) tile[r][threadIdx.x] = tile[r][threadIdx.x] * scale + shift;
+    }
+    __syncthreads();
+    store_tile_ncs(tile, y, Lx.C, Lx.S, P, p0, c0);
+  }
+}
+
+// Backward, stage 1, tiled: g and x each in its layout; sums of g and g xhat per (channel, chunk).
+// The last block of each channel tile then writes dw, db and coef as batch_norm_bwd_finalize_kernel.
+template <typename X, typename D, typename A = Acc<D>>
+__global__ void batch_norm_bwd_sums_tiled_kernel(const D* g, PlaneLayout Lg, const X* x, PlaneLayout Lx, const A* mean,
+                                                 const A* rstd, ChannelSplit sp, A* part, bool training, D* dw, D* db,
+                                                 A* coef) {
+  __shared__ A tg[kTile][kTile + 1], tx[kTile][kTile + 1];
+  __shared__ A scratch[kTileRows][kTile];
+  const int64_t tiles_c = (sp.C + kTile - 1) / kTile;
+  for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {
+    const int64_t c0 = (t / sp.parts) * kTile, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
+    const int64_t c = c0 + threadIdx.x;
+    const A mu = c < sp.C ? mean[c] : A(0), rs = c < sp.C ? rstd[c] : A(0);
+    A s_g = 0, s_gx = 0;
+    for (int64_t p0 = i0; p0 < i1; p0 += kTile) {
+      __syncthreads();
+      load_tile(tg, g, Lg, i1, p0, c0);
+      load_tile(tx, x, Lx, i1, p0, c0);
+      __syncthreads();
+      for (int r = threadIdx.y; r < kTile && p0 + r < i1; r += kTileRows) {
+        const A gv = tg[r][threadIdx.x];
+        s_g += gv;
+        s_gx += gv * (tx[r][threadIdx.x] - mu) * rs;
+      }
+    }
+    s_g = column_sum(s_g, scratch);
+    s_gx = column_sum(s_gx, scratch);
+    if (threadIdx.y == 0 && c < sp.C) {
+      part[c * sp.parts + k] = s_g;
+      part[(sp.C + c) * sp.parts + k] = s_gx;
+    }
+    if (arrive_last(finish_counter(c0 / kTile), unsigned(sp.parts)) && threadIdx.y == 0 && c < sp.C)
+      finalize_channel_grads(c, part, sp, training, dw, db, coef);
+  }
+}
+
+// dx = w rstd (g - mean(g) - xhat mean(g xhat)), tiled: g, x in their layouts, dx (N, C, S).
+template <typename X, typename D, typename A = Acc<D>>
+__global__ void batch_norm_bwd_dx_tiled_kernel(const D* g, PlaneLayout Lg, const X* x, PlaneLayout Lx, const D* w,
+                                               const A* mean, const A* rstd, const A* coef, D* dx, int64_t P) {
+  __shared__ A tg[kTile][kTile + 1], tx[kTile][kTile + 1];
+  const int64_t C = Lx.C, tiles_p = (P + kTile - 1) / kTile, tiles_c = (C + kTile - 1) / kTile;
+  for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {
+    const int64_t p0 = (t % tiles_p) * kTile, c0 = (t / tiles_p) * kTile;
+    __syncthreads();
+    load_tile(tg, g, Lg, P, p0, c0);
+    load_tile(tx, x, Lx, P, p0, c0);
+    __syncthreads();
+    const int64_t c = c0 + threadIdx.x;
+    if (c < C) {
+      const A rs = rstd[c], mu = mean[c], wc = w ? to_acc(w[c]) : A(1), cg = coef[c], cgx = coef[C + c];
+      for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+        const A xh = (tx[r][threadIdx.x] - mu) * rs;
+        tg[r][threadIdx.x] = wc * rs * (tg[r][threadIdx.x] - cg - xh * cgx);
+      }
+    }
+    __syncthreads();
+    store_tile_ncs(tg, dx, C, Lx.S, P, p0, c0);
+  }
+}
+
+int64_t channel_tiles(const NCS& d) { return (d.C + kTile - 1) / kTile; }
+
+// An operand read in place when it is dense channels-last (and not also (N, C, S)-contiguous, as
+// when C or S is 1), else (N, C, S)-contiguous: itself or a copy.
+struct PlaneOperand {
+  Tensor t;
+  PlaneLayout layout;
+};
+PlaneOperand plane_operand(const Tensor& v, const NCS& d) {
+  const bool counters = channel_tiles(d) <= kFinishCounterSlots;  // one per channel tile (last_block.cuh)
+  if (counters && v.dim() == 4 && !v.is_contiguous() && v.is_contiguous(MemoryFormat::ChannelsLast))
+    return {v, {d.C, d.S, true}};
+  return {contiguous_on_device(v), {d.C, d.S, false}};
+}
+
+// Pixel chunks per channel tile for the tiled kernels: about 1024 blocks in all, each chunk at least
+// 256 pixels (a tile row per thread row, 8 tiles).
+ChannelSplit split_pixels(const NCS& d) {
+  const int64_t count = d.N * d.S, tiles_c = channel_tiles(d);
+  const int64_t parts = std::max<int64_t>(1, std::min((1024 + tiles_c - 1) / tiles_c, count / 256));
+  return {d.C, d.S, count, parts, (count + parts - 1) / parts};
 }
 
 // Chunks per channel: about 1024 tiles in all, each at least 4096 values (8 per thread).
@@ -257,12 +484,14 @@ void launch_flat(Kernel32 k32, Kernel64 k64, int64_t total, const NCS& d, cudaSt
 }
 
 void batch_norm_fwd(const KernelCall& c) {
-  Tensor x = contiguous_on_device(c.in[0]), w = contiguous_on_device(c.in[1]), b = contiguous_on_device(c.in[2]);
+  const NCS d = ncs_of(c.in[0]);
+  const PlaneOperand xo = plane_operand(c.in[0], d);
+  const Tensor &x = xo.t, w = contiguous_on_device(c.in[1]), b = contiguous_on_device(c.in[2]);
   const Tensor &running_mean = c.in[3], &running_var = c.in[4];  // updated in place: not copied
   const Tensor &y = c.out[0], &mean = c.out[1], &rstd = c.out[2];
-  const NCS d = ncs_of(x);
   if (d.C == 0) return;
   const bool training = c.attrs.b("training"), has_running = running_mean.defined();
+  const bool tiled = xo.layout.channels_last;
   const double eps = c.attrs.f("eps");
   cudaStream_t s = stream_of(x);
   RunningStat rm{}, rv{};
@@ -274,49 +503,77 @@ void batch_norm_fwd(const KernelCall& c) {
     using A = Acc<D>;
     A *pm = out_ptr<A>(mean), *pr = out_ptr<A>(rstd);
     if (training) {
-      const ChannelSplit sp = split_channels(d);
+      const ChannelSplit sp = tiled ? split_pixels(d) : split_channels(d);
       const double momentum = has_running ? c.attrs.f("momentum") : 0.0;
       Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());  // chunk sums, chunk M2s
-      batch_norm_fwd_partial_kernel<X, A><<<grid_for(d.C * sp.parts), kChannelThreads, 0, s>>>(in_ptr<X>(x), sp,
-                                                                                                out_ptr<A>(part));
-      REEL_CUDA_LAUNCH_CHECK();
-      batch_norm_fwd_finalize_kernel<A><<<blocks_for(d.C), 256, 0, s>>>(in_ptr<A>(part), sp, A(eps), pm, pr,
-                                                                        has_running, rm, rv, momentum);
+      if (tiled) {
+        batch_norm_fwd_stats_tiled_kernel<X, A><<<grid_for(channel_tiles(d) * sp.parts), dim3(kTile, kTileRows), 0,
+                                                  s>>>(in_ptr<X>(x), xo.layout, sp, out_ptr<A>(part), A(eps), pm, pr,
+                                                       has_running, rm, rv, momentum);
+      } else {
+        batch_norm_fwd_partial_kernel<X, A><<<grid_for(d.C * sp.parts), kChannelThreads, 0, s>>>(in_ptr<X>(x), sp,
+                                                                                                  out_ptr<A>(part));
+        REEL_CUDA_LAUNCH_CHECK();
+        batch_norm_fwd_finalize_kernel<A><<<blocks_for(d.C), 256, 0, s>>>(in_ptr<A>(part), sp, A(eps), pm, pr,
+                                                                          has_running, rm, rv, momentum);
+      }
     } else {
       batch_norm_fwd_eval_stats_kernel<A><<<blocks_for(d.C), 256, 0, s>>>(rm, rv, d.C, eps, pm, pr);
     }
     REEL_CUDA_LAUNCH_CHECK();
     const int64_t total = x.numel();
     if (total == 0) return;
+    if (tiled) {
+      const int64_t P = d.N * d.S, tiles = (P + kTile - 1) / kTile * ((d.C + kTile - 1) / kTile);
+      batch_norm_fwd_apply_tiled_kernel<X, D><<<grid_for(tiles), dim3(kTile, kTileRows), 0, s>>>(
+          in_ptr<X>(x), xo.layout, in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(y), P);
+      REEL_CUDA_LAUNCH_CHECK();
+      return;
+    }
     launch_flat(batch_norm_fwd_apply_kernel<uint32_t, X, D>, batch_norm_fwd_apply_kernel<int64_t, X, D>, total, d,
                 s, in_ptr<X>(x), in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(y));
   });
 }
 
 void batch_norm_bwd(const KernelCall& c) {
-  Tensor g = contiguous_on_device(c.in[0]), x = contiguous_on_device(c.in[1]), w = contiguous_on_device(c.in[2]);
+  const NCS d = ncs_of(c.in[1]);
+  const PlaneOperand go = plane_operand(c.in[0], d), xo = plane_operand(c.in[1], d);
+  const Tensor &g = go.t, &x = xo.t, w = contiguous_on_device(c.in[2]);
   Tensor mean = contiguous_on_device(c.in[3]), rstd = contiguous_on_device(c.in[4]);
   const Tensor &dx = c.out[0], &dw = c.out[1], &db = c.out[2];
-  const NCS d = ncs_of(x);
   if (d.C == 0) return;
-  const bool training = c.attrs.b("training");
+  const bool training = c.attrs.b("training"), tiled = go.layout.channels_last || xo.layout.channels_last;
   cudaStream_t s = stream_of(x);
   visit_norm_input(x.dtype(), dx.dtype(), "batch_norm_backward", [&]<typename X, typename D>() {
     using A = Acc<D>;
     const D* pg = in_ptr<D>(g);
     const X* px = in_ptr<X>(x);
     const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
-    const ChannelSplit sp = split_channels(d);
+    const ChannelSplit sp = tiled ? split_pixels(d) : split_channels(d);
     Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());  // chunk sums of g, g xhat
     Tensor coef = Tensor::empty({2, d.C}, mean.dtype(), x.device());            // mean(g), mean(g xhat)
-    batch_norm_bwd_partial_kernel<X, D><<<grid_for(d.C * sp.parts), kChannelThreads, 0, s>>>(pg, px, pm, pr, sp,
-                                                                                              out_ptr<A>(part));
-    REEL_CUDA_LAUNCH_CHECK();
-    batch_norm_bwd_finalize_kernel<D><<<blocks_for(d.C), 256, 0, s>>>(in_ptr<A>(part), sp, training, out_ptr<D>(dw),
-                                                                      out_ptr<D>(db), out_ptr<A>(coef));
+    if (tiled) {
+      batch_norm_bwd_sums_tiled_kernel<X, D><<<grid_for(channel_tiles(d) * sp.parts), dim3(kTile, kTileRows), 0, s>>>(
+          pg, go.layout, px, xo.layout, pm, pr, sp, out_ptr<A>(part), training, out_ptr<D>(dw), out_ptr<D>(db),
+          out_ptr<A>(coef));
+    } else {
+      batch_norm_bwd_partial_kernel<X, D><<<grid_for(d.C * sp.parts), kChannelThreads, 0, s>>>(pg, px, pm, pr, sp,
+                                                                                                out_ptr<A>(part));
+      REEL_CUDA_LAUNCH_CHECK();
+      batch_norm_bwd_finalize_kernel<D><<<blocks_for(d.C), 256, 0, s>>>(in_ptr<A>(part), sp, training,
+                                                                        out_ptr<D>(dw), out_ptr<D>(db),
+                                                                        out_ptr<A>(coef));
+    }
     REEL_CUDA_LAUNCH_CHECK();
     const int64_t total = x.numel();
     if (total == 0) return;
+    if (tiled) {
+      const int64_t P = d.N * d.S, tiles = (P + kTile - 1) / kTile * ((d.C + kTile - 1) / kTile);
+      batch_norm_bwd_dx_tiled_kernel<X, D><<<grid_for(tiles), dim3(kTile, kTileRows), 0, s>>>(
+          pg, go.layout, px, xo.layout, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<D>(dx), P);
+      REEL_CUDA_LAUNCH_CHECK();
+      return;
+    }
     launch_flat(batch_norm_bwd_dx_kernel<uint32_t, X, D>, batch_norm_bwd_dx_kernel<int64_t, X, D>, total, d, s, pg,
                 px, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<D>(dx));
   });

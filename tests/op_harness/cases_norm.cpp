@@ -115,7 +115,12 @@ OpCall norm_call(const Norm& n, DType t, bool layer) {
 // The backward's inputs: (g, x, w, mean, rstd) with the statistics of a forward on the CPU.
 OpCall backward_call(OpKind forward, const OpCall& f, DType t, Attrs attrs) {
   std::vector<Tensor> saved = dispatch(forward, f.inputs, f.attrs);
-  return OpCall{{randn_input(f.inputs[0].shape(), t, 113, Layout::transposed), f.inputs[0], f.inputs[1], saved[1], saved[2]},
+  // g channels-last beside a channels-last x (a convolution's gradient), else transposed.
+  const Tensor& x = f.inputs[0];
+  const Layout g_layout = x.dim() == 4 && !x.is_contiguous() && x.is_contiguous(MemoryFormat::ChannelsLast)
+                              ? Layout::channels_last
+                              : Layout::transposed;
+  return OpCall{{randn_input(x.shape(), t, 113, g_layout), f.inputs[0], f.inputs[1], saved[1], saved[2]},
                 std::move(attrs)};
 }
 
@@ -223,7 +228,10 @@ void add_batch_norm_cases(std::vector<OpTestCase>& cases) {
                          Batch{"train_transposed_no_affine_2x3x2x2", {2, 3, 2, 2}, L::transposed, true, false, false, false, true},
                          Batch{"eval_2x3x4", {2, 3, 4}, L::contiguous, false, true, true, false, true},
                          Batch{"eval_strided_no_affine_4x3", {4, 3}, L::strided, false, false, true, false, false},
-                         Batch{"train_channels_last_2x4x3x3", {2, 4, 3, 3}, L::channels_last, true, true, true, false, false}}) {
+                         Batch{"train_channels_last_2x4x3x3", {2, 4, 3, 3}, L::channels_last, true, true, true, false, false},
+                         // Several 32-channel tiles (the last partial) and pixel chunks on the GPU.
+                         Batch{"train_channels_last_4x33x16x17", {4, 33, 16, 17}, L::channels_last, true, true, true, false, false},
+                         Batch{"eval_channels_last_2x40x9x11", {2, 40, 9, 11}, L::channels_last, false, true, true, false, false}}) {
     GradcheckFn grad;
     // Fresh running statistics on every evaluation: gradcheck runs the function many times.
     if (b.gradcheck)
@@ -291,6 +299,8 @@ void add_widened_cases(std::vector<OpTestCase>& cases) {
   const double f32_tol = tolerance(DType::f32) / tolerance(DType::f16);
   for (const Widened& v : {Widened{"train_running_stats_4x3x2x2", {4, 3, 2, 2}, L::contiguous, true, true, true, true},
                            Widened{"train_channels_last_no_affine_2x4x3x3", {2, 4, 3, 3}, L::channels_last, true, true, false, false},
+                           // x channels-last, g transposed: the GPU's tiles read each in its own layout.
+                           Widened{"train_channels_last_4x33x16x17", {4, 33, 16, 17}, L::channels_last, true, true, true, true},
                            Widened{"eval_strided_3x5", {3, 5}, L::strided, true, false, true, true},
                            Widened{"channels_last_2x4x3x3_groups_2", {2, 4, 3, 3}, L::channels_last, false, true, true, false, 2},
                            Widened{"no_affine_3x6x5_groups_3", {3, 6, 5}, L::contiguous, false, true, false, false, 3}}) {
