@@ -181,6 +181,86 @@ TEST(CompileNorm16BitInput, Resnet18CifarStepEqualsTheUnrewrittenStepToTheBit) {
   EXPECT_LT(on.arena, off.arena);
 }
 
+// The norm_grad_16bit pass (compile/passes/write_norm_grad_16bit.cpp): a batch norm's backward writes
+// the 16-bit dx the convolution's backward reads, instead of an f32 dx and autocast's cast of it.
+struct GradCensus {
+  int dx16 = 0;           // batch_norm_backward nodes writing a 16-bit dx (attr dx_dtype)
+  int casts_of_dx = 0;    // f32 -> 16-bit casts of a batch_norm_backward's dx
+};
+GradCensus grad_census(const compile::Graph& g) {
+  GradCensus c;
+  std::vector<int> dx_of_norm(g.buffers.size(), 0);
+  for (const compile::Node& n : g.nodes)
+    if (n.op == OpKind::BatchNormBackward) {
+      c.dx16 += n.attrs.has("dx_dtype") ? 1 : 0;
+      dx_of_norm[size_t(n.outputs[0].buffer)] = 1;
+    }
+  for (const compile::Node& n : g.nodes)
+    if (n.op == OpKind::Copy && n.inputs.size() == 1 && n.inputs[0] && dx_of_norm[size_t(n.inputs[0]->buffer)])
+      c.casts_of_dx += 1;
+  return c;
+}
+
+void expect_norm_grad_16bit_equal_and_fewer(Device device) {
+  const auto micro = image_batches(2, 4, 8);
+  for (const char* precision : {"bf16", "fp16"}) {
+    SCOPED_TRACE(std::string(precision) + " on " + device.str());
+    AutocastGuard amp(PrecisionPolicy::parse(precision));
+    const Trained on = train(conv_norm_net, micro, 3, {}, device),
+                  off = train(conv_norm_net, micro, 3, {"norm_grad_16bit"}, device);
+    // One rounding of the same f32 dx, in the kernel or by the cast: the same bits on either device.
+    EXPECT_TRUE(testing_util::same_bits(on.losses, off.losses));
+    EXPECT_TRUE(testing_util::same_bits(on.state, off.state)) << "parameters, running statistics, counters";
+    // The BatchNorm's backward in each of the 2 micro-batches (the GroupNorm's is not this pass's).
+    EXPECT_EQ(grad_census(on.graph).dx16, 2);
+    EXPECT_EQ(grad_census(on.graph).casts_of_dx, 0);
+    EXPECT_EQ(grad_census(off.graph).casts_of_dx, 2);
+    EXPECT_EQ(off.graph.nodes.size() - on.graph.nodes.size(), 2u) << "one cast a micro-batch";
+  }
+}
+
+TEST(CompileNormGrad16Bit, ConvNormStepEqualsTheUnrewrittenStepToTheBitWithACastFewer) {
+  expect_norm_grad_16bit_equal_and_fewer(Device::cpu());
+}
+
+TEST(CompileNormGrad16BitCuda, ConvNormStepEqualsTheUnrewrittenStepToTheBitWithACastFewer) {
+  REEL_REQUIRE_GPU();
+  expect_norm_grad_16bit_equal_and_fewer(Device::cuda(0));
+}
+
+TEST(CompileNormGrad16Bit, Resnet18CifarEveryBatchNormWritesItsConvolutionsGradient) {
+  const auto micro = image_batches(2, 2, 16);
+  AutocastGuard amp(PrecisionPolicy::parse("bf16"));
+  auto make = [] {
+    Generator gen(3);
+    return nn::make_benchmark_model("resnet18-cifar", &gen);
+  };
+  const Trained on = train(make, micro, 3, {}), off = train(make, micro, 3, {"norm_grad_16bit"});
+  EXPECT_TRUE(testing_util::same_bits(on.losses, off.losses));
+  EXPECT_TRUE(testing_util::same_bits(on.state, off.state));
+  // 20 BatchNorms, each after a convolution whose backward takes dx in bf16, in 2 micro-batches.
+  EXPECT_EQ(grad_census(on.graph).dx16, 40);
+  EXPECT_EQ(grad_census(on.graph).casts_of_dx, 0);
+  EXPECT_LE(on.arena, off.arena);
+}
+
+TEST(CompileNormGrad16Bit, DeclinesADxOtherOpsReadAndSaysWhy) {
+  // f32: the first convolution's weight gradient reads the f32 dx itself, no cast; the log says so.
+  const auto micro = image_batches(2, 4, 8);
+  std::string log;
+  {
+    testing_util::ScopedEnv env("REEL_LOG", "fusion");
+    testing::internal::CaptureStderr();
+    const Trained on = train(conv_norm_net, micro, 3, {});
+    log = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(grad_census(on.graph).dx16, 0);
+  }
+  EXPECT_NE(log.find("norm_grad_16bit: batch_norm_backward k"), std::string::npos) << log.substr(0, 2000);
+  EXPECT_NE(log.find("not fused with the cast of dx: dx is read by conv2d_backward_weight, not by a cast of all of it"),
+            std::string::npos)
+      << log.substr(0, 3000);
+}
+
 TEST(CompileNorm16BitInput, DeclinesAResultOtherOpsReadAndSaysWhy) {
   const auto micro = image_batches(2, 4, 8);
   AutocastGuard amp(PrecisionPolicy::parse("bf16"));

@@ -40,6 +40,7 @@ void store_gemm_bias_16bit(Graph& g, PassStats& stats);   // gemm_epilogue in 16
 void fuse_norm_backward_add(Graph& g, PassStats& stats);  // layer_norm_backward_add
 void fuse_gemm_gelu(Graph& g, PassStats& stats);          // gemm_epilogue with GELU
 void read_norm_input_16bit(Graph& g, PassStats& stats);   // group/batch norms reading a 16-bit x (attr dtype)
+void write_norm_grad_16bit(Graph& g, PassStats& stats);   // batch_norm_backward writing a 16-bit dx (attr dx_dtype)
 void redraw_dropout_masks(Graph& g, PassStats& stats);    // dropout_mask where the mask is read
 void sink_state_updates(Graph& g, PassStats& stats);      // none: moves counters' updates together
 void fuse_elementwise(Graph& g, PassStats& stats);        // fused_elementwise

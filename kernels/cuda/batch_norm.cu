@@ -254,13 +254,13 @@ __global__ void batch_norm_bwd_finalize_kernel(const A* part, ChannelSplit sp, b
 
 // dx = w rstd (g - mean(g) - xhat mean(g xhat)). g, x, dx: (N, C, S) flat; w: (C) or null; mean,
 // rstd: (C); coef: (2, C) from stage 2. I as in the apply kernel.
-template <typename I, typename X, typename D, typename A = Acc<D>>
+template <typename I, typename X, typename D, typename O, typename A = Acc<D>>
 __global__ void batch_norm_bwd_dx_kernel(const D* g, const X* x, const D* w, const A* mean, const A* rstd,
-                                         const A* coef, D* dx, I total, I C, I S) {
+                                         const A* coef, O* dx, I total, I C, I S) {
   for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
     const I c = (i / S) % C;
     const A rs = rstd[c], xh = (to_acc(x[i]) - mean[c]) * rs, wc = w ? to_acc(w[c]) : A(1);
-    dx[i] = from_acc<D>(wc * rs * (to_acc(g[i]) - coef[c] - xh * coef[C + c]));
+    dx[i] = from_acc<O>(wc * rs * (to_acc(g[i]) - coef[c] - xh * coef[C + c]));
   }
 }
 
@@ -294,14 +294,21 @@ __device__ void load_tile(A (&tile)[kTile][kTile + 1], const T* v, PlaneLayout L
   }
 }
 
-// `tile` [pixel][channel] out to an (N, C, S)-ordered D tensor, threads along pixels: coalesced.
+// `tile` [pixel][channel] out to a D tensor in layout L, threads along its contiguous dim: coalesced.
 template <typename D, typename A>
-__device__ void store_tile_ncs(const A (&tile)[kTile][kTile + 1], D* v, int64_t C, int64_t S, int64_t P, int64_t p0,
-                               int64_t c0) {
-  const int64_t p = p0 + threadIdx.x, n = p / S, sp = p - n * S;
-  for (int r = threadIdx.y; r < kTile; r += kTileRows) {
-    const int64_t c = c0 + r;
-    if (p < P && c < C) v[(n * C + c) * S + sp] = from_acc<D>(tile[threadIdx.x][r]);
+__device__ void store_tile(const A (&tile)[kTile][kTile + 1], D* v, PlaneLayout L, int64_t P, int64_t p0, int64_t c0) {
+  if (L.channels_last) {
+    const int64_t c = c0 + threadIdx.x;
+    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+      const int64_t p = p0 + r;
+      if (p < P && c < L.C) v[p * L.C + c] = from_acc<D>(tile[r][threadIdx.x]);
+    }
+  } else {
+    const int64_t p = p0 + threadIdx.x, n = p / L.S, sp = p - n * L.S;
+    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+      const int64_t c = c0 + r;
+      if (p < P && c < L.C) v[(n * L.C + c) * L.S + sp] = from_acc<D>(tile[threadIdx.x][r]);
+    }
   }
 }
 
@@ -378,7 +385,7 @@ __global__ void batch_norm_fwd_apply_tiled_kernel(const X* x, PlaneLayout Lx, co
       for (int r = threadIdx.y; r < kTile; r += kTileRows) tile[r][threadIdx.x] = tile[r][threadIdx.x] * scale + shift;
     }
     __syncthreads();
-    store_tile_ncs(tile, y, Lx.C, Lx.S, P, p0, c0);
+    store_tile(tile, y, PlaneLayout{Lx.C, Lx.S, false}, P, p0, c0);
   }
 }
 
@@ -418,10 +425,12 @@ __global__ void batch_norm_bwd_sums_tiled_kernel(const D* g, PlaneLayout Lg, con
   }
 }
 
-// dx = w rstd (g - mean(g) - xhat mean(g xhat)), tiled: g, x in their layouts, dx (N, C, S).
-template <typename X, typename D, typename A = Acc<D>>
+// dx = w rstd (g - mean(g) - xhat mean(g xhat)), tiled: g, x and dx (of type O: D, or 16 bits with
+// attr dx_dtype) each in its layout.
+template <typename X, typename D, typename O, typename A = Acc<D>>
 __global__ void batch_norm_bwd_dx_tiled_kernel(const D* g, PlaneLayout Lg, const X* x, PlaneLayout Lx, const D* w,
-                                               const A* mean, const A* rstd, const A* coef, D* dx, int64_t P) {
+                                               const A* mean, const A* rstd, const A* coef, O* dx, PlaneLayout Ldx,
+                                               int64_t P) {
   __shared__ A tg[kTile][kTile + 1], tx[kTile][kTile + 1];
   const int64_t C = Lx.C, tiles_p = (P + kTile - 1) / kTile, tiles_c = (C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {
@@ -439,7 +448,7 @@ __global__ void batch_norm_bwd_dx_tiled_kernel(const D* g, PlaneLayout Lg, const
       }
     }
     __syncthreads();
-    store_tile_ncs(tg, dx, C, Lx.S, P, p0, c0);
+    store_tile(tg, dx, Ldx, P, p0, c0);
   }
 }
 
@@ -535,6 +544,26 @@ void batch_norm_fwd(const KernelCall& c) {
   });
 }
 
+// Calls fn.template operator()<O>() with O the device type of dx: D's own, or bf16/f16 with attr
+// dx_dtype (D = float then; the schema allows nothing else).
+template <typename D, typename Fn>
+void visit_dx_type(DType dx, DType d, Fn&& fn) {
+  if (dx == d) return fn.template operator()<D>();
+  if constexpr (std::is_same_v<D, float>) {
+    if (dx == DType::bf16) return fn.template operator()<__nv_bfloat16>();
+    if (dx == DType::f16) return fn.template operator()<__half>();
+  }
+  throw Error(detail::cat("batch_norm_backward: dx of dtype ", dtype_name(dx), " with outputs of dtype ",
+                          dtype_name(d), " is not supported"));
+}
+
+// dx dense channels-last: written so by the tiles (it is the 16-bit gradient a channels-last
+// convolution's backward reads, with attr dx_dtype), not through a temporary.
+bool dx_channels_last(const Tensor& dx, const NCS& d) {
+  return channel_tiles(d) <= kFinishCounterSlots && dx.dim() == 4 && !dx.is_contiguous() &&
+         dx.is_contiguous(MemoryFormat::ChannelsLast);
+}
+
 void batch_norm_bwd(const KernelCall& c) {
   const NCS d = ncs_of(c.in[1]);
   const PlaneOperand go = plane_operand(c.in[0], d), xo = plane_operand(c.in[1], d);
@@ -542,9 +571,11 @@ void batch_norm_bwd(const KernelCall& c) {
   Tensor mean = contiguous_on_device(c.in[3]), rstd = contiguous_on_device(c.in[4]);
   const Tensor &dx = c.out[0], &dw = c.out[1], &db = c.out[2];
   if (d.C == 0) return;
-  const bool training = c.attrs.b("training"), tiled = go.layout.channels_last || xo.layout.channels_last;
+  const PlaneLayout Ldx{d.C, d.S, dx_channels_last(dx, d)};
+  const bool training = c.attrs.b("training");
+  const bool tiled = go.layout.channels_last || xo.layout.channels_last || Ldx.channels_last;
   cudaStream_t s = stream_of(x);
-  visit_norm_input(x.dtype(), dx.dtype(), "batch_norm_backward", [&]<typename X, typename D>() {
+  visit_norm_input(x.dtype(), dw.dtype(), "batch_norm_backward", [&]<typename X, typename D>() {
     using A = Acc<D>;
     const D* pg = in_ptr<D>(g);
     const X* px = in_ptr<X>(x);
@@ -567,15 +598,17 @@ void batch_norm_bwd(const KernelCall& c) {
     REEL_CUDA_LAUNCH_CHECK();
     const int64_t total = x.numel();
     if (total == 0) return;
-    if (tiled) {
-      const int64_t P = d.N * d.S, tiles = (P + kTile - 1) / kTile * ((d.C + kTile - 1) / kTile);
-      batch_norm_bwd_dx_tiled_kernel<X, D><<<grid_for(tiles), dim3(kTile, kTileRows), 0, s>>>(
-          pg, go.layout, px, xo.layout, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<D>(dx), P);
-      REEL_CUDA_LAUNCH_CHECK();
-      return;
-    }
-    launch_flat(batch_norm_bwd_dx_kernel<uint32_t, X, D>, batch_norm_bwd_dx_kernel<int64_t, X, D>, total, d, s, pg,
-                px, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<D>(dx));
+    visit_dx_type<D>(dx.dtype(), dw.dtype(), [&]<typename O>() {
+      if (tiled) {
+        const int64_t P = d.N * d.S, tiles = (P + kTile - 1) / kTile * channel_tiles(d);
+        batch_norm_bwd_dx_tiled_kernel<X, D, O><<<grid_for(tiles), dim3(kTile, kTileRows), 0, s>>>(
+            pg, go.layout, px, xo.layout, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<O>(dx), Ldx, P);
+        REEL_CUDA_LAUNCH_CHECK();
+        return;
+      }
+      launch_flat(batch_norm_bwd_dx_kernel<uint32_t, X, D, O>, batch_norm_bwd_dx_kernel<int64_t, X, D, O>, total, d,
+                  s, pg, px, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<O>(dx));
+    });
   });
 }
 
@@ -586,8 +619,12 @@ void register_batch_norm_cuda_kernels() {
   using cuda::norm_detail::run_into_contiguous;
   constexpr DeviceType gpu = DeviceType::CUDA;
   register_kernel(gpu, OpKind::BatchNorm, [](const KernelCall& c) { run_into_contiguous(c, cuda::batch_norm_fwd); });
-  register_kernel(gpu, OpKind::BatchNormBackward,
-                  [](const KernelCall& c) { run_into_contiguous(c, cuda::batch_norm_bwd); });
+  register_kernel(gpu, OpKind::BatchNormBackward, [](const KernelCall& c) {
+    const bool direct = cuda::dx_channels_last(c.out[0], cuda::norm_detail::ncs_of(c.in[1])) &&
+                        c.out[1].is_contiguous() && c.out[2].is_contiguous();
+    if (direct) return cuda::batch_norm_bwd(c);
+    run_into_contiguous(c, cuda::batch_norm_bwd);
+  });
 }
 
 }  // namespace reel

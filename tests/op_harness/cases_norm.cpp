@@ -318,6 +318,25 @@ void add_widened_cases(std::vector<OpTestCase>& cases) {
                      .make = [v](Device, DType t) { return widened_backward_call(v, t); },
                      .tol_scale = f32_tol,
                      .reference = [backward](const OpCall& c) { return cast_then_f32(backward, c, 1); }});
+    if (!v.batch) continue;
+    // dx written in 16 bits (attr dx_dtype, the case's dtype): the f32 dx rounded once. The 16-bit dx
+    // gets its dtype's tolerance (one ulp where the backends' f32 values round apart).
+    cases.push_back({.op = backward,
+                     .name = std::string(op_name(backward)) + "_16bit_x_and_dx_" + v.name,
+                     .dtypes = {DType::bf16, DType::f16},
+                     .make =
+                         [v](Device, DType t) {
+                           OpCall c = widened_backward_call(v, t);
+                           c.attrs.set("dx_dtype", t);
+                           return c;
+                         },
+                     .reference = [v](const OpCall& c) {
+                       // The f32 call (dx in f32), then dx rounded to the 16-bit dtype.
+                       Expected e = cast_then_f32(OpKind::BatchNormBackward, OpCall{c.inputs, Attrs().set("dtype", DType::f32).set("training", v.training)}, 1);
+                       const Tensor dx = Tensor::from_vector(e[0], {int64_t(e[0].size())});
+                       e[0] = host_values(dispatch(OpKind::Copy, {dx}, Attrs().set("dtype", c.attrs.dtype("dx_dtype")))[0]);
+                       return e;
+                     }});
   }
 }
 
