@@ -7,7 +7,7 @@ import re
 import sys
 from collections import defaultdict
 
-UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
 
 # First match wins: (family, pattern over the kernel's name).
 FAMILIES = [
