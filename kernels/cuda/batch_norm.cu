@@ -34,13 +34,15 @@
 // the norm as x (compile/passes/read_norm_input_16bit.cpp); in the backward g usually comes in
 // (N, C, S) order and x channels-last. Rather than copying such operands into (N, C, S) order first
 // (a transpose kernel per operand, as many as the norms themselves), the kernels then work on tiles
-// of 32 pixels x 32 channels staged in shared memory: each operand is loaded along its own
+// of 128 pixels x 32 channels staged in shared memory: each operand is loaded along its own
 // contiguous dim (pixels for (N, C, S), channels for channels-last), so every global access is
-// coalesced whatever the mix of layouts, and the tile is then read across. The statistics and the
-// backward's sums are then one launch each: the last block of a channel tile to finish combines the
-// tile's chunks (kernels/cuda/last_block.cuh) with the code of the stage-2 kernels above. The chunks of a channel's
-// values are then chunks of pixels, summed in another order than the (N, C, S) kernels': the results
-// agree to rounding, not to the bit, with those of the same values in (N, C, S) order.
+// coalesced whatever the mix of layouts, and the tile is then read across. The statistics, whose
+// only operand is a channels-last x, need no staging: a warp reads 32 neighbouring channels of a
+// pixel. The statistics and the backward's sums are one launch each: the last block of a channel
+// tile to finish combines the tile's chunks (kernels/cuda/last_block.cuh), all its threads at once.
+// The chunks of a channel's values are then chunks of pixels, summed in another order than the
+// (N, C, S) kernels': the results agree to rounding, not to the bit, with those of the same values
+// in (N, C, S) order.
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/cuda/last_block.cuh"
 #include "kernels/cuda/norm_common.cuh"
@@ -145,10 +147,25 @@ __global__ void batch_norm_fwd_partial_kernel(const X* x, ChannelSplit sp, A* pa
   }
 }
 
+// A channel's statistics from its mean and biased variance: mean, rstd: (C) and, when `update`, the
+// running statistics.
+template <typename A>
+__device__ void store_channel_stats(int64_t c, A mu, A var, int64_t count, A eps, A* mean, A* rstd, bool update,
+                                    RunningStat running_mean, RunningStat running_var, double momentum) {
+  mean[c] = mu;
+  rstd[c] = inv_std(var, eps);
+  if (update) {
+    // Explicit roundings keep nvcc from contracting into FMAs: the same bits as the CPU's loop.
+    const double n = double(count), var_unbiased = __ddiv_rn(__dmul_rn(double(var), n), n - 1);
+    const double keep = 1 - momentum;
+    running_mean.store(c, __dadd_rn(__dmul_rn(keep, running_mean.load(c)), __dmul_rn(momentum, double(mu))));
+    running_var.store(c, __dadd_rn(__dmul_rn(keep, running_var.load(c)), __dmul_rn(momentum, var_unbiased)));
+  }
+}
+
 // Training statistics, stage 2: one thread per channel combines its chunks in order (Chan et al.):
 //   mean = sum_k s_k / n      M2 = sum_k M2_k + n_k (mean_k - mean)^2      var = M2 / n   (biased)
-// With one chunk this is exactly the plain two-pass mean and variance. Writes mean, rstd: (C) and,
-// when `update`, the running statistics.
+// With one chunk this is exactly the plain two-pass mean and variance.
 template <typename A>
 __device__ void finalize_channel_stats(int64_t c, const A* part, const ChannelSplit& sp, A eps, A* mean, A* rstd,
                                        bool update, RunningStat running_mean, RunningStat running_var,
@@ -164,16 +181,8 @@ __device__ void finalize_channel_stats(int64_t c, const A* part, const ChannelSp
     const A d = load_partial(sums + k) / A(nk) - mu;
     m2 += load_partial(m2s + k) + A(nk) * d * d;
   }
-  const A var = m2 / A(sp.count);
-  mean[c] = mu;
-  rstd[c] = inv_std(var, eps);
-  if (update) {
-    // Explicit roundings keep nvcc from contracting into FMAs: the same bits as the CPU's loop.
-    const double n = double(sp.count), var_unbiased = __ddiv_rn(__dmul_rn(double(var), n), n - 1);
-    const double keep = 1 - momentum;
-    running_mean.store(c, __dadd_rn(__dmul_rn(keep, running_mean.load(c)), __dmul_rn(momentum, double(mu))));
-    running_var.store(c, __dadd_rn(__dmul_rn(keep, running_var.load(c)), __dmul_rn(momentum, var_unbiased)));
-  }
+  store_channel_stats(c, mu, m2 / A(sp.count), sp.count, eps, mean, rstd, update, running_mean, running_var,
+                      momentum);
 }
 
 template <typename A>
@@ -229,9 +238,18 @@ __global__ void batch_norm_bwd_partial_kernel(const D* g, const X* x, const A* m
   }
 }
 
-// Backward, stage 2: one thread per channel sums its chunks in order into dw = sum(g xhat),
-// db = sum(g) (D, (C)) and the coefficients of dx, coef: (2, C) = mean(g), mean(g xhat) in
-// training, zeros in eval.
+// Backward, stage 2: one thread per channel sums its chunks in order.
+// dw = sum(g xhat), db = sum(g) (D, (C)) and the coefficients of dx, coef: (2, C) = mean(g),
+// mean(g xhat) in training, zeros in eval.
+template <typename D, typename A>
+__device__ void store_channel_grads(int64_t c, A s_g, A s_gx, int64_t C, int64_t count, bool training, D* dw, D* db,
+                                    A* coef) {
+  dw[c] = from_acc<D>(s_gx);
+  db[c] = from_acc<D>(s_g);
+  coef[c] = training ? s_g / A(count) : A(0);
+  coef[C + c] = training ? s_gx / A(count) : A(0);
+}
+
 template <typename D, typename A = Acc<D>>
 __device__ void finalize_channel_grads(int64_t c, const A* part, const ChannelSplit& sp, bool training, D* dw, D* db,
                                        A* coef) {
@@ -240,10 +258,7 @@ __device__ void finalize_channel_grads(int64_t c, const A* part, const ChannelSp
     s_g += load_partial(part + c * sp.parts + k);
     s_gx += load_partial(part + (sp.C + c) * sp.parts + k);
   }
-  dw[c] = from_acc<D>(s_gx);
-  db[c] = from_acc<D>(s_g);
-  coef[c] = training ? s_g / A(sp.count) : A(0);
-  coef[sp.C + c] = training ? s_gx / A(sp.count) : A(0);
+  store_channel_grads(c, s_g, s_gx, sp.C, sp.count, training, dw, db, coef);
 }
 
 template <typename D, typename A = Acc<D>>
@@ -264,9 +279,19 @@ __global__ void batch_norm_bwd_dx_kernel(const D* g, const X* x, const D* w, con
   }
 }
 
-// ---- tiles of 32 pixels x 32 channels, for channels-last operands ----
+// ---- tiles of 128 pixels x 32 channels, for channels-last operands ----
 
-constexpr int kTile = 32, kTileRows = 8;  // a block is kTile x kTileRows threads: (tx, ty)
+// A block is kTile x kTileRows threads (tx, ty): a warp per thread row, tx the channel within the
+// tile. A tile holds tile_pixels<A> pixels (128 in f32), thread (tx, ty) taking pixel rows ty, ty + 8,
+// ...: sixteen independent loads per thread are in flight at once, which is what keeps these kernels
+// near memory bandwidth (with 32-pixel tiles each thread waited on four loads at a time, and the norms
+// ran at a third of it). f64 tiles hold 64 pixels, to stay within a block's 48 KiB of static shared
+// memory.
+constexpr int kTile = 32, kTileRows = 8;
+template <typename A>
+constexpr int tile_pixels = sizeof(A) > 4 ? 64 : 128;
+template <typename A>
+constexpr int pixels_per_thread = tile_pixels<A> / kTileRows;
 
 // Where element (pixel p, channel c) of an (N, C, S) tensor lies: p C + c channels-last, else
 // (n C + c) S + s with p = n S + s.
@@ -275,44 +300,64 @@ struct PlaneLayout {
   bool channels_last;
 };
 
-// One operand's 32 x 32 tile (pixels p0.., channels c0..) into `tile` [pixel][channel] as A, zeros
-// outside the tensor. Threads run along the operand's contiguous dim: coalesced loads.
+// A tile staged in shared memory, [pixel][channel] (the +1 keeps a column read free of bank
+// conflicts): 128 x 33 x 4 bytes = 16.5 KiB in f32.
+template <typename A>
+using Tile = A[tile_pixels<A>][kTile + 1];
+
+// One operand's tile (pixels p0.., channels c0..) into `tile` as A, zeros outside [0, P) x [0, C).
+// Threads run along the operand's contiguous dim: channels for channels-last, pixels for (N, C, S);
+// every global access is coalesced.
 template <typename T, typename A>
-__device__ void load_tile(A (&tile)[kTile][kTile + 1], const T* v, PlaneLayout L, int64_t P, int64_t p0, int64_t c0) {
+__device__ void load_tile(Tile<A>& tile, const T* v, PlaneLayout L, int64_t P, int64_t p0, int64_t c0) {
   if (L.channels_last) {
     const int64_t c = c0 + threadIdx.x;
-    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+#pragma unroll
+    for (int j = 0; j < pixels_per_thread<A>; ++j) {
+      const int r = threadIdx.y + j * kTileRows;
       const int64_t p = p0 + r;
       tile[r][threadIdx.x] = p < P && c < L.C ? to_acc(v[p * L.C + c]) : A(0);
     }
   } else {
-    const int64_t p = p0 + threadIdx.x, n = p / L.S, sp = p - n * L.S;
-    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
-      const int64_t c = c0 + r;
-      tile[threadIdx.x][r] = p < P && c < L.C ? to_acc(v[(n * L.C + c) * L.S + sp]) : A(0);
+#pragma unroll
+    for (int q = 0; q < tile_pixels<A> / kTile; ++q) {  // 32-pixel quarters: tx runs along the pixels
+      const int64_t p = p0 + q * kTile + threadIdx.x, n = p / L.S, s = p - n * L.S;
+#pragma unroll
+      for (int j = 0; j < kTile / kTileRows; ++j) {
+        const int r = threadIdx.y + j * kTileRows;  // the channel within the tile
+        const int64_t c = c0 + r;
+        tile[q * kTile + threadIdx.x][r] = p < P && c < L.C ? to_acc(v[(n * L.C + c) * L.S + s]) : A(0);
+      }
     }
   }
 }
 
-// `tile` [pixel][channel] out to a D tensor in layout L, threads along its contiguous dim: coalesced.
+// `tile` out to a D tensor in layout L, threads along its contiguous dim: coalesced.
 template <typename D, typename A>
-__device__ void store_tile(const A (&tile)[kTile][kTile + 1], D* v, PlaneLayout L, int64_t P, int64_t p0, int64_t c0) {
+__device__ void store_tile(const Tile<A>& tile, D* v, PlaneLayout L, int64_t P, int64_t p0, int64_t c0) {
   if (L.channels_last) {
     const int64_t c = c0 + threadIdx.x;
-    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+#pragma unroll
+    for (int j = 0; j < pixels_per_thread<A>; ++j) {
+      const int r = threadIdx.y + j * kTileRows;
       const int64_t p = p0 + r;
       if (p < P && c < L.C) v[p * L.C + c] = from_acc<D>(tile[r][threadIdx.x]);
     }
   } else {
-    const int64_t p = p0 + threadIdx.x, n = p / L.S, sp = p - n * L.S;
-    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
-      const int64_t c = c0 + r;
-      if (p < P && c < L.C) v[(n * L.C + c) * L.S + sp] = from_acc<D>(tile[threadIdx.x][r]);
+#pragma unroll
+    for (int q = 0; q < tile_pixels<A> / kTile; ++q) {
+      const int64_t p = p0 + q * kTile + threadIdx.x, n = p / L.S, s = p - n * L.S;
+#pragma unroll
+      for (int j = 0; j < kTile / kTileRows; ++j) {
+        const int r = threadIdx.y + j * kTileRows;
+        const int64_t c = c0 + r;
+        if (p < P && c < L.C) v[(n * L.C + c) * L.S + s] = from_acc<D>(tile[q * kTile + threadIdx.x][r]);
+      }
     }
   }
 }
 
-// The 32 per-thread partial sums of each channel column (ty = 0..7) summed in ty order; every
+// The 8 per-thread partial sums of each channel column (ty = 0..7) summed in ty order; every
 // thread gets its column's total. Synchronises.
 template <typename A>
 __device__ A column_sum(A v, A (&scratch)[kTileRows][kTile]) {
@@ -324,117 +369,205 @@ __device__ A column_sum(A v, A (&scratch)[kTileRows][kTile]) {
   return s;
 }
 
-// Training statistics, stage 1, tiled: block (channel tile j, pixel chunk k) sums the chunk's values of
-// its 32 channels, then their squared deviations from the chunk mean (two passes, as above); thread
-// (tx, ty) takes channel c0 + tx of pixel rows ty, ty + 8, ... of each tile. part as above.
-// The last block of each channel tile to finish then combines the tile's chunks as
-// batch_norm_fwd_finalize_kernel does (kernels/cuda/last_block.cuh): one launch, the same bits.
-template <typename X, typename A>
-__global__ void batch_norm_fwd_stats_tiled_kernel(const X* x, PlaneLayout Lx, ChannelSplit sp, A* part, A eps,
-                                                  A* mean, A* rstd, bool update, RunningStat running_mean,
-                                                  RunningStat running_var, double momentum) {
-  __shared__ A tile[kTile][kTile + 1];
-  __shared__ A scratch[kTileRows][kTile];
-  const int64_t tiles_c = (sp.C + kTile - 1) / kTile;
-  for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {
-    const int64_t c0 = (t / sp.parts) * kTile, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
-    A s = 0;
-    for (int64_t p0 = i0; p0 < i1; p0 += kTile) {
-      __syncthreads();
-      load_tile(tile, x, Lx, i1, p0, c0);
-      __syncthreads();
-      for (int r = threadIdx.y; r < kTile; r += kTileRows) s += tile[r][threadIdx.x];
-    }
-    s = column_sum(s, scratch);
-    const A chunk_mean = i1 > i0 ? s / A(i1 - i0) : A(0);
-    A q = 0;
-    for (int64_t p0 = i0; p0 < i1; p0 += kTile) {
-      __syncthreads();
-      load_tile(tile, x, Lx, i1, p0, c0);
-      __syncthreads();
-      for (int r = threadIdx.y; r < kTile && p0 + r < i1; r += kTileRows) {
-        const A d = tile[r][threadIdx.x] - chunk_mean;
-        q += d * d;
+// The statistics and the backward's sums split each channel's pixels into chunks of one tile
+// (tile_pixels<A>), so block (channel tile j, chunk k) reduces one tile. Their chunk partials are laid
+// out (2, parts, C), partial k of channel c at k C + c, so that a warp (32 neighbouring channels)
+// reads or writes 128 contiguous bytes. The last block of a channel tile combines the tile's chunks
+// with all its threads: thread row ty takes chunks ty, ty + 8, ..., and the rows' sums are then added
+// in row order (column_sum), a fixed order: the same bits on every run. (One thread per channel
+// walking every chunk, as the stage-2 kernels above do, took tens of microseconds for a few hundred
+// chunks.)
+
+// Training statistics of channel tile c0.. from its chunks, as finalize_channel_stats combines them
+// (Chan et al.) but in one pass over the partials: with K the first chunk's mean (an estimate of mu,
+// so nothing cancels badly), sum_k n_k (mean_k - mu)^2 = sum_k n_k (mean_k - K)^2 - n (mu - K)^2.
+// A thread row loads kCombineBatch chunks' partials at once (one L2 latency per batch); the results
+// agree with the two-pass combination to rounding. Then stored as finalize_channel_stats stores them.
+constexpr int kCombineBatch = 16;
+
+template <typename A>
+__device__ void combine_tile_stats(int64_t c0, const A* part, const ChannelSplit& sp, A (&scratch)[kTileRows][kTile],
+                                   A eps, A* mean, A* rstd, bool update, RunningStat running_mean,
+                                   RunningStat running_var, double momentum) {
+  const int64_t c = c0 + threadIdx.x;
+  const bool live = c < sp.C;
+  const A* sums = part + c;                   // chunk k's sum at sums[k C]
+  const A* m2s = part + sp.parts * sp.C + c;  // chunk k's M2 at m2s[k C]
+  A s = 0, m2 = 0, K = 0;
+  if (live) {
+    K = load_partial(sums) / A(sp.end(0));
+    for (int64_t k0 = threadIdx.y; k0 < sp.parts; k0 += kCombineBatch * kTileRows) {
+      A sk[kCombineBatch], mk[kCombineBatch];
+#pragma unroll
+      for (int u = 0; u < kCombineBatch; ++u) {
+        const int64_t k = k0 + u * kTileRows;
+        sk[u] = k < sp.parts ? load_partial(sums + k * sp.C) : A(0);
+        mk[u] = k < sp.parts ? load_partial(m2s + k * sp.C) : A(0);
+      }
+#pragma unroll
+      for (int u = 0; u < kCombineBatch; ++u) {
+        const int64_t k = k0 + u * kTileRows;
+        if (k >= sp.parts) break;
+        const A nk = A(sp.end(k) - sp.begin(k)), d = sk[u] / nk - K;  // chunks are never empty (split_pixels)
+        s += sk[u];
+        m2 += mk[u] + nk * d * d;
       }
     }
-    q = column_sum(q, scratch);
-    const int64_t c = c0 + threadIdx.x;
-    if (threadIdx.y == 0 && c < sp.C) {
-      part[c * sp.parts + k] = s;
-      part[(sp.C + c) * sp.parts + k] = q;
+  }
+  s = column_sum(s, scratch);
+  m2 = column_sum(m2, scratch);
+  const A n = A(sp.count), mu = s / n, dk = mu - K;  // count == 0 gives NaN, as on the CPU
+  if (threadIdx.y == 0 && live)
+    store_channel_stats(c, mu, (m2 - n * dk * dk) / n, sp.count, eps, mean, rstd, update, running_mean, running_var,
+                        momentum);
+}
+
+// Training statistics, x channels-last (x[p C + c]): block (channel tile j, pixel chunk k); thread
+// (tx, ty) holds channel c0 + tx of its 16 pixels of the chunk in registers, read straight from x (a
+// warp reads 32 neighbouring channels of one pixel: coalesced, no staging needed), sums them, and
+// after the block has the chunk mean, sums their squared deviations from it (the two-pass variance
+// of the chunk, x read once). The last block of each channel tile to finish combines the tile's
+// chunks (kernels/cuda/last_block.cuh): one launch.
+template <typename X, typename A>
+__global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_fwd_stats_tiled_kernel(const X* x, ChannelSplit sp, A* part, A eps, A* mean, A* rstd,
+                                                  bool update, RunningStat running_mean, RunningStat running_var,
+                                                  double momentum) {
+  __shared__ A scratch[kTileRows][kTile];
+  const int64_t C = sp.C, tiles_c = (C + kTile - 1) / kTile;
+  for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {
+    const int64_t j = t / sp.parts, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
+    const int64_t c = j * kTile + threadIdx.x;
+    const bool live = c < C;
+    A v[pixels_per_thread<A>];  // pixels i0 + ty + 8 r of channel c; zeros past the chunk
+#pragma unroll
+    for (int r = 0; r < pixels_per_thread<A>; ++r) {
+      const int64_t p = i0 + threadIdx.y + r * kTileRows;
+      v[r] = live && p < i1 ? to_acc(x[p * C + c]) : A(0);
     }
-    if (arrive_last(finish_counter(c0 / kTile), unsigned(sp.parts)) && threadIdx.y == 0 && c < sp.C)
-      finalize_channel_stats(c, part, sp, eps, mean, rstd, update, running_mean, running_var, momentum);
+    A s = 0;
+#pragma unroll
+    for (int r = 0; r < pixels_per_thread<A>; ++r) s += v[r];
+    s = column_sum(s, scratch);
+    const A chunk_mean = s / A(i1 - i0);
+    A q = 0;
+#pragma unroll
+    for (int r = 0; r < pixels_per_thread<A>; ++r) {
+      const A d = v[r] - chunk_mean;
+      if (i0 + threadIdx.y + r * kTileRows < i1) q += d * d;
+    }
+    q = column_sum(q, scratch);
+    if (threadIdx.y == 0 && live) {
+      part[k * C + c] = s;
+      part[(sp.parts + k) * C + c] = q;
+    }
+    if (arrive_last(finish_counter(j), unsigned(sp.parts)))
+      combine_tile_stats(j * kTile, part, sp, scratch, eps, mean, rstd, update, running_mean, running_var, momentum);
   }
 }
 
 // y = x scale_c + shift_c, tiled: x in its layout, y (N, C, S). Block (pixel tile, channel tile).
 template <typename X, typename D, typename A = Acc<D>>
-__global__ void batch_norm_fwd_apply_tiled_kernel(const X* x, PlaneLayout Lx, const D* w, const D* b, const A* mean,
+__global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_fwd_apply_tiled_kernel(const X* x, PlaneLayout Lx, const D* w, const D* b, const A* mean,
                                                   const A* rstd, D* y, int64_t P) {
-  __shared__ A tile[kTile][kTile + 1];
-  const int64_t tiles_p = (P + kTile - 1) / kTile, tiles_c = (Lx.C + kTile - 1) / kTile;
+  __shared__ Tile<A> tile;
+  const int64_t tiles_p = (P + tile_pixels<A> - 1) / tile_pixels<A>, tiles_c = (Lx.C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {
-    const int64_t p0 = (t % tiles_p) * kTile, c0 = (t / tiles_p) * kTile;
+    const int64_t p0 = (t % tiles_p) * tile_pixels<A>, c0 = (t / tiles_p) * kTile;
     __syncthreads();
     load_tile(tile, x, Lx, P, p0, c0);
     __syncthreads();
     const int64_t c = c0 + threadIdx.x;
     if (c < Lx.C) {
       const A scale = rstd[c] * (w ? to_acc(w[c]) : A(1)), shift = (b ? to_acc(b[c]) : A(0)) - mean[c] * scale;
-      for (int r = threadIdx.y; r < kTile; r += kTileRows) tile[r][threadIdx.x] = tile[r][threadIdx.x] * scale + shift;
+#pragma unroll
+      for (int j = 0; j < pixels_per_thread<A>; ++j) {
+        const int r = threadIdx.y + j * kTileRows;
+        tile[r][threadIdx.x] = tile[r][threadIdx.x] * scale + shift;
+      }
     }
     __syncthreads();
     store_tile(tile, y, PlaneLayout{Lx.C, Lx.S, false}, P, p0, c0);
   }
 }
 
-// Backward, stage 1, tiled: g and x each in its layout; sums of g and g xhat per (channel, chunk).
-// The last block of each channel tile then writes dw, db and coef as batch_norm_bwd_finalize_kernel.
+// The backward's sums of channel tile c0.. from its chunks, then dw, db and coef as
+// finalize_channel_grads stores them.
+template <typename D, typename A>
+__device__ void combine_tile_grads(int64_t c0, const A* part, const ChannelSplit& sp, A (&scratch)[kTileRows][kTile],
+                                   bool training, D* dw, D* db, A* coef) {
+  const int64_t c = c0 + threadIdx.x;
+  const bool live = c < sp.C;
+  A s_g = 0, s_gx = 0;
+  if (live) {
+    for (int64_t k0 = threadIdx.y; k0 < sp.parts; k0 += kCombineBatch * kTileRows) {
+      A gk[kCombineBatch], gxk[kCombineBatch];  // loaded together: one L2 latency per batch
+#pragma unroll
+      for (int u = 0; u < kCombineBatch; ++u) {
+        const int64_t k = k0 + u * kTileRows;
+        gk[u] = k < sp.parts ? load_partial(part + k * sp.C + c) : A(0);
+        gxk[u] = k < sp.parts ? load_partial(part + (sp.parts + k) * sp.C + c) : A(0);
+      }
+#pragma unroll
+      for (int u = 0; u < kCombineBatch; ++u) {
+        s_g += gk[u];
+        s_gx += gxk[u];
+      }
+    }
+  }
+  s_g = column_sum(s_g, scratch);
+  s_gx = column_sum(s_gx, scratch);
+  if (threadIdx.y == 0 && live) store_channel_grads(c, s_g, s_gx, sp.C, sp.count, training, dw, db, coef);
+}
+
+// Backward, stage 1, tiled: g and x each in its layout, staged through tiles; sums of g and g xhat
+// per (channel, chunk) into part (2, parts, C). The last block of each channel tile then combines the
+// tile's chunks.
 template <typename X, typename D, typename A = Acc<D>>
-__global__ void batch_norm_bwd_sums_tiled_kernel(const D* g, PlaneLayout Lg, const X* x, PlaneLayout Lx, const A* mean,
+__global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_bwd_sums_tiled_kernel(const D* g, PlaneLayout Lg, const X* x, PlaneLayout Lx, const A* mean,
                                                  const A* rstd, ChannelSplit sp, A* part, bool training, D* dw, D* db,
                                                  A* coef) {
-  __shared__ A tg[kTile][kTile + 1], tx[kTile][kTile + 1];
+  __shared__ Tile<A> tg, tx;
   __shared__ A scratch[kTileRows][kTile];
-  const int64_t tiles_c = (sp.C + kTile - 1) / kTile;
+  const int64_t C = sp.C, tiles_c = (C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {
-    const int64_t c0 = (t / sp.parts) * kTile, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
+    const int64_t j = t / sp.parts, c0 = j * kTile, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
     const int64_t c = c0 + threadIdx.x;
-    const A mu = c < sp.C ? mean[c] : A(0), rs = c < sp.C ? rstd[c] : A(0);
+    const bool live = c < C;
+    const A mu = live ? mean[c] : A(0), rs = live ? rstd[c] : A(0);
+    __syncthreads();
+    load_tile(tg, g, Lg, i1, i0, c0);
+    load_tile(tx, x, Lx, i1, i0, c0);
+    __syncthreads();
     A s_g = 0, s_gx = 0;
-    for (int64_t p0 = i0; p0 < i1; p0 += kTile) {
-      __syncthreads();
-      load_tile(tg, g, Lg, i1, p0, c0);
-      load_tile(tx, x, Lx, i1, p0, c0);
-      __syncthreads();
-      for (int r = threadIdx.y; r < kTile && p0 + r < i1; r += kTileRows) {
-        const A gv = tg[r][threadIdx.x];
-        s_g += gv;
-        s_gx += gv * (tx[r][threadIdx.x] - mu) * rs;
-      }
+#pragma unroll
+    for (int j = 0; j < pixels_per_thread<A>; ++j) {
+      const int r = threadIdx.y + j * kTileRows;
+      if (i0 + r >= i1) break;
+      const A gv = tg[r][threadIdx.x];
+      s_g += gv;
+      s_gx += gv * (tx[r][threadIdx.x] - mu) * rs;
     }
     s_g = column_sum(s_g, scratch);
     s_gx = column_sum(s_gx, scratch);
-    if (threadIdx.y == 0 && c < sp.C) {
-      part[c * sp.parts + k] = s_g;
-      part[(sp.C + c) * sp.parts + k] = s_gx;
+    if (threadIdx.y == 0 && live) {
+      part[k * C + c] = s_g;
+      part[(sp.parts + k) * C + c] = s_gx;
     }
-    if (arrive_last(finish_counter(c0 / kTile), unsigned(sp.parts)) && threadIdx.y == 0 && c < sp.C)
-      finalize_channel_grads(c, part, sp, training, dw, db, coef);
+    if (arrive_last(finish_counter(j), unsigned(sp.parts)))
+      combine_tile_grads(c0, part, sp, scratch, training, dw, db, coef);
   }
 }
 
 // dx = w rstd (g - mean(g) - xhat mean(g xhat)), tiled: g, x and dx (of type O: D, or 16 bits with
 // attr dx_dtype) each in its layout.
 template <typename X, typename D, typename O, typename A = Acc<D>>
-__global__ void batch_norm_bwd_dx_tiled_kernel(const D* g, PlaneLayout Lg, const X* x, PlaneLayout Lx, const D* w,
+__global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_bwd_dx_tiled_kernel(const D* g, PlaneLayout Lg, const X* x, PlaneLayout Lx, const D* w,
                                                const A* mean, const A* rstd, const A* coef, O* dx, PlaneLayout Ldx,
                                                int64_t P) {
-  __shared__ A tg[kTile][kTile + 1], tx[kTile][kTile + 1];
-  const int64_t C = Lx.C, tiles_p = (P + kTile - 1) / kTile, tiles_c = (C + kTile - 1) / kTile;
+  __shared__ Tile<A> tg, tx;
+  const int64_t C = Lx.C, tiles_p = (P + tile_pixels<A> - 1) / tile_pixels<A>, tiles_c = (C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {
-    const int64_t p0 = (t % tiles_p) * kTile, c0 = (t / tiles_p) * kTile;
+    const int64_t p0 = (t % tiles_p) * tile_pixels<A>, c0 = (t / tiles_p) * kTile;
     __syncthreads();
     load_tile(tg, g, Lg, P, p0, c0);
     load_tile(tx, x, Lx, P, p0, c0);
@@ -442,7 +575,9 @@ __global__ void batch_norm_bwd_dx_tiled_kernel(const D* g, PlaneLayout Lg, const
     const int64_t c = c0 + threadIdx.x;
     if (c < C) {
       const A rs = rstd[c], mu = mean[c], wc = w ? to_acc(w[c]) : A(1), cg = coef[c], cgx = coef[C + c];
-      for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+#pragma unroll
+      for (int j = 0; j < pixels_per_thread<A>; ++j) {
+        const int r = threadIdx.y + j * kTileRows;
         const A xh = (tx[r][threadIdx.x] - mu) * rs;
         tg[r][threadIdx.x] = wc * rs * (tg[r][threadIdx.x] - cg - xh * cgx);
       }
@@ -467,12 +602,12 @@ PlaneOperand plane_operand(const Tensor& v, const NCS& d) {
   return {contiguous_on_device(v), {d.C, d.S, false}};
 }
 
-// Pixel chunks per channel tile for the tiled kernels: about 1024 blocks in all, each chunk at least
-// 256 pixels (a tile row per thread row, 8 tiles).
-ChannelSplit split_pixels(const NCS& d) {
-  const int64_t count = d.N * d.S, tiles_c = channel_tiles(d);
-  const int64_t parts = std::max<int64_t>(1, std::min((1024 + tiles_c - 1) / tiles_c, count / 256));
-  return {d.C, d.S, count, parts, (count + parts - 1) / parts};
+// Pixel chunks per channel tile for the tiled kernels: one tile of `pixels` each, so no chunk is
+// empty; a large plane has thousands of blocks and the last block combines its tile's chunks with
+// all its threads.
+ChannelSplit split_pixels(const NCS& d, int64_t pixels) {
+  const int64_t count = d.N * d.S, parts = std::max<int64_t>(1, (count + pixels - 1) / pixels);
+  return {d.C, d.S, count, parts, pixels};
 }
 
 // Chunks per channel: about 1024 tiles in all, each at least 4096 values (8 per thread).
@@ -512,12 +647,13 @@ void batch_norm_fwd(const KernelCall& c) {
     using A = Acc<D>;
     A *pm = out_ptr<A>(mean), *pr = out_ptr<A>(rstd);
     if (training) {
-      const ChannelSplit sp = tiled ? split_pixels(d) : split_channels(d);
+      const ChannelSplit sp = tiled ? split_pixels(d, tile_pixels<A>) : split_channels(d);
       const double momentum = has_running ? c.attrs.f("momentum") : 0.0;
-      Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());  // chunk sums, chunk M2s
+      // Chunk sums, then chunk M2s: (2, C, parts), or (2, parts, C) for the tiles.
+      Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
       if (tiled) {
         batch_norm_fwd_stats_tiled_kernel<X, A><<<grid_for(channel_tiles(d) * sp.parts), dim3(kTile, kTileRows), 0,
-                                                  s>>>(in_ptr<X>(x), xo.layout, sp, out_ptr<A>(part), A(eps), pm, pr,
+                                                  s>>>(in_ptr<X>(x), sp, out_ptr<A>(part), A(eps), pm, pr,
                                                        has_running, rm, rv, momentum);
       } else {
         batch_norm_fwd_partial_kernel<X, A><<<grid_for(d.C * sp.parts), kChannelThreads, 0, s>>>(in_ptr<X>(x), sp,
@@ -533,7 +669,7 @@ void batch_norm_fwd(const KernelCall& c) {
     const int64_t total = x.numel();
     if (total == 0) return;
     if (tiled) {
-      const int64_t P = d.N * d.S, tiles = (P + kTile - 1) / kTile * ((d.C + kTile - 1) / kTile);
+      const int64_t P = d.N * d.S, tiles = (P + tile_pixels<A> - 1) / tile_pixels<A> * channel_tiles(d);
       batch_norm_fwd_apply_tiled_kernel<X, D><<<grid_for(tiles), dim3(kTile, kTileRows), 0, s>>>(
           in_ptr<X>(x), xo.layout, in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(y), P);
       REEL_CUDA_LAUNCH_CHECK();
@@ -580,8 +716,9 @@ void batch_norm_bwd(const KernelCall& c) {
     const D* pg = in_ptr<D>(g);
     const X* px = in_ptr<X>(x);
     const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
-    const ChannelSplit sp = tiled ? split_pixels(d) : split_channels(d);
-    Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());  // chunk sums of g, g xhat
+    const ChannelSplit sp = tiled ? split_pixels(d, tile_pixels<A>) : split_channels(d);
+    // Chunk sums of g, then of g xhat: (2, C, parts), or (2, parts, C) for the tiles.
+    Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
     Tensor coef = Tensor::empty({2, d.C}, mean.dtype(), x.device());            // mean(g), mean(g xhat)
     if (tiled) {
       batch_norm_bwd_sums_tiled_kernel<X, D><<<grid_for(channel_tiles(d) * sp.parts), dim3(kTile, kTileRows), 0, s>>>(
@@ -600,7 +737,7 @@ void batch_norm_bwd(const KernelCall& c) {
     if (total == 0) return;
     visit_dx_type<D>(dx.dtype(), dw.dtype(), [&]<typename O>() {
       if (tiled) {
-        const int64_t P = d.N * d.S, tiles = (P + kTile - 1) / kTile * channel_tiles(d);
+        const int64_t P = d.N * d.S, tiles = (P + tile_pixels<A> - 1) / tile_pixels<A> * channel_tiles(d);
         batch_norm_bwd_dx_tiled_kernel<X, D, O><<<grid_for(tiles), dim3(kTile, kTileRows), 0, s>>>(
             pg, go.layout, px, xo.layout, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<O>(dx), Ldx, P);
         REEL_CUDA_LAUNCH_CHECK();

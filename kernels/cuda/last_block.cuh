@@ -10,9 +10,13 @@
 // A launch uses slots [0, groups); two launches never share a slot while running because reel runs a
 // device's kernels on one stream, one after another (a captured CUDA graph replays them in the same
 // order). Ops of one device run concurrently on two streams would share slots: tensor/cuda.h says so
-// beside StreamGuard. Partials are read back with volatile loads, which go to L2, not to a possibly
-// stale L1.
+// beside StreamGuard. Partials are read back from L2, never from a possibly stale L1 line: floats and
+// doubles with ld.global.cg (cached in L2 only), which the compiler may issue several at a time before
+// the first returns, so a loop over many partials pays the L2 latency once per batch rather than once
+// per partial; other types with volatile loads.
 #pragma once
+#include <type_traits>
+
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace reel::cuda {
@@ -40,7 +44,10 @@ __device__ __forceinline__ bool arrive_last(unsigned* counter, unsigned group_si
 // A partial written by another block of the group, read from L2.
 template <typename T>
 __device__ __forceinline__ T load_partial(const T* p) {
-  return *static_cast<const volatile T*>(p);
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    return __ldcg(p);
+  else
+    return *static_cast<const volatile T*>(p);
 }
 
 }  // namespace reel::cuda

@@ -231,6 +231,9 @@ void add_batch_norm_cases(std::vector<OpTestCase>& cases) {
                          Batch{"train_channels_last_2x4x3x3", {2, 4, 3, 3}, L::channels_last, true, true, true, false, false},
                          // Several 32-channel tiles (the last partial) and pixel chunks on the GPU.
                          Batch{"train_channels_last_4x33x16x17", {4, 33, 16, 17}, L::channels_last, true, true, true, false, false},
+                         // 20 chunks per channel tile: more than a block's 8 thread rows, which the last block
+                         // deals the chunks to when it combines them.
+                         Batch{"train_channels_last_8x36x16x20", {8, 36, 16, 20}, L::channels_last, true, true, true, false, false},
                          Batch{"eval_channels_last_2x40x9x11", {2, 40, 9, 11}, L::channels_last, false, true, true, false, false}}) {
     GradcheckFn grad;
     // Fresh running statistics on every evaluation: gradcheck runs the function many times.
