@@ -46,6 +46,7 @@ struct BenchOptions {
   int64_t profile_steps = 0;  // > 0: profile this many extra steps op by op (tools/op_profile.h)
   int64_t profiler_steps = 0;  // > 0: run this many extra steps inside a CUDA profiler range (ncu)
   bool plan_memory = false;   // also plan each step's peak without running it (compile/runtime/memory_budget.h)
+  size_t memory_limit = 0;    // compiled: CompileOptions::memory_limit (recomputation to fit it)
   double dropout = 0;         // the GPTs' dropout (GptConfig::dropout); the timed steps train, so it draws
   std::string json_path;
 };
@@ -78,9 +79,11 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--channels-last") set_autocast_channels_last(v != "0");
     else if (k == "--plan-memory") o.plan_memory = v != "0";
     else if (k == "--dropout") o.dropout = real_arg("bench", k, v, 0, 0.99);
+    else if (k == "--memory-limit") o.memory_limit = compile::parse_memory_size(v);
     else throw Error("bench: unknown option " + k +
                      " (expected --models, --precisions, --compile, --device, --steps, --warmup, --micro-batch, --json, "
-                     "--profile, --profiler-range N, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P)");
+                     "--profile, --profiler-range N, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P, "
+                     "--memory-limit SIZE)");
   }
   for (const std::string& m : o.models)  // a typo fails before any run
     if (!nn::is_benchmark_model(m)) nn::make_benchmark_model(m);  // throws, naming the known models
@@ -98,6 +101,7 @@ struct Result {
   double host_ms = 0;  // median host time to run step() without waiting for the device: the launch cost
   double dropout = 0;
   size_t graph_breaks = 0;  // compiled: breaks the trace reported (a break that runs eagerly shows here)
+  size_t recomputed = 0;    // compiled under --memory-limit: nodes cloned into the backward
 };
 
 // For --plan-memory: what each op's kernel allocates for itself beyond its outputs (scratch the
@@ -166,7 +170,9 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
   const bool compiled = mode != "eager";
   std::optional<compile::CompiledFunction> compiled_step;
   std::vector<Tensor> flat = compile::flatten_micro(micro);
-  if (compiled) compiled_step.emplace(compile::compile_train_step(opt, loss_fn, {compile::parse_mode(mode)}));
+  compile::CompileOptions options(compiled ? compile::parse_mode(mode) : compile::Mode::Default);
+  options.memory_limit = o.memory_limit;
+  if (compiled) compiled_step.emplace(compile::compile_train_step(opt, loss_fn, options));
   auto step = [&] {
     if (compiled) (*compiled_step)(flat);
     else optim::train_step(opt, loss_fn, micro);
@@ -233,6 +239,9 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
     // inputs in and outputs out).
     const compile::Plan& plan = *compiled_step->last_plan();
     r.kernels_per_step = double(plan.kernels() + plan.graph().inputs.size() + plan.graph().outputs.size());
+    r.recomputed = plan.stats().recomputed.size();
+    if (const std::string rs = compile::recompute_summary(plan, o.memory_limit); !rs.empty())
+      std::printf("%s %s %s: %s\n", name.c_str(), prec.c_str(), mode.c_str(), rs.c_str());
   }
   std::sort(ms.begin(), ms.end());
   std::sort(host_ms.begin(), host_ms.end());
@@ -292,11 +301,11 @@ std::string to_json(const Result& r) {
                 "\"params\": %lld, \"items_per_step\": %lld, \"step_ms_median\": %.3f, \"step_ms_min\": %.3f, "
                 "\"items_per_s\": %.0f, \"first_step_s\": %.2f, \"peak_mib\": %s, \"kernels_per_step\": %.0f, "
                 "\"host_ms_median\": %.3f, \"B\": \"%s\", \"planned_peak_mib\": %s, \"dropout\": %g, "
-                "\"graph_breaks\": %zu}",
+                "\"graph_breaks\": %zu, \"recomputed\": %zu}",
                 r.model.c_str(), r.mode.c_str(), r.prec.c_str(), r.dev.c_str(), (long long)r.params, (long long)r.items_per_step,
                 r.median_ms, r.min_ms, double(r.items_per_step) / (r.median_ms / 1e3), r.first_s, peak.c_str(),
                 r.kernels_per_step, r.host_ms, r.micro_batch.c_str(), mib(r.planned_mib).c_str(), r.dropout,
-                r.graph_breaks);
+                r.graph_breaks, r.recomputed);
   return buf;
 }
 

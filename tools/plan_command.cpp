@@ -4,11 +4,14 @@
 // the plan as Graphviz.
 //
 //   reel plan --model gpt-tiny --mode reduce-overhead [--precision bf16] [--device cpu|cuda]
-//             [--micro-batch N] [--kernels N] [--dot plan.dot]
+//             [--micro-batch N] [--kernels N] [--dot plan.dot] [--memory-limit SIZE]
+// --memory-limit: the step's own memory (the arena) may take at most SIZE ("512MiB"); the planner
+// recomputes activations in the backward to fit (compile/passes/recompute.cpp) and says what.
 #include <cstdio>
 #include <fstream>
 
 #include "compile/runtime/describe.h"
+#include "compile/runtime/memory_budget.h"
 #include "compile/runtime/train_step.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
@@ -22,6 +25,7 @@ namespace reel::tools {
 int plan_command(int argc, char** argv) {
   std::string model = "gpt-tiny", mode = "default", precision = "fp32", device_name = "auto", dot;
   int64_t micro_batch = -1, max_kernels = -1;
+  size_t memory_limit = 0;
   for (int i = 0; i < argc; ++i) {
     std::string k = argv[i];
     REEL_CHECK(i + 1 < argc, "plan: ", k, " needs a value");
@@ -33,8 +37,10 @@ int plan_command(int argc, char** argv) {
     else if (k == "--micro-batch") micro_batch = int_arg("plan", k, v, 1);
     else if (k == "--kernels") max_kernels = int_arg("plan", k, v, 0);
     else if (k == "--dot") dot = v;
+    else if (k == "--memory-limit") memory_limit = compile::parse_memory_size(v);
     else throw Error("plan: unknown option " + k +
-                     " (expected --model, --mode, --precision, --device, --micro-batch, --kernels, --dot)");
+                     " (expected --model, --mode, --precision, --device, --micro-batch, --kernels, --dot, "
+                     "--memory-limit)");
   }
   compile::Mode m = compile::parse_mode(mode);
   Device device = device_name == "auto" ? (cuda::is_available() ? Device::cuda(0) : Device::cpu())
@@ -48,7 +54,9 @@ int plan_command(int argc, char** argv) {
   opt.set_accum_steps(accum).set_max_grad_norm(1.0);
   if (autocast_policy().needs_grad_scaler()) opt.set_grad_scaler(std::make_shared<optim::GradScaler>());
   auto loss_fn = [&](const Tensor& x, const Tensor& y) { return nn::model_loss(*w.model, x, y); };
-  auto step = compile::compile_train_step(opt, loss_fn, {m});
+  compile::CompileOptions options(m);
+  options.memory_limit = memory_limit;
+  auto step = compile::compile_train_step(opt, loss_fn, options);
   std::vector<Tensor> flat = compile::flatten_micro(micro);
   for (int i = 0; i < 3; ++i) step(flat);  // warm-up, trace, first replay
   const compile::Plan* plan = step.last_plan();
@@ -64,6 +72,7 @@ int plan_command(int argc, char** argv) {
   std::printf("\n");
   if (m != compile::Mode::Default) std::printf("CUDA graphs: %zu\n", plan->graphs());
   std::printf("%s\n", compile::memory_summary(*plan).c_str());
+  if (const std::string r = compile::recompute_summary(*plan, memory_limit); !r.empty()) std::printf("%s\n", r.c_str());
   for (const compile::GraphBreak& b : step.graph_breaks())
     std::printf("graph break: %s (%s)\n", b.op.c_str(), b.reason.c_str());
   std::printf("kernels:\n%s", compile::plan_listing(*plan, max_kernels < 0 ? SIZE_MAX : size_t(max_kernels)).c_str());

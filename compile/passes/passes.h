@@ -21,6 +21,12 @@ struct PassStats {
   size_t kernels = 0;       // nodes left: kernels per replay
   // Each pass that ran, in pipeline order, and the nodes it left (`reel plan` prints them).
   std::vector<std::pair<std::string, size_t>> after;
+  // Recomputation for a memory limit (recompute.cpp): the ops cloned, in the order chosen, the FLOPs
+  // they add (roughly: 2MNK a GEMM, one per output element otherwise) and the busiest node's live
+  // bytes before and after.
+  std::vector<std::string> recomputed;
+  double recompute_flops = 0;
+  size_t recompute_live_before = 0, recompute_live_after = 0;
 };
 
 // ---- cleanup ----
@@ -45,5 +51,10 @@ void redraw_dropout_masks(Graph& g, PassStats& stats);    // dropout_mask where 
 void sink_state_updates(Graph& g, PassStats& stats);      // none: moves counters' updates together
 void fuse_elementwise(Graph& g, PassStats& stats);        // fused_elementwise
 void fuse_optimizer(Graph& g, PassStats& stats);          // multi_tensor_adamw / multi_tensor_sgd
+
+// ---- memory ----
+// Clones of pure nodes placed before the backward's readers of their outputs, until the live bytes
+// at the busiest node are at most `limit` (per device) or nothing more helps (recompute.cpp).
+void recompute_to_fit(Graph& g, size_t limit, PassStats& stats);
 
 }  // namespace reel::compile

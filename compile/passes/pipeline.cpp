@@ -89,6 +89,12 @@ Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats) {
     stats.after.emplace_back(p.name, g.nodes.size());
     log_line("passes", detail::cat(p.name, ": ", before, " -> ", g.nodes.size(), " nodes"));
   }
+  if (options.memory_limit > 0) {
+    const size_t before = g.nodes.size();
+    recompute_to_fit(g, options.memory_limit, stats);
+    stats.after.emplace_back("recompute", g.nodes.size());
+    log_line("passes", detail::cat("recompute: ", before, " -> ", g.nodes.size(), " nodes"));
+  }
   stats.kernels = g.nodes.size();
   return g;
 }

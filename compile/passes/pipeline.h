@@ -5,6 +5,8 @@
 //   cleanup  dead code, constants folded at build time, common subexpressions
 //   fusion   chains of nodes rewritten into the fused ops of kernels/ops.def, where the device of
 //            the tensors has the op (supports) and takes the call (supports_call)
+//   memory   with a memory limit (PassOptions::memory_limit), recomputation: nodes cloned into the
+//            backward until the step's live bytes fit (recompute.cpp)
 //   (then the Plan places every Internal buffer in one arena by liveness: passes/memory_plan.h)
 //
 // Turning passes off, for study and for bisecting a wrong result: PassOptions::disabled (from
@@ -35,8 +37,12 @@ const std::vector<Pass>& pipeline();
 struct PassOptions {
   bool fuse = true;                   // the fusion stage at all
   std::vector<std::string> disabled;  // passes turned off by name
+  // Bytes of live step memory per device above which, after the other passes, recompute_to_fit
+  // (recompute.cpp) clones nodes into the backward; 0: no recomputation.
+  size_t memory_limit = 0;
 
-  PassOptions(bool fuse = true, std::vector<std::string> disabled = {}) : fuse(fuse), disabled(std::move(disabled)) {}
+  PassOptions(bool fuse = true, std::vector<std::string> disabled = {}, size_t memory_limit = 0)
+      : fuse(fuse), disabled(std::move(disabled)), memory_limit(memory_limit) {}
 };
 
 // The passes of `options` (and REEL_PASSES) on g, in order; `stats` gets the node counts before and

@@ -97,7 +97,7 @@ struct CompiledFunction::State {
       log_line("graph_breaks", "this signature runs eagerly from now on");
       return out;
     }
-    e.plan = std::make_unique<Plan>(std::move(g), options.mode, PassOptions{options.fuse, options.disabled_passes});
+    e.plan = std::make_unique<Plan>(std::move(g), options.mode, PassOptions{options.fuse, options.disabled_passes, options.memory_limit});
     for (const GraphBreak& b : e.plan->host_nodes()) breaks.push_back(b);
     if (log_enabled("plan")) log_line("plan", plan_summary(*e.plan));
     if (log_enabled("memory")) log_line("memory", memory_summary(*e.plan));

@@ -39,10 +39,18 @@ struct CompileOptions {
   bool fuse = true;     // fusion passes (off: the plan runs eager's kernels, bit for bit)
   // Passes turned off by name (compile/passes/pipeline.cpp lists them; REEL_PASSES=-name adds more).
   std::vector<std::string> disabled_passes;
+  // Bytes the step's own memory (activations, gradients, temporaries: the arena) may take per
+  // device; above it the planner recomputes activations in the backward instead of keeping them
+  // (compile/passes/recompute.cpp), the same bits either way. 0: no limit.
+  size_t memory_limit = 0;
 
   CompileOptions(Mode mode = Mode::Default, int cache_limit = 8, bool fuse = true,
-                 std::vector<std::string> disabled_passes = {})
-      : mode(mode), cache_limit(cache_limit), fuse(fuse), disabled_passes(std::move(disabled_passes)) {}
+                 std::vector<std::string> disabled_passes = {}, size_t memory_limit = 0)
+      : mode(mode),
+        cache_limit(cache_limit),
+        fuse(fuse),
+        disabled_passes(std::move(disabled_passes)),
+        memory_limit(memory_limit) {}
 };
 
 using StepFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs)>;

@@ -139,4 +139,27 @@ std::string plan_dot(const Plan& p) {
   return os.str();
 }
 
+std::string recompute_summary(const Plan& p, size_t limit) {
+  const PassStats& st = p.stats();
+  if (limit == 0 && st.recomputed.empty()) return "";
+  std::map<std::string, size_t> by_op;
+  for (const std::string& op : st.recomputed) ++by_op[op];
+  std::ostringstream out;
+  out << "recompute (limit " << bytes_str(limit) << "): ";
+  if (st.recomputed.empty()) {
+    out << "nothing (the step's live peak, " << bytes_str(st.recompute_live_before)
+        << (st.recompute_live_before <= limit ? ", fits)" : ", has no buffer the planner can recompute at its busiest node)");
+    return out.str();
+  }
+  out << st.recomputed.size() << " nodes cloned into the backward (";
+  bool first = true;
+  for (const auto& [op, n] : by_op) out << (first ? "" : ", ") << n << " x " << op, first = false;
+  char flops[64];
+  std::snprintf(flops, sizeof flops, "%.3f", st.recompute_flops / 1e9);
+  out << "); live peak " << bytes_str(st.recompute_live_before) << " -> " << bytes_str(st.recompute_live_after)
+      << (st.recompute_live_after > limit ? " (above the limit: nothing more the planner can recompute helps)" : "")
+      << "; about " << flops << " GFLOP more per step";
+  return out.str();
+}
+
 }  // namespace reel::compile

@@ -11,6 +11,10 @@ std::string plan_summary(const Plan& p);
 // Per device: the arena (planned peak) against the sum of the Internal buffers (no reuse), and the
 // bytes of External and Input buffers.
 std::string memory_summary(const Plan& p);
+// What recomputation for a memory limit did (CompileOptions::memory_limit): the ops cloned into the
+// backward, by op and count, the busiest node's live bytes before and after, and the FLOPs added
+// per step; "" when nothing was recomputed and no limit was asked for.
+std::string recompute_summary(const Plan& p, size_t limit);
 // Every kernel: index, op (and the ops fused into it), its inputs and outputs as buffer refs with bytes.
 std::string plan_listing(const Plan& p, size_t max_kernels = SIZE_MAX);
 // Graphviz: kernels as boxes, buffers as ellipses (Internal ones with their arena offset).
