@@ -17,10 +17,10 @@
 // values, so it writes the same bits: a step with recomputation equals the step without it, to the
 // bit, wherever the plan runs.
 //
-// The choice, greedy: while the step's live bytes at its busiest node exceed the limit, take the
-// largest buffer live there that can be recomputed, cheapest first (a single cheap node before a
-// chain with a GEMM in it), apply it, and keep it only if the busiest node then holds less and no
-// node more than the busiest held. Live bytes are counted as the memory plan's lifetimes have them
+// The choice, greedy: while the step's live bytes at its busiest node exceed the limit, take among
+// the buffers live there that can be recomputed the one whose chain adds the fewest FLOPs per byte
+// it frees (a cast or an elementwise op about one per element, a GEMM hundreds), apply it, and keep
+// it only if the busiest node then holds less and no node more than the busiest held. Live bytes are counted as the memory plan's lifetimes have them
 // (memory_plan.h); the arena the plan then places is at least that, usually within a few percent.
 #include <algorithm>
 #include <set>
@@ -249,7 +249,20 @@ void recompute_to_fit(Graph& g, size_t limit, PassStats& stats) {
       std::vector<Candidate> tries;
       for (int b : live)
         if (auto c = planner.candidate(b, now.at)) tries.push_back(*c);
-      std::stable_partition(tries.begin(), tries.end(), [](const Candidate& c) { return c.cost == Cost::Cheap; });
+      // Fewest FLOPs per byte the busiest node sheds first: a cast or an elementwise op costs about
+      // an operation per element, a GEMM hundreds.
+      std::vector<double> per_byte(tries.size());
+      for (size_t i = 0; i < tries.size(); ++i) {
+        double flops = 0;
+        for (int p : tries[i].chain) flops += flops_of(g.nodes[p]);
+        per_byte[i] = flops / double(std::max<size_t>(g.buffers[tries[i].buffer].nbytes, 1));
+      }
+      std::vector<size_t> order(tries.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return per_byte[a] < per_byte[b]; });
+      std::vector<Candidate> sorted;
+      for (size_t i : order) sorted.push_back(tries[i]);
+      tries = std::move(sorted);
       bool applied = false;
       for (const Candidate& c : tries) {
         Graph next = apply(g, c);
