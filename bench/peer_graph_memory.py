@@ -14,39 +14,18 @@ timed steps, arena included. This script prints, for one model per process, side
 Run from the folder that holds the peer scripts' copy:
     python3 bench/peer_graph_memory.py .peer resnet18-cifar bf16"""
 import json
+import os
 import sys
 
 import torch
 
-sys.path.insert(0, sys.argv[1])
-from torch_anchor import ACCUM, make  # noqa: E402  (the peer's model builder)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_whole_step import warm_up, whole_step  # noqa: E402
 
-torch.backends.cudnn.benchmark = True
 name, prec = sys.argv[2], sys.argv[3]
-torch.manual_seed(0)
-m, xs, ys, lossf, _ = make(name, "cuda")
-opt = torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True, foreach=True)
-dt = torch.bfloat16 if prec == "bf16" else None
+step, opt = whole_step(sys.argv[1], name, prec)
 mib = lambda b: round(b / 2**20, 1)  # noqa: E731
-
-
-def step():
-    for i in range(ACCUM):
-        with torch.autocast("cuda", dtype=dt or torch.float32, enabled=dt is not None):
-            loss = lossf(m(xs[i]), ys[i])
-        (loss / ACCUM).backward()
-    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=True)
-    opt.step()
-
-
-s = torch.cuda.Stream()
-s.wait_stream(torch.cuda.current_stream())
-with torch.cuda.stream(s):
-    for _ in range(3):
-        opt.zero_grad(set_to_none=True)
-        step()
-torch.cuda.current_stream().wait_stream(s)
-torch.cuda.synchronize()
+warm_up(step, opt)
 g = torch.cuda.CUDAGraph()
 opt.zero_grad(set_to_none=True)
 torch.cuda.reset_peak_memory_stats()

@@ -9,8 +9,9 @@ namespace {
 
 size_t align_up(size_t n) { return (n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
 
-// [first, last] node index of every Internal buffer (first = -1: never touched).
-std::vector<Placement> lifetimes(const Graph& g) {
+}  // namespace
+
+std::vector<Placement> buffer_lifetimes(const Graph& g) {
   std::vector<Placement> life(g.buffers.size());
   for (size_t b = 0; b < g.buffers.size(); ++b) {
     life[b].buffer = int(b);
@@ -31,6 +32,8 @@ std::vector<Placement> lifetimes(const Graph& g) {
   for (const TensorRef& r : g.outputs) touch(r.buffer, int(g.nodes.size()));
   return life;
 }
+
+namespace {
 
 bool overlaps(const Placement& a, const Placement& b) { return a.first <= b.last && b.first <= a.last; }
 
@@ -113,7 +116,7 @@ const Arena* MemoryPlan::arena_for(Device d) const {
 }
 
 MemoryPlan plan_memory(const Graph& g) {
-  std::vector<Placement> life = lifetimes(g);
+  std::vector<Placement> life = buffer_lifetimes(g);
   MemoryPlan plan;
   for (const Buffer& b : g.buffers) {
     if (b.kind != BufferKind::Internal || life[b.id].first < 0) continue;

@@ -35,6 +35,11 @@ struct MemoryPlan {
 
 constexpr size_t kArenaAlignment = 256;
 
+// Every buffer's lifetime, indexed by buffer id: [first, last] node index of the nodes that read or
+// write it (a graph output lives to nodes.size()); first = -1 for a buffer no node touches. nbytes is
+// rounded up to kArenaAlignment; offsets are not set.
+std::vector<Placement> buffer_lifetimes(const Graph& g);
+
 MemoryPlan plan_memory(const Graph& g);
 
 // The node at which an arena's buffers hold the most bytes at once, and which buffers those are

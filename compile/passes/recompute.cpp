@@ -20,11 +20,13 @@
 // The choice, greedy: while the step's live bytes at its busiest node exceed the limit, take among
 // the buffers live there that can be recomputed the one whose chain adds the fewest FLOPs per byte
 // it frees (a cast or an elementwise op about one per element, a GEMM hundreds), apply it, and keep
-// it only if the busiest node then holds less and no node more than the busiest held. Live bytes are counted as the memory plan's lifetimes have them
-// (memory_plan.h); the arena the plan then places is at least that, usually within a few percent.
+// it only if the busiest node then holds less and no node more than the busiest held. Live bytes are
+// counted over the memory plan's lifetimes (memory_plan.h); the arena the plan then places is at
+// least that, usually within a few percent.
 #include <algorithm>
 #include <set>
 
+#include "compile/passes/memory_plan.h"
 #include "compile/passes/passes.h"
 #include "compile/passes/pattern.h"
 #include "tensor/error.h"
@@ -61,24 +63,9 @@ Cost clone_cost(const Node& n) {
   }
 }
 
-struct Lifetimes {
-  std::vector<int> first, last;  // per buffer, node indices; first = -1: untouched
-};
-
-Lifetimes lifetimes_of(const Graph& g) {
-  Lifetimes l{std::vector<int>(g.buffers.size(), -1), std::vector<int>(g.buffers.size(), -1)};
-  auto touch = [&](int b, int at) {
-    if (l.first[b] < 0) l.first[b] = at;
-    l.last[b] = std::max(l.last[b], at);
-  };
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    for (const auto& r : g.nodes[i].inputs)
-      if (r) touch(r->buffer, int(i));
-    for (const auto& r : g.nodes[i].outputs) touch(r.buffer, int(i));
-  }
-  for (const TensorRef& r : g.outputs) touch(r.buffer, int(g.nodes.size()));
-  return l;
-}
+// Lifetimes as the memory plan has them (memory_plan.h), by buffer id.
+using Lifetimes = std::vector<Placement>;
+Lifetimes lifetimes_of(const Graph& g) { return buffer_lifetimes(g); }
 
 // The live bytes of Internal buffers on `device` at each node, and the busiest node (the first of
 // equals: a step of ACCUM micro-batches has as many).
@@ -92,9 +79,9 @@ LiveProfile live_profile(const Graph& g, const Lifetimes& l, const Device& devic
   std::vector<int64_t> delta(g.nodes.size() + 2, 0);
   for (size_t b = 0; b < g.buffers.size(); ++b) {
     const Buffer& buf = g.buffers[b];
-    if (buf.kind != BufferKind::Internal || l.first[b] < 0 || !(buf.device == device)) continue;
-    delta[l.first[b]] += int64_t(buf.nbytes);
-    delta[l.last[b] + 1] -= int64_t(buf.nbytes);
+    if (buf.kind != BufferKind::Internal || l[b].first < 0 || !(buf.device == device)) continue;
+    delta[l[b].first] += int64_t(buf.nbytes);
+    delta[l[b].last + 1] -= int64_t(buf.nbytes);
   }
   LiveProfile p;
   int64_t live = 0;
@@ -152,7 +139,7 @@ class Planner {
       for (int w : uses_.writers[in])
         if (w > p && w < q) return false;
       const Buffer& ib = g_.buffers[in];
-      const bool live_at_q = ib.kind != BufferKind::Internal || life_.last[in] >= q;
+      const bool live_at_q = ib.kind != BufferKind::Internal || life_[in].last >= q;
       if (!live_at_q && !add_producer(in, q, c, chained, depth + 1)) return false;
     }
     chained.insert(p);
@@ -241,8 +228,8 @@ void recompute_to_fit(Graph& g, size_t limit, PassStats& stats) {
       // The Internal buffers live at the busiest node, largest first.
       std::vector<int> live;
       for (size_t b = 0; b < g.buffers.size(); ++b)
-        if (g.buffers[b].kind == BufferKind::Internal && g.buffers[b].device == device && life.first[b] >= 0 &&
-            life.first[b] < now.at && life.last[b] > now.at)
+        if (g.buffers[b].kind == BufferKind::Internal && g.buffers[b].device == device && life[b].first >= 0 &&
+            life[b].first < now.at && life[b].last > now.at)
           live.push_back(int(b));
       std::stable_sort(live.begin(), live.end(),
                        [&](int a, int b) { return g.buffers[a].nbytes > g.buffers[b].nbytes; });
