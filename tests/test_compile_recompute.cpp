@@ -20,6 +20,7 @@ struct RecomputeRun {
   std::vector<double> losses;
   std::vector<std::vector<double>> state;  // parameters, then buffers
   size_t arena = 0, recomputed = 0;
+  size_t listed = 0;  // kernels the plan listing marks "(recomputed)"
   std::string summary;
 };
 
@@ -44,6 +45,9 @@ RecomputeRun run_steps(const std::string& model, const char* precision, size_t l
   r.arena = plan->memory().arena_for(Device::cpu())->bytes;
   r.recomputed = plan->stats().recomputed.size();
   r.summary = compile::recompute_summary(*plan, limit);
+  const std::string listing = compile::plan_listing(*plan);
+  for (size_t at = listing.find("(recomputed)"); at != std::string::npos; at = listing.find("(recomputed)", at + 1))
+    ++r.listed;
   for (const auto& [name, p] : w.model->named_parameters()) r.state.push_back(p.to_vector<double>());
   for (const auto& [name, b] : w.model->named_buffers()) r.state.push_back(b.to_vector<double>());
   return r;
@@ -57,6 +61,8 @@ void expect_same_step_under_a_limit(const std::string& model, const char* precis
   const size_t limit = free.arena * 3 / 4;
   const RecomputeRun tight = run_steps(model, precision, limit);
   EXPECT_GT(tight.recomputed, 0u) << tight.summary;
+  EXPECT_EQ(tight.listed, tight.recomputed);
+  EXPECT_EQ(free.listed, 0u);
   EXPECT_LT(tight.arena, free.arena) << tight.summary;
   EXPECT_NE(tight.summary.find("nodes cloned into the backward"), std::string::npos) << tight.summary;
   EXPECT_TRUE(same_bits(tight.losses, free.losses));

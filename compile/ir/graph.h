@@ -58,6 +58,7 @@ struct Node {
   std::vector<TensorRef> outputs;
   bool in_place = false;       // outputs existed before the op (dispatch_out)
   std::vector<std::string> fused;  // the traced ops a pass merged into this node (for `reel plan`)
+  bool recomputed = false;         // a clone placed in the backward for a memory limit (passes/recompute.cpp)
 };
 
 // Dropout and the rand ops: their kernels draw Philox numbers (tensor/rng.h).

@@ -172,7 +172,7 @@ Graph apply(const Graph& g, const Candidate& c) {
       o.buffer = b.id;
       out.buffers.push_back(std::move(b));
     }
-    n.fused.insert(n.fused.begin(), "recomputed");
+    n.recomputed = true;
     clones.push_back(std::move(n));
   }
   // Readers from c.before on read the clones' outputs.

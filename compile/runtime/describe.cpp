@@ -59,7 +59,7 @@ std::string peak_breakdown(const Graph& g, const Arena& a, size_t max_groups = 1
     for (const TensorRef& r : writer.outputs)
       if (r.buffer == p.buffer) dtype = r.dtype;
     const std::string label = (writer.fused.empty() ? std::string(op_name(writer.op)) : fused_str(writer.fused, "+")) +
-                              " " + dtype_name(dtype);
+                              (writer.recomputed ? " (recomputed)" : "") + " " + dtype_name(dtype);
     groups[label].count += 1;
     groups[label].bytes += p.nbytes;
   }
@@ -102,6 +102,7 @@ std::string plan_listing(const Plan& p, size_t max_kernels) {
     size_t bytes = 0;
     os << "  k" << i << " " << op_name(n.op);
     if (!n.fused.empty()) os << " [fused: " << fused_str(n.fused, " ") << "]";
+    if (n.recomputed) os << " (recomputed)";
     os << "  in:";
     for (const auto& r : n.inputs) {
       if (!r) continue;
