@@ -164,6 +164,13 @@ TEST(BadInput, CommandLineNumbersAreCheckedAndNothingAborts) {
   r = reel_cli("train --model gpt-tiny --sample-bytes 9223372036854775807");
   EXPECT_EQ(r->code, 1) << r->out;
   EXPECT_NE(r->out.find("--sample-bytes expects an integer"), std::string::npos) << r->out;
+  // A memory limit is a size, and caps a compiled step only.
+  r = reel_cli("train --model gpt-tiny --memory-limit 8MiB");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("train: --memory-limit caps a compiled step's memory"), std::string::npos) << r->out;
+  r = reel_cli("plan --memory-limit lots");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("lots"), std::string::npos) << r->out;
   // Dropout is a probability below 1, and only the GPTs have it.
   r = reel_cli("bench --dropout 1.5");
   EXPECT_EQ(r->code, 1) << r->out;

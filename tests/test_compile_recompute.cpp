@@ -9,6 +9,7 @@
 
 #include "compile/runtime/describe.h"
 #include "compile_test_util.h"
+#include "test_util.h"
 #include "nn/nn.h"
 
 namespace reel {
@@ -24,17 +25,19 @@ struct RecomputeRun {
   std::string summary;
 };
 
-// Four compiled steps (default mode, fused) of `model` at micro-batch 2 x ACCUM 2 on the CPU.
-RecomputeRun run_steps(const std::string& model, const char* precision, size_t limit) {
+// Four compiled steps (fused) of `model` at micro-batch 2 x ACCUM 2: default mode on the CPU,
+// reduce-overhead (the whole step one CUDA graph) on a GPU.
+RecomputeRun run_steps(const std::string& model, const char* precision, size_t limit,
+                       Device device = Device::cpu()) {
   AutocastGuard amp(PrecisionPolicy::parse(precision));
-  nn::Workload w = nn::make_workload(model, Device::cpu(), 2, 2);
+  nn::Workload w = nn::make_workload(model, device, 2, 2);
   std::vector<optim::MicroBatch> micro;
   for (const auto& [x, y] : w.micro) micro.push_back({x, y});
   optim::AdamW opt(w.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
   opt.set_accum_steps(2).set_max_grad_norm(1.0);
   nn::Module* m = w.model.get();
   optim::LossFn loss = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
-  compile::CompileOptions options(compile::Mode::Default);
+  compile::CompileOptions options(device.is_cuda() ? compile::Mode::ReduceOverhead : compile::Mode::Default);
   options.memory_limit = limit;
   compile::CompiledFunction step = compile::compile_train_step(opt, loss, options);
   RecomputeRun r;
@@ -42,7 +45,7 @@ RecomputeRun run_steps(const std::string& model, const char* precision, size_t l
   const compile::Plan* plan = step.last_plan();
   EXPECT_NE(plan, nullptr);
   if (!plan) return r;
-  r.arena = plan->memory().arena_for(Device::cpu())->bytes;
+  r.arena = plan->memory().arena_for(device)->bytes;
   r.recomputed = plan->stats().recomputed.size();
   r.summary = compile::recompute_summary(*plan, limit);
   const std::string listing = compile::plan_listing(*plan);
@@ -53,13 +56,14 @@ RecomputeRun run_steps(const std::string& model, const char* precision, size_t l
   return r;
 }
 
-void expect_same_step_under_a_limit(const std::string& model, const char* precision) {
-  SCOPED_TRACE(model + " " + precision);
-  const RecomputeRun free = run_steps(model, precision, 0);
+void expect_same_step_under_a_limit(const std::string& model, const char* precision,
+                                    Device device = Device::cpu()) {
+  SCOPED_TRACE(model + " " + precision + " " + device.str());
+  const RecomputeRun free = run_steps(model, precision, 0, device);
   EXPECT_EQ(free.recomputed, 0u);
   EXPECT_EQ(free.summary, "");
   const size_t limit = free.arena * 3 / 4;
-  const RecomputeRun tight = run_steps(model, precision, limit);
+  const RecomputeRun tight = run_steps(model, precision, limit, device);
   EXPECT_GT(tight.recomputed, 0u) << tight.summary;
   EXPECT_EQ(tight.listed, tight.recomputed);
   EXPECT_EQ(free.listed, 0u);
@@ -80,6 +84,15 @@ TEST(CompileRecompute, CnnWithBatchNormUnderALimitComputesTheSameBits) {
   // (running statistics, num_batches_tracked) end equal.
   expect_same_step_under_a_limit("cnn-small", "fp32");
   expect_same_step_under_a_limit("cnn-small", "bf16");
+}
+
+TEST(CompileRecomputeCuda, GptAndCnnUnderALimitComputeTheSameBits) {
+  // The same kernels on the same values inside one CUDA graph: equal to the bit on the GPU too.
+  REEL_REQUIRE_GPU();
+  for (const char* precision : {"fp32", "bf16"}) {
+    expect_same_step_under_a_limit("gpt-tiny", precision, Device::cuda(0));
+    expect_same_step_under_a_limit("cnn-small", precision, Device::cuda(0));
+  }
 }
 
 TEST(CompileRecompute, ALimitThatFitsClonesNothing) {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "compile/runtime/memory_budget.h"
 #include "tensor/error.h"
 
 namespace reel::tools {
@@ -38,6 +39,14 @@ double real_arg(const char* command, const std::string& option, const std::strin
              lo > -std::numeric_limits<double>::max() ? detail::cat(" >= ", lo) : std::string(),
              hi < std::numeric_limits<double>::max() ? detail::cat(" <= ", hi) : std::string(), ", got \"", value, "\"");
   return x;
+}
+
+size_t size_arg(const char* command, const std::string& option, const std::string& value) {
+  try {
+    return compile::parse_memory_size(value);
+  } catch (const Error& e) {
+    throw Error(std::string(command) + ": " + option + ": " + e.what());
+  }
 }
 
 }  // namespace reel::tools

@@ -79,7 +79,7 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--channels-last") set_autocast_channels_last(v != "0");
     else if (k == "--plan-memory") o.plan_memory = v != "0";
     else if (k == "--dropout") o.dropout = real_arg("bench", k, v, 0, 0.99);
-    else if (k == "--memory-limit") o.memory_limit = compile::parse_memory_size(v);
+    else if (k == "--memory-limit") o.memory_limit = size_arg("bench", k, v);
     else throw Error("bench: unknown option " + k +
                      " (expected --models, --precisions, --compile, --device, --steps, --warmup, --micro-batch, --json, "
                      "--profile, --profiler-range N, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P, "

@@ -37,7 +37,7 @@ int plan_command(int argc, char** argv) {
     else if (k == "--micro-batch") micro_batch = int_arg("plan", k, v, 1);
     else if (k == "--kernels") max_kernels = int_arg("plan", k, v, 0);
     else if (k == "--dot") dot = v;
-    else if (k == "--memory-limit") memory_limit = compile::parse_memory_size(v);
+    else if (k == "--memory-limit") memory_limit = size_arg("plan", k, v);
     else throw Error("plan: unknown option " + k +
                      " (expected --model, --mode, --precision, --device, --micro-batch, --kernels, --dot, "
                      "--memory-limit)");

@@ -138,8 +138,16 @@ std::optional<compile::CompiledFunction> compiled_step(const TrainOptions& o, nn
                                                        optim::Optimizer& opt) {
   if (o.compile == "none") return std::nullopt;
   nn::Module* m = &model;
+  compile::CompileOptions options(compile::parse_mode(o.compile));
+  options.memory_limit = o.memory_limit;
   return compile::compile_train_step(
-      opt, [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); }, {compile::parse_mode(o.compile)});
+      opt, [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); }, options);
+}
+
+// Under --memory-limit, what the compiled step recomputed to fit it.
+void report_recompute(const std::optional<compile::CompiledFunction>& compiled, const TrainOptions& o) {
+  if (!compiled || o.memory_limit == 0 || !compiled->last_plan()) return;
+  std::printf("memory: %s\n", compile::recompute_summary(*compiled->last_plan(), o.memory_limit).c_str());
 }
 
 // What the planner needs: micro-batches of meta inputs shaped as the data's (one item: `input_item`,
@@ -402,6 +410,7 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
                 seconds_since(start));
   }
   peak_check.report_run(o.memory_budget);
+  report_recompute(compiled, o);
   std::printf("done: %lld epochs in %.1fs, final loss %.4f, test accuracy %.2f%%\n", (long long)o.epochs,
               seconds_since(start), last_loss, 100 * acc);
   if (!o.checkpoint.empty() && dist::rank() == 0) nn::save_state_dict(*model, o.checkpoint);  // one writer
@@ -527,6 +536,7 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
     val_loss = nn::model_loss(*model, v.inputs, v.targets).item();
   }
   peak_check.report_run(o.memory_budget);
+  report_recompute(compiled, o);
   std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)o.steps,
               seconds_since(start), last_loss, val_loss);
   std::printf("sample:\n%s\n", printable(sample_text(*model, o.sample_bytes, device, o.seed)).c_str());

@@ -12,13 +12,7 @@
 namespace reel::tools {
 namespace {
 
-size_t to_size(const std::string& name, const std::string& v) {
-  try {
-    return compile::parse_memory_size(v);
-  } catch (const Error& e) {
-    throw Error("train: " + name + ": " + e.what());
-  }
-}
+size_t to_size(const std::string& name, const std::string& v) { return size_arg("train", name, v); }
 
 // --effective-batch and --memory-budget come together, and replace --micro-batch and --accum.
 void check_budget_options(const TrainOptions& o) {
@@ -52,6 +46,8 @@ const char* train_usage() {
          "                       ACCUM = ceil(N / micro-batch); replaces --micro-batch and --accum\n"
          "  --precision fp32|bf16|fp16 (default fp32)\n"
          "  --compile none|default|reduce-overhead|max-autotune   the step as a compiled plan (default none)\n"
+         "  --memory-limit SIZE  with --compile: the step's own memory (activations, gradients) at most SIZE,\n"
+         "                       activations recomputed in the backward to fit (the same results)\n"
          "  --lr X  --schedule constant|cosine  --warmup N  --clip X (<= 0: none)\n"
          "  --remainder drop|step   an epoch's partial accumulation (default drop)\n"
          "  --seed N  --limit N (first N training items)  --checkpoint PATH  --sample-bytes N\n"
@@ -76,6 +72,7 @@ TrainOptions parse_train_options(int argc, char** argv) {
       {"--memory-budget", [&](const std::string& v) { o.memory_budget = to_size("--memory-budget", v); }},
       {"--precision", [&](const std::string& v) { o.precision = v; }},
       {"--compile", [&](const std::string& v) { o.compile = v; }},
+      {"--memory-limit", [&](const std::string& v) { o.memory_limit = to_size("--memory-limit", v); }},
       {"--lr", [&](const std::string& v) { o.lr = real_arg("train", "--lr", v, 0.0); }},
       {"--schedule", [&](const std::string& v) { o.schedule = v; }},
       {"--warmup", [&](const std::string& v) { o.warmup = int_arg("train", "--warmup", v, 0); }},
@@ -108,6 +105,8 @@ TrainOptions parse_train_options(int argc, char** argv) {
   REEL_CHECK(o.compile == "none" || o.compile == "default" || o.compile == "reduce-overhead" ||
                  o.compile == "max-autotune",
              "train: --compile must be none, default, reduce-overhead or max-autotune, got ", o.compile);
+  REEL_CHECK(o.memory_limit == 0 || o.compile != "none",
+             "train: --memory-limit caps a compiled step's memory: give --compile default|reduce-overhead|max-autotune");
   REEL_CHECK(o.model == "fashion-cnn" || nn::is_benchmark_model(o.model), "train: unknown model ", o.model,
              " (expected fashion-cnn, cnn-small, resnet18-cifar, vit-tiny, yolov8n-cls, gpt-tiny or gpt-small)");
   if (o.dataset.empty()) o.dataset = o.model == "fashion-cnn" ? "fashion-mnist"

@@ -35,6 +35,9 @@ struct TrainOptions {
   // instead of given; both or neither, and not with --micro-batch or --accum.
   int64_t effective_batch = 0;        // 0: not planned
   size_t memory_budget = 0;           // bytes
+  // --memory-limit SIZE (with --compile): the compiled step's arena at most SIZE, recomputing
+  // activations in the backward to fit (compile/passes/recompute.cpp); 0: no limit.
+  size_t memory_limit = 0;
   bool micro_batch_given = false, accum_given = false;
   // Under mpirun: BatchNorm statistics over every rank's batch (nn/sync_batch_norm.h) instead of each
   // rank's own, with rank 0's running statistics broadcast at each step.
