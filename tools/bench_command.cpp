@@ -190,6 +190,7 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
     setup.effective_batch = B * kAccum;
     setup.loss_fn = loss_fn;
     if (compiled) setup.compile_mode = compile::parse_mode(mode);
+    setup.memory_limit = o.memory_limit;
     setup.make_optimizer = [&]() -> std::unique_ptr<optim::Optimizer> {
       auto fresh = std::make_unique<optim::AdamW>(w.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
       fresh->set_max_grad_norm(1.0);

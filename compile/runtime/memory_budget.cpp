@@ -208,7 +208,7 @@ BudgetCandidate plan_candidate(const BudgetSetup& setup, int64_t micro_batch) {
   // The passes of the compiled plan (outside meta mode: constant folding runs its few kernels), with
   // no kernel built; the fused graph's arena is one block.
   PassStats stats;
-  Graph fused = optimize_graph(std::move(g), PassOptions{true}, stats);
+  Graph fused = optimize_graph(std::move(g), PassOptions{true, {}, setup.memory_limit}, stats);
   const MemoryPlan plan = plan_memory(fused);
   const Arena* arena = plan.arena_for(device);
   c.arena_bytes = arena ? allocation_bytes(device, arena->bytes) : 0;

@@ -63,6 +63,7 @@ struct BudgetSetup {
   Device device;
   int64_t effective_batch = 0;
   std::optional<Mode> compile_mode;  // unset: the step runs eagerly
+  size_t memory_limit = 0;           // compiled: CompileOptions::memory_limit (recomputation to fit it)
 };
 
 // One candidate micro-batch and its planned peak, in parts.
