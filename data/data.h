@@ -4,3 +4,4 @@
 #include "data/fashion_mnist.h"
 #include "data/loader.h"
 #include "data/text.h"
+#include "data/text_lines.h"
