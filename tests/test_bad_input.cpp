@@ -298,3 +298,32 @@ TEST(PaperCuts, ImageFamiliesTrainAndStartFromAStateDict) {
   EXPECT_EQ(r->out.find("epoch 1"), std::string::npos) << "refused before training: " << r->out;
   std::filesystem::remove(path);
 }
+
+TEST(BadInput, TrainingOnLinesIsCheckedAndRuns) {
+  std::optional<CliRun> r = reel_cli("train --model gpt-tiny --items sentences");
+  REQUIRE_CLI(r);
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("train: --items must be windows or lines, got sentences"), std::string::npos) << r->out;
+  r = reel_cli("train --model gpt-tiny --items lines --compile default");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("--items lines trains eagerly"), std::string::npos) << r->out;
+  r = reel_cli("train --model cnn-small --items lines");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("--items lines is for the GPTs, not cnn-small"), std::string::npos) << r->out;
+  const std::string dir = testing::TempDir();
+  const std::string one = dir + "/reel_one_line.txt", many = dir + "/reel_lines.txt";
+  {
+    std::ofstream(one) << "a single line\n";
+    std::ofstream f(many);
+    for (int i = 0; i < 40; ++i) f << "line number " << i << (i % 3 ? " has a few more words" : "") << "\n";
+  }
+  r = reel_cli("train --model gpt-tiny --dataset text --text " + one + " --items lines --device cpu");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("needs a text of at least 2 lines, got 1"), std::string::npos) << r->out;
+  r = reel_cli("train --model gpt-tiny --dataset text --text " + many +
+               " --items lines --steps 2 --micro-batch 3 --accum 2 --device cpu");
+  EXPECT_EQ(r->code, 0) << r->out;
+  EXPECT_NE(r->out.find("lines: 38 for training, 2 for validation"), std::string::npos) << r->out;
+  EXPECT_NE(r->out.find("with padding (overhead"), std::string::npos) << r->out;
+  EXPECT_NE(r->out.find("done: 2 steps"), std::string::npos) << r->out;
+}

@@ -472,6 +472,58 @@ Tensor random_tokens(int64_t n, uint64_t seed) {
   return tensor_i64(bytes, {n});
 }
 
+// --items lines: each step draws its ACCUM micro-batches of lines first, each padded to its own
+// longest line, and counts the step's real tokens (set_items_per_step), so that the step's gradient is
+// the mean over its real tokens whatever the padding (tests/test_variable_length_step.cpp).
+int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, Device device) {
+  const std::string text = o.text_path.empty() ? data::read_fortunes() : data::tensor_to_bytes(data::load_text_bytes(o.text_path));
+  std::vector<std::string> lines = data::split_lines(text);
+  REEL_CHECK(lines.size() >= 2, "train: --items lines needs a text of at least 2 lines, got ", lines.size());
+  // The last 5% of the lines (at least one) for validation, as split_text keeps the last 5% of a text.
+  const size_t n_val = std::max<size_t>(1, lines.size() / 20);
+  std::vector<std::string> val(lines.end() - ptrdiff_t(n_val), lines.end());
+  lines.resize(lines.size() - n_val);
+  const int64_t T = model.config().block_size;
+  data::LineSampler sampler(lines, T, o.seed + uint64_t(dist::rank())), val_sampler(val, T, o.seed + 1);
+  std::printf("lines: %zu for training, %zu for validation, cut at %lld bytes\n", sampler.num_items(),
+              val_sampler.num_items(), (long long)T + 1);
+  Progress progress(o.steps, "tok");
+  Clock::time_point start = Clock::now();
+  int64_t tokens = 0, padded = 0;
+  double last_loss = 0;
+  StepLoss step_loss;
+  for (int64_t step = 0; step < o.steps;) {
+    std::vector<data::LineBatch> micro;
+    int64_t step_tokens = 0;
+    for (int64_t i = 0; i < o.accum; ++i) {
+      micro.push_back(sampler.next(o.micro_batch, device));
+      step_tokens += micro.back().positions();
+      padded += micro.back().inputs.numel();
+    }
+    opt.set_items_per_step(step_tokens);
+    optim::StepResult r;
+    for (const data::LineBatch& b : micro)
+      r = eager_micro_batch(model, opt, b.inputs, b.targets, step_loss, b.positions());
+    REEL_CHECK(r.stepped, "train: the step's micro-batches did not complete a step");
+    tokens += step_tokens;
+    last_loss = step_loss.take();
+    progress.update(++step, last_loss, tokens, r.lr);
+  }
+  progress.end_line();
+  double val_loss;
+  {
+    NoGradGuard no_grad;
+    data::LineBatch v = val_sampler.next(o.micro_batch, device);
+    val_loss = nn::model_loss(model, v.inputs, v.targets).item();
+  }
+  std::printf("tokens: %lld real, %lld with padding (overhead %.2fx)\n", (long long)tokens, (long long)padded,
+              double(padded) / double(std::max<int64_t>(tokens, 1)));
+  std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)o.steps,
+              seconds_since(start), last_loss, val_loss);
+  if (!o.checkpoint.empty() && dist::rank() == 0) nn::save_state_dict(model, o.checkpoint);  // one writer
+  return 0;
+}
+
 int train_text(TrainOptions o, Device device, BudgetRun& budget) {
   Generator gen(o.seed);
   auto model = o.model == "gpt-small" ? nn::gpt_small(&gen) : nn::gpt_tiny(&gen);
@@ -481,6 +533,14 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
   if (o.effective_batch > 0) {
     const int64_t T = model->config().block_size;
     budget = choose_micro_batch(o, budget_setup(o, *model, device, {T}, DType::i64, {T}));
+  }
+  if (o.items == "lines") {
+    auto opt = make_optimizer(o, *model, o.steps);
+    dist::prepare_training(*model, *opt, o.sync_bn);
+    std::printf("model %s: %lld parameters on %s, %s | text lines\n", o.model.c_str(),
+                (long long)model->num_parameters(), device.str().c_str(), autocast_policy().name());
+    opt->print_setup(std::cout);
+    return train_lines(o, *model, *opt, device);
   }
   const bool random = o.dataset == "random";
   Tensor tokens = random ? random_tokens(int64_t(1) << 20, o.seed)

@@ -37,6 +37,8 @@ const char* train_usage() {
          "                                                     for the image benchmark models, 3x32x32 or 3x64x64\n"
          "                                                     for yolov8n-cls, uniform byte tokens for the GPTs)\n"
          "  --text PATH          text file for --dataset text (default: Debian's fortunes)\n"
+         "  --items windows|lines   the GPTs' items: fixed windows of the text (default), or its lines, each\n"
+         "                       its own length (padded per micro-batch, the loss over real tokens; eager)\n"
          "  --device auto|cpu|cuda[:N]                         (default auto: the GPU when visible)\n"
          "  --epochs N           image models (default 4)    --steps N   text models (default 200)\n"
          "  --micro-batch N      items per micro-batch (default 64)\n"
@@ -72,6 +74,7 @@ TrainOptions parse_train_options(int argc, char** argv) {
       {"--memory-budget", [&](const std::string& v) { o.memory_budget = to_size("--memory-budget", v); }},
       {"--precision", [&](const std::string& v) { o.precision = v; }},
       {"--compile", [&](const std::string& v) { o.compile = v; }},
+      {"--items", [&](const std::string& v) { o.items = v; }},
       {"--memory-limit", [&](const std::string& v) { o.memory_limit = to_size("--memory-limit", v); }},
       {"--lr", [&](const std::string& v) { o.lr = real_arg("train", "--lr", v, 0.0); }},
       {"--schedule", [&](const std::string& v) { o.schedule = v; }},
@@ -105,6 +108,14 @@ TrainOptions parse_train_options(int argc, char** argv) {
   REEL_CHECK(o.compile == "none" || o.compile == "default" || o.compile == "reduce-overhead" ||
                  o.compile == "max-autotune",
              "train: --compile must be none, default, reduce-overhead or max-autotune, got ", o.compile);
+  REEL_CHECK(o.items == "windows" || o.items == "lines", "train: --items must be windows or lines, got ", o.items);
+  REEL_CHECK(o.items == "windows" || o.model.rfind("gpt", 0) == 0, "train: --items lines is for the GPTs, not ",
+             o.model);
+  REEL_CHECK(o.items == "windows" || o.compile == "none",
+             "train: --items lines trains eagerly: a compiled step has fixed shapes, and lines change the "
+             "micro-batch's length every step (drop --compile)");
+  REEL_CHECK(o.items == "windows" || o.effective_batch == 0,
+             "train: --items lines does not plan a memory budget yet (its micro-batches have no fixed length)");
   REEL_CHECK(o.memory_limit == 0 || o.compile != "none",
              "train: --memory-limit caps a compiled step's memory: give --compile default|reduce-overhead|max-autotune");
   REEL_CHECK(o.model == "fashion-cnn" || nn::is_benchmark_model(o.model), "train: unknown model ", o.model,
@@ -113,6 +124,8 @@ TrainOptions parse_train_options(int argc, char** argv) {
                                      : o.model.rfind("gpt", 0) == 0 ? "text" : "random";
   REEL_CHECK(o.text_path.empty() || o.dataset == "text", "train: --text ", o.text_path,
              " is read only with --dataset text, got --dataset ", o.dataset);
+  REEL_CHECK(o.items == "windows" || o.dataset == "text", "train: --items lines reads the lines of a text: give "
+             "--dataset text, got --dataset ", o.dataset);
   return o;
 }
 

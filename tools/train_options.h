@@ -14,6 +14,9 @@ struct TrainOptions {
                                       // gpt-tiny, gpt-small, resnet18-cifar, vit-tiny, yolov8n-cls)
   std::string dataset;                // fashion-mnist | text | random (default: by model)
   std::string text_path;              // a text file for --dataset text (default: the fortunes)
+  // --items windows|lines: the GPTs' training items, fixed windows of the text (data::TextSampler) or
+  // its lines, each its own length, padded per micro-batch and counted by real tokens (data::LineSampler).
+  std::string items = "windows";
   std::string device = "auto";        // auto | cpu | cuda | cuda:N
   int64_t epochs = 4;                 // image models
   int64_t steps = 200;                // text models: optimizer steps
