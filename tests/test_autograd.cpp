@@ -2,6 +2,9 @@
 // no_grad, detach, retain_graph, and the user mistakes it must refuse.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "compile/runtime/memory_budget.h"
 #include "test_util.h"
 
 using namespace reel;
@@ -86,4 +89,38 @@ TEST(Autograd, UserMistakesAreClearErrors) {
   NoGradGuard ok;
   add_(x, ones({2, 3}));  // allowed under no_grad, like an optimizer step
   EXPECT_EQ(x.to_vector<float>()[0], 2.0f);
+}
+
+// A binary op saves only what its needed gradients read: a chain of adds holds nothing for its
+// backward, so eager frees each intermediate when the program drops it; a multiply by a constant
+// keeps the constant only, and by a tensor that requires grad keeps each intermediate (its gradient
+// reads it). Measured with the CPU allocator's peak over the forward.
+TEST(Autograd, BinaryOpsSaveOnlyWhatTheirGradientsRead) {
+  const int64_t n = int64_t(1) << 18;  // 1 MiB of f32
+  const size_t mib = size_t(1) << 20;
+  Generator gen(1);
+  auto forward_peak = [&](auto op, bool c_grad, Tensor& x, Tensor& c) {
+    x = uniform({n}, 0.5, 1.5, {}, &gen);
+    c = uniform({n}, 0.9, 1.1, {}, &gen);
+    x.set_requires_grad();
+    c.set_requires_grad(c_grad);
+    compile::reset_peak_bytes(Device::cpu());
+    const size_t base = compile::allocated_bytes(Device::cpu());
+    Tensor h = x;
+    for (int i = 0; i < 16; ++i) h = op(h, c);  // each intermediate dropped at the next assignment
+    Tensor loss = sum(h);
+    const size_t peak = compile::peak_bytes(Device::cpu()) - base;
+    loss.backward();
+    return peak;
+  };
+  Tensor x, c;
+  EXPECT_LT(forward_peak([](const Tensor& a, const Tensor& b) { return a + b; }, true, x, c), 4 * mib);
+  for (double g : x.grad().to_vector<double>()) ASSERT_EQ(g, 1.0);
+  for (double g : c.grad().to_vector<double>()) ASSERT_EQ(g, 16.0);
+  EXPECT_LT(forward_peak([](const Tensor& a, const Tensor& b) { return a - b; }, false, x, c), 4 * mib);
+  EXPECT_LT(forward_peak([](const Tensor& a, const Tensor& b) { return a * b; }, false, x, c), 4 * mib);
+  std::vector<double> cv = c.to_vector<double>(), gx = x.grad().to_vector<double>();
+  for (size_t i = 0; i < cv.size(); i += 4099) EXPECT_NEAR(gx[i], std::pow(cv[i], 16), 1e-5 * std::pow(cv[i], 16));
+  // c requires grad: dc reads every intermediate, so the forward holds all sixteen.
+  EXPECT_GE(forward_peak([](const Tensor& a, const Tensor& b) { return a * b; }, true, x, c), 16 * mib);
 }

@@ -23,13 +23,22 @@ Tensor scalar_like(const Tensor& t, double v) { return full({}, v, TensorOptions
 
 Tensor unary(OpKind op, const Tensor& x, const Attrs& a = {}) { return dispatch1(op, {x}, a); }
 
-// A binary op whose backward needs only the two gradient shapes' sum_to and the formulas below.
+// What a binary op's gradient formula reads besides g: a bitmask of the operands and the output.
+enum Reads : unsigned { kNothing = 0, kA = 1, kB = 2, kY = 4 };
+
+// A binary op whose backward needs only the two gradient shapes' sum_to and the formulas below. Only
+// what a needed gradient's formula reads is saved (da_reads when a requires grad, db_reads when b
+// does), as PyTorch saves: an add saves nothing, so eager frees its inputs and output as soon as the
+// forward no longer holds them, instead of at the backward.
 template <typename DA, typename DB>
-Tensor binary(OpKind op, const char* name, const Tensor& a, const Tensor& b, DA da, DB db) {
+Tensor binary(OpKind op, const char* name, const Tensor& a, const Tensor& b, unsigned da_reads, DA da,
+              unsigned db_reads, DB db) {
   Tensor y = dispatch1(op, {a, b});
   bool need_a = a.requires_grad(), need_b = b.requires_grad();
   Shape sa = a.shape(), sb = b.shape();
-  Tensor a_s = saved(a), b_s = saved(b), y_s = saved(y);
+  const unsigned reads = (need_a ? da_reads : 0) | (need_b ? db_reads : 0);
+  Tensor a_s = reads & kA ? saved(a) : Tensor(), b_s = reads & kB ? saved(b) : Tensor();
+  Tensor y_s = reads & kY ? saved(y) : Tensor();
   autograd::record(name, {a, b}, {y}, [=](const Grads& g) -> Grads {
     return {need_a ? sum_to(da(g[0], a_s, b_s, y_s), sa) : Tensor(),
             need_b ? sum_to(db(g[0], a_s, b_s, y_s), sb) : Tensor()};
@@ -126,25 +135,25 @@ Tensor mul(const Tensor& a, double b) {
 
 Tensor add(const Tensor& a, const Tensor& b) {
   auto pass = [](const Tensor& g, const Tensor&, const Tensor&, const Tensor&) { return g; };
-  return binary(OpKind::Add, "add", a, b, pass, pass);
+  return binary(OpKind::Add, "add", a, b, kNothing, pass, kNothing, pass);
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   return binary(
-      OpKind::Sub, "sub", a, b, [](const Tensor& g, const Tensor&, const Tensor&, const Tensor&) { return g; },
-      [](const Tensor& g, const Tensor&, const Tensor&, const Tensor&) { return neg(g); });
+      OpKind::Sub, "sub", a, b, kNothing, [](const Tensor& g, const Tensor&, const Tensor&, const Tensor&) { return g; },
+      kNothing, [](const Tensor& g, const Tensor&, const Tensor&, const Tensor&) { return neg(g); });
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   return binary(
-      OpKind::Mul, "mul", a, b, [](const Tensor& g, const Tensor&, const Tensor& bs, const Tensor&) { return g * bs; },
-      [](const Tensor& g, const Tensor& as, const Tensor&, const Tensor&) { return g * as; });
+      OpKind::Mul, "mul", a, b, kB, [](const Tensor& g, const Tensor&, const Tensor& bs, const Tensor&) { return g * bs; },
+      kA, [](const Tensor& g, const Tensor& as, const Tensor&, const Tensor&) { return g * as; });
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
   return binary(
-      OpKind::Div, "div", a, b, [](const Tensor& g, const Tensor&, const Tensor& bs, const Tensor&) { return g / bs; },
-      [](const Tensor& g, const Tensor&, const Tensor& bs, const Tensor& ys) { return neg(g * ys / bs); });
+      OpKind::Div, "div", a, b, kB, [](const Tensor& g, const Tensor&, const Tensor& bs, const Tensor&) { return g / bs; },
+      kB | kY, [](const Tensor& g, const Tensor&, const Tensor& bs, const Tensor& ys) { return neg(g * ys / bs); });
 }
 
 Tensor eq(const Tensor& a, const Tensor& b) { return dispatch1(OpKind::Eq, {a, b}); }
