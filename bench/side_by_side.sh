@@ -11,6 +11,11 @@
 #   families  the six models of MODELS.md in bf16: reel reduce-overhead (and max-autotune for the
 #             CNNs) vs the whole-step CUDA graph, torch.compile default and reduce-overhead with
 #             CUDA-graph trees off (each peer run under a time limit: compiling takes tens of seconds)
+#   graph-memory  the six models in bf16: reel reduce-overhead's peak beside what the peer's whole-step
+#             graph holds at rest and while its step runs (bench/peer_graph_memory.py, a process each)
+#   frontier  gpt-small bf16 reduce-overhead under arena limits (none, 640, 512, 384, 256 MiB: what the
+#             planner recomputed, planned and measured peak, step time) beside PyTorch at the budgets
+#             256 MiB..2 GiB (bench/peer_memory_frontier.py: eager, checkpointed, graphed)
 #   memory    micro-batch 1..128 (powers of two), bf16: reel's planned peak (--plan-memory) beside its
 #             measured one, eager (every B) and reduce-overhead (B 1, 8, 64: each costs a compilation),
 #             and torch eager's measured peak (bench/memory_table.py joins them)
@@ -78,6 +83,26 @@ for phase in "$@"; do
         > "$out/torch_trees_off.jsonl" 2> "$out/torch_trees_off.err"
       cat "$out/reel_autotune.jsonl" >> "$out/reel.jsonl"
       join "$out" "$out/torch_default.jsonl" "$out/torch_trees_off.jsonl" "$out/torch_graphed.jsonl" ;;
+    graph-memory)
+      m6=cnn-small,resnet18-cifar,vit-tiny,yolov8n-cls,gpt-tiny,gpt-small
+      "$reel" bench --models "$m6" --precisions bf16 --compile reduce-overhead --json "$out/reel.jsonl" > "$out/reel.txt" 2>&1
+      : > "$out/torch_graph_memory.jsonl"
+      for m in ${m6//,/ }; do
+        ATTN=sdpa timeout 90 python3 bench/peer_graph_memory.py .peer "$m" bf16 >> "$out/torch_graph_memory.jsonl" \
+          2>> "$out/torch_graph_memory.err"
+      done
+      { echo "reel (peak_mib):"; grep -o '"model": "[^"]*"\|"peak_mib": [0-9.]*' "$out/reel.jsonl" | paste - -;
+        echo "peer whole-step graph:"; cat "$out/torch_graph_memory.jsonl"; } > "$out/joined.md" ;;
+    frontier)
+      : > "$out/reel.jsonl"
+      for lim in 0 640MiB 512MiB 384MiB 256MiB; do
+        args=(); [ "$lim" != 0 ] && args=(--memory-limit "$lim")
+        "$reel" bench --models gpt-small --precisions bf16 --compile reduce-overhead --plan-memory 1 "${args[@]}" \
+          --json "$out/reel_$lim.jsonl" >> "$out/reel.txt" 2>&1
+        cat "$out/reel_$lim.jsonl" >> "$out/reel.jsonl"
+      done
+      timeout 400 python3 bench/peer_memory_frontier.py .peer > "$out/torch_frontier.jsonl" 2> "$out/torch_frontier.err"
+      { grep -h "recompute" "$out/reel.txt"; cat "$out/reel.jsonl" "$out/torch_frontier.jsonl"; } > "$out/joined.md" ;;
     profile)
       for p in fp32 bf16; do python3 bench/torch_profile.py gpt-small "$p" 25; done > "$out/torch_profile.txt" 2>&1 ;;
     memory)
@@ -92,7 +117,8 @@ for phase in "$@"; do
           2>> "$out/torch_eager.err"
       done
       python3 bench/memory_table.py "$out/reel.jsonl" "$out/torch_eager.jsonl" > "$out/joined.md" ;;
-    *) echo "unknown phase $phase (eager, compiled, families, scaling, cpu, profile, memory)" >&2; exit 2 ;;
+    *) echo "unknown phase $phase (eager, compiled, families, graph-memory, frontier, scaling, cpu, profile, memory)" >&2
+       exit 2 ;;
   esac
 done
 for phase in "$@"; do

@@ -472,6 +472,14 @@ Tensor random_tokens(int64_t n, uint64_t seed) {
   return tensor_i64(bytes, {n});
 }
 
+// The loss of one batch of `batch_size` items drawn from a validation sampler (windows or lines).
+template <typename Sampler>
+double validation_loss(nn::Module& model, Sampler& sampler, int64_t batch_size, Device device) {
+  NoGradGuard no_grad;
+  auto v = sampler.next(batch_size, device);
+  return nn::model_loss(model, v.inputs, v.targets).item();
+}
+
 // --items lines: each step draws its ACCUM micro-batches of lines first, each padded to its own
 // longest line, and counts the step's real tokens (set_items_per_step), so that the step's gradient is
 // the mean over its real tokens whatever the padding (tests/test_variable_length_step.cpp).
@@ -510,12 +518,7 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
     progress.update(++step, last_loss, tokens, r.lr);
   }
   progress.end_line();
-  double val_loss;
-  {
-    NoGradGuard no_grad;
-    data::LineBatch v = val_sampler.next(o.micro_batch, device);
-    val_loss = nn::model_loss(model, v.inputs, v.targets).item();
-  }
+  const double val_loss = validation_loss(model, val_sampler, o.micro_batch, device);
   std::printf("tokens: %lld real, %lld with padding (overhead %.2fx)\n", (long long)tokens, (long long)padded,
               double(padded) / double(std::max<int64_t>(tokens, 1)));
   std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)o.steps,
@@ -589,12 +592,7 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
     progress.update(++step, last_loss, items, r.lr);
   }
   progress.end_line();
-  double val_loss;
-  {
-    NoGradGuard no_grad;
-    data::TextBatch v = val_sampler.next(o.micro_batch, device);
-    val_loss = nn::model_loss(*model, v.inputs, v.targets).item();
-  }
+  const double val_loss = validation_loss(*model, val_sampler, o.micro_batch, device);
   peak_check.report_run(o.memory_budget);
   report_recompute(compiled, o);
   std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)o.steps,

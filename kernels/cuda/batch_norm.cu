@@ -320,7 +320,7 @@ __device__ void load_tile(Tile<A>& tile, const T* v, PlaneLayout L, int64_t P, i
     }
   } else {
 #pragma unroll
-    for (int q = 0; q < tile_pixels<A> / kTile; ++q) {  // 32-pixel quarters: tx runs along the pixels
+    for (int q = 0; q < tile_pixels<A> / kTile; ++q) {  // groups of 32 pixels: tx runs along the pixels
       const int64_t p = p0 + q * kTile + threadIdx.x, n = p / L.S, s = p - n * L.S;
 #pragma unroll
       for (int j = 0; j < kTile / kTileRows; ++j) {
