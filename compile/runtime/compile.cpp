@@ -1,8 +1,10 @@
 // compile() (see compile.h).
 #include "compile/runtime/compile.h"
 
+#include <algorithm>
 #include <cstdio>
 
+#include "autograd/ops.h"
 #include "compile/runtime/describe.h"
 #include "tensor/log.h"
 #include "kernels/autotune.h"
@@ -42,7 +44,52 @@ std::string mismatch(const Signature& now, const Signature& cached) {
   return "identical";
 }
 
+void check_buckets(const LengthBuckets& b) {
+  REEL_CHECK(!b.inputs.empty() && b.inputs.size() == b.pad_values.size(), "compile: length buckets need one pad "
+             "value per bucketed input, got ", b.inputs.size(), " inputs and ", b.pad_values.size(), " pad values");
+  REEL_CHECK(!b.sizes.empty(), "compile: length buckets need at least one size");
+  for (size_t i = 0; i < b.sizes.size(); ++i)
+    REEL_CHECK(b.sizes[i] > 0 && (i == 0 || b.sizes[i] > b.sizes[i - 1]),
+               "compile: bucket sizes must be positive and ascending, got ", b.sizes[i], " at position ", i);
+}
+
+// The call's arguments with the bucketed dims padded up to the bucket of their longest; `bucket` and
+// `length` get the bucket chosen and the longest length.
+std::vector<Tensor> pad_to_bucket(const std::vector<Tensor>& in, const LengthBuckets& b, int64_t& bucket,
+                                  int64_t& length) {
+  length = 0;
+  for (size_t i : b.inputs) {
+    REEL_CHECK(i < in.size(), "compile: length buckets name input ", i, " of a call with ", in.size(), " inputs");
+    REEL_CHECK(in[i].defined() && b.dim >= 0 && b.dim < in[i].dim(), "compile: length buckets pad dim ", b.dim,
+               " of input ", i, ", which has shape ", in[i].defined() ? shape_str(in[i].shape()) : "undefined");
+    length = std::max(length, in[i].size(b.dim));
+  }
+  auto fit = std::lower_bound(b.sizes.begin(), b.sizes.end(), length);
+  REEL_CHECK(fit != b.sizes.end(), "compile: length ", length, " along dim ", b.dim,
+             " is above the largest bucket, ", b.sizes.back(), " (CompileOptions::buckets)");
+  bucket = *fit;
+  std::vector<Tensor> out = in;
+  NoGradGuard no_grad;
+  for (size_t k = 0; k < b.inputs.size(); ++k) {
+    Tensor& x = out[b.inputs[k]];
+    if (x.size(b.dim) == bucket) continue;
+    Shape pad_shape = x.shape();
+    pad_shape[size_t(b.dim)] = bucket - x.size(b.dim);
+    x = concat({x, full(pad_shape, b.pad_values[k], TensorOptions{x.dtype(), x.device()})}, b.dim);
+  }
+  return out;
+}
+
 }  // namespace
+
+std::vector<int64_t> LengthBuckets::powers_of_two(int64_t smallest, int64_t largest) {
+  REEL_CHECK(smallest > 0 && largest >= smallest, "compile: powers_of_two(", smallest, ", ", largest,
+             ") needs 0 < smallest <= largest");
+  std::vector<int64_t> out;
+  for (int64_t s = smallest; s < largest; s *= 2) out.push_back(s);
+  out.push_back(largest);
+  return out;
+}
 
 std::string signature_str(const std::vector<Tensor>& inputs) {
   std::string out;
@@ -64,6 +111,7 @@ struct CompiledFunction::State {
   int traces = 0, replays = 0, eager = 0;
   bool warned_limit = false;
   std::vector<GraphBreak> breaks;
+  std::map<int64_t, int64_t> bucket_calls;
 
   std::vector<Tensor> eager_call(const std::vector<Tensor>& in) {
     ++eager;
@@ -108,6 +156,7 @@ struct CompiledFunction::State {
 CompiledFunction::CompiledFunction(StepFn fn, CompileOptions options) : s_(std::make_unique<State>()) {
   REEL_CHECK(fn != nullptr, "compile: the step function is empty");
   REEL_CHECK(options.cache_limit >= 1, "compile: cache_limit must be >= 1, got ", options.cache_limit);
+  if (options.buckets) check_buckets(*options.buckets);
   s_->fn = std::move(fn);
   s_->options = options;
 }
@@ -133,9 +182,12 @@ class AutotuneScope {
 
 }  // namespace
 
-std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& inputs) {
+std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args) {
   State& s = *s_;
   AutotuneScope autotune(s.options.mode == Mode::MaxAutotune);
+  int64_t bucket = 0, length = 0;
+  const std::vector<Tensor> inputs = s.options.buckets ? pad_to_bucket(args, *s.options.buckets, bucket, length) : args;
+  if (s.options.buckets) ++s.bucket_calls[bucket];
   Signature sig = signature_of(inputs);
   State::Entry* e = nullptr;
   for (State::Entry& c : s.entries)
@@ -151,7 +203,10 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& inpu
       }
       return s.eager_call(inputs);
     }
-    if (!s.entries.empty())
+    if (s.options.buckets)
+      log_line("recompiles", detail::cat("bucket ", bucket, " (dim ", s.options.buckets->dim, "), chosen by length ",
+                                         length, ": a plan of its own"));
+    else if (!s.entries.empty())
       log_line("recompiles", detail::cat("recompiling: ", mismatch(sig, s.entries.back().sig)));
     s.entries.push_back(State::Entry{sig, 0, nullptr, false});
     e = &s.entries.back();
@@ -170,5 +225,6 @@ int CompiledFunction::replays() const { return s_->replays; }
 int CompiledFunction::eager_calls() const { return s_->eager; }
 const std::vector<GraphBreak>& CompiledFunction::graph_breaks() const { return s_->breaks; }
 const CompileOptions& CompiledFunction::options() const { return s_->options; }
+const std::map<int64_t, int64_t>& CompiledFunction::bucket_calls() const { return s_->bucket_calls; }
 
 }  // namespace reel::compile

@@ -25,13 +25,30 @@
 // Results are fresh tensors each call. Parameters and state are updated in place, as eagerly.
 #pragma once
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "compile/runtime/plan.h"
 
 namespace reel::compile {
+
+// Length buckets (CompileOptions::buckets): dim `dim` of the arguments listed in `inputs` changes from
+// call to call (micro-batches of sentences); each call pads it up to the smallest of `sizes` that holds
+// the call's longest, each argument with its own pad value, so that calls share one plan per bucket
+// instead of tracing one per length, as torch._dynamo.mark_dynamic with a range lets a graph serve many.
+// The padding must leave the function's results as they were: right-padded token ids under a causal
+// model, with the targets padded with cross_entropy's ignore_index, do (tests/test_compile_buckets.cpp).
+struct LengthBuckets {
+  std::vector<size_t> inputs;      // which arguments
+  int64_t dim = 1;                 // which dim of each
+  std::vector<int64_t> sizes;      // ascending, positive
+  std::vector<double> pad_values;  // one per entry of `inputs`
+  // smallest, 2 smallest, 4 smallest, ... up to largest (largest itself last when not reached exactly).
+  static std::vector<int64_t> powers_of_two(int64_t smallest, int64_t largest);
+};
 
 struct CompileOptions {
   Mode mode = Mode::Default;
@@ -43,6 +60,8 @@ struct CompileOptions {
   // device; above it the planner recomputes activations in the backward instead of keeping them
   // (compile/passes/recompute.cpp), the same bits either way. 0: no limit.
   size_t memory_limit = 0;
+  // Arguments whose length varies, padded to buckets (above); unset: every new shape is a new plan.
+  std::optional<LengthBuckets> buckets;
 
   CompileOptions(Mode mode = Mode::Default, int cache_limit = 8, bool fuse = true,
                  std::vector<std::string> disabled_passes = {}, size_t memory_limit = 0)
@@ -70,6 +89,8 @@ class CompiledFunction {
   int replays() const;       // calls served by a plan
   int eager_calls() const;   // calls run eagerly (warm-up, past the cache limit, graph breaks)
   const std::vector<GraphBreak>& graph_breaks() const;  // of every trace so far
+  // With buckets: how many calls each bucket size served, by size.
+  const std::map<int64_t, int64_t>& bucket_calls() const;
   const CompileOptions& options() const;
 
  private:
