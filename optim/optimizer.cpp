@@ -97,9 +97,20 @@ Optimizer& Optimizer::set_accum_steps(int64_t accum_steps) {
 
 Optimizer& Optimizer::set_items_per_step(int64_t items_per_step) {
   REEL_CHECK(items_per_step >= 1, name_, ": items_per_step must be >= 1, got ", items_per_step);
+  REEL_CHECK(!counts_targets_, name_, ": items_per_step counts given items; set_items_from_targets counts the "
+             "targets: use one of them");
   REEL_CHECK(micro_count_ == 0, name_, ": cannot change accumulation with ", micro_count_, " micro-batches pending");
   items_per_step_ = items_per_step;
   accum_steps_ = 1;
+  return *this;
+}
+
+Optimizer& Optimizer::set_items_from_targets(int64_t ignore_index) {
+  REEL_CHECK(micro_count_ == 0, name_, ": cannot change accumulation with ", micro_count_, " micro-batches pending");
+  REEL_CHECK(items_per_step_ == 0, name_, ": set_items_from_targets counts the targets; items_per_step (",
+             items_per_step_, ") counts given items: use one of them");
+  counts_targets_ = true;
+  target_ignore_index_ = ignore_index;
   return *this;
 }
 
@@ -177,6 +188,18 @@ Tensor Optimizer::scale_loss(const Tensor& loss, int64_t items) {
   }
   pending_items_ = items > 0 ? items : micro_batch_;
   Tensor y = factor == 1.0 ? loss : mul(loss, factor);
+  if (scaler_) y = scaler_->scale(y);
+  return y;
+}
+
+Tensor Optimizer::scale_loss_share(const Tensor& loss, const Tensor& share) {
+  REEL_CHECK(counts_targets_, name_, ": scale_loss_share weighs by real targets: call set_items_from_targets first");
+  REEL_CHECK(loss.defined() && loss.numel() == 1 && share.defined() && share.numel() == 1, name_,
+             ": scale_loss_share expects a one-element loss and share, got ",
+             loss.defined() ? shape_str(loss.shape()) : std::string("an undefined loss"), " and ",
+             share.defined() ? shape_str(share.shape()) : std::string("an undefined share"));
+  pending_items_ = micro_batch_;
+  Tensor y = mul(loss, share);
   if (scaler_) y = scaler_->scale(y);
   return y;
 }

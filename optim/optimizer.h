@@ -11,6 +11,8 @@
 // The accumulation contract. Each micro-batch loss L_i is a mean over its n_i items.
 //   by count (accum_steps = A):        scale_loss returns L_i / A         (equal micro-batches)
 //   by items (items_per_step = N):     scale_loss returns L_i * n_i / N
+//   by real targets (set_items_from_targets): scale_loss_share returns L_i * n_i / N, both counted
+//                                      on the device from the targets that are not ignore_index
 // so that after the boundary's backward passes, sum_i grad(scaled L_i) = grad of the mean over the
 // effective batch (params +=). With a GradScaler the scaled loss is also multiplied by its scale.
 // micro_step() counts micro-batches (or items) and, at the boundary, in this order:
@@ -103,6 +105,14 @@ class Optimizer {
   // ---- configuration of the accumulation contract ----
   Optimizer& set_accum_steps(int64_t accum_steps);        // count micro-batches (default 1)
   Optimizer& set_items_per_step(int64_t items_per_step);  // count items instead
+  // Count the step's real targets instead, on the device: items are the targets that are not
+  // `ignore_index` (padding), each micro-batch's loss a mean over its own; optim::train_step then
+  // weighs micro-batch i by n_i / N with n_i and N counted from the targets as tensors, so a
+  // compiled step, whose host values are frozen, weighs every call by its own counts. Keeps ACCUM
+  // (the number of micro-batches per step) by count.
+  Optimizer& set_items_from_targets(int64_t ignore_index = -100);
+  bool counts_targets() const { return counts_targets_; }
+  int64_t target_ignore_index() const { return target_ignore_index_; }
   Optimizer& set_micro_batch(int64_t items);              // for print_setup and effective_batch()
   // N items per step in micro-batches of m (split_accumulation, optim/accumulation.h): ACCUM by
   // count when m divides N, else by items (N), so that the smaller last micro-batch weighs its share.
@@ -126,6 +136,9 @@ class Optimizer {
 
   // ---- the accumulation step ----
   Tensor scale_loss(const Tensor& loss, int64_t items = -1);
+  // With set_items_from_targets: loss x share (a 0-dim tensor, this micro-batch's n_i / N), x the
+  // GradScaler's scale.
+  Tensor scale_loss_share(const Tensor& loss, const Tensor& share);
   StepResult micro_step();
   StepResult finish_epoch(RemainderPolicy policy = RemainderPolicy::Drop);
   int64_t pending_micro_batches() const { return micro_count_; }
@@ -153,6 +166,8 @@ class Optimizer {
   Tensor boundaries_, updates_;  // 0-dim f64 on the parameters' device (see the top of this file)
   int64_t host_steps_ = 0;       // the host's mirror of boundaries_, for StepResult::lr
   int64_t accum_steps_ = 1, items_per_step_ = 0, micro_batch_ = 0;
+  bool counts_targets_ = false;
+  int64_t target_ignore_index_ = -100;
   double max_grad_norm_ = 0;
   bool skip_nonfinite_ = true, zero_to_none_ = true;
   std::shared_ptr<GradScaler> scaler_;

@@ -10,10 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "compile/runtime/train_step.h"
 #include "data/text_lines.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "reel.h"
+#include "test_util.h"
 
 namespace reel {
 namespace {
@@ -72,6 +74,73 @@ TEST(VariableLengthStep, PaddedMicroBatchesUpdateAsTheUnpaddedLinesDo) {
   // The update moved the parameters, and both ways moved them alike.
   EXPECT_GT(max_abs_diff(before, padded->parameters()), 1e-4);
   EXPECT_LT(max_abs_diff(padded->parameters(), unpadded->parameters()), 1e-10);
+}
+
+// The unpadded reference of one step: every line of every micro-batch its own (1, n) micro-batch,
+// weighed by its n of the step's real tokens.
+void unpadded_step(nn::Module& model, optim::Optimizer& opt, const std::vector<data::LineBatch>& micro) {
+  int64_t tokens = 0;
+  for (const data::LineBatch& b : micro) tokens += b.positions();
+  opt.set_items_per_step(tokens);
+  for (const data::LineBatch& b : micro)
+    for (int64_t row = 0; row < b.inputs.size(0); ++row) {
+      const int64_t n = b.lengths[size_t(row)];
+      Tensor x = b.inputs.slice(0, row, row + 1).slice(1, 0, n).contiguous();
+      Tensor y = b.targets.slice(0, row, row + 1).slice(1, 0, n).contiguous();
+      opt.scale_loss(nn::model_loss(model, x, y), n).backward();
+      opt.micro_step();
+    }
+}
+
+TEST(VariableLengthStep, CountingRealTargetsOnTheDeviceEagerAndCompiledWithBuckets) {
+  // set_items_from_targets: optim::train_step weighs each padded micro-batch by its real targets,
+  // counted as tensors, so the same code serves eagerly and in a compiled plan replayed with other
+  // counts; the compiled step pads every call to a length bucket (one plan per bucket).
+  const std::vector<std::string> lines = {"A short line.", "Another, somewhat longer, line of text.", "ok",
+                                          "Lines of every length come together in one batch", "twelve bytes",
+                                          "abc", "the longest line of them all, at forty-seven b"};
+  data::LineSampler sampler(lines, 24, 21);
+  std::vector<std::vector<data::LineBatch>> steps(8);
+  for (auto& step : steps)
+    for (int i = 0; i < 2; ++i) step.push_back(sampler.next(2));
+  auto eager = small_gpt(), compiled = small_gpt(), reference = small_gpt();
+  auto sgd = [](nn::Module& m) { return optim::SGD(m.parameters(), optim::SGDOptions(0.5)); };
+  optim::SGD opt_e = sgd(*eager), opt_c = sgd(*compiled), opt_r = sgd(*reference);
+  opt_e.set_accum_steps(2).set_items_from_targets();
+  opt_c.set_accum_steps(2).set_items_from_targets();
+  nn::Module* mc = compiled.get();
+  compile::CompileOptions options(compile::Mode::Default);
+  // Inputs and targets of both micro-batches (arguments 0..3), padded along dim 1.
+  options.buckets = compile::LengthBuckets{{0, 1, 2, 3}, 1, {8, 16, 24},
+                                           {double(data::kPadToken), double(data::kIgnoreIndex),
+                                            double(data::kPadToken), double(data::kIgnoreIndex)}};
+  compile::CompiledFunction step = compile::compile_train_step(
+      opt_c, [mc](const Tensor& x, const Tensor& y) { return nn::model_loss(*mc, x, y); }, options);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    std::vector<optim::MicroBatch> micro;
+    for (const data::LineBatch& b : steps[s]) micro.push_back({b.inputs, b.targets});
+    Tensor mean_e;
+    optim::train_step(opt_e, [&](const Tensor& x, const Tensor& y) { return nn::model_loss(*eager, x, y); }, micro,
+                      &mean_e);
+    const double mean_c = step(compile::flatten_micro(micro))[0].item();
+    EXPECT_NEAR(mean_c, mean_e.item(), 1e-12) << "step " << s;
+    unpadded_step(*reference, opt_r, steps[s]);
+  }
+  EXPECT_GE(step.replays(), 2) << "the compiled step hardly replayed its plans";
+  EXPECT_LE(step.traces(), int(step.bucket_calls().size()));  // a bucket met once runs its warm-up call only
+  EXPECT_LT(max_abs_diff(eager->parameters(), reference->parameters()), 1e-10);
+  EXPECT_LT(max_abs_diff(compiled->parameters(), reference->parameters()), 1e-10);
+}
+
+TEST(VariableLengthStep, CountingModesDoNotMix) {
+  auto m = small_gpt();
+  optim::SGD a(m->parameters()), b(m->parameters()), c(m->parameters());
+  a.set_items_per_step(100);
+  testing_util::expect_error([&] { a.set_items_from_targets(); }, {"set_items_from_targets", "items_per_step (100)"});
+  b.set_items_from_targets();
+  testing_util::expect_error([&] { b.set_items_per_step(100); }, {"items_per_step", "set_items_from_targets"});
+  testing_util::expect_error([&] { c.scale_loss_share(ones({}), ones({})); }, {"call set_items_from_targets first"});
+  testing_util::expect_error([&] { b.scale_loss_share(ones({}), ones({2})); }, {"one-element loss and share", "(2,)"});
 }
 
 }  // namespace
