@@ -304,9 +304,6 @@ TEST(BadInput, TrainingOnLinesIsCheckedAndRuns) {
   REQUIRE_CLI(r);
   EXPECT_EQ(r->code, 1) << r->out;
   EXPECT_NE(r->out.find("train: --items must be windows or lines, got sentences"), std::string::npos) << r->out;
-  r = reel_cli("train --model gpt-tiny --items lines --compile default");
-  EXPECT_EQ(r->code, 1) << r->out;
-  EXPECT_NE(r->out.find("--items lines trains eagerly"), std::string::npos) << r->out;
   r = reel_cli("train --model cnn-small --items lines");
   EXPECT_EQ(r->code, 1) << r->out;
   EXPECT_NE(r->out.find("--items lines is for the GPTs, not cnn-small"), std::string::npos) << r->out;
@@ -326,4 +323,11 @@ TEST(BadInput, TrainingOnLinesIsCheckedAndRuns) {
   EXPECT_NE(r->out.find("lines: 38 for training, 2 for validation"), std::string::npos) << r->out;
   EXPECT_NE(r->out.find("with padding (overhead"), std::string::npos) << r->out;
   EXPECT_NE(r->out.find("done: 2 steps"), std::string::npos) << r->out;
+  // Compiled: length buckets, at most one plan per bucket used.
+  r = reel_cli("train --model gpt-tiny --dataset text --text " + many +
+               " --items lines --steps 4 --micro-batch 3 --accum 2 --device cpu --compile default");
+  EXPECT_EQ(r->code, 0) << r->out;
+  EXPECT_NE(r->out.find("length buckets (steps per bucket): 64: 4; plans traced 1, steps replayed 2, run eagerly 2"),
+            std::string::npos)
+      << r->out;
 }

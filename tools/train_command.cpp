@@ -481,8 +481,10 @@ double validation_loss(nn::Module& model, Sampler& sampler, int64_t batch_size, 
 }
 
 // --items lines: each step draws its ACCUM micro-batches of lines first, each padded to its own
-// longest line, and counts the step's real tokens (set_items_per_step), so that the step's gradient is
-// the mean over its real tokens whatever the padding (tests/test_variable_length_step.cpp).
+// longest line, and weighs them by their real tokens, so that the step's gradient is the mean over its
+// real tokens whatever the padding (tests/test_variable_length_step.cpp), counted from the targets on
+// the device (set_items_from_targets). Compiled, every call is padded to a length bucket, powers of
+// two up to the context, so the plans traced are at most the buckets used, never one per length.
 int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, Device device) {
   const std::string text = o.text_path.empty() ? data::read_fortunes() : data::tensor_to_bytes(data::load_text_bytes(o.text_path));
   std::vector<std::string> lines = data::split_lines(text);
@@ -495,32 +497,70 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
   data::LineSampler sampler(lines, T, o.seed + uint64_t(dist::rank())), val_sampler(val, T, o.seed + 1);
   std::printf("lines: %zu for training, %zu for validation, cut at %lld bytes\n", sampler.num_items(),
               val_sampler.num_items(), (long long)T + 1);
+  // Each micro-batch weighs its real tokens' share of the step, counted from the targets on the
+  // device: the same for the eager and the compiled step.
+  opt.set_items_from_targets(data::kIgnoreIndex);
+  nn::Module* m = &model;
+  optim::LossFn loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
+  std::optional<compile::CompiledFunction> compiled;
+  compile::LengthBuckets buckets;
+  if (o.compile != "none") {
+    buckets.dim = 1;
+    buckets.sizes = compile::LengthBuckets::powers_of_two(std::min<int64_t>(16, T), T);
+    for (int64_t i = 0; i < o.accum; ++i) {
+      buckets.inputs.insert(buckets.inputs.end(), {size_t(2 * i), size_t(2 * i + 1)});
+      buckets.pad_values.insert(buckets.pad_values.end(), {double(data::kPadToken), double(data::kIgnoreIndex)});
+    }
+    compile::CompileOptions options(compile::parse_mode(o.compile));
+    options.memory_limit = o.memory_limit;
+    options.buckets = buckets;
+    options.cache_limit = int(buckets.sizes.size());
+    compiled.emplace(compile::compile_train_step(opt, loss_fn, options));
+  }
   Progress progress(o.steps, "tok");
   Clock::time_point start = Clock::now();
   int64_t tokens = 0, padded = 0;
   double last_loss = 0;
-  StepLoss step_loss;
   for (int64_t step = 0; step < o.steps;) {
     std::vector<data::LineBatch> micro;
-    int64_t step_tokens = 0;
+    int64_t step_tokens = 0, longest = 0, rows = 0;
     for (int64_t i = 0; i < o.accum; ++i) {
       micro.push_back(sampler.next(o.micro_batch, device));
       step_tokens += micro.back().positions();
-      padded += micro.back().inputs.numel();
+      longest = std::max(longest, micro.back().inputs.size(1));
+      rows += micro.back().inputs.size(0);
     }
-    opt.set_items_per_step(step_tokens);
-    optim::StepResult r;
-    for (const data::LineBatch& b : micro)
-      r = eager_micro_batch(model, opt, b.inputs, b.targets, step_loss, b.positions());
-    REEL_CHECK(r.stepped, "train: the step's micro-batches did not complete a step");
     tokens += step_tokens;
-    last_loss = step_loss.take();
+    if (compiled) {
+      std::vector<optim::MicroBatch> mb;
+      for (const data::LineBatch& b : micro) mb.push_back({b.inputs, b.targets});
+      std::vector<Tensor> out = (*compiled)(compile::flatten_micro(mb));
+      padded += rows * *std::lower_bound(buckets.sizes.begin(), buckets.sizes.end(), longest);
+      last_loss = out[0].item();
+      progress.update(++step, last_loss, tokens, out[4].item());
+      continue;
+    }
+    std::vector<optim::MicroBatch> mb;
+    for (const data::LineBatch& b : micro) {
+      padded += b.inputs.numel();
+      mb.push_back({b.inputs, b.targets});
+    }
+    Tensor mean_loss;
+    optim::StepResult r = optim::train_step(opt, loss_fn, mb, &mean_loss);
+    last_loss = mean_loss.item();
     progress.update(++step, last_loss, tokens, r.lr);
   }
   progress.end_line();
   const double val_loss = validation_loss(model, val_sampler, o.micro_batch, device);
   std::printf("tokens: %lld real, %lld with padding (overhead %.2fx)\n", (long long)tokens, (long long)padded,
               double(padded) / double(std::max<int64_t>(tokens, 1)));
+  if (compiled) {
+    std::printf("length buckets (steps per bucket):");
+    for (const auto& [size, n] : compiled->bucket_calls()) std::printf(" %lld: %lld", (long long)size, (long long)n);
+    std::printf("; plans traced %d, steps replayed %d, run eagerly %d\n", compiled->traces(), compiled->replays(),
+                compiled->eager_calls());
+    report_recompute(compiled, o);
+  }
   std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)o.steps,
               seconds_since(start), last_loss, val_loss);
   if (!o.checkpoint.empty() && dist::rank() == 0) nn::save_state_dict(model, o.checkpoint);  // one writer

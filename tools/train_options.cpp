@@ -38,7 +38,8 @@ const char* train_usage() {
          "                                                     for yolov8n-cls, uniform byte tokens for the GPTs)\n"
          "  --text PATH          text file for --dataset text (default: Debian's fortunes)\n"
          "  --items windows|lines   the GPTs' items: fixed windows of the text (default), or its lines, each\n"
-         "                       its own length (padded per micro-batch, the loss over real tokens; eager)\n"
+         "                       its own length (padded, the loss over real tokens; compiled: one plan per\n"
+         "                       length bucket, powers of two up to the context)\n"
          "  --device auto|cpu|cuda[:N]                         (default auto: the GPU when visible)\n"
          "  --epochs N           image models (default 4)    --steps N   text models (default 200)\n"
          "  --micro-batch N      items per micro-batch (default 64)\n"
@@ -111,9 +112,6 @@ TrainOptions parse_train_options(int argc, char** argv) {
   REEL_CHECK(o.items == "windows" || o.items == "lines", "train: --items must be windows or lines, got ", o.items);
   REEL_CHECK(o.items == "windows" || o.model.rfind("gpt", 0) == 0, "train: --items lines is for the GPTs, not ",
              o.model);
-  REEL_CHECK(o.items == "windows" || o.compile == "none",
-             "train: --items lines trains eagerly: a compiled step has fixed shapes, and lines change the "
-             "micro-batch's length every step (drop --compile)");
   REEL_CHECK(o.items == "windows" || o.effective_batch == 0,
              "train: --items lines does not plan a memory budget yet (its micro-batches have no fixed length)");
   REEL_CHECK(o.memory_limit == 0 || o.compile != "none",
