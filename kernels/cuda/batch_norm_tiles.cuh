@@ -1,0 +1,316 @@
+// Batch norm on channels-last operands: the statistics, the apply, the backward's sums and dx over
+// tiles of pixels x 32 channels staged in shared memory (the layout story is at the top of
+// kernels/cuda/batch_norm.cu, which includes this file and launches these kernels).
+#pragma once
+#include "kernels/cuda/batch_norm_common.cuh"
+#include "kernels/cuda/last_block.cuh"
+
+namespace reel::cuda::batch_norm_detail {
+
+// A block is kTile x kTileRows threads (tx, ty): a warp per thread row, tx the channel within the
+// tile. A tile holds tile_pixels<A> pixels (128 in f32), thread (tx, ty) taking pixel rows ty, ty + 8,
+// ...: sixteen independent loads per thread are in flight at once, which is what keeps these kernels
+// near memory bandwidth (with 32-pixel tiles each thread waited on four loads at a time, and the norms
+// ran at a third of it). f64 tiles hold 64 pixels, to stay within a block's 48 KiB of static shared
+// memory.
+constexpr int kTile = 32, kTileRows = 8;
+template <typename A>
+constexpr int tile_pixels = sizeof(A) > 4 ? 64 : 128;
+template <typename A>
+constexpr int pixels_per_thread = tile_pixels<A> / kTileRows;
+
+// Where element (pixel p, channel c) of an (N, C, S) tensor lies: p C + c channels-last, else
+// (n C + c) S + s with p = n S + s.
+struct PlaneLayout {
+  int64_t C, S;
+  bool channels_last;
+};
+
+// A tile staged in shared memory, [pixel][channel] (the +1 keeps a column read free of bank
+// conflicts): 128 x 33 x 4 bytes = 16.5 KiB in f32.
+template <typename A>
+using Tile = A[tile_pixels<A>][kTile + 1];
+
+// One operand's tile (pixels p0.., channels c0..) into `tile` as A, zeros outside [0, P) x [0, C).
+// Threads run along the operand's contiguous dim: channels for channels-last, pixels for (N, C, S);
+// every global access is coalesced.
+template <typename T, typename A>
+__device__ void load_tile(Tile<A>& tile, const T* v, PlaneLayout L, int64_t P, int64_t p0, int64_t c0) {
+  if (L.channels_last) {
+    const int64_t c = c0 + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < pixels_per_thread<A>; ++j) {
+      const int r = threadIdx.y + j * kTileRows;
+      const int64_t p = p0 + r;
+      tile[r][threadIdx.x] = p < P && c < L.C ? to_acc(v[p * L.C + c]) : A(0);
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < tile_pixels<A> / kTile; ++q) {  // groups of 32 pixels: tx runs along the pixels
+      const int64_t p = p0 + q * kTile + threadIdx.x, n = p / L.S, s = p - n * L.S;
+#pragma unroll
+      for (int j = 0; j < kTile / kTileRows; ++j) {
+        const int r = threadIdx.y + j * kTileRows;  // the channel within the tile
+        const int64_t c = c0 + r;
+        tile[q * kTile + threadIdx.x][r] = p < P && c < L.C ? to_acc(v[(n * L.C + c) * L.S + s]) : A(0);
+      }
+    }
+  }
+}
+
+// `tile` out to a D tensor in layout L, threads along its contiguous dim: coalesced.
+template <typename D, typename A>
+__device__ void store_tile(const Tile<A>& tile, D* v, PlaneLayout L, int64_t P, int64_t p0, int64_t c0) {
+  if (L.channels_last) {
+    const int64_t c = c0 + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < pixels_per_thread<A>; ++j) {
+      const int r = threadIdx.y + j * kTileRows;
+      const int64_t p = p0 + r;
+      if (p < P && c < L.C) v[p * L.C + c] = from_acc<D>(tile[r][threadIdx.x]);
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < tile_pixels<A> / kTile; ++q) {
+      const int64_t p = p0 + q * kTile + threadIdx.x, n = p / L.S, s = p - n * L.S;
+#pragma unroll
+      for (int j = 0; j < kTile / kTileRows; ++j) {
+        const int r = threadIdx.y + j * kTileRows;
+        const int64_t c = c0 + r;
+        if (p < P && c < L.C) v[(n * L.C + c) * L.S + s] = from_acc<D>(tile[q * kTile + threadIdx.x][r]);
+      }
+    }
+  }
+}
+
+// The 8 per-thread partial sums of each channel column (ty = 0..7) summed in ty order; every
+// thread gets its column's total. Synchronises.
+template <typename A>
+__device__ A column_sum(A v, A (&scratch)[kTileRows][kTile]) {
+  __syncthreads();
+  scratch[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  A s = 0;
+  for (int r = 0; r < kTileRows; ++r) s += scratch[r][threadIdx.x];
+  return s;
+}
+
+// The statistics and the backward's sums split each channel's pixels into chunks of one tile
+// (tile_pixels<A>), so block (channel tile j, chunk k) reduces one tile. Their chunk partials are laid
+// out (2, parts, C), partial k of channel c at k C + c, so that a warp (32 neighbouring channels)
+// reads or writes 128 contiguous bytes. The last block of a channel tile combines the tile's chunks
+// with all its threads: thread row ty takes chunks ty, ty + 8, ..., and the rows' sums are then added
+// in row order (column_sum), a fixed order: the same bits on every run. (One thread per channel
+// walking every chunk, as batch_norm.cu's stage-2 kernels do, took tens of microseconds for a few
+// hundred chunks.)
+
+// Training statistics of channel tile c0.. from its chunks, as finalize_channel_stats combines them
+// (Chan et al.) but in one pass over the partials: with K the first chunk's mean (an estimate of mu,
+// so nothing cancels badly), sum_k n_k (mean_k - mu)^2 = sum_k n_k (mean_k - K)^2 - n (mu - K)^2.
+// A thread row loads kCombineBatch chunks' partials at once (one L2 latency per batch); the results
+// agree with the two-pass combination to rounding. Then stored as finalize_channel_stats stores them.
+constexpr int kCombineBatch = 16;
+
+template <typename A>
+__device__ void combine_tile_stats(int64_t c0, const A* part, const ChannelSplit& sp, A (&scratch)[kTileRows][kTile],
+                                   A eps, A* mean, A* rstd, bool update, RunningStat running_mean,
+                                   RunningStat running_var, double momentum) {
+  const int64_t c = c0 + threadIdx.x;
+  const bool live = c < sp.C;
+  const A* sums = part + c;                   // chunk k's sum at sums[k C]
+  const A* m2s = part + sp.parts * sp.C + c;  // chunk k's M2 at m2s[k C]
+  A s = 0, m2 = 0, K = 0;
+  if (live) {
+    K = load_partial(sums) / A(sp.end(0));
+    for (int64_t k0 = threadIdx.y; k0 < sp.parts; k0 += kCombineBatch * kTileRows) {
+      A sk[kCombineBatch], mk[kCombineBatch];
+#pragma unroll
+      for (int u = 0; u < kCombineBatch; ++u) {
+        const int64_t k = k0 + u * kTileRows;
+        sk[u] = k < sp.parts ? load_partial(sums + k * sp.C) : A(0);
+        mk[u] = k < sp.parts ? load_partial(m2s + k * sp.C) : A(0);
+      }
+#pragma unroll
+      for (int u = 0; u < kCombineBatch; ++u) {
+        const int64_t k = k0 + u * kTileRows;
+        if (k >= sp.parts) break;
+        const A nk = A(sp.end(k) - sp.begin(k)), d = sk[u] / nk - K;  // chunks are never empty (split_pixels)
+        s += sk[u];
+        m2 += mk[u] + nk * d * d;
+      }
+    }
+  }
+  s = column_sum(s, scratch);
+  m2 = column_sum(m2, scratch);
+  const A n = A(sp.count), mu = s / n, dk = mu - K;  // count == 0 gives NaN, as on the CPU
+  if (threadIdx.y == 0 && live)
+    store_channel_stats(c, mu, (m2 - n * dk * dk) / n, sp.count, eps, mean, rstd, update, running_mean, running_var,
+                        momentum);
+}
+
+// Training statistics, x channels-last (x[p C + c]): block (channel tile j, pixel chunk k); thread
+// (tx, ty) holds channel c0 + tx of its 16 pixels of the chunk in registers, read straight from x (a
+// warp reads 32 neighbouring channels of one pixel: coalesced, no staging needed), sums them, and
+// after the block has the chunk mean, sums their squared deviations from it (the two-pass variance
+// of the chunk, x read once). The last block of each channel tile to finish combines the tile's
+// chunks (kernels/cuda/last_block.cuh): one launch.
+template <typename X, typename A>
+__global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_fwd_stats_tiled_kernel(const X* x, ChannelSplit sp, A* part, A eps, A* mean, A* rstd,
+                                                  bool update, RunningStat running_mean, RunningStat running_var,
+                                                  double momentum) {
+  __shared__ A scratch[kTileRows][kTile];
+  const int64_t C = sp.C, tiles_c = (C + kTile - 1) / kTile;
+  for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {
+    const int64_t j = t / sp.parts, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
+    const int64_t c = j * kTile + threadIdx.x;
+    const bool live = c < C;
+    A v[pixels_per_thread<A>];  // pixels i0 + ty + 8 r of channel c; zeros past the chunk
+#pragma unroll
+    for (int r = 0; r < pixels_per_thread<A>; ++r) {
+      const int64_t p = i0 + threadIdx.y + r * kTileRows;
+      v[r] = live && p < i1 ? to_acc(x[p * C + c]) : A(0);
+    }
+    A s = 0;
+#pragma unroll
+    for (int r = 0; r < pixels_per_thread<A>; ++r) s += v[r];
+    s = column_sum(s, scratch);
+    const A chunk_mean = s / A(i1 - i0);
+    A q = 0;
+#pragma unroll
+    for (int r = 0; r < pixels_per_thread<A>; ++r) {
+      const A d = v[r] - chunk_mean;
+      if (i0 + threadIdx.y + r * kTileRows < i1) q += d * d;
+    }
+    q = column_sum(q, scratch);
+    if (threadIdx.y == 0 && live) {
+      part[k * C + c] = s;
+      part[(sp.parts + k) * C + c] = q;
+    }
+    if (arrive_last(finish_counter(j), unsigned(sp.parts)))
+      combine_tile_stats(j * kTile, part, sp, scratch, eps, mean, rstd, update, running_mean, running_var, momentum);
+  }
+}
+
+// y = x scale_c + shift_c, tiled: x in its layout, y (N, C, S). Block (pixel tile, channel tile).
+template <typename X, typename D, typename A = Acc<D>>
+__global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_fwd_apply_tiled_kernel(const X* x, PlaneLayout Lx, const D* w, const D* b, const A* mean,
+                                                  const A* rstd, D* y, int64_t P) {
+  __shared__ Tile<A> tile;
+  const int64_t tiles_p = (P + tile_pixels<A> - 1) / tile_pixels<A>, tiles_c = (Lx.C + kTile - 1) / kTile;
+  for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {
+    const int64_t p0 = (t % tiles_p) * tile_pixels<A>, c0 = (t / tiles_p) * kTile;
+    __syncthreads();
+    load_tile(tile, x, Lx, P, p0, c0);
+    __syncthreads();
+    const int64_t c = c0 + threadIdx.x;
+    if (c < Lx.C) {
+      const A scale = rstd[c] * (w ? to_acc(w[c]) : A(1)), shift = (b ? to_acc(b[c]) : A(0)) - mean[c] * scale;
+#pragma unroll
+      for (int j = 0; j < pixels_per_thread<A>; ++j) {
+        const int r = threadIdx.y + j * kTileRows;
+        tile[r][threadIdx.x] = tile[r][threadIdx.x] * scale + shift;
+      }
+    }
+    __syncthreads();
+    store_tile(tile, y, PlaneLayout{Lx.C, Lx.S, false}, P, p0, c0);
+  }
+}
+
+// The backward's sums of channel tile c0.. from its chunks, then dw, db and coef as
+// finalize_channel_grads stores them.
+template <typename D, typename A>
+__device__ void combine_tile_grads(int64_t c0, const A* part, const ChannelSplit& sp, A (&scratch)[kTileRows][kTile],
+                                   bool training, D* dw, D* db, A* coef) {
+  const int64_t c = c0 + threadIdx.x;
+  const bool live = c < sp.C;
+  A s_g = 0, s_gx = 0;
+  if (live) {
+    for (int64_t k0 = threadIdx.y; k0 < sp.parts; k0 += kCombineBatch * kTileRows) {
+      A gk[kCombineBatch], gxk[kCombineBatch];  // loaded together: one L2 latency per batch
+#pragma unroll
+      for (int u = 0; u < kCombineBatch; ++u) {
+        const int64_t k = k0 + u * kTileRows;
+        gk[u] = k < sp.parts ? load_partial(part + k * sp.C + c) : A(0);
+        gxk[u] = k < sp.parts ? load_partial(part + (sp.parts + k) * sp.C + c) : A(0);
+      }
+#pragma unroll
+      for (int u = 0; u < kCombineBatch; ++u) {
+        s_g += gk[u];
+        s_gx += gxk[u];
+      }
+    }
+  }
+  s_g = column_sum(s_g, scratch);
+  s_gx = column_sum(s_gx, scratch);
+  if (threadIdx.y == 0 && live) store_channel_grads(c, s_g, s_gx, sp.C, sp.count, training, dw, db, coef);
+}
+
+// Backward, stage 1, tiled: g and x each in its layout, staged through tiles; sums of g and g xhat
+// per (channel, chunk) into part (2, parts, C). The last block of each channel tile then combines the
+// tile's chunks.
+template <typename X, typename D, typename A = Acc<D>>
+__global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_bwd_sums_tiled_kernel(const D* g, PlaneLayout Lg, const X* x, PlaneLayout Lx, const A* mean,
+                                                 const A* rstd, ChannelSplit sp, A* part, bool training, D* dw, D* db,
+                                                 A* coef) {
+  __shared__ Tile<A> tg, tx;
+  __shared__ A scratch[kTileRows][kTile];
+  const int64_t C = sp.C, tiles_c = (C + kTile - 1) / kTile;
+  for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {
+    const int64_t j = t / sp.parts, c0 = j * kTile, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
+    const int64_t c = c0 + threadIdx.x;
+    const bool live = c < C;
+    const A mu = live ? mean[c] : A(0), rs = live ? rstd[c] : A(0);
+    __syncthreads();
+    load_tile(tg, g, Lg, i1, i0, c0);
+    load_tile(tx, x, Lx, i1, i0, c0);
+    __syncthreads();
+    A s_g = 0, s_gx = 0;
+#pragma unroll
+    for (int j = 0; j < pixels_per_thread<A>; ++j) {
+      const int r = threadIdx.y + j * kTileRows;
+      if (i0 + r >= i1) break;
+      const A gv = tg[r][threadIdx.x];
+      s_g += gv;
+      s_gx += gv * (tx[r][threadIdx.x] - mu) * rs;
+    }
+    s_g = column_sum(s_g, scratch);
+    s_gx = column_sum(s_gx, scratch);
+    if (threadIdx.y == 0 && live) {
+      part[k * C + c] = s_g;
+      part[(sp.parts + k) * C + c] = s_gx;
+    }
+    if (arrive_last(finish_counter(j), unsigned(sp.parts)))
+      combine_tile_grads(c0, part, sp, scratch, training, dw, db, coef);
+  }
+}
+
+// dx = w rstd (g - mean(g) - xhat mean(g xhat)), tiled: g, x and dx (of type O: D, or 16 bits with
+// attr dx_dtype) each in its layout.
+template <typename X, typename D, typename O, typename A = Acc<D>>
+__global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_bwd_dx_tiled_kernel(const D* g, PlaneLayout Lg, const X* x, PlaneLayout Lx, const D* w,
+                                               const A* mean, const A* rstd, const A* coef, O* dx, PlaneLayout Ldx,
+                                               int64_t P) {
+  __shared__ Tile<A> tg, tx;
+  const int64_t C = Lx.C, tiles_p = (P + tile_pixels<A> - 1) / tile_pixels<A>, tiles_c = (C + kTile - 1) / kTile;
+  for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {
+    const int64_t p0 = (t % tiles_p) * tile_pixels<A>, c0 = (t / tiles_p) * kTile;
+    __syncthreads();
+    load_tile(tg, g, Lg, P, p0, c0);
+    load_tile(tx, x, Lx, P, p0, c0);
+    __syncthreads();
+    const int64_t c = c0 + threadIdx.x;
+    if (c < C) {
+      const A rs = rstd[c], mu = mean[c], wc = w ? to_acc(w[c]) : A(1), cg = coef[c], cgx = coef[C + c];
+#pragma unroll
+      for (int j = 0; j < pixels_per_thread<A>; ++j) {
+        const int r = threadIdx.y + j * kTileRows;
+        const A xh = (tx[r][threadIdx.x] - mu) * rs;
+        tg[r][threadIdx.x] = wc * rs * (tg[r][threadIdx.x] - cg - xh * cgx);
+      }
+    }
+    __syncthreads();
+    store_tile(tg, dx, Ldx, P, p0, c0);
+  }
+}
+
+}  // namespace reel::cuda::batch_norm_detail
