@@ -6,48 +6,40 @@ namespace reel::optim {
 
 StepResult train_step(Optimizer& opt, const LossFn& loss_fn, const std::vector<MicroBatch>& micro, Tensor* mean_loss) {
   REEL_CHECK(!micro.empty(), "train_step: no micro-batches");
+  // Counting real targets (set_items_from_targets): n_i, the micro-batch's real targets, and N, their
+  // sum over the step, as device values (a replay weighs its own call's counts); each loss, a mean
+  // over its n_i, weighs n_i / N, and so does its part of the reported mean.
+  std::vector<Tensor> counts;
+  Tensor total;
+  if (opt.counts_targets()) {
+    NoGradGuard no_grad;
+    for (const MicroBatch& mb : micro) {
+      Tensor ignore = full({}, double(opt.target_ignore_index()), TensorOptions{mb.targets.dtype(), mb.targets.device()});
+      counts.push_back(sum(to_dtype(ne(mb.targets, ignore), DType::f64)));
+      total = total.defined() ? total + counts.back() : counts.back();
+    }
+  }
   StepResult result;
   Tensor loss_sum;
-  if (opt.counts_targets()) {
-    // n_i: the micro-batch's real targets, N their sum over the step, as device values (a replay
-    // weighs its own call's counts); each loss, a mean over its n_i, weighs n_i / N, and so does its
-    // part of the reported mean.
-    std::vector<Tensor> counts;
-    Tensor total;
-    {
-      NoGradGuard no_grad;
-      for (const MicroBatch& mb : micro) {
-        Tensor ignore = full({}, double(opt.target_ignore_index()), TensorOptions{mb.targets.dtype(), mb.targets.device()});
-        counts.push_back(sum(to_dtype(ne(mb.targets, ignore), DType::f64)));
-        total = total.defined() ? total + counts.back() : counts.back();
-      }
-    }
-    for (size_t i = 0; i < micro.size(); ++i) {
-      Tensor loss = loss_fn(micro[i].inputs, micro[i].targets);
+  for (size_t i = 0; i < micro.size(); ++i) {
+    Tensor loss = loss_fn(micro[i].inputs, micro[i].targets), part = loss.detach();
+    if (counts.empty()) {
+      opt.scale_loss(loss, micro[i].items).backward();
+    } else {
       Tensor share;
       {
         NoGradGuard no_grad;
         share = to_dtype(counts[i] / total, loss.dtype());
       }
       opt.scale_loss_share(loss, share).backward();
-      Tensor part = loss.detach() * share;
-      loss_sum = loss_sum.defined() ? loss_sum + part : part;
-      result = opt.micro_step();
+      part = part * share;
     }
-    REEL_CHECK(result.stepped, "train_step: ", micro.size(), " micro-batches did not reach the optimizer's step "
-               "boundary (set its ACCUM to the number of micro-batches)");
-    if (mean_loss) *mean_loss = loss_sum;
-    return result;
-  }
-  for (const MicroBatch& mb : micro) {
-    Tensor loss = loss_fn(mb.inputs, mb.targets);
-    opt.scale_loss(loss, mb.items).backward();
-    loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+    loss_sum = loss_sum.defined() ? loss_sum + part : part;
     result = opt.micro_step();
   }
   REEL_CHECK(result.stepped, "train_step: ", micro.size(), " micro-batches did not reach the optimizer's step "
              "boundary (set its ACCUM to the number of micro-batches)");
-  if (mean_loss) *mean_loss = loss_sum * (1.0 / double(micro.size()));
+  if (mean_loss) *mean_loss = counts.empty() ? loss_sum * (1.0 / double(micro.size())) : loss_sum;
   return result;
 }
 

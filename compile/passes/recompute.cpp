@@ -63,9 +63,8 @@ Cost clone_cost(const Node& n) {
   }
 }
 
-// Lifetimes as the memory plan has them (memory_plan.h), by buffer id.
+// Lifetimes as the memory plan has them (memory_plan.h's buffer_lifetimes), by buffer id.
 using Lifetimes = std::vector<Placement>;
-Lifetimes lifetimes_of(const Graph& g) { return buffer_lifetimes(g); }
 
 // The live bytes of Internal buffers on `device` at each node, and the busiest node (the first of
 // equals: a step of ACCUM micro-batches has as many).
@@ -94,17 +93,46 @@ LiveProfile live_profile(const Graph& g, const Lifetimes& l, const Device& devic
   return p;
 }
 
+// FLOPs of one clone, roughly: 2 M N K for a GEMM, 2 per multiply-add of a convolution, 4 B T^2 d
+// for attention (Q K^T and P V, the causal mask not discounted), one per output element otherwise.
+double flops_of(const Node& n) {
+  auto numel = [](const TensorRef& r) { return double(numel_of(r.shape)); };
+  const double out = numel(n.outputs[0]);
+  switch (n.op) {
+    case OpKind::Matmul: case OpKind::GemmEpilogue:
+      if (n.inputs[0] && !n.inputs[0]->shape.empty()) return 2.0 * out * double(n.inputs[0]->shape.back());
+      break;
+    case OpKind::Conv2d:
+      if (n.inputs[1] && n.inputs[1]->shape.size() == 4) {
+        const Shape& w = n.inputs[1]->shape;  // (C_out, C_in / groups, kh, kw)
+        return 2.0 * out * double(w[1] * w[2] * w[3]);
+      }
+      break;
+    case OpKind::Attention: case OpKind::AttentionCast:
+      if (n.outputs[0].shape.size() == 3) {
+        const Shape& y = n.outputs[0].shape;  // (B, T, d)
+        return 4.0 * double(y[0]) * double(y[1]) * double(y[1]) * double(y[2]);
+      }
+      break;
+    default: break;
+  }
+  double all = 0;
+  for (const TensorRef& o : n.outputs) all += numel(o);
+  return all;
+}
+
 // A recomputation: the nodes to clone, in order (producers first), placed before node `before`, and
 // the buffer whose late readers move to the last clone's output.
 struct Candidate {
   int buffer = -1, before = -1;
   std::vector<int> chain;  // node indices of the original graph, producers first
   Cost cost = Cost::Cheap;
+  double flops = 0;        // what the chain's clones add (flops_of)
 };
 
 class Planner {
  public:
-  Planner(const Graph& g) : g_(g), uses_(buffer_uses(g)), life_(lifetimes_of(g)) {}
+  Planner(const Graph& g, const Lifetimes& life) : g_(g), uses_(buffer_uses(g)), life_(life) {}
 
   // The chain that writes buffer b again before node q, or nothing.
   std::optional<Candidate> candidate(int b, int t) const {
@@ -144,13 +172,14 @@ class Planner {
     }
     chained.insert(p);
     c.chain.push_back(p);
+    c.flops += flops_of(n);
     if (cost == Cost::Costly) c.cost = Cost::Costly;
     return true;
   }
 
   const Graph& g_;
   BufferUses uses_;
-  Lifetimes life_;
+  const Lifetimes& life_;
 };
 
 // g with the candidate applied: the chain's clones before node c.before, late readers of c.buffer
@@ -183,34 +212,6 @@ Graph apply(const Graph& g, const Candidate& c) {
   return out;
 }
 
-// FLOPs of one clone, roughly: 2 M N K for a GEMM, 2 per multiply-add of a convolution, 4 B T^2 d
-// for attention (Q K^T and P V, the causal mask not discounted), one per output element otherwise.
-double flops_of(const Node& n) {
-  auto numel = [](const TensorRef& r) { return double(numel_of(r.shape)); };
-  const double out = numel(n.outputs[0]);
-  switch (n.op) {
-    case OpKind::Matmul: case OpKind::GemmEpilogue:
-      if (n.inputs[0] && !n.inputs[0]->shape.empty()) return 2.0 * out * double(n.inputs[0]->shape.back());
-      break;
-    case OpKind::Conv2d:
-      if (n.inputs[1] && n.inputs[1]->shape.size() == 4) {
-        const Shape& w = n.inputs[1]->shape;  // (C_out, C_in / groups, kh, kw)
-        return 2.0 * out * double(w[1] * w[2] * w[3]);
-      }
-      break;
-    case OpKind::Attention: case OpKind::AttentionCast:
-      if (n.outputs[0].shape.size() == 3) {
-        const Shape& y = n.outputs[0].shape;  // (B, T, d)
-        return 4.0 * double(y[0]) * double(y[1]) * double(y[1]) * double(y[2]);
-      }
-      break;
-    default: break;
-  }
-  double all = 0;
-  for (const TensorRef& o : n.outputs) all += numel(o);
-  return all;
-}
-
 }  // namespace
 
 void recompute_to_fit(Graph& g, size_t limit, PassStats& stats) {
@@ -220,11 +221,11 @@ void recompute_to_fit(Graph& g, size_t limit, PassStats& stats) {
         std::none_of(devices.begin(), devices.end(), [&](const Device& d) { return d == b.device; }))
       devices.push_back(b.device);
   for (const Device& device : devices) {
-    LiveProfile now = live_profile(g, lifetimes_of(g), device);
+    LiveProfile now = live_profile(g, buffer_lifetimes(g), device);
     stats.recompute_live_before = std::max(stats.recompute_live_before, now.peak);
     for (int round = 0; now.peak > limit && round < 4096; ++round) {
-      const Planner planner(g);
-      const Lifetimes life = lifetimes_of(g);
+      const Lifetimes life = buffer_lifetimes(g);
+      const Planner planner(g, life);
       // The Internal buffers live at the busiest node, largest first.
       std::vector<int> live;
       for (size_t b = 0; b < g.buffers.size(); ++b)
@@ -238,30 +239,21 @@ void recompute_to_fit(Graph& g, size_t limit, PassStats& stats) {
         if (auto c = planner.candidate(b, now.at)) tries.push_back(*c);
       // Fewest FLOPs per byte the busiest node sheds first: a cast or an elementwise op costs about
       // an operation per element, a GEMM hundreds.
-      std::vector<double> per_byte(tries.size());
-      for (size_t i = 0; i < tries.size(); ++i) {
-        double flops = 0;
-        for (int p : tries[i].chain) flops += flops_of(g.nodes[p]);
-        per_byte[i] = flops / double(std::max<size_t>(g.buffers[tries[i].buffer].nbytes, 1));
-      }
-      std::vector<size_t> order(tries.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return per_byte[a] < per_byte[b]; });
-      std::vector<Candidate> sorted;
-      for (size_t i : order) sorted.push_back(tries[i]);
-      tries = std::move(sorted);
+      auto per_byte = [&](const Candidate& c) {
+        return c.flops / double(std::max<size_t>(g.buffers[c.buffer].nbytes, 1));
+      };
+      std::stable_sort(tries.begin(), tries.end(),
+                       [&](const Candidate& a, const Candidate& b) { return per_byte(a) < per_byte(b); });
       bool applied = false;
       for (const Candidate& c : tries) {
         Graph next = apply(g, c);
         // Kept when the busiest node holds less and no node holds more than it did (the clones go
         // after the busiest node, so its index is the same in both graphs). Each of the ACCUM
         // micro-batches has its own busiest node of the same size: the peak falls once all have.
-        const LiveProfile after = live_profile(next, lifetimes_of(next), device);
+        const LiveProfile after = live_profile(next, buffer_lifetimes(next), device);
         if (after.peak > now.peak || after.live[now.at] >= now.live[now.at]) continue;
-        for (int p : c.chain) {
-          stats.recomputed.push_back(op_name(g.nodes[p].op));
-          stats.recompute_flops += flops_of(g.nodes[p]);
-        }
+        for (int p : c.chain) stats.recomputed.push_back(op_name(g.nodes[p].op));
+        stats.recompute_flops += c.flops;
         if (log_enabled("memory"))
           log_line("memory", detail::cat("recompute: b", c.buffer, " (", g.buffers[c.buffer].nbytes, " bytes) from ",
                                          c.chain.size(), " node(s) before k", c.before, ": live bytes at k", now.at, " ",
