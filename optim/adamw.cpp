@@ -36,6 +36,16 @@ void AdamW::update(const Tensor& found_inf, const Tensor& lr, const Tensor& step
   }
 }
 
+// Zero moments, as the first update makes them: they are read before they are written, so zeros
+// made now are the same bits as zeros made then.
+void AdamW::make_update_state() {
+  for (size_t i = 0; i < exp_avg_.size(); ++i)
+    if (!exp_avg_[i].defined()) {
+      exp_avg_[i] = zeros_like(parameters()[i]);
+      exp_avg_sq_[i] = zeros_like(parameters()[i]);
+    }
+}
+
 std::string AdamW::describe() const {
   const auto& o = options_;
   return detail::cat("AdamW (betas (", o.beta1_, ", ", o.beta2_, "), eps ", o.eps_, ", weight_decay ",

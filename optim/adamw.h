@@ -39,6 +39,7 @@ class AdamW : public Optimizer {
  protected:
   void update(const Tensor& found_inf, const Tensor& lr, const Tensor& step) override;
   std::string describe() const override;
+  void make_update_state() override;
 
  private:
   AdamWOptions options_;

@@ -78,6 +78,16 @@ void Optimizer::step() {
   advance(Tensor(), true);
 }
 
+bool Optimizer::can_create_state_now() const { return !grad_sync_ && update_state_can_be_made_early(); }
+
+bool Optimizer::create_state_now() {
+  if (!can_create_state_now()) return false;
+  make_update_state();
+  if (scaler_ && scaler_->enabled() && !scaler_->scale_tensor().defined() && !params_.empty())
+    scaler_->init(params_[0].device());
+  return true;
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   for (const Tensor& p : params_) {
     Tensor g = p.grad();

@@ -89,6 +89,7 @@ class Optimizer {
   void step();
   void zero_grad(bool set_to_none = true);
   const std::vector<Tensor>& parameters() const { return params_; }
+  const char* name() const { return name_; }  // "AdamW", "SGD"
   double base_lr() const { return base_lr_; }
   void set_base_lr(double lr);
   // The lr of the next update: the schedule at step_count() (reads the device counter: a host sync).
@@ -144,12 +145,25 @@ class Optimizer {
   int64_t pending_micro_batches() const { return micro_count_; }
   void print_setup(std::ostream& os) const;
 
+  // ---- tracing a step without running it (CompileOptions::trace_without_running) ----
+  // Whether the state the first update would create can be made before it without changing it: not
+  // for SGD with momentum (its first update copies the gradient into the buffer), nor where the step
+  // talks to other ranks (a GradSync).
+  bool can_create_state_now() const;
+  // Creates that state now (AdamW's moments, the GradScaler's scale and counters), as the first update
+  // would, so that a traced step finds it as it finds the parameters. Returns can_create_state_now();
+  // creates nothing when that is false.
+  bool create_state_now();
+
  protected:
   // Applies one update to every parameter that has a gradient; `found_inf` (0-dim f32 or undefined)
   // is passed to the kernels, which skip when it is set. lr and step are 0-dim f64 device tensors
   // read by the kernels: the learning rate and the 1-based count of applied updates, this one included.
   virtual void update(const Tensor& found_inf, const Tensor& lr, const Tensor& step) = 0;
   virtual std::string describe() const = 0;
+  // The subclass's part of can_create_state_now and create_state_now.
+  virtual bool update_state_can_be_made_early() const { return true; }
+  virtual void make_update_state() {}
 
  private:
   StepResult boundary(double correction);

@@ -39,6 +39,16 @@ void SGD::update(const Tensor& found_inf, const Tensor& lr, const Tensor&) {
   }
 }
 
+// Without momentum there is no state. With it, the first update copies the gradient into the buffer
+// (first_step), which later updates do not: a buffer made now would change that update, so only a
+// step whose buffers all exist already can be traced without running.
+bool SGD::update_state_can_be_made_early() const {
+  if (options_.momentum_ == 0) return true;
+  for (const Tensor& b : buffers_)
+    if (!b.defined()) return false;
+  return true;
+}
+
 std::string SGD::describe() const {
   const auto& o = options_;
   return detail::cat("SGD (momentum ", o.momentum_, ", dampening ", o.dampening_, ", nesterov ",

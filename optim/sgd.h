@@ -41,6 +41,7 @@ class SGD : public Optimizer {
  protected:
   void update(const Tensor& found_inf, const Tensor& lr, const Tensor& step) override;
   std::string describe() const override;
+  bool update_state_can_be_made_early() const override;
 
  private:
   SGDOptions options_;

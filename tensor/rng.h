@@ -110,6 +110,9 @@ class Generator {
   }
   uint64_t seed() const { return seed_; }
   uint64_t offset() const { return offset_.load(std::memory_order_relaxed); }
+  // Moves the offset to `offset`: a step traced without running gives back the counters its trace
+  // reserved, so that its first real run draws those same numbers (compile/runtime/compile.h).
+  void set_offset(uint64_t offset) { offset_.store(offset, std::memory_order_relaxed); }
   // Reserves `counters` counters and returns the offset where they start.
   uint64_t advance(uint64_t counters) {
     const uint64_t at = offset_.fetch_add(counters, std::memory_order_relaxed);

@@ -111,7 +111,8 @@ SmallSetup small_gpt(int64_t effective_batch, Device device = Device::cpu()) {
 using MakeSetup = SmallSetup (*)(int64_t, Device);
 
 size_t measured_step_peak(MakeSetup make, Device device, int64_t effective_batch, int64_t micro_batch,
-                          std::optional<compile::Mode> mode, int measured_call = -1) {
+                          std::optional<compile::Mode> mode, int measured_call = -1, size_t memory_limit = 0,
+                          bool trace_without_running = false) {
   if (device.is_cuda()) cuda::synchronize(device.index);
   // What the process held before, less the libraries' workspaces that earlier tests made: the plan
   // counts those (they stay allocated through the step).
@@ -123,13 +124,17 @@ size_t measured_step_peak(MakeSetup make, Device device, int64_t effective_batch
   opt->set_accum_steps(accum);
   std::vector<optim::MicroBatch> micro = s.setup.make_micro(micro_batch, accum);
   std::optional<compile::CompiledFunction> step;
-  if (mode) step.emplace(compile::compile_train_step(*opt, s.setup.loss_fn, {*mode}));
+  compile::CompileOptions options(mode.value_or(compile::Mode::Default));
+  options.memory_limit = memory_limit;
+  options.trace_without_running = trace_without_running;
+  if (mode) step.emplace(compile::compile_train_step(*opt, s.setup.loss_fn, options));
   auto run = [&] {
     if (step) (*step)(compile::flatten_micro(micro));
     else optim::train_step(*opt, s.setup.loss_fn, micro);
   };
-  // Compiled: call 0 warms up, call 1 traces, call 2 replays first; eagerly, call 0 makes the state.
-  if (measured_call < 0) measured_call = mode ? 3 : 1;
+  // Compiled: call 0 warms up, call 1 traces, call 2 replays first (traced without running: call 0
+  // traces and runs the plan, 1 runs it again); eagerly, call 0 makes the state.
+  if (measured_call < 0) measured_call = !mode ? 1 : trace_without_running ? 2 : 3;
   for (int i = 0; i < measured_call; ++i) run();
   if (device.is_cuda()) cuda::synchronize(device.index);
   compile::reset_peak_bytes(device);
@@ -377,6 +382,70 @@ TEST(MemoryBudgetCuda, PlannedPeakMatchesTheCachingAllocatorsMeasuredPeak) {
   // On the GPU: the caching allocator's rounding, cuBLAS's workspace, and for the compiled step the
   // CUDA graph of reduce-overhead (measured at its second replay).
   expect_plans_match_measurements(Device::cuda(0), compile::Mode::ReduceOverhead);
+}
+
+// Micro-batch and recomputation chosen together: a compiled step traced without running (no eager
+// first calls), under a budget its largest micro-batch does not fit as it is, gets a candidate that
+// recomputes to fit it, whose plan measures within 5% of its planned peak on the allocator.
+namespace {
+void expect_recomputation_fits_as_planned(Device device, compile::Mode mode) {
+  SmallSetup s = small_gpt(16, device);
+  s.setup.compile_mode = mode;
+  s.setup.trace_without_running = true;
+  const compile::BudgetCandidate whole = compile::plan_candidate(s.setup, 16), half = compile::plan_candidate(s.setup, 8);
+  EXPECT_EQ(whole.eager_calls_bytes, 0u);  // nothing runs eagerly
+  ASSERT_GT(whole.peak(), half.peak());
+  const size_t budget = half.peak() + (whole.peak() - half.peak()) / 4;
+  std::vector<compile::BudgetCandidate> cands = compile::plan_candidates_for(s.setup, budget);
+  const compile::BudgetCandidate* recomputing = nullptr;
+  for (const compile::BudgetCandidate& c : cands) {
+    if (c.micro_batch == 16 && c.memory_limit > 0) recomputing = &c;
+    EXPECT_GT(c.estimated_seconds, 0.0) << "micro-batch " << c.micro_batch;
+    // Recomputation is tried only where the plain plan does not fit.
+    if (c.memory_limit > 0) EXPECT_GT(compile::plan_candidate(s.setup, c.micro_batch).peak(), budget);
+  }
+  ASSERT_NE(recomputing, nullptr) << compile::budget_table(compile::pick_micro_batch(cands, 16, budget));
+  EXPECT_LE(recomputing->peak(), budget);
+  EXPECT_GT(recomputing->recomputed_nodes, 0u);
+  EXPECT_GT(recomputing->recompute_flops, 0.0);
+  EXPECT_GT(recomputing->estimated_seconds, whole.estimated_seconds);  // the same step and more
+  const size_t measured = measured_step_peak(small_gpt, device, 16, 16, mode, -1, recomputing->memory_limit, true);
+  EXPECT_NEAR(double(recomputing->steady_peak()), double(measured), 0.05 * double(measured))
+      << compile::compare_planned_peak(recomputing->steady_peak(), measured);
+  EXPECT_LE(measured, budget + budget / 20);
+}
+}  // namespace
+
+TEST(MemoryBudget, RecomputationMakesALargerMicroBatchFitAsPlanned) {
+  expect_recomputation_fits_as_planned(Device::cpu(), compile::Mode::Default);
+}
+
+TEST(MemoryBudgetCuda, RecomputationMakesALargerMicroBatchFitAsPlanned) {
+  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
+  expect_recomputation_fits_as_planned(Device::cuda(0), compile::Mode::ReduceOverhead);
+}
+
+// Among the candidates that fit, the fewest estimated seconds wins (a larger micro-batch that
+// recomputes over a smaller one that starts more kernels), the larger micro-batch on a tie.
+TEST(MemoryBudget, PicksTheFastestThatFitsByEstimate) {
+  std::vector<compile::BudgetCandidate> c{hand_made(4, 400), hand_made(8, 900), hand_made(8, 450)};
+  c[0].estimated_seconds = 2.0;
+  c[1].estimated_seconds = 1.0;  // does not fit
+  c[2].estimated_seconds = 1.5;
+  c[2].memory_limit = 200;
+  c[2].recomputed_nodes = 12;
+  c[2].recompute_flops = 3e9;
+  compile::BudgetChoice choice = compile::pick_micro_batch(c, 16, 500);
+  EXPECT_EQ(choice.chosen, 2u);
+  const std::string table = compile::budget_table(choice);
+  EXPECT_NE(table.find("recompute to"), std::string::npos) << table;
+  EXPECT_NE(table.find("recomputing 12 nodes in the backward"), std::string::npos) << table;
+  EXPECT_NE(table.find("est. items/s"), std::string::npos) << table;
+  EXPECT_NE(compile::budget_advice(choice).find("recomputing to an arena of"), std::string::npos);
+  c[2].estimated_seconds = 2.5;  // now slower than micro-batch 4 as it is
+  EXPECT_EQ(compile::pick_micro_batch(c, 16, 500).chosen, 0u);
+  c[0].estimated_seconds = c[2].estimated_seconds = 0;  // not estimated: the larger micro-batch
+  EXPECT_EQ(compile::pick_micro_batch(c, 16, 500).chosen, 2u);
 }
 
 TEST(MemoryBudget, TracingACallHoldsNoMoreThanRunningItEagerly) {

@@ -47,6 +47,10 @@ struct BenchOptions {
   int64_t profiler_steps = 0;  // > 0: run this many extra steps inside a CUDA profiler range (ncu)
   bool plan_memory = false;   // also plan each step's peak without running it (compile/runtime/memory_budget.h)
   size_t memory_limit = 0;    // compiled: CompileOptions::memory_limit (recomputation to fit it)
+  // --effective-batch N --memory-budget SIZE: the micro-batch, ACCUM and (compiled) recomputation
+  // chosen by the planner for the budget, as `reel train` chooses them, then timed.
+  int64_t effective_batch = 0;
+  size_t memory_budget = 0;
   double dropout = 0;         // the GPTs' dropout (GptConfig::dropout); the timed steps train, so it draws
   std::string json_path;
 };
@@ -80,11 +84,17 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--plan-memory") o.plan_memory = v != "0";
     else if (k == "--dropout") o.dropout = real_arg("bench", k, v, 0, 0.99);
     else if (k == "--memory-limit") o.memory_limit = size_arg("bench", k, v);
+    else if (k == "--effective-batch") o.effective_batch = int_arg("bench", k, v, 1);
+    else if (k == "--memory-budget") o.memory_budget = size_arg("bench", k, v);
     else throw Error("bench: unknown option " + k +
                      " (expected --models, --precisions, --compile, --device, --steps, --warmup, --micro-batch, --json, "
                      "--profile, --profiler-range N, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P, "
-                     "--memory-limit SIZE)");
+                     "--memory-limit SIZE, --effective-batch N --memory-budget SIZE)");
   }
+  REEL_CHECK((o.effective_batch == 0) == (o.memory_budget == 0),
+             "bench: --effective-batch and --memory-budget go together");
+  REEL_CHECK(o.memory_budget == 0 || (o.micro_batch < 0 && o.memory_limit == 0),
+             "bench: --memory-budget chooses the micro-batch and the memory limit; drop --micro-batch and --memory-limit");
   for (const std::string& m : o.models)  // a typo fails before any run
     if (!nn::is_benchmark_model(m)) nn::make_benchmark_model(m);  // throws, naming the known models
   REEL_CHECK(o.steps > 0 && o.warmup >= 0 && o.profile_steps >= 0,
@@ -98,6 +108,8 @@ struct Result {
   std::string micro_batch = "default";  // as the peer scripts print B
   double median_ms = 0, min_ms = 0, first_s = 0, peak_mib = -1, kernels_per_step = 0;
   double planned_mib = -1;  // --plan-memory: the planner's peak for this step (compile/runtime/memory_budget.h)
+  int64_t accum = 0;
+  double budget_mib = -1, memory_limit_mib = 0;  // --memory-budget, and the arena limit chosen for it
   double host_ms = 0;  // median host time to run step() without waiting for the device: the launch cost
   double dropout = 0;
   size_t graph_breaks = 0;  // compiled: breaks the trace reported (a break that runs eagerly shows here)
@@ -152,10 +164,61 @@ double time_step_ms(const std::function<void()>& step, Device device) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The step of `w` as the memory planner sees it: micro-batches shaped as w's, a fresh AdamW like the
+// timed one, the compiled mode and its options.
+compile::BudgetSetup budget_setup(const nn::Workload& w, Device device, const std::string& mode,
+                                  int64_t effective_batch, const compile::CompileOptions& options) {
+  compile::BudgetSetup setup;
+  setup.device = device;
+  setup.effective_batch = effective_batch;
+  nn::Module* model = w.model.get();
+  setup.loss_fn = [model](const Tensor& x, const Tensor& y) { return nn::model_loss(*model, x, y); };
+  if (mode != "eager") setup.compile_mode = compile::parse_mode(mode);
+  setup.memory_limit = options.memory_limit;
+  setup.trace_without_running = options.trace_without_running;
+  setup.make_optimizer = [model]() -> std::unique_ptr<optim::Optimizer> {
+    auto fresh = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
+    fresh->set_max_grad_norm(1.0);
+    if (autocast_policy().needs_grad_scaler()) fresh->set_grad_scaler(std::make_shared<optim::GradScaler>());
+    return fresh;
+  };
+  const Tensor x = w.micro[0].first, y = w.micro[0].second;
+  setup.make_micro = [x, y, device](int64_t b, int64_t count) {
+    std::vector<optim::MicroBatch> out;
+    for (int64_t i = 0; i < count; ++i) {
+      Shape xs = x.shape(), ys = y.shape();
+      xs[0] = ys[0] = b;
+      out.push_back({zeros(xs, {x.dtype(), device}), zeros(ys, {y.dtype(), device})});
+    }
+    return out;
+  };
+  return setup;
+}
+
 Result run_config(const std::string& name, const std::string& prec, const std::string& mode, Device device,
                   const BenchOptions& o) {
   AutocastGuard amp(PrecisionPolicy::parse(prec));
-  nn::Workload w = nn::make_workload(name, device, kAccum, o.micro_batch);
+  const bool compiled = mode != "eager";
+  compile::CompileOptions options(compiled ? compile::parse_mode(mode) : compile::Mode::Default);
+  options.memory_limit = o.memory_limit;
+  // Under a memory limit or budget the first calls do not run eagerly (compile.h): they would hold
+  // eager's footprint, above what the plan fits.
+  options.trace_without_running = compiled && (o.memory_limit > 0 || o.memory_budget > 0);
+  int64_t accum = kAccum, micro_batch = o.micro_batch;
+  std::optional<compile::BudgetChoice> choice;
+  if (o.memory_budget > 0) {
+    const nn::Workload shapes = nn::make_workload(name, device, 1, 1);
+    choice = compile::pick_micro_batch(
+        compile::plan_candidates_for(budget_setup(shapes, device, mode, o.effective_batch, options), o.memory_budget),
+        o.effective_batch, o.memory_budget);
+    std::printf("%s %s %s: %s", name.c_str(), prec.c_str(), mode.c_str(), compile::budget_table(*choice).c_str());
+    REEL_CHECK(!choice->counts_items(), "bench: the chosen micro-batch ", choice->choice().micro_batch,
+               " does not divide --effective-batch ", o.effective_batch, "; give an effective batch of a power of two");
+    micro_batch = choice->choice().micro_batch;
+    accum = choice->choice().accum;
+    options.memory_limit = choice->choice().memory_limit;
+  }
+  nn::Workload w = nn::make_workload(name, device, accum, micro_batch);
   if (o.dropout > 0) {
     auto gpt = std::dynamic_pointer_cast<nn::Gpt>(w.model);
     REEL_CHECK(gpt != nullptr, "bench: --dropout applies to the GPT models, not ", name);
@@ -164,14 +227,11 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
   std::vector<optim::MicroBatch> micro;
   for (const auto& [x, y] : w.micro) micro.push_back({x, y});
   optim::AdamW opt(w.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
-  opt.set_accum_steps(kAccum).set_max_grad_norm(1.0);
+  opt.set_accum_steps(accum).set_max_grad_norm(1.0);
   if (autocast_policy().needs_grad_scaler()) opt.set_grad_scaler(std::make_shared<optim::GradScaler>());
   auto loss_fn = [&](const Tensor& x, const Tensor& y) { return nn::model_loss(*w.model, x, y); };
-  const bool compiled = mode != "eager";
   std::optional<compile::CompiledFunction> compiled_step;
   std::vector<Tensor> flat = compile::flatten_micro(micro);
-  compile::CompileOptions options(compiled ? compile::parse_mode(mode) : compile::Mode::Default);
-  options.memory_limit = o.memory_limit;
   if (compiled) compiled_step.emplace(compile::compile_train_step(opt, loss_fn, options));
   auto step = [&] {
     if (compiled) (*compiled_step)(flat);
@@ -181,33 +241,17 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
 
   Result r{name, prec, device.str(), mode, w.model->num_parameters(), w.items_per_step};
   r.dropout = o.dropout;
-  if (o.micro_batch > 0) r.micro_batch = std::to_string(o.micro_batch);
+  r.accum = accum;
+  if (micro_batch > 0) r.micro_batch = std::to_string(micro_batch);
+  if (choice) {
+    r.planned_mib = double(choice->choice().steady_peak()) / (1 << 20);
+    r.budget_mib = double(o.memory_budget) / (1 << 20);
+    r.memory_limit_mib = double(choice->choice().memory_limit) / (1 << 20);
+  }
   if (o.plan_memory) {
     // The same step planned in meta mode before it runs: the workload's shapes, a fresh AdamW like opt.
     const int64_t B = w.micro[0].first.shape()[0];
-    compile::BudgetSetup setup;
-    setup.device = device;
-    setup.effective_batch = B * kAccum;
-    setup.loss_fn = loss_fn;
-    if (compiled) setup.compile_mode = compile::parse_mode(mode);
-    setup.memory_limit = o.memory_limit;
-    setup.make_optimizer = [&]() -> std::unique_ptr<optim::Optimizer> {
-      auto fresh = std::make_unique<optim::AdamW>(w.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
-      fresh->set_max_grad_norm(1.0);
-      if (autocast_policy().needs_grad_scaler()) fresh->set_grad_scaler(std::make_shared<optim::GradScaler>());
-      return fresh;
-    };
-    setup.make_micro = [&](int64_t b, int64_t count) {
-      std::vector<optim::MicroBatch> out;
-      for (int64_t i = 0; i < count; ++i) {
-        const Tensor& x = w.micro[0].first;
-        const Tensor& y = w.micro[0].second;
-        Shape xs = x.shape(), ys = y.shape();
-        xs[0] = ys[0] = b;
-        out.push_back({zeros(xs, {x.dtype(), device}), zeros(ys, {y.dtype(), device})});
-      }
-      return out;
-    };
+    compile::BudgetSetup setup = budget_setup(w, device, mode, B * accum, options);
     const compile::BudgetCandidate c = compile::plan_candidate(setup, B);
     r.planned_mib = double(c.steady_peak()) / (1 << 20);  // the timed steps are steady
     std::printf("planned %s %s %s B=%lld: step %s + external %s + inputs %s + workspaces %s = %s\n", name.c_str(),
@@ -241,7 +285,7 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
     const compile::Plan& plan = *compiled_step->last_plan();
     r.kernels_per_step = double(plan.kernels() + plan.graph().inputs.size() + plan.graph().outputs.size());
     r.recomputed = plan.stats().recomputed.size();
-    if (const std::string rs = compile::recompute_summary(plan, o.memory_limit); !rs.empty())
+    if (const std::string rs = compile::recompute_summary(plan, options.memory_limit); !rs.empty())
       std::printf("%s %s %s: %s\n", name.c_str(), prec.c_str(), mode.c_str(), rs.c_str());
   }
   std::sort(ms.begin(), ms.end());
@@ -302,11 +346,13 @@ std::string to_json(const Result& r) {
                 "\"params\": %lld, \"items_per_step\": %lld, \"step_ms_median\": %.3f, \"step_ms_min\": %.3f, "
                 "\"items_per_s\": %.0f, \"first_step_s\": %.2f, \"peak_mib\": %s, \"kernels_per_step\": %.0f, "
                 "\"host_ms_median\": %.3f, \"B\": \"%s\", \"planned_peak_mib\": %s, \"dropout\": %g, "
-                "\"graph_breaks\": %zu, \"recomputed\": %zu}",
+                "\"graph_breaks\": %zu, \"recomputed\": %zu, \"accum\": %lld, \"budget_mib\": %s, "
+                "\"memory_limit_mib\": %s}",
                 r.model.c_str(), r.mode.c_str(), r.prec.c_str(), r.dev.c_str(), (long long)r.params, (long long)r.items_per_step,
                 r.median_ms, r.min_ms, double(r.items_per_step) / (r.median_ms / 1e3), r.first_s, peak.c_str(),
                 r.kernels_per_step, r.host_ms, r.micro_batch.c_str(), mib(r.planned_mib).c_str(), r.dropout,
-                r.graph_breaks, r.recomputed);
+                r.graph_breaks, r.recomputed, (long long)r.accum, mib(r.budget_mib).c_str(),
+                mib(r.memory_limit_mib).c_str());
   return buf;
 }
 

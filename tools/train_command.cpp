@@ -9,8 +9,9 @@
 // plan replayed (one CUDA graph under reduce-overhead); an epoch's tail runs eagerly.
 //
 // With --effective-batch N --memory-budget SIZE the micro-batch is chosen first: the step is planned
-// in meta mode for micro-batches 1, 2, 4, ..., N (compile/runtime/memory_budget.h), the table printed, and
-// training runs with the largest that fits and ACCUM = ceil(N / micro-batch). When that micro-batch
+// in meta mode for micro-batches 1, 2, 4, ..., N (compile/runtime/memory_budget.h; compiled, also with the
+// recomputation that makes a micro-batch fit), the table printed, and training runs with the fastest by
+// estimate that fits (its memory limit set when it recomputes) and ACCUM = ceil(N / micro-batch). When that micro-batch
 // does not divide N, each step's last micro-batch is smaller and the optimizer counts items (N per
 // step); a compiled step then weighs each micro-batch by its leading dim. After the first step (the
 // first replay when compiled) the planned peak is set beside the allocator's measured one, with a
@@ -133,13 +134,26 @@ optim::StepResult eager_micro_batch(nn::Module& model, optim::Optimizer& opt, co
   return opt.micro_step();
 }
 
+// Under a memory budget or limit a compiled step is traced without running (compile.h): its first
+// calls would otherwise run eagerly, at eager's footprint, above what the plan was made to fit. Where
+// the optimizer cannot make its state before the first update (SGD with momentum) they run eagerly.
+bool traces_without_running(const TrainOptions& o, const optim::Optimizer& opt) {
+  return o.compile != "none" && (o.memory_budget != 0 || o.memory_limit != 0) && opt.can_create_state_now();
+}
+
+compile::CompileOptions compile_options(const TrainOptions& o, const optim::Optimizer& opt) {
+  compile::CompileOptions options(compile::parse_mode(o.compile));
+  options.memory_limit = o.memory_limit;
+  options.trace_without_running = traces_without_running(o, opt);
+  return options;
+}
+
 // The compiled step of --compile MODE (none: eager), with the same loss and optimizer.
 std::optional<compile::CompiledFunction> compiled_step(const TrainOptions& o, nn::Module& model,
                                                        optim::Optimizer& opt) {
   if (o.compile == "none") return std::nullopt;
   nn::Module* m = &model;
-  compile::CompileOptions options(compile::parse_mode(o.compile));
-  options.memory_limit = o.memory_limit;
+  compile::CompileOptions options = compile_options(o, opt);
   return compile::compile_train_step(
       opt, [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); }, options);
 }
@@ -159,6 +173,7 @@ compile::BudgetSetup budget_setup(const TrainOptions& o, nn::Module& model, Devi
   s.device = device;
   s.effective_batch = o.effective_batch;
   if (o.compile != "none") s.compile_mode = compile::parse_mode(o.compile);
+  s.memory_limit = o.memory_limit;  // the user's own limit, if any: then no other is tried
   s.loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
   // The planner sets each candidate's accumulation itself (compile::trace_step_graph), and o's
   // micro-batch is not chosen yet: the factory's copy leaves --effective-batch out, so that
@@ -168,6 +183,7 @@ compile::BudgetSetup budget_setup(const TrainOptions& o, nn::Module& model, Devi
   s.make_optimizer = [unplanned, m]() -> std::unique_ptr<optim::Optimizer> {
     return make_optimizer(unplanned, *m, 1);
   };
+  s.trace_without_running = traces_without_running(o, *s.make_optimizer());
   s.make_micro = [=](int64_t B, int64_t count) {
     Shape xs{B}, ys{B};
     xs.insert(xs.end(), input_item.begin(), input_item.end());
@@ -186,28 +202,38 @@ struct BudgetRun {
   size_t planned_peak = 0;  // 0: no budget was asked for
 };
 
-// Plans the candidates, prints the table and sets o's micro-batch and ACCUM from the choice.
+// Plans the candidates, prints the table and sets o's micro-batch, ACCUM and (compiled, when the
+// choice recomputes) memory limit from the choice.
 BudgetRun choose_micro_batch(TrainOptions& o, const compile::BudgetSetup& setup) {
   compile::BudgetChoice c =
-      compile::pick_micro_batch(compile::plan_candidates(setup), o.effective_batch, o.memory_budget);
+      compile::pick_micro_batch(compile::plan_candidates_for(setup, o.memory_budget), o.effective_batch, o.memory_budget);
   std::printf("%s", compile::budget_table(c).c_str());
   o.micro_batch = c.choice().micro_batch;
   o.accum = c.choice().accum;
+  if (c.choice().memory_limit) o.memory_limit = c.choice().memory_limit;
   return {compile::budget_advice(c) + "; the step took more than planned (per-call workspaces, "
           "fragmentation): lower --memory-budget",
           c.choice().steady_peak()};
 }
 
+// The first training step whose peak is the steady state's: the second eager step, the second replay
+// of a plan traced after two eager calls, or the third call of one traced without running (call 0
+// traces and runs the plan, 1 captures its CUDA graph, 2 replays it).
+int64_t first_steady_step(const TrainOptions& o, const optim::Optimizer& opt) {
+  if (o.compile == "none") return 1;
+  return traces_without_running(o, opt) ? 2 : 3;
+}
+
 // The plan's peak against the allocator's after the first step in the steady state the plan
 // describes: the second eager step (the optimizer's state appears at the end of the first), or the
 // second replay when compiled (call 0 warms up, 1 traces, 2 captures the CUDA graph as it first runs
-// the plan, and the capture's own allocations are gone by call 3). The plan counts the model's
+// the plan, and the capture's own allocations are gone by call 3; first_steady_step). The plan counts the model's
 // parameters but not what else the process held before training (a dataset in host memory), so that
 // is taken off the measurement.
 class PeakCheck {
  public:
-  PeakCheck(size_t planned, const nn::Module& model, Device device, bool compiled)
-      : planned_(planned), device_(device), step_(compiled ? 3 : 1) {
+  PeakCheck(size_t planned, const nn::Module& model, Device device, int64_t steady_step)
+      : planned_(planned), device_(device), step_(steady_step) {
     if (!planned_) return;
     size_t model_bytes = 0;
     for (const Tensor& t : model.parameters()) model_bytes += compile::allocation_bytes(device, t.nbytes());
@@ -349,8 +375,10 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
               (long long)train.size(), (long long)test.size());
   opt->print_setup(std::cout);
   auto policy = o.remainder == "step" ? optim::RemainderPolicy::Step : optim::RemainderPolicy::Drop;
+  // Before the compiled step: a step traced without running has its optimizer make its state there,
+  // which the plan counts.
+  PeakCheck peak_check(budget.planned_peak, *model, device, first_steady_step(o, *opt));
   std::optional<compile::CompiledFunction> compiled = compiled_step(o, *model, *opt);
-  PeakCheck peak_check(budget.planned_peak, *model, device, compiled.has_value());
   int64_t steps_run = 0;  // over all epochs, for peak_check
   Clock::time_point start = Clock::now();
   double acc = 0, last_loss = 0;
@@ -511,8 +539,7 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
       buckets.inputs.insert(buckets.inputs.end(), {size_t(2 * i), size_t(2 * i + 1)});
       buckets.pad_values.insert(buckets.pad_values.end(), {double(data::kPadToken), double(data::kIgnoreIndex)});
     }
-    compile::CompileOptions options(compile::parse_mode(o.compile));
-    options.memory_limit = o.memory_limit;
+    compile::CompileOptions options = compile_options(o, opt);
     options.buckets = buckets;
     options.cache_limit = int(buckets.sizes.size());
     compiled.emplace(compile::compile_train_step(opt, loss_fn, options));
@@ -603,8 +630,8 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
   int64_t items = 0, step = 0, micro_index = 0;
   double last_loss = 0;
   StepLoss step_loss;
+  PeakCheck peak_check(budget.planned_peak, *model, device, first_steady_step(o, *opt));
   std::optional<compile::CompiledFunction> compiled = compiled_step(o, *model, *opt);
-  PeakCheck peak_check(budget.planned_peak, *model, device, compiled.has_value());
   while (step < o.steps) {
     if (compiled) {
       std::vector<optim::MicroBatch> micro;

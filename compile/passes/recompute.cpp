@@ -29,7 +29,7 @@
 #include "compile/passes/memory_plan.h"
 #include "compile/passes/passes.h"
 #include "compile/passes/pattern.h"
-#include "tensor/error.h"
+#include "compile/passes/step_cost.h"
 #include "tensor/error.h"
 #include "tensor/log.h"
 
@@ -93,41 +93,13 @@ LiveProfile live_profile(const Graph& g, const Lifetimes& l, const Device& devic
   return p;
 }
 
-// FLOPs of one clone, roughly: 2 M N K for a GEMM, 2 per multiply-add of a convolution, 4 B T^2 d
-// for attention (Q K^T and P V, the causal mask not discounted), one per output element otherwise.
-double flops_of(const Node& n) {
-  auto numel = [](const TensorRef& r) { return double(numel_of(r.shape)); };
-  const double out = numel(n.outputs[0]);
-  switch (n.op) {
-    case OpKind::Matmul: case OpKind::GemmEpilogue:
-      if (n.inputs[0] && !n.inputs[0]->shape.empty()) return 2.0 * out * double(n.inputs[0]->shape.back());
-      break;
-    case OpKind::Conv2d:
-      if (n.inputs[1] && n.inputs[1]->shape.size() == 4) {
-        const Shape& w = n.inputs[1]->shape;  // (C_out, C_in / groups, kh, kw)
-        return 2.0 * out * double(w[1] * w[2] * w[3]);
-      }
-      break;
-    case OpKind::Attention: case OpKind::AttentionCast:
-      if (n.outputs[0].shape.size() == 3) {
-        const Shape& y = n.outputs[0].shape;  // (B, T, d)
-        return 4.0 * double(y[0]) * double(y[1]) * double(y[1]) * double(y[2]);
-      }
-      break;
-    default: break;
-  }
-  double all = 0;
-  for (const TensorRef& o : n.outputs) all += numel(o);
-  return all;
-}
-
 // A recomputation: the nodes to clone, in order (producers first), placed before node `before`, and
 // the buffer whose late readers move to the last clone's output.
 struct Candidate {
   int buffer = -1, before = -1;
   std::vector<int> chain;  // node indices of the original graph, producers first
   Cost cost = Cost::Cheap;
-  double flops = 0;        // what the chain's clones add (flops_of)
+  double flops = 0;        // what the chain's clones add (node_flops, step_cost.h)
 };
 
 class Planner {
@@ -172,7 +144,7 @@ class Planner {
     }
     chained.insert(p);
     c.chain.push_back(p);
-    c.flops += flops_of(n);
+    c.flops += node_flops(n);
     if (cost == Cost::Costly) c.cost = Cost::Costly;
     return true;
   }

@@ -8,6 +8,7 @@
 #include "compile/runtime/describe.h"
 #include "tensor/log.h"
 #include "kernels/autotune.h"
+#include "kernels/dispatch.h"
 
 namespace reel::compile {
 
@@ -151,6 +152,52 @@ struct CompiledFunction::State {
     if (log_enabled("memory")) log_line("memory", memory_summary(*e.plan));
     return out;
   }
+
+  // CompileOptions::trace_without_running: the call traced in meta mode, its plan built and run.
+  std::vector<Tensor> meta_trace_call(Entry& e, const std::vector<Tensor>& in) {
+    Tracer tracer(in);
+    std::vector<Tensor> out;
+    {
+      MetaModeGuard meta;
+      tracer.start();
+      try {
+        out = fn(in);
+      } catch (const Error& err) {
+        tracer.stop();
+        throw Error(detail::cat("compile: tracing without running (CompileOptions::trace_without_running) failed: ",
+                                err.what()));
+      }
+      tracer.stop();
+    }
+    Graph g = tracer.finish(out);
+    ++traces;
+    for (const GraphBreak& b : tracer.breaks())
+      throw Error(detail::cat("compile: tracing without running: graph break at ", b.op, " (", b.reason,
+                              "); a function that needs its values on the host must run its first calls eagerly"));
+    // The generators' state blocks (the seed and base each run writes before its kernels) were made
+    // as meta blocks by the trace: the plan needs real ones.
+    for (const RandomSource& r : g.random_sources)
+      for (int b : r.buffers)
+        if (g.buffers[b].storage && g.buffers[b].storage->is_meta())
+          g.buffers[b].storage = std::make_shared<Storage>(g.buffers[b].nbytes, g.buffers[b].device);
+    // Memory the step found, but made in meta mode: state the function creates on its first call.
+    for (const Buffer& b : g.buffers)
+      if (b.kind == BufferKind::External && b.storage && b.storage->is_meta())
+        throw Error(detail::cat("compile: tracing without running: buffer b", b.id, " (", b.nbytes,
+                                " bytes) outlives the step but was made while tracing, in meta mode (state the "
+                                "function creates at its first call); create it before the first call"));
+    // The trace reserved each generator's counters; the run reserves them again, so it draws what an
+    // eager first call would have drawn.
+    for (const RandomSource& r : g.random_sources) r.generator->set_offset(r.generator->offset() - r.span);
+    e.plan = std::make_unique<Plan>(std::move(g), options.mode,
+                                    PassOptions{options.fuse, options.disabled_passes, options.memory_limit});
+    for (const GraphBreak& b : e.plan->host_nodes()) breaks.push_back(b);
+    if (log_enabled("plan")) log_line("plan", plan_summary(*e.plan));
+    if (log_enabled("memory")) log_line("memory", memory_summary(*e.plan));
+    ++replays;
+    last = e.plan.get();
+    return e.plan->run(in, /*capture=*/false);
+  }
 };
 
 CompiledFunction::CompiledFunction(StepFn fn, CompileOptions options) : s_(std::make_unique<State>()) {
@@ -212,8 +259,13 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
     e = &s.entries.back();
   }
   const int call = e->calls++;
-  if (e->eager_only || call == 0) return s.eager_call(inputs);
-  if (!e->plan) return s.trace_call(*e, inputs);
+  if (e->eager_only) return s.eager_call(inputs);
+  if (s.options.trace_without_running) {
+    if (!e->plan) return s.meta_trace_call(*e, inputs);
+  } else {
+    if (call == 0) return s.eager_call(inputs);
+    if (!e->plan) return s.trace_call(*e, inputs);
+  }
   ++s.replays;
   s.last = e->plan.get();
   return e->plan->run(inputs);

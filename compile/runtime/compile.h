@@ -10,6 +10,14 @@
 //            choice, library handles), so that the next call sees the steady state;
 //   call 1   runs it eagerly under the Tracer and builds a Plan (compile/runtime/plan.h) from the tape;
 //   call 2+  replays the Plan (in reduce-overhead mode the first replay also captures the graphs).
+// With CompileOptions::trace_without_running the first two calls are one: call 0 traces the function
+// in meta mode (kernels/dispatch.h: every op checked and recorded, no kernel run, nothing allocated),
+// builds the Plan and runs it outside any CUDA graph; call 1 captures. The step's memory is then the
+// plan's from the first call: nothing runs at eager's footprint, which is what lets a memory limit
+// with recomputation (memory_limit) hold from the start. The function must find everything it
+// updates already made (compile_train_step has the optimizer create its state first), read no
+// tensor's value on the host, and leave no host state of its own behind beyond what a call leaves;
+// a trace that breaks any of this is a reel::Error naming the buffer or the op.
 // A call whose signature matches no cached plan is a recompile (logged under REEL_LOG=recompiles
 // with the mismatch); past `cache_limit` plans the function runs eagerly with a one-time warning,
 // as torch.compile does at its recompile limit. A trace containing what a replay cannot honour (a
@@ -62,6 +70,8 @@ struct CompileOptions {
   size_t memory_limit = 0;
   // Arguments whose length varies, padded to buckets (above); unset: every new shape is a new plan.
   std::optional<LengthBuckets> buckets;
+  // Trace in meta mode instead of running the first two calls eagerly (see the top of this file).
+  bool trace_without_running = false;
 
   CompileOptions(Mode mode = Mode::Default, int cache_limit = 8, bool fuse = true,
                  std::vector<std::string> disabled_passes = {}, size_t memory_limit = 0)

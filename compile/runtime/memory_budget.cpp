@@ -9,6 +9,7 @@
 
 #include "compile/runtime/describe.h"
 #include "compile/passes/memory_plan.h"
+#include "compile/passes/step_cost.h"
 #include "compile/ir/trace.h"
 #include "compile/runtime/train_step.h"
 #include "kernels/dispatch.h"
@@ -180,7 +181,28 @@ Graph trace_step_graph(const BudgetSetup& setup, int64_t micro_batch, int64_t co
   return tracer.finish(outputs);
 }
 
-BudgetCandidate plan_candidate(const BudgetSetup& setup, int64_t micro_batch) {
+namespace {
+
+// Candidate `c` (its split, inputs, workspaces and eager calls filled in) completed from the traced
+// step `g` by the passes of the compiled plan under `limit` (outside meta mode: constant folding runs
+// its few kernels), with no kernel built; the fused graph's arena is one block.
+BudgetCandidate plan_compiled(const BudgetSetup& setup, Graph g, BudgetCandidate c, size_t limit) {
+  PassStats stats;
+  Graph fused = optimize_graph(std::move(g), PassOptions{true, {}, limit}, stats);
+  const MemoryPlan plan = plan_memory(fused);
+  const Arena* arena = plan.arena_for(setup.device);
+  c.arena_bytes = arena ? allocation_bytes(setup.device, arena->bytes) : 0;
+  c.external_bytes = bytes_of_kind(fused, BufferKind::External, setup.device);
+  c.memory_limit = limit;
+  c.recomputed_nodes = stats.recomputed.size();
+  c.recompute_flops = stats.recompute_flops;
+  c.estimated_seconds = estimate_seconds(fused, setup.device, Launch::Replayed);
+  return c;
+}
+
+// Micro-batch `micro_batch`'s candidates: the one at setup.memory_limit, and, for a compiled step
+// with `budget` > 0 that it does not fit while its eager calls do, the one recomputing to fit it.
+std::vector<BudgetCandidate> plan_micro_batch(const BudgetSetup& setup, int64_t micro_batch, size_t budget) {
   REEL_CHECK(micro_batch > 0 && micro_batch <= setup.effective_batch, "memory budget: micro-batch ", micro_batch,
              " is outside 1..", setup.effective_batch, " (the effective batch)");
   BudgetCandidate c;
@@ -199,28 +221,48 @@ BudgetCandidate plan_candidate(const BudgetSetup& setup, int64_t micro_batch) {
   if (!setup.compile_mode) {
     c.arena_bytes = eager_peak_bytes(g, device, [&](size_t n) { return allocation_bytes(device, n); });
     c.external_bytes = bytes_of_kind(g, BufferKind::External, device);
-    return c;
+    // The traced micro-batches stand for all ACCUM (the optimizer's part counted that many times too).
+    c.estimated_seconds = estimate_seconds(g, device, Launch::Eager) * double(c.accum) / double(traced);
+    return {c};
   }
-  // Its first calls run eagerly.
-  BudgetSetup eager = setup;
-  eager.compile_mode.reset();
-  c.eager_calls_bytes = plan_candidate(eager, micro_batch).peak();
-  // The passes of the compiled plan (outside meta mode: constant folding runs its few kernels), with
-  // no kernel built; the fused graph's arena is one block.
-  PassStats stats;
-  Graph fused = optimize_graph(std::move(g), PassOptions{true, {}, setup.memory_limit}, stats);
-  const MemoryPlan plan = plan_memory(fused);
-  const Arena* arena = plan.arena_for(device);
-  c.arena_bytes = arena ? allocation_bytes(device, arena->bytes) : 0;
-  c.external_bytes = bytes_of_kind(fused, BufferKind::External, device);
-  return c;
+  // Its first calls run eagerly, unless it is traced without running.
+  if (!setup.trace_without_running) {
+    BudgetSetup eager = setup;
+    eager.compile_mode.reset();
+    c.eager_calls_bytes = plan_micro_batch(eager, micro_batch, 0)[0].peak();
+  }
+  const bool try_recompute = budget > 0 && setup.recompute_to_fit && setup.memory_limit == 0;
+  std::vector<BudgetCandidate> out{plan_compiled(setup, try_recompute ? g : std::move(g), c, setup.memory_limit)};
+  const BudgetCandidate& plain = out[0];
+  const size_t around = plain.external_bytes + plain.input_bytes + plain.workspace_bytes;
+  if (!try_recompute || plain.peak() <= budget || c.eager_calls_bytes > budget || around >= budget) return out;
+  // The arena may take what the budget leaves; the plan it places can exceed the limit by its
+  // fragmentation, so the limit is lowered by any overshoot and the step planned again (three tries).
+  size_t limit = budget - around;
+  for (int attempt = 0; attempt < 3 && limit > 0; ++attempt) {
+    BudgetCandidate r = plan_compiled(setup, g, c, limit);
+    if (r.recomputed_nodes == 0) break;  // nothing the planner can recompute helps
+    if (r.peak() <= budget || attempt == 2) {
+      out.push_back(r);
+      break;
+    }
+    const size_t over = r.peak() - budget;
+    limit = limit > over + over / 8 ? limit - over - over / 8 : 0;
+  }
+  return out;
 }
 
-std::vector<BudgetCandidate> plan_candidates(const BudgetSetup& setup) {
+}  // namespace
+
+BudgetCandidate plan_candidate(const BudgetSetup& setup, int64_t micro_batch) {
+  return plan_micro_batch(setup, micro_batch, 0)[0];
+}
+
+std::vector<BudgetCandidate> plan_candidates_for(const BudgetSetup& setup, size_t budget) {
   std::vector<BudgetCandidate> out;
   for (int64_t m : candidate_micro_batches(setup.effective_batch)) {
     try {
-      out.push_back(plan_candidate(setup, m));
+      for (BudgetCandidate& c : plan_micro_batch(setup, m, budget)) out.push_back(std::move(c));
     } catch (const Error& e) {
       // Which candidate could not be planned (a micro-batch whose shapes overflow, say), and why.
       throw Error(detail::cat("memory budget: planning micro-batch ", m, " of the effective batch ",
@@ -229,6 +271,19 @@ std::vector<BudgetCandidate> plan_candidates(const BudgetSetup& setup) {
   }
   return out;
 }
+
+std::vector<BudgetCandidate> plan_candidates(const BudgetSetup& setup) { return plan_candidates_for(setup, 0); }
+
+namespace {
+// Whether `a` is to be chosen over `b`: fewer estimated seconds per step (both cover the same effective
+// batch), then the larger micro-batch, then the fewer recomputed FLOPs.
+bool faster(const BudgetCandidate& a, const BudgetCandidate& b) {
+  if (a.estimated_seconds > 0 && b.estimated_seconds > 0 && a.estimated_seconds != b.estimated_seconds)
+    return a.estimated_seconds < b.estimated_seconds;
+  if (a.micro_batch != b.micro_batch) return a.micro_batch > b.micro_batch;
+  return a.recompute_flops < b.recompute_flops;
+}
+}  // namespace
 
 BudgetChoice pick_micro_batch(std::vector<BudgetCandidate> candidates, int64_t effective_batch, size_t budget) {
   REEL_CHECK(effective_batch > 0, "memory budget: the effective batch must be positive, got ", effective_batch);
@@ -244,8 +299,9 @@ BudgetChoice pick_micro_batch(std::vector<BudgetCandidate> candidates, int64_t e
     c.accum = split.accum;
     c.last_micro_batch = split.last_micro_batch;
     c.fits = c.peak() <= budget;
-    if (c.micro_batch < smallest->micro_batch) smallest = &c;
-    if (c.fits && (!any || c.micro_batch > choice.choice().micro_batch)) {
+    if (c.micro_batch < smallest->micro_batch || (c.micro_batch == smallest->micro_batch && c.peak() < smallest->peak()))
+      smallest = &c;
+    if (c.fits && (!any || faster(c, choice.choice()))) {
       choice.chosen = i;
       any = true;
     }
@@ -262,24 +318,67 @@ BudgetChoice pick_micro_batch(std::vector<BudgetCandidate> candidates, int64_t e
 
 std::string budget_table(const BudgetChoice& choice) {
   std::ostringstream os;
-  char line[200];
+  char line[260];
+  bool estimated = false, recomputes = false, compiled = false;
+  for (const BudgetCandidate& k : choice.candidates) {
+    estimated = estimated || k.estimated_seconds > 0;
+    recomputes = recomputes || k.memory_limit > 0;
+    compiled = compiled || k.eager_calls_bytes > 0;
+  }
   os << "memory budget " << bytes_str(choice.budget) << " for an effective batch of " << choice.effective_batch
      << ": candidates planned without running\n";
-  std::snprintf(line, sizeof line, "  %11s %6s %5s %12s %12s %12s %11s %13s %5s\n", "micro-batch", "ACCUM", "last",
-                "step", "external", "inputs", "workspaces", "planned peak", "fits");
+  std::snprintf(line, sizeof line, "  %11s %6s %5s %12s %12s %12s %11s", "micro-batch", "ACCUM", "last", "step",
+                "external", "inputs", "workspaces");
   os << line;
+  if (compiled) os << "   first calls";
+  std::snprintf(line, sizeof line, " %13s %5s", "planned peak", "fits");
+  os << line;
+  if (recomputes) {
+    std::snprintf(line, sizeof line, " %12s %9s %7s", "recompute to", "+GFLOP", "clones");
+    os << line;
+  }
+  if (estimated) {
+    std::snprintf(line, sizeof line, " %9s %10s", "est. ms", "est. items/s");
+    os << line;
+  }
+  os << "\n";
   for (size_t i = 0; i < choice.candidates.size(); ++i) {
     const BudgetCandidate& c = choice.candidates[i];
-    std::snprintf(line, sizeof line, "%s %11lld %6lld %5lld %12s %12s %12s %11s %13s %5s%s\n",
-                  i == choice.chosen ? "->" : "  ", (long long)c.micro_batch, (long long)c.accum,
-                  (long long)c.last_micro_batch, bytes_str(c.arena_bytes).c_str(), bytes_str(c.external_bytes).c_str(),
-                  bytes_str(c.input_bytes).c_str(), bytes_str(c.workspace_bytes).c_str(), bytes_str(c.peak()).c_str(),
-                  c.fits ? "yes" : "no", i == choice.chosen ? "  <- chosen" : "");
+    std::snprintf(line, sizeof line, "%s %11lld %6lld %5lld %12s %12s %12s %11s", i == choice.chosen ? "->" : "  ",
+                  (long long)c.micro_batch, (long long)c.accum, (long long)c.last_micro_batch,
+                  bytes_str(c.arena_bytes).c_str(), bytes_str(c.external_bytes).c_str(),
+                  bytes_str(c.input_bytes).c_str(), bytes_str(c.workspace_bytes).c_str());
     os << line;
+    if (compiled) {
+      std::snprintf(line, sizeof line, " %13s", bytes_str(c.eager_calls_bytes).c_str());
+      os << line;
+    }
+    std::snprintf(line, sizeof line, " %13s %5s", bytes_str(c.peak()).c_str(), c.fits ? "yes" : "no");
+    os << line;
+    if (recomputes) {
+      if (c.memory_limit > 0)
+        std::snprintf(line, sizeof line, " %12s %9.2f %7zu", bytes_str(c.memory_limit).c_str(), c.recompute_flops / 1e9,
+                      c.recomputed_nodes);
+      else
+        std::snprintf(line, sizeof line, " %12s %9s %7s", "-", "-", "-");
+      os << line;
+    }
+    if (estimated) {
+      if (c.estimated_seconds > 0)
+        std::snprintf(line, sizeof line, " %9.3f %10.0f", 1e3 * c.estimated_seconds,
+                      double(choice.effective_batch) / c.estimated_seconds);
+      else
+        std::snprintf(line, sizeof line, " %9s %10s", "-", "-");
+      os << line;
+    }
+    os << (i == choice.chosen ? "  <- chosen\n" : "\n");
   }
   const BudgetCandidate& c = choice.choice();
   os << "chosen: micro-batch " << c.micro_batch << " x ACCUM " << c.accum << " = " << choice.effective_batch
      << " items per optimizer step";
+  if (c.memory_limit > 0)
+    os << ", recomputing " << c.recomputed_nodes << " nodes in the backward (arena limit "
+       << bytes_str(c.memory_limit) << ")";
   if (choice.counts_items())
     os << "\nremainder: the last micro-batch has " << c.last_micro_batch << " items; the optimizer counts items ("
        << choice.effective_batch << " per step), so each micro-batch's loss is weighted by its share and the step's "
@@ -287,19 +386,23 @@ std::string budget_table(const BudgetChoice& choice) {
   os << "\nplanned peak = step (activations, gradients, temporaries at their most) + external (parameters, "
         "optimizer state) + inputs + library workspaces, each as the allocator rounds it; not counted: cuDNN's "
         "per-call workspaces, cached free blocks, the CUDA context\n";
-  for (const BudgetCandidate& k : choice.candidates)
-    if (k.eager_calls_bytes > k.steady_peak()) {
-      os << "compiled: a candidate's peak is that of its first two calls (warm-up and trace run eagerly) where "
-            "they take more than the replayed plan\n";
-      break;
-    }
+  if (recomputes)
+    os << "recompute to: the plan's arena limit (CompileOptions::memory_limit); the planner clones activations "
+          "into the backward until the step's live bytes fit it, the same bits as without\n";
+  if (estimated)
+    os << "est.: a roofline estimate from the planned kernels (compile/passes/step_cost.h), used to rank the "
+          "candidates that fit; not a measurement\n";
+  if (compiled)
+    os << "first calls: a compiled step's first two calls run eagerly (warm-up, and the trace the plan is built "
+          "from); the planned peak is the larger of theirs and the plan's\n";
   return os.str();
 }
 
 std::string budget_advice(const BudgetChoice& choice) {
   const BudgetCandidate& c = choice.choice();
   return "the planner would choose micro-batch " + std::to_string(c.micro_batch) + " x ACCUM " +
-         std::to_string(c.accum) + " for budget " + bytes_str(choice.budget) + " (planned peak " + bytes_str(c.peak()) +
+         std::to_string(c.accum) + (c.memory_limit ? " recomputing to an arena of " + bytes_str(c.memory_limit) : "") +
+         " for budget " + bytes_str(choice.budget) + " (planned peak " + bytes_str(c.peak()) +
          "; reel train --effective-batch " + std::to_string(choice.effective_batch) + " --memory-budget SIZE)";
 }
 

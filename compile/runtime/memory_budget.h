@@ -23,14 +23,24 @@
 // gradients the first left, and every later one repeats it, so a longer step has the same peak. A
 // compiled one is traced whole (ACCUM micro-batches, the last one smaller where N asks): its arena is
 // placed over all of them. A compiled step's first two calls run eagerly (the warm-up, and the trace
-// that the plan is built from), so its planned peak is the larger of the plan's and the eager step's. Not counted: cuDNN's
+// that the plan is built from), so its planned peak is the larger of the plan's and the eager step's,
+// unless it is traced without running (BudgetSetup::trace_without_running), when the plan's is all. Not counted: cuDNN's
 // per-call workspaces (from the caching allocator during a convolution), cached free blocks (reserved,
 // not allocated) and the CUDA context. `reel bench --plan-memory` prints the plan beside the measured
 // peak (bench/RESULTS.md has the table); `reel train` compares them after its first step.
 //
-// pick_micro_batch takes the largest m with peak(m) <= budget. When m does not divide N, the
-// optimizer counts items (set_items_per_step(N)) so that the smaller last micro-batch is weighted by
-// its share and the loss normalisation stays that of the whole batch.
+// Recomputation (a compiled step): a candidate m whose plan does not fit the budget, but whose eager
+// first calls do, is planned again with a memory limit (CompileOptions::memory_limit,
+// compile/passes/recompute.cpp) of what the budget leaves for the step's arena once the external
+// buffers, inputs and workspaces are counted: the same micro-batch, some activations computed twice.
+// So each m may have two candidates, with and without recomputation.
+//
+// pick_micro_batch takes, among the candidates that fit, the one with the most items per second by
+// compile/passes/step_cost.h's roofline estimate (a larger micro-batch starts fewer kernels for the
+// same FLOPs; recomputation adds FLOPs and kernels), the larger micro-batch on a tie (and when
+// nothing was estimated). When m does not divide N, the optimizer counts items
+// (set_items_per_step(N)) so that the smaller last micro-batch is weighted by its share and the loss
+// normalisation stays that of the whole batch.
 //
 // The traced step uses a fresh optimizer from the caller's factory (its lazily created state, e.g.
 // AdamW's exp_avg, is made there as meta tensors and dropped with it), and the parameters' gradients
@@ -64,6 +74,12 @@ struct BudgetSetup {
   int64_t effective_batch = 0;
   std::optional<Mode> compile_mode;  // unset: the step runs eagerly
   size_t memory_limit = 0;           // compiled: CompileOptions::memory_limit (recomputation to fit it)
+  // Compiled, without a memory_limit of the caller's: plan_candidates_for also plans each micro-batch
+  // that does not fit with the recomputation that would make it fit (see the top of this file).
+  bool recompute_to_fit = true;
+  // Compiled with CompileOptions::trace_without_running: no call runs eagerly, so the eager first
+  // calls' peak is not counted (eager_calls_bytes stays 0).
+  bool trace_without_running = false;
 };
 
 // One candidate micro-batch and its planned peak, in parts.
@@ -75,8 +91,16 @@ struct BudgetCandidate {
   size_t arena_bytes = 0, external_bytes = 0, input_bytes = 0, workspace_bytes = 0;
 
   // Compiled: the peak of its first two calls, which run eagerly (the warm-up, and the trace before
-  // the plan is built); 0 for an eager step.
+  // the plan is built); 0 for an eager step or one traced without running.
   size_t eager_calls_bytes = 0;
+  // Compiled: the plan's memory limit (CompileOptions::memory_limit; 0: none), and what recomputing to
+  // fit it cloned: nodes and the FLOPs they add per step.
+  size_t memory_limit = 0;
+  size_t recomputed_nodes = 0;
+  double recompute_flops = 0;
+  // One optimizer step's seconds by step_cost.h's roofline estimate (0: not estimated); a ranking, not
+  // a measurement.
+  double estimated_seconds = 0;
   bool fits = false;
 
   // The steady state: what every step holds at most (a compiled step: each replay).
@@ -120,10 +144,14 @@ Graph trace_step_graph(const BudgetSetup& setup, int64_t micro_batch, int64_t co
                        int64_t last_micro_batch = 0);
 // One candidate's planned peak, from a step traced in meta mode.
 BudgetCandidate plan_candidate(const BudgetSetup& setup, int64_t micro_batch);
-// Every candidate of candidate_micro_batches(setup.effective_batch).
+// Every candidate of candidate_micro_batches(setup.effective_batch), each at setup.memory_limit.
 std::vector<BudgetCandidate> plan_candidates(const BudgetSetup& setup);
-// The largest micro-batch whose peak fits `budget`; throws reel::Error naming the budget, the smallest
-// candidate's peak and its largest part when none fits.
+// The same, and for a compiled step each micro-batch that does not fit `budget` also planned with the
+// recomputation that fits it (setup.recompute_to_fit; see the top of this file).
+std::vector<BudgetCandidate> plan_candidates_for(const BudgetSetup& setup, size_t budget);
+// Among the candidates that fit `budget`, the most items per second by estimate (the larger micro-batch
+// on a tie); throws reel::Error naming the budget, the smallest candidate's peak and its largest part
+// when none fits.
 BudgetChoice pick_micro_batch(std::vector<BudgetCandidate> candidates, int64_t effective_batch, size_t budget);
 
 // The candidates as a table, with the choice marked and the remainder rule in the footer.

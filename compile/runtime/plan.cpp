@@ -114,14 +114,14 @@ void Plan::reserve_random_numbers() {
   }
 }
 
-std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) {
+std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs, bool capture) {
   REEL_ASSERT(int(inputs.size()) == graph_.num_inputs, "compile: ", inputs.size(), " inputs for a plan of ",
               graph_.num_inputs);
   reserve_random_numbers();
   // Arguments into the static input buffers, in the traced geometry (the guards checked shapes).
   for (size_t i = 0; i < inputs.size(); ++i) run_kernel(OpKind::Copy, {inputs[i]}, {input_views_[i]}, Attrs());
   for (Segment& seg : segments_) {
-    if (!seg.captured) {
+    if (!seg.captured || (!capture && !seg.graph)) {
       run_steps(seg.begin, seg.end);
       continue;
     }

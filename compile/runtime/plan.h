@@ -41,7 +41,10 @@ class Plan {
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
 
-  std::vector<Tensor> run(const std::vector<Tensor>& inputs);
+  // One call. `capture` false runs every kernel directly even where reduce-overhead would capture (a
+  // plan's first run after a trace that ran nothing: libraries make their handles, workspaces and
+  // algorithm choices outside any graph); the next run captures.
+  std::vector<Tensor> run(const std::vector<Tensor>& inputs, bool capture = true);
 
   // One call run kernel by kernel, outside any graph, with the device idle around each kernel so that
   // its time is its own (CUDA events; the host clock on the CPU): what `reel bench --profile` shows of

@@ -15,6 +15,10 @@ std::vector<Tensor> flatten_micro(const std::vector<optim::MicroBatch>& micro) {
 }
 
 CompiledFunction compile_train_step(optim::Optimizer& opt, optim::LossFn loss_fn, CompileOptions options) {
+  REEL_CHECK(!options.trace_without_running || opt.create_state_now(),
+             "compile_train_step: tracing without running needs the optimizer's state made before the first step, "
+             "and this one (", opt.name(), ") makes it at its first update or talks to other ranks: run "
+             "one step eagerly first, or leave CompileOptions::trace_without_running off");
   optim::Optimizer* o = &opt;
   StepFn fn = [o, loss_fn = std::move(loss_fn)](const std::vector<Tensor>& in) -> std::vector<Tensor> {
     REEL_CHECK(!in.empty() && in.size() % 2 == 0, "compiled train step: expected (inputs, targets) pairs, got ",
