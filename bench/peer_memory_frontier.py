@@ -102,11 +102,15 @@ def main():
         return
     peer_dir = sys.argv[1]
     budgets = (sys.argv[2] if len(sys.argv) > 2 else "256MiB,512MiB,1GiB,2GiB").split(",")
-    for text in budgets:
+    # Largest budget first: what fits a budget fits every larger one, so each configuration's search
+    # under a smaller budget starts from the micro-batch that fitted the larger one (fewer processes).
+    start = {config: EFFECTIVE for config in CONFIGS}
+    rows = []
+    for text in sorted(budgets, key=parse_size, reverse=True):
         budget = parse_size(text)
         for config in CONFIGS:
             row = dict(model="gpt-small", prec="bf16", effective_batch=EFFECTIVE, budget=text, config=config, fits=False)
-            micro = EFFECTIVE
+            micro = start[config]
             while micro >= 1:
                 p = subprocess.run([sys.executable, __file__, peer_dir, "--one", str(budget), config, str(micro)],
                                    capture_output=True, text=True, timeout=300)
@@ -118,7 +122,11 @@ def main():
                     row["error"] = (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1][:300]
                     break
                 micro //= 2
-            print(json.dumps(row), flush=True)
+            start[config] = max(micro, 1)
+            print(json.dumps(row), file=sys.stderr, flush=True)  # progress, in case the run is cut short
+            rows.append(row)
+    for row in sorted(rows, key=lambda r: (parse_size(r["budget"]), CONFIGS.index(r["config"]))):
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

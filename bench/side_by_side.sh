@@ -13,9 +13,13 @@
 #             CUDA-graph trees off (each peer run under a time limit: compiling takes tens of seconds)
 #   graph-memory  the six models in bf16: reel reduce-overhead's peak beside what the peer's whole-step
 #             graph holds at rest and while its step runs (bench/peer_graph_memory.py, a process each)
-#   frontier  gpt-small bf16 reduce-overhead under arena limits (none, 640, 512, 384, 256 MiB: what the
-#             planner recomputed, planned and measured peak, step time) beside PyTorch at the budgets
-#             256 MiB..2 GiB (bench/peer_memory_frontier.py: eager, checkpointed, graphed)
+#   frontier  gpt-small bf16 reduce-overhead at an effective batch of 64 under the budgets 256 MiB,
+#             512 MiB, 1 GiB, 2 GiB: reel's choice (micro-batch, recomputation), planned and measured
+#             peak, tokens/s, beside PyTorch at the same budgets (bench/peer_memory_frontier.py: eager,
+#             checkpointed, graphed, both)
+#   limits    gpt-small bf16 reduce-overhead micro-batch 16 x ACCUM 4 under arena limits (none, 640,
+#             512, 384, 256 MiB): what the planner recomputed, planned and measured peak, step time
+#   eager-memory  cnn-small, gpt-tiny, gpt-small bf16 eager: reel's peak beside torch eager's
 #   memory    micro-batch 1..128 (powers of two), bf16: reel's planned peak (--plan-memory) beside its
 #             measured one, eager (every B) and reduce-overhead (B 1, 8, 64: each costs a compilation),
 #             and torch eager's measured peak (bench/memory_table.py joins them)
@@ -95,14 +99,29 @@ for phase in "$@"; do
         echo "peer whole-step graph:"; cat "$out/torch_graph_memory.jsonl"; } > "$out/joined.md" ;;
     frontier)
       : > "$out/reel.jsonl"
+      for b in 256MiB 512MiB 1GiB 2GiB; do
+        "$reel" bench --models gpt-small --precisions bf16 --compile reduce-overhead --effective-batch 64 \
+          --memory-budget "$b" --steps 10 --warmup 2 --json "$out/reel_$b.jsonl" >> "$out/reel.txt" 2>&1 ||
+          echo "budget $b: reel bench exited $?" >> "$out/reel.txt"
+        cat "$out/reel_$b.jsonl" >> "$out/reel.jsonl" 2>/dev/null
+      done
+      timeout 420 python3 bench/peer_memory_frontier.py .peer > "$out/torch_frontier.jsonl" 2> "$out/torch_frontier.err"
+      { grep -h "chosen\|nothing fits\|exited" "$out/reel.txt"; cat "$out/reel.jsonl" "$out/torch_frontier.jsonl"; } \
+        > "$out/joined.md" ;;
+    limits)
+      : > "$out/reel.jsonl"
       for lim in 0 640MiB 512MiB 384MiB 256MiB; do
         args=(); [ "$lim" != 0 ] && args=(--memory-limit "$lim")
         "$reel" bench --models gpt-small --precisions bf16 --compile reduce-overhead --plan-memory 1 "${args[@]}" \
           --json "$out/reel_$lim.jsonl" >> "$out/reel.txt" 2>&1
         cat "$out/reel_$lim.jsonl" >> "$out/reel.jsonl"
       done
-      timeout 400 python3 bench/peer_memory_frontier.py .peer > "$out/torch_frontier.jsonl" 2> "$out/torch_frontier.err"
-      { grep -h "recompute" "$out/reel.txt"; cat "$out/reel.jsonl" "$out/torch_frontier.jsonl"; } > "$out/joined.md" ;;
+      { grep -h "recompute" "$out/reel.txt"; cat "$out/reel.jsonl"; } > "$out/joined.md" ;;
+    eager-memory)
+      "$reel" bench --models "$models" --precisions bf16 --json "$out/reel.jsonl" > "$out/reel.txt" 2>&1
+      python3 .peer/torch_anchor.py cuda "$models" eager bf16 > "$out/torch_eager.jsonl" 2> "$out/torch_eager.err"
+      { grep -o '"model": "[^"]*"\|"peak_mib": [0-9.]*\|"step_ms_median": [0-9.]*' "$out/reel.jsonl" | paste - - -;
+        echo "torch eager:"; cat "$out/torch_eager.jsonl"; } > "$out/joined.md" ;;
     profile)
       for p in fp32 bf16; do python3 bench/torch_profile.py gpt-small "$p" 25; done > "$out/torch_profile.txt" 2>&1 ;;
     memory)
@@ -117,7 +136,7 @@ for phase in "$@"; do
           2>> "$out/torch_eager.err"
       done
       python3 bench/memory_table.py "$out/reel.jsonl" "$out/torch_eager.jsonl" > "$out/joined.md" ;;
-    *) echo "unknown phase $phase (eager, compiled, families, graph-memory, frontier, scaling, cpu, profile, memory)" >&2
+    *) echo "unknown phase $phase (eager, compiled, families, graph-memory, frontier, limits, eager-memory, scaling, cpu, profile, memory)" >&2
        exit 2 ;;
   esac
 done
