@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <omp.h>
+
 #include "reel.h"
 #include "test_util.h"
 
@@ -157,6 +159,23 @@ TEST(LayerNorm, LargeInputThreadedForwardAndBackward) {
   expect_close(values(d[0]), gr.dx, 1e-4, "dx");
   expect_close(values(d[1]), gr.dw, 1e-4, "dw");
   expect_close(values(d[2]), gr.db, 1e-4, "db");
+}
+
+TEST(LayerNorm, BackwardSumsAreTheSameBitsWhateverTheThreads) {
+  // dw and db sum over 300 rows (five blocks, the last short): the blocks' sums are added in block
+  // order, so 1, 3 or 8 threads, finishing in any order, give the same bits, run after run.
+  Tensor x = random({300, 256}, DType::f32, 6), w = random({256}, DType::f32, 7), g = random({300, 256}, DType::f32, 8);
+  auto out = dispatch(OpKind::LayerNorm, {x, w, Tensor()}, Attrs().set("eps", 1e-5).set("normalized_ndim", 1));
+  const int threads_before = omp_get_max_threads();
+  std::vector<std::vector<double>> first;
+  for (int threads : {1, 3, 8, 8, 8}) {
+    omp_set_num_threads(threads);
+    auto d = dispatch(OpKind::LayerNormBackward, {g, x, w, out[1], out[2]});
+    std::vector<std::vector<double>> now{values(d[0]), values(d[1]), values(d[2])};
+    if (first.empty()) first = now;
+    for (size_t k = 0; k < now.size(); ++k) EXPECT_EQ(now[k], first[k]) << "output " << k << ", " << threads << " threads";
+  }
+  omp_set_num_threads(threads_before);
 }
 
 TEST(LayerNorm, DispatchOutIntoStridedOutputs) {

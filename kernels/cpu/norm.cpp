@@ -174,21 +174,24 @@ void layer_norm_bwd_kernel(const KernelCall& c) {
     const T *pg = g.data<T>(), *px = x.data<T>(), *pw = data_or_null<T>(w);
     const A *pm = mean.data<A>(), *pr = rstd.data<A>();
     T* pdx = dx.data<T>();
+    // dw and db sum over the rows. The rows go in blocks of kRowsPerBlock, each block's sums written to a
+    // slot of its own and the slots added in block order after: the same order whatever the thread
+    // count or the threads' timing, so the sums are the same bits run to run (threads finishing in a
+    // varying order and adding into one sum would not be).
+    constexpr int64_t kRowsPerBlock = 64;
+    const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+    std::vector<A> dw_parts(size_t(blocks * cols), A(0)), db_parts(size_t(blocks * cols), A(0));  // (blocks, cols)
+#pragma omp parallel for if (rows * cols >= cpu::kParallelGrain && blocks > 1)
+    for (int64_t blk = 0; blk < blocks; ++blk)
+      for (int64_t r = blk * kRowsPerBlock; r < std::min(rows, (blk + 1) * kRowsPerBlock); ++r)
+        layer_norm_bwd_row(pg + r * cols, px + r * cols, pw, pm[r], pr[r], cols, pdx + r * cols,
+                           dw_parts.data() + blk * cols, db_parts.data() + blk * cols);
     std::vector<A> dw_sum(size_t(cols), A(0)), db_sum(size_t(cols), A(0));
-#pragma omp parallel if (rows * cols >= cpu::kParallelGrain && rows > 1)
-    {
-      // Each thread sums dw, db over its own rows; the partial sums are added at the end.
-      std::vector<A> dw_part(size_t(cols), A(0)), db_part(size_t(cols), A(0));
-#pragma omp for
-      for (int64_t r = 0; r < rows; ++r)
-        layer_norm_bwd_row(pg + r * cols, px + r * cols, pw, pm[r], pr[r], cols, pdx + r * cols, dw_part.data(),
-                           db_part.data());
-#pragma omp critical
+    for (int64_t blk = 0; blk < blocks; ++blk)
       for (int64_t j = 0; j < cols; ++j) {
-        dw_sum[j] += dw_part[j];
-        db_sum[j] += db_part[j];
+        dw_sum[j] += dw_parts[size_t(blk * cols + j)];
+        db_sum[j] += db_parts[size_t(blk * cols + j)];
       }
-    }
     T *pdw = dw.data<T>(), *pdb = db.data<T>();
     for (int64_t j = 0; j < cols; ++j) {
       pdw[j] = store<T>(dw_sum[j]);
