@@ -3,6 +3,7 @@
 // bucket, or a malformed spec, is a reel::Error that says so.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,53 @@ TEST(CompileBuckets, OnePlanPerBucketAndTheLossOfTheUnpaddedSequences) {
   EXPECT_EQ(calls, 24);
   EXPECT_EQ(f.traces(), int(f.bucket_calls().size()));
   EXPECT_GE(f.replays(), 24 - 3 * int(f.bucket_calls().size()));
+}
+
+// The buckets' plans share one arena (compile/runtime/arena_pool.h): it is as large as the largest
+// plan's, not their sum. Visited smallest first, it grows once per new largest, each plan binding to
+// the new block at its next call; the results stay those of the unpadded sequences throughout.
+TEST(CompileBuckets, PlansShareOneArenaAsLargeAsTheLargest) {
+  Generator gen(5);
+  auto gpt = nn::gpt(nn::GptConfig{256, 32, 16, 2, 2}, &gen);
+  gpt->to(DType::f64);
+  auto loss = [&](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+    Tensor l = nn::model_loss(*gpt, in[0], in[1]);
+    l.backward();  // a training-like step: the backward's buffers are in the arena too
+    return {l};
+  };
+  compile::CompileOptions options(compile::Mode::Default);
+  options.buckets = token_buckets({8, 16, 32});
+  compile::CompiledFunction f = compile::compile(loss, options);
+  auto tokens = [](int64_t n, int64_t salt) {
+    std::vector<int64_t> v(size_t(2 * n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = int64_t((i * 7 + size_t(salt)) % 200) + 1;
+    return tensor_i64(v, {2, n});
+  };
+  size_t largest = 0, summed = 0;
+  std::map<int64_t, size_t> arena_of;  // by bucket
+  const std::vector<int64_t> lengths{5, 5, 12, 12, 30, 30, 6, 13, 31, 7};
+  for (size_t call = 0; call < lengths.size(); ++call) {
+    const int64_t n = lengths[call];
+    const Tensor x = tokens(n, int64_t(call)), y = tokens(n, int64_t(call) + 3);
+    for (Tensor& p : gpt->parameters()) p.set_grad(Tensor());
+    const double eager = nn::model_loss(*gpt, x, y).item();
+    for (Tensor& p : gpt->parameters()) p.set_grad(Tensor());
+    const double compiled = f({x, y})[0].item();
+    EXPECT_NEAR(compiled, eager, 1e-12 * std::abs(eager)) << "call " << call << ", length " << n;
+    if (const compile::Plan* plan = f.last_plan()) {
+      const int64_t bucket = n <= 8 ? 8 : n <= 16 ? 16 : 32;
+      const size_t bytes = plan->memory().arena_for(Device::cpu())->bytes;
+      if (!arena_of.count(bucket)) summed += bytes;
+      arena_of[bucket] = bytes;
+      largest = std::max(largest, bytes);
+    }
+  }
+  ASSERT_EQ(arena_of.size(), 3u);
+  EXPECT_LT(arena_of[8], arena_of[16]);
+  EXPECT_LT(arena_of[16], arena_of[32]);
+  EXPECT_EQ(f.arena_pool().bytes(Device::cpu()), largest);
+  EXPECT_LT(largest, summed);
+  EXPECT_EQ(f.arena_pool().growths(), 2);  // 8 -> 16 -> 32; the later calls fit
 }
 
 TEST(CompileBuckets, PowersOfTwoEndAtTheLargest) {

@@ -101,6 +101,9 @@ std::string signature_str(const std::vector<Tensor>& inputs) {
 struct CompiledFunction::State {
   StepFn fn;
   CompileOptions options;
+  // One arena per device for all the plans (arena_pool.h): calls run one at a time. Declared before
+  // entries, so that the plans, which deregister from it, are destroyed first.
+  std::shared_ptr<ArenaPool> arenas = std::make_shared<ArenaPool>();
   struct Entry {
     Signature sig;
     int calls = 0;
@@ -146,11 +149,17 @@ struct CompiledFunction::State {
       log_line("graph_breaks", "this signature runs eagerly from now on");
       return out;
     }
-    e.plan = std::make_unique<Plan>(std::move(g), options.mode, PassOptions{options.fuse, options.disabled_passes, options.memory_limit});
+    build_plan(e, std::move(g));
+    return out;
+  }
+
+  // The entry's plan from a traced graph, in the function's shared arena; its host nodes reported.
+  void build_plan(Entry& e, Graph g) {
+    e.plan = std::make_unique<Plan>(std::move(g), options.mode,
+                                    PassOptions{options.fuse, options.disabled_passes, options.memory_limit}, arenas);
     for (const GraphBreak& b : e.plan->host_nodes()) breaks.push_back(b);
     if (log_enabled("plan")) log_line("plan", plan_summary(*e.plan));
     if (log_enabled("memory")) log_line("memory", memory_summary(*e.plan));
-    return out;
   }
 
   // CompileOptions::trace_without_running: the call traced in meta mode, its plan built and run.
@@ -189,11 +198,7 @@ struct CompiledFunction::State {
     // The trace reserved each generator's counters; the run reserves them again, so it draws what an
     // eager first call would have drawn.
     for (const RandomSource& r : g.random_sources) r.generator->set_offset(r.generator->offset() - r.span);
-    e.plan = std::make_unique<Plan>(std::move(g), options.mode,
-                                    PassOptions{options.fuse, options.disabled_passes, options.memory_limit});
-    for (const GraphBreak& b : e.plan->host_nodes()) breaks.push_back(b);
-    if (log_enabled("plan")) log_line("plan", plan_summary(*e.plan));
-    if (log_enabled("memory")) log_line("memory", memory_summary(*e.plan));
+    build_plan(e, std::move(g));
     ++replays;
     last = e.plan.get();
     return e.plan->run(in, /*capture=*/false);
@@ -278,5 +283,6 @@ int CompiledFunction::eager_calls() const { return s_->eager; }
 const std::vector<GraphBreak>& CompiledFunction::graph_breaks() const { return s_->breaks; }
 const CompileOptions& CompiledFunction::options() const { return s_->options; }
 const std::map<int64_t, int64_t>& CompiledFunction::bucket_calls() const { return s_->bucket_calls; }
+const ArenaPool& CompiledFunction::arena_pool() const { return *s_->arenas; }
 
 }  // namespace reel::compile

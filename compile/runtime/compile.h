@@ -31,6 +31,9 @@
 // does not come from a tensor (a host-side lr, a counter) is frozen into the plan. reel's own
 // training step meets it: the optimizer's lr and step count and the GradScaler live on the device.
 // Results are fresh tensors each call. Parameters and state are updated in place, as eagerly.
+// The plans of one function share one arena per device (arena_pool.h), so a function with many
+// signatures (length buckets, recompiles) holds the largest plan's activations, not their sum; a
+// compiled function is therefore called from one thread at a time.
 #pragma once
 #include <functional>
 #include <map>
@@ -101,6 +104,8 @@ class CompiledFunction {
   const std::vector<GraphBreak>& graph_breaks() const;  // of every trace so far
   // With buckets: how many calls each bucket size served, by size.
   const std::map<int64_t, int64_t>& bucket_calls() const;
+  // The arena its plans share (arena_pool.h): sized by the largest plan, whatever their number.
+  const ArenaPool& arena_pool() const;
   const CompileOptions& options() const;
 
  private:

@@ -25,33 +25,59 @@ Mode parse_mode(const std::string& name) {
   throw Error("compile: unknown mode '" + name + "' (expected default, reduce-overhead or max-autotune)");
 }
 
-Plan::Plan(Graph graph, Mode mode, PassOptions passes)
-    : graph_(optimize_graph(std::move(graph), passes, stats_)), mode_(mode), memory_(plan_memory(graph_)) {
+Plan::Plan(Graph graph, Mode mode, PassOptions passes, std::shared_ptr<ArenaPool> pool)
+    : graph_(optimize_graph(std::move(graph), passes, stats_)),
+      mode_(mode),
+      memory_(plan_memory(graph_)),
+      pool_(std::move(pool)) {
   const size_t nb = graph_.buffers.size();
   storage_.resize(nb);
   byte_offset_.assign(nb, 0);
-  for (const Arena& a : memory_.arenas) {
-    auto arena = std::make_shared<Storage>(std::max<size_t>(a.bytes, 1), a.device);
-    for (const Placement& p : a.placements) {
-      storage_[p.buffer] = arena;
-      byte_offset_[p.buffer] = p.offset;
-    }
-  }
+  for (const Arena& a : memory_.arenas)
+    for (const Placement& p : a.placements) byte_offset_[p.buffer] = p.offset;
   for (Buffer& b : graph_.buffers) {
     if (b.kind == BufferKind::External) storage_[b.id] = b.storage;
     if (b.kind == BufferKind::Input) storage_[b.id] = std::make_shared<Storage>(std::max<size_t>(b.nbytes, 1), b.device);
     if (b.kind != BufferKind::External) b.storage.reset();  // the traced block is no longer needed
   }
-  build_steps();
-  build_segments();
+  ensure_bound();
 }
 
-Plan::~Plan() = default;
+Plan::~Plan() {
+  if (pool_) pool_->forget(this);
+}
+
+void Plan::bind_arenas() {
+  for (const Arena& a : memory_.arenas) {
+    std::shared_ptr<Storage> block = pool_ ? pool_->acquire(a.device, a.bytes, this)
+                                           : std::make_shared<Storage>(std::max<size_t>(a.bytes, 1), a.device);
+    for (const Placement& p : a.placements) storage_[p.buffer] = block;
+  }
+}
+
+void Plan::ensure_bound() {
+  if (bound_) return;
+  bind_arenas();
+  build_steps();
+  build_segments();
+  bound_ = true;
+}
+
+void Plan::release_arena(Device device) {
+  for (const Arena& a : memory_.arenas)
+    if (a.device == device)
+      for (const Placement& p : a.placements) storage_[p.buffer].reset();
+  // The steps' tensors view the block, and a captured graph holds its addresses: both go.
+  steps_.clear();
+  segments_.clear();
+  bound_ = false;
+}
 
 Tensor Plan::bind(const TensorRef& r) const { return view_of(storage_[r.buffer], byte_offset_[r.buffer], r); }
 
 void Plan::build_steps() {
   steps_.clear();
+  input_views_.clear();
   for (const Node& n : graph_.nodes) {
     Step s{n.op, &n.attrs, {}, {}, true};
     for (const auto& r : n.inputs) {
@@ -117,6 +143,7 @@ void Plan::reserve_random_numbers() {
 std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs, bool capture) {
   REEL_ASSERT(int(inputs.size()) == graph_.num_inputs, "compile: ", inputs.size(), " inputs for a plan of ",
               graph_.num_inputs);
+  ensure_bound();
   reserve_random_numbers();
   // Arguments into the static input buffers, in the traced geometry (the guards checked shapes).
   for (size_t i = 0; i < inputs.size(); ++i) run_kernel(OpKind::Copy, {inputs[i]}, {input_views_[i]}, Attrs());
@@ -155,6 +182,7 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs, bool capture) {
 namespace reel::compile {
 
 std::vector<Plan::KernelTime> Plan::profile(const std::vector<Tensor>& inputs) {
+  ensure_bound();
   reserve_random_numbers();
   for (size_t i = 0; i < inputs.size(); ++i) run_kernel(OpKind::Copy, {inputs[i]}, {input_views_[i]}, Attrs());
   std::vector<KernelTime> times;

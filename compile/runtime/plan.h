@@ -26,6 +26,7 @@
 #include "compile/passes/memory_plan.h"
 #include "compile/passes/pipeline.h"
 #include "compile/ir/trace.h"
+#include "compile/runtime/arena_pool.h"
 #include "tensor/cuda.h"
 
 namespace reel::compile {
@@ -34,9 +35,11 @@ enum class Mode { Default, ReduceOverhead, MaxAutotune };
 const char* mode_name(Mode m);
 Mode parse_mode(const std::string& name);  // "default" | "reduce-overhead" | "max-autotune"
 
-class Plan {
+// With an ArenaPool (the compiled function's), the plan's arena is the pool's block, shared with the
+// function's other plans (arena_pool.h); without one, a block of its own.
+class Plan : private ArenaPool::User {
  public:
-  Plan(Graph graph, Mode mode, PassOptions passes = {});
+  Plan(Graph graph, Mode mode, PassOptions passes = {}, std::shared_ptr<ArenaPool> pool = nullptr);
   ~Plan();
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -60,7 +63,7 @@ class Plan {
   const MemoryPlan& memory() const { return memory_; }
   const PassStats& stats() const { return stats_; }
   Mode mode() const { return mode_; }
-  size_t kernels() const { return steps_.size(); }
+  size_t kernels() const { return graph_.nodes.size(); }
   size_t graphs() const;                 // CUDA graphs captured so far
   std::vector<GraphBreak> host_nodes() const;  // nodes that run outside the graphs (ReduceOverhead)
 
@@ -78,6 +81,11 @@ class Plan {
   };
 
   Tensor bind(const TensorRef& r) const;
+  // The arenas' blocks (the pool's, or its own), then the steps bound to them; again after the pool
+  // made this plan let go (release_arena).
+  void bind_arenas();
+  void ensure_bound();
+  void release_arena(Device device) override;
   void build_steps();
   void build_segments();
   void run_steps(size_t begin, size_t end);
@@ -94,6 +102,8 @@ class Plan {
   std::vector<Tensor> input_views_;                // per input: its static copy, in the traced geometry
   std::vector<Step> steps_;
   std::vector<Segment> segments_;
+  std::shared_ptr<ArenaPool> pool_;
+  bool bound_ = false;  // steps_ and segments_ bound to the arenas' blocks
 };
 
 }  // namespace reel::compile
