@@ -15,8 +15,8 @@
 #             graph holds at rest and while its step runs (bench/peer_graph_memory.py, a process each)
 #   frontier  gpt-small bf16 reduce-overhead at an effective batch of 64 under the budgets 256 MiB,
 #             512 MiB, 1 GiB, 2 GiB: reel's choice (micro-batch, recomputation), planned and measured
-#             peak, tokens/s, beside PyTorch at the same budgets (bench/peer_memory_frontier.py: eager,
-#             checkpointed, graphed, both)
+#             peak, tokens/s; frontier-peer: PyTorch at the same budgets (bench/peer_memory_frontier.py:
+#             eager, checkpointed, graphed, both)
 #   limits    gpt-small bf16 reduce-overhead micro-batch 16 x ACCUM 4 under arena limits (none, 640,
 #             512, 384, 256 MiB): what the planner recomputed, planned and measured peak, step time
 #   eager-memory  cnn-small, gpt-tiny, gpt-small bf16 eager: reel's peak beside torch eager's
@@ -105,9 +105,10 @@ for phase in "$@"; do
           echo "budget $b: reel bench exited $?" >> "$out/reel.txt"
         cat "$out/reel_$b.jsonl" >> "$out/reel.jsonl" 2>/dev/null
       done
-      timeout 420 python3 bench/peer_memory_frontier.py .peer > "$out/torch_frontier.jsonl" 2> "$out/torch_frontier.err"
-      { grep -h "chosen\|nothing fits\|exited" "$out/reel.txt"; cat "$out/reel.jsonl" "$out/torch_frontier.jsonl"; } \
-        > "$out/joined.md" ;;
+      { grep -h "chosen\|nothing fits\|exited\|planned peak" "$out/reel.txt"; cat "$out/reel.jsonl"; } > "$out/joined.md" ;;
+    frontier-peer)
+      timeout 540 python3 bench/peer_memory_frontier.py .peer > "$out/torch_frontier.jsonl" 2> "$out/torch_frontier.err"
+      cp "$out/torch_frontier.jsonl" "$out/joined.md" ;;
     limits)
       : > "$out/reel.jsonl"
       for lim in 0 640MiB 512MiB 384MiB 256MiB; do
@@ -136,7 +137,7 @@ for phase in "$@"; do
           2>> "$out/torch_eager.err"
       done
       python3 bench/memory_table.py "$out/reel.jsonl" "$out/torch_eager.jsonl" > "$out/joined.md" ;;
-    *) echo "unknown phase $phase (eager, compiled, families, graph-memory, frontier, limits, eager-memory, scaling, cpu, profile, memory)" >&2
+    *) echo "unknown phase $phase (eager, compiled, families, graph-memory, frontier, frontier-peer, limits, eager-memory, scaling, cpu, profile, memory)" >&2
        exit 2 ;;
   esac
 done
