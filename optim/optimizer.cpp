@@ -225,6 +225,15 @@ StepResult Optimizer::micro_step() {
   return boundary(items_per_step_ > 0 ? double(items_per_step_) / double(items_seen_) : 1.0);
 }
 
+StepResult Optimizer::step_accumulated() {
+  REEL_CHECK(micro_count_ == 0, name_, ": step_accumulated with ", micro_count_,
+             " micro-batches counted by micro_step: use one or the other");
+  REEL_CHECK(items_per_step_ == 0, name_, ": step_accumulated weighs nothing itself; with items_per_step (",
+             items_per_step_, ") use scale_loss and micro_step");
+  micro_count_ = accum_steps_;
+  return boundary(1.0);
+}
+
 StepResult Optimizer::finish_epoch(RemainderPolicy policy) {
   if (micro_count_ == 0) return StepResult{false, Tensor(), Tensor(), Tensor(), host_lr(), Tensor()};
   if (policy == RemainderPolicy::Drop) {

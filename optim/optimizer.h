@@ -141,6 +141,10 @@ class Optimizer {
   // GradScaler's scale.
   Tensor scale_loss_share(const Tensor& loss, const Tensor& share);
   StepResult micro_step();
+  // The boundary of a step whose ACCUM micro-batches ran their backward elsewhere, each already
+  // weighed (scale_loss_share: a step compiled in pieces, compile/runtime/bucketed_step.h): the
+  // same unscale, check, clip, update and zeroing as micro_step's at the last micro-batch.
+  StepResult step_accumulated();
   StepResult finish_epoch(RemainderPolicy policy = RemainderPolicy::Drop);
   int64_t pending_micro_batches() const { return micro_count_; }
   void print_setup(std::ostream& os) const;

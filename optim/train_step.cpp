@@ -4,6 +4,22 @@
 
 namespace reel::optim {
 
+Tensor real_targets(const Optimizer& opt, const Tensor& targets) {
+  NoGradGuard no_grad;
+  Tensor ignore = full({}, double(opt.target_ignore_index()), TensorOptions{targets.dtype(), targets.device()});
+  return sum(to_dtype(ne(targets, ignore), DType::f64));
+}
+
+Tensor backward_share(Optimizer& opt, const Tensor& loss, const Tensor& count, const Tensor& total) {
+  Tensor share;
+  {
+    NoGradGuard no_grad;
+    share = to_dtype(count / total, loss.dtype());
+  }
+  opt.scale_loss_share(loss, share).backward();
+  return loss.detach() * share;
+}
+
 StepResult train_step(Optimizer& opt, const LossFn& loss_fn, const std::vector<MicroBatch>& micro, Tensor* mean_loss) {
   REEL_CHECK(!micro.empty(), "train_step: no micro-batches");
   // Counting real targets (set_items_from_targets): n_i, the micro-batch's real targets, and N, their
@@ -14,25 +30,19 @@ StepResult train_step(Optimizer& opt, const LossFn& loss_fn, const std::vector<M
   if (opt.counts_targets()) {
     NoGradGuard no_grad;
     for (const MicroBatch& mb : micro) {
-      Tensor ignore = full({}, double(opt.target_ignore_index()), TensorOptions{mb.targets.dtype(), mb.targets.device()});
-      counts.push_back(sum(to_dtype(ne(mb.targets, ignore), DType::f64)));
+      counts.push_back(real_targets(opt, mb.targets));
       total = total.defined() ? total + counts.back() : counts.back();
     }
   }
   StepResult result;
   Tensor loss_sum;
   for (size_t i = 0; i < micro.size(); ++i) {
-    Tensor loss = loss_fn(micro[i].inputs, micro[i].targets), part = loss.detach();
+    Tensor loss = loss_fn(micro[i].inputs, micro[i].targets), part;
     if (counts.empty()) {
       opt.scale_loss(loss, micro[i].items).backward();
+      part = loss.detach();
     } else {
-      Tensor share;
-      {
-        NoGradGuard no_grad;
-        share = to_dtype(counts[i] / total, loss.dtype());
-      }
-      opt.scale_loss_share(loss, share).backward();
-      part = part * share;
+      part = backward_share(opt, loss, counts[i], total);
     }
     loss_sum = loss_sum.defined() ? loss_sum + part : part;
     result = opt.micro_step();

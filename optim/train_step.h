@@ -26,4 +26,13 @@ using LossFn = std::function<Tensor(const Tensor& inputs, const Tensor& targets)
 StepResult train_step(Optimizer& opt, const LossFn& loss_fn, const std::vector<MicroBatch>& micro,
                       Tensor* mean_loss = nullptr);
 
+// Counting real targets (Optimizer::set_items_from_targets), the pieces train_step is made of, for a
+// step run in pieces (compile/runtime/bucketed_step.h):
+//   n_i = the targets of one micro-batch that are not the optimizer's ignore_index, a 0-dim f64
+//         device tensor (no host read);
+//   backward_share: the backward of loss_i weighed by n_i / N (x the GradScaler's scale), returning
+//         loss_i's part of the step's mean loss, loss_i n_i / N, detached.
+Tensor real_targets(const Optimizer& opt, const Tensor& targets);
+Tensor backward_share(Optimizer& opt, const Tensor& loss, const Tensor& count, const Tensor& total);
+
 }  // namespace reel::optim

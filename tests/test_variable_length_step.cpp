@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "compile/runtime/bucketed_step.h"
 #include "compile/runtime/train_step.h"
 #include "data/text_lines.h"
 #include "nn/nn.h"
@@ -130,6 +132,58 @@ TEST(VariableLengthStep, CountingRealTargetsOnTheDeviceEagerAndCompiledWithBucke
   EXPECT_LE(step.traces(), int(step.bucket_calls().size()));  // a bucket met once runs its warm-up call only
   EXPECT_LT(max_abs_diff(eager->parameters(), reference->parameters()), 1e-10);
   EXPECT_LT(max_abs_diff(compiled->parameters(), reference->parameters()), 1e-10);
+}
+
+// The step in pieces (compile/runtime/bucketed_step.h): each micro-batch padded to the bucket of its
+// own longest line, its forward and backward one plan per bucket, the optimizer one more; the
+// parameters after 8 steps those of the lines run one by one unpadded, the mean loss eager's.
+TEST(VariableLengthStep, EachMicroBatchInItsOwnBucketUpdatesAsTheUnpaddedLines) {
+  const std::vector<std::string> lines = {"A short line.", "Another, somewhat longer, line of text.", "ok",
+                                          "Lines of every length come together in one batch", "twelve bytes",
+                                          "abc", "the longest line of them all, at forty-seven b"};
+  data::LineSampler sampler(lines, 24, 21);
+  std::vector<std::vector<data::LineBatch>> steps(8);
+  for (auto& step : steps)
+    for (int i = 0; i < 3; ++i) step.push_back(sampler.next(2));
+  auto eager = small_gpt(), pieces = small_gpt(), reference = small_gpt();
+  optim::AdamW opt_e(eager->parameters(), optim::AdamWOptions(1e-2)),
+      opt_p(pieces->parameters(), optim::AdamWOptions(1e-2)), opt_r(reference->parameters(), optim::AdamWOptions(1e-2));
+  for (optim::Optimizer* o : {static_cast<optim::Optimizer*>(&opt_e), static_cast<optim::Optimizer*>(&opt_p),
+                              static_cast<optim::Optimizer*>(&opt_r)})
+    o->set_accum_steps(3).set_max_grad_norm(1.0);
+  opt_e.set_items_from_targets();
+  opt_p.set_items_from_targets();
+  nn::Module* mp = pieces.get();
+  compile::BucketedTrainStep step(
+      opt_p, [mp](const Tensor& x, const Tensor& y) { return nn::model_loss(*mp, x, y); }, {8, 16, 24},
+      compile::CompileOptions(compile::Mode::Default), data::kPadToken);
+  int mixed_steps = 0;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    std::vector<optim::MicroBatch> micro;
+    std::set<int64_t> buckets;
+    for (const data::LineBatch& b : steps[s]) {
+      micro.push_back({b.inputs, b.targets});
+      buckets.insert(b.inputs.size(1) <= 8 ? 8 : b.inputs.size(1) <= 16 ? 16 : 24);
+    }
+    mixed_steps += buckets.size() > 1;
+    Tensor mean_e;
+    optim::train_step(opt_e, [&](const Tensor& x, const Tensor& y) { return nn::model_loss(*eager, x, y); }, micro,
+                      &mean_e);
+    const std::vector<Tensor> out = step(micro);
+    EXPECT_NEAR(out[0].item(), mean_e.item(), 1e-12) << "step " << s;
+    unpadded_step(*reference, opt_r, steps[s]);
+  }
+  EXPECT_GT(mixed_steps, 0) << "no step mixed buckets: the test would not test per-micro-batch buckets";
+  EXPECT_EQ(opt_p.step_count(), 8);
+  EXPECT_LT(max_abs_diff(pieces->parameters(), reference->parameters()), 1e-10);
+  EXPECT_LT(max_abs_diff(pieces->parameters(), eager->parameters()), 1e-10);
+  // One plan per bucket met and one for the optimizer, all in one arena.
+  EXPECT_EQ(step.micro_batch_piece().traces(), int(step.bucket_calls().size()));
+  EXPECT_EQ(step.optimizer_piece().traces(), 1);
+  int64_t calls = 0;
+  for (const auto& [size, n] : step.bucket_calls()) calls += n;
+  EXPECT_EQ(calls, 8 * 3);
+  EXPECT_GT(step.arena_pool().bytes(Device::cpu()), 0u);
 }
 
 TEST(VariableLengthStep, CountingModesDoNotMix) {

@@ -211,6 +211,7 @@ CompiledFunction::CompiledFunction(StepFn fn, CompileOptions options) : s_(std::
   if (options.buckets) check_buckets(*options.buckets);
   s_->fn = std::move(fn);
   s_->options = options;
+  if (options.arenas) s_->arenas = options.arenas;
 }
 
 CompiledFunction::~CompiledFunction() = default;

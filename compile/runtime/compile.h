@@ -75,6 +75,9 @@ struct CompileOptions {
   std::optional<LengthBuckets> buckets;
   // Trace in meta mode instead of running the first two calls eagerly (see the top of this file).
   bool trace_without_running = false;
+  // The arena pool the plans use (arena_pool.h); unset: the function's own. Functions whose calls
+  // never overlap (the pieces of one step: bucketed_step.h) can share one.
+  std::shared_ptr<ArenaPool> arenas;
 
   CompileOptions(Mode mode = Mode::Default, int cache_limit = 8, bool fuse = true,
                  std::vector<std::string> disabled_passes = {}, size_t memory_limit = 0)
