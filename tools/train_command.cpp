@@ -26,6 +26,7 @@
 #include <optional>
 
 #include "compile/runtime/describe.h"
+#include "compile/runtime/bucketed_step.h"
 #include "compile/runtime/memory_budget.h"
 #include "compile/runtime/train_step.h"
 #include "data/data.h"
@@ -530,11 +531,16 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
   opt.set_items_from_targets(data::kIgnoreIndex);
   nn::Module* m = &model;
   optim::LossFn loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
-  std::optional<compile::CompiledFunction> compiled;
-  compile::LengthBuckets buckets;
-  if (o.compile != "none") {
+  std::optional<compile::CompiledFunction> compiled;  // --buckets step: the whole step, one plan per bucket
+  std::optional<compile::BucketedTrainStep> pieces;   // --buckets micro-batch: the step in pieces
+  const std::vector<int64_t> sizes = compile::LengthBuckets::powers_of_two(std::min<int64_t>(16, T), T);
+  auto bucket_of = [&](int64_t length) { return *std::lower_bound(sizes.begin(), sizes.end(), length); };
+  if (o.compile != "none" && o.buckets == "micro-batch") {
+    pieces.emplace(opt, loss_fn, sizes, compile_options(o, opt), data::kPadToken);
+  } else if (o.compile != "none") {
+    compile::LengthBuckets buckets;
     buckets.dim = 1;
-    buckets.sizes = compile::LengthBuckets::powers_of_two(std::min<int64_t>(16, T), T);
+    buckets.sizes = sizes;
     for (int64_t i = 0; i < o.accum; ++i) {
       buckets.inputs.insert(buckets.inputs.end(), {size_t(2 * i), size_t(2 * i + 1)});
       buckets.pad_values.insert(buckets.pad_values.end(), {double(data::kPadToken), double(data::kIgnoreIndex)});
@@ -558,11 +564,17 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
       rows += micro.back().inputs.size(0);
     }
     tokens += step_tokens;
-    if (compiled) {
+    if (compiled || pieces) {
       std::vector<optim::MicroBatch> mb;
       for (const data::LineBatch& b : micro) mb.push_back({b.inputs, b.targets});
-      std::vector<Tensor> out = (*compiled)(compile::flatten_micro(mb));
-      padded += rows * *std::lower_bound(buckets.sizes.begin(), buckets.sizes.end(), longest);
+      std::vector<Tensor> out;
+      if (pieces) {
+        out = (*pieces)(mb);
+        for (const data::LineBatch& b : micro) padded += b.inputs.size(0) * bucket_of(b.inputs.size(1));
+      } else {
+        out = (*compiled)(compile::flatten_micro(mb));
+        padded += rows * bucket_of(longest);
+      }
       last_loss = out[0].item();
       progress.update(++step, last_loss, tokens, out[4].item());
       continue;
@@ -587,6 +599,14 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
     std::printf("; plans traced %d, steps replayed %d, run eagerly %d\n", compiled->traces(), compiled->replays(),
                 compiled->eager_calls());
     report_recompute(compiled, o);
+  }
+  if (pieces) {
+    const compile::CompiledFunction& p = pieces->micro_batch_piece();
+    std::printf("length buckets (micro-batches per bucket):");
+    for (const auto& [size, n] : pieces->bucket_calls()) std::printf(" %lld: %lld", (long long)size, (long long)n);
+    std::printf("; plans traced %d (%d buckets + the optimizer), micro-batches replayed %d, run eagerly %d; "
+                "one arena for all of them: %s\n", pieces->traces(), p.traces(), p.replays(), p.eager_calls(),
+                compile::bytes_str(pieces->arena_pool().bytes(device)).c_str());
   }
   std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)o.steps,
               seconds_since(start), last_loss, val_loss);

@@ -40,6 +40,9 @@ const char* train_usage() {
          "  --items windows|lines   the GPTs' items: fixed windows of the text (default), or its lines, each\n"
          "                       its own length (padded, the loss over real tokens; compiled: one plan per\n"
          "                       length bucket, powers of two up to the context)\n"
+         "  --buckets micro-batch|step   --items lines compiled: each micro-batch padded to its own bucket\n"
+         "                       (the step in pieces: a plan per bucket and one for the optimizer; default), or\n"
+         "                       the whole step to the bucket of its longest line (one plan per bucket)\n"
          "  --device auto|cpu|cuda[:N]                         (default auto: the GPU when visible)\n"
          "  --epochs N           image models (default 4)    --steps N   text models (default 200)\n"
          "  --micro-batch N      items per micro-batch (default 64)\n"
@@ -77,6 +80,7 @@ TrainOptions parse_train_options(int argc, char** argv) {
       {"--precision", [&](const std::string& v) { o.precision = v; }},
       {"--compile", [&](const std::string& v) { o.compile = v; }},
       {"--items", [&](const std::string& v) { o.items = v; }},
+      {"--buckets", [&](const std::string& v) { o.buckets = v; }},
       {"--memory-limit", [&](const std::string& v) { o.memory_limit = to_size("--memory-limit", v); }},
       {"--lr", [&](const std::string& v) { o.lr = real_arg("train", "--lr", v, 0.0); }},
       {"--schedule", [&](const std::string& v) { o.schedule = v; }},
@@ -111,6 +115,8 @@ TrainOptions parse_train_options(int argc, char** argv) {
                  o.compile == "max-autotune",
              "train: --compile must be none, default, reduce-overhead or max-autotune, got ", o.compile);
   REEL_CHECK(o.items == "windows" || o.items == "lines", "train: --items must be windows or lines, got ", o.items);
+  REEL_CHECK(o.buckets == "micro-batch" || o.buckets == "step", "train: --buckets must be micro-batch or step, got ",
+             o.buckets);
   REEL_CHECK(o.items == "windows" || o.model.rfind("gpt", 0) == 0, "train: --items lines is for the GPTs, not ",
              o.model);
   REEL_CHECK(o.items == "windows" || o.effective_batch == 0,

@@ -17,6 +17,9 @@ struct TrainOptions {
   // --items windows|lines: the GPTs' training items, fixed windows of the text (data::TextSampler) or
   // its lines, each its own length, padded per micro-batch and counted by real tokens (data::LineSampler).
   std::string items = "windows";
+  // --items lines compiled: each micro-batch in its own length bucket (a step in pieces,
+  // compile/runtime/bucketed_step.h), or the whole step in the bucket of its longest line (one plan).
+  std::string buckets = "micro-batch";
   std::string device = "auto";        // auto | cpu | cuda | cuda:N
   int64_t epochs = 4;                 // image models
   int64_t steps = 200;                // text models: optimizer steps
