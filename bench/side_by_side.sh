@@ -20,6 +20,10 @@
 #   limits    gpt-small bf16 reduce-overhead micro-batch 16 x ACCUM 4 under arena limits (none, 640,
 #             512, 384, 256 MiB): what the planner recomputed, planned and measured peak, step time
 #   eager-memory  cnn-small, gpt-tiny, gpt-small bf16 eager: reel's peak beside torch eager's
+#   variable  gpt-small bf16 on lines of text (the repository's own sources and documents, one item
+#             per line), micro-batch 16 x ACCUM 4: reel train --items lines --compile reduce-overhead
+#             (each micro-batch in its own length bucket) beside PyTorch's dynamic, mark_dynamic,
+#             padded whole-step graph and padded reduce-overhead (bench/peer_variable_length.py)
 #   memory    micro-batch 1..128 (powers of two), bf16: reel's planned peak (--plan-memory) beside its
 #             measured one, eager (every B) and reduce-overhead (B 1, 8, 64: each costs a compilation),
 #             and torch eager's measured peak (bench/memory_table.py joins them)
@@ -118,6 +122,15 @@ for phase in "$@"; do
         cat "$out/reel_$lim.jsonl" >> "$out/reel.jsonl"
       done
       { grep -h "recompute" "$out/reel.txt"; cat "$out/reel.jsonl"; } > "$out/joined.md" ;;
+    variable)
+      find . -path ./.peer -prune -o \( -name '*.md' -o -name '*.h' -o -name '*.cpp' \) -type f -print | sort |
+        xargs cat > "$out/lines.txt"
+      "$reel" train --model gpt-small --items lines --text "$out/lines.txt" --compile reduce-overhead --precision bf16 \
+        --micro-batch 16 --accum 4 --lr 1e-3 --steps "${STEPS:-2000}" > "$out/reel.txt" 2>&1
+      timeout 420 python3 bench/peer_variable_length.py .peer "$out/lines.txt" "${PEER_STEPS:-300}" 16 4 \
+        > "$out/torch.jsonl" 2> "$out/torch.err"
+      { grep -E "^lines|tokens|length buckets|throughput|memory|done" "$out/reel.txt"; cat "$out/torch.jsonl"; } \
+        > "$out/joined.md" ;;
     eager-memory)
       "$reel" bench --models "$models" --precisions bf16 --json "$out/reel.jsonl" > "$out/reel.txt" 2>&1
       python3 .peer/torch_anchor.py cuda "$models" eager bf16 > "$out/torch_eager.jsonl" 2> "$out/torch_eager.err"
@@ -137,7 +150,7 @@ for phase in "$@"; do
           2>> "$out/torch_eager.err"
       done
       python3 bench/memory_table.py "$out/reel.jsonl" "$out/torch_eager.jsonl" > "$out/joined.md" ;;
-    *) echo "unknown phase $phase (eager, compiled, families, graph-memory, frontier, frontier-peer, limits, eager-memory, scaling, cpu, profile, memory)" >&2
+    *) echo "unknown phase $phase (eager, compiled, families, graph-memory, frontier, frontier-peer, limits, eager-memory, variable, scaling, cpu, profile, memory)" >&2
        exit 2 ;;
   esac
 done

@@ -554,7 +554,10 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
   Clock::time_point start = Clock::now();
   int64_t tokens = 0, padded = 0;
   double last_loss = 0;
+  std::vector<double> seconds_per_token;  // per step (each ends with the host reading its loss)
+  compile::reset_peak_bytes(device);
   for (int64_t step = 0; step < o.steps;) {
+    const Clock::time_point step_start = Clock::now();
     std::vector<data::LineBatch> micro;
     int64_t step_tokens = 0, longest = 0, rows = 0;
     for (int64_t i = 0; i < o.accum; ++i) {
@@ -576,6 +579,7 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
         padded += rows * bucket_of(longest);
       }
       last_loss = out[0].item();
+      seconds_per_token.push_back(seconds_since(step_start) / double(std::max<int64_t>(step_tokens, 1)));
       progress.update(++step, last_loss, tokens, out[4].item());
       continue;
     }
@@ -587,9 +591,21 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
     Tensor mean_loss;
     optim::StepResult r = optim::train_step(opt, loss_fn, mb, &mean_loss);
     last_loss = mean_loss.item();
+    seconds_per_token.push_back(seconds_since(step_start) / double(std::max<int64_t>(step_tokens, 1)));
     progress.update(++step, last_loss, tokens, r.lr);
   }
   progress.end_line();
+  const size_t peak = compile::peak_bytes(device);
+  if (seconds_per_token.size() >= 10) {
+    // The steady state: the first tenth of the steps (warm-up, traces, captures) left out.
+    std::vector<double> steady(seconds_per_token.begin() + ptrdiff_t(seconds_per_token.size() / 10),
+                               seconds_per_token.end());
+    std::sort(steady.begin(), steady.end());
+    std::printf("throughput: median %.0f real tokens/s over steps %zu..%zu (each step timed to its loss read)\n",
+                1.0 / steady[steady.size() / 2], seconds_per_token.size() / 10 + 1, seconds_per_token.size());
+  }
+  std::printf("memory: peak allocated during training %s on %s\n", compile::bytes_str(peak).c_str(),
+              device.str().c_str());
   const double val_loss = validation_loss(model, val_sampler, o.micro_batch, device);
   std::printf("tokens: %lld real, %lld with padding (overhead %.2fx)\n", (long long)tokens, (long long)padded,
               double(padded) / double(std::max<int64_t>(tokens, 1)));
