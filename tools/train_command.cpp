@@ -620,8 +620,8 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
     const compile::CompiledFunction& p = pieces->micro_batch_piece();
     std::printf("length buckets (micro-batches per bucket):");
     for (const auto& [size, n] : pieces->bucket_calls()) std::printf(" %lld: %lld", (long long)size, (long long)n);
-    std::printf("; plans traced %d (%d buckets + the optimizer), micro-batches replayed %d, run eagerly %d; "
-                "one arena for all of them: %s\n", pieces->traces(), p.traces(), p.replays(), p.eager_calls(),
+    std::printf("; plans traced %d (%d for buckets, 1 for the optimizer), micro-batches replayed %d, run eagerly %d; "
+                "one arena for all the plans: %s\n", pieces->traces(), p.traces(), p.replays(), p.eager_calls(),
                 compile::bytes_str(pieces->arena_pool().bytes(device)).c_str());
   }
   std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)o.steps,
