@@ -94,17 +94,23 @@ void unpadded_step(nn::Module& model, optim::Optimizer& opt, const std::vector<d
     }
 }
 
-TEST(VariableLengthStep, CountingRealTargetsOnTheDeviceEagerAndCompiledWithBuckets) {
-  // set_items_from_targets: optim::train_step weighs each padded micro-batch by its real targets,
-  // counted as tensors, so the same code serves eagerly and in a compiled plan replayed with other
-  // counts; the compiled step pads every call to a length bucket (one plan per bucket).
+// `count` steps of `accum` micro-batches of 2 lines each, drawn from lines of many lengths (context 24).
+std::vector<std::vector<data::LineBatch>> line_steps(int count, int accum) {
   const std::vector<std::string> lines = {"A short line.", "Another, somewhat longer, line of text.", "ok",
                                           "Lines of every length come together in one batch", "twelve bytes",
                                           "abc", "the longest line of them all, at forty-seven b"};
   data::LineSampler sampler(lines, 24, 21);
-  std::vector<std::vector<data::LineBatch>> steps(8);
+  std::vector<std::vector<data::LineBatch>> steps(static_cast<size_t>(count));
   for (auto& step : steps)
-    for (int i = 0; i < 2; ++i) step.push_back(sampler.next(2));
+    for (int i = 0; i < accum; ++i) step.push_back(sampler.next(2));
+  return steps;
+}
+
+TEST(VariableLengthStep, CountingRealTargetsOnTheDeviceEagerAndCompiledWithBuckets) {
+  // set_items_from_targets: optim::train_step weighs each padded micro-batch by its real targets,
+  // counted as tensors, so the same code serves eagerly and in a compiled plan replayed with other
+  // counts; the compiled step pads every call to a length bucket (one plan per bucket).
+  const std::vector<std::vector<data::LineBatch>> steps = line_steps(8, 2);
   auto eager = small_gpt(), compiled = small_gpt(), reference = small_gpt();
   auto sgd = [](nn::Module& m) { return optim::SGD(m.parameters(), optim::SGDOptions(0.5)); };
   optim::SGD opt_e = sgd(*eager), opt_c = sgd(*compiled), opt_r = sgd(*reference);
@@ -138,13 +144,7 @@ TEST(VariableLengthStep, CountingRealTargetsOnTheDeviceEagerAndCompiledWithBucke
 // own longest line, its forward and backward one plan per bucket, the optimizer one more; the
 // parameters after 8 steps those of the lines run one by one unpadded, the mean loss eager's.
 TEST(VariableLengthStep, EachMicroBatchInItsOwnBucketUpdatesAsTheUnpaddedLines) {
-  const std::vector<std::string> lines = {"A short line.", "Another, somewhat longer, line of text.", "ok",
-                                          "Lines of every length come together in one batch", "twelve bytes",
-                                          "abc", "the longest line of them all, at forty-seven b"};
-  data::LineSampler sampler(lines, 24, 21);
-  std::vector<std::vector<data::LineBatch>> steps(8);
-  for (auto& step : steps)
-    for (int i = 0; i < 3; ++i) step.push_back(sampler.next(2));
+  const std::vector<std::vector<data::LineBatch>> steps = line_steps(8, 3);
   auto eager = small_gpt(), pieces = small_gpt(), reference = small_gpt();
   optim::AdamW opt_e(eager->parameters(), optim::AdamWOptions(1e-2)),
       opt_p(pieces->parameters(), optim::AdamWOptions(1e-2)), opt_r(reference->parameters(), optim::AdamWOptions(1e-2));
