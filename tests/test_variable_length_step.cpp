@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "compile/runtime/bucketed_step.h"
+#include "compile/runtime/memory_budget.h"
 #include "compile/runtime/train_step.h"
 #include "data/text_lines.h"
 #include "nn/nn.h"
@@ -186,6 +187,58 @@ TEST(VariableLengthStep, EachMicroBatchInItsOwnBucketUpdatesAsTheUnpaddedLines) 
   EXPECT_GT(step.arena_pool().bytes(Device::cpu()), 0u);
 }
 
+// The step in pieces traced without running (no call eager; a new bucket's first call served by its
+// plan), on `device` in `dtype`: after 8 steps of 3 micro-batches, its parameters are those of the
+// same lines run one by one unpadded, eagerly, in f64 on the CPU (an independent reference: other
+// kernels, other shapes, no padding), within `tol`; the run's measured peak is the pieces' planned
+// one (compile::plans_steady_peak) within 5%.
+void expect_pieces_match_the_unpadded_lines(Device device, DType dtype, compile::Mode mode, double tol) {
+  const std::vector<std::vector<data::LineBatch>> steps = line_steps(8, 3);
+  auto reference = small_gpt();
+  optim::AdamW opt_r(reference->parameters(), optim::AdamWOptions(1e-2));
+  opt_r.set_accum_steps(3).set_max_grad_norm(1.0);
+  for (const auto& step : steps) unpadded_step(*reference, opt_r, step);
+
+  auto pieces = small_gpt();
+  pieces->to(device);
+  pieces->to(dtype);
+  optim::AdamW opt(pieces->parameters(), optim::AdamWOptions(1e-2));
+  opt.set_accum_steps(3).set_max_grad_norm(1.0).set_items_from_targets();
+  std::vector<std::vector<optim::MicroBatch>> micro(steps.size());
+  for (size_t s = 0; s < steps.size(); ++s)
+    for (const data::LineBatch& b : steps[s]) micro[s].push_back({b.inputs.to(device), b.targets.to(device)});
+  // What is held besides the pieces' plans: everything allocated now but the model's parameters.
+  size_t parameters = 0;
+  for (const Tensor& p : pieces->parameters()) parameters += compile::allocation_bytes(device, p.nbytes());
+  const size_t other = compile::allocated_bytes(device) - parameters;
+  compile::CompileOptions options(mode);
+  options.trace_without_running = true;
+  nn::Module* mp = pieces.get();
+  compile::BucketedTrainStep step(
+      opt, [mp](const Tensor& x, const Tensor& y) { return nn::model_loss(*mp, x, y); }, {8, 16, 24}, options,
+      data::kPadToken);
+  compile::reset_peak_bytes(device);
+  for (const auto& m : micro) step(m);
+  const size_t measured = compile::peak_bytes(device) - other;
+  EXPECT_EQ(step.micro_batch_piece().eager_calls() + step.optimizer_piece().eager_calls(), 0);
+  EXPECT_EQ(step.micro_batch_piece().traces(), int(step.bucket_calls().size()));
+  EXPECT_EQ(opt.step_count(), 8);
+  std::vector<Tensor> got;
+  for (const Tensor& p : pieces->parameters()) got.push_back(p.to(Device::cpu()).to(DType::f64));
+  EXPECT_LT(max_abs_diff(got, reference->parameters()), tol);
+  const size_t planned = compile::plans_steady_peak(step.plans(), device);
+  EXPECT_NEAR(double(planned), double(measured), 0.05 * double(planned)) << compile::compare_planned_peak(planned, measured);
+}
+
+TEST(VariableLengthStep, PiecesTracedWithoutRunningMatchTheUnpaddedLinesAndTheirPlannedPeak) {
+  expect_pieces_match_the_unpadded_lines(Device::cpu(), DType::f64, compile::Mode::Default, 1e-10);
+}
+
+TEST(VariableLengthStepCuda, PiecesInFp32MatchTheUnpaddedLinesAndTheirPlannedPeak) {
+  REEL_REQUIRE_GPU();
+  expect_pieces_match_the_unpadded_lines(Device::cuda(0), DType::f32, compile::Mode::ReduceOverhead, 2e-4);
+}
+
 TEST(VariableLengthStep, CountingModesDoNotMix) {
   auto m = small_gpt();
   optim::SGD a(m->parameters()), b(m->parameters()), c(m->parameters());
@@ -195,6 +248,15 @@ TEST(VariableLengthStep, CountingModesDoNotMix) {
   testing_util::expect_error([&] { b.set_items_per_step(100); }, {"items_per_step", "set_items_from_targets"});
   testing_util::expect_error([&] { c.scale_loss_share(ones({}), ones({})); }, {"call set_items_from_targets first"});
   testing_util::expect_error([&] { b.scale_loss_share(ones({}), ones({2})); }, {"one-element loss and share", "(2,)"});
+  // Pieces traced without running need the optimizer's state made up front: SGD's momentum is made
+  // at its first update.
+  optim::SGD momentum(m->parameters(), optim::SGDOptions(0.5).momentum(0.9));
+  momentum.set_items_from_targets();
+  compile::CompileOptions options;
+  options.trace_without_running = true;
+  testing_util::expect_error(
+      [&] { compile::BucketedTrainStep(momentum, [](const Tensor& x, const Tensor&) { return x.sum(); }, {8}, options); },
+      {"bucketed step: tracing without running", "SGD"});
 }
 
 }  // namespace

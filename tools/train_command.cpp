@@ -16,8 +16,6 @@
 // step); a compiled step then weighs each micro-batch by its leading dim. After the first step (the
 // first replay when compiled) the planned peak is set beside the allocator's measured one, with a
 // warning past 5%. An out-of-memory error during training is rethrown with the planner's advice.
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -26,7 +24,6 @@
 #include <optional>
 
 #include "compile/runtime/describe.h"
-#include "compile/runtime/bucketed_step.h"
 #include "compile/runtime/memory_budget.h"
 #include "compile/runtime/train_step.h"
 #include "data/data.h"
@@ -37,6 +34,7 @@
 #include "tensor/cuda.h"
 #include "tensor/file_io.h"
 #include "tools/commands.h"
+#include "tools/train_common.h"
 #include "tools/train_options.h"
 
 namespace reel::tools {
@@ -45,9 +43,6 @@ namespace {
 // Channels of fashion_cnn's first conv: 16 trains an epoch of Fashion-MNIST in seconds on two cores
 // and passes 85% test accuracy in a few epochs.
 constexpr int64_t kFashionWidth = 16;
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 Device pick_device(const std::string& name) {
   if (name == "auto") return cuda::is_available() ? Device::cuda(0) : Device::cpu();
@@ -74,31 +69,6 @@ class StepLoss {
  private:
   Tensor sum_;
   int64_t count_ = 0;
-};
-
-// One line, rewritten in place on a terminal; a fresh line every `every` steps otherwise.
-class Progress {
- public:
-  Progress(int64_t total_steps, const char* unit) : total_(total_steps), unit_(unit), tty_(isatty(1)) {}
-  void update(int64_t step, double loss, int64_t items, double lr) {
-    double elapsed = seconds_since(start_);
-    double rate = items / std::max(elapsed, 1e-9);
-    double eta = step > 0 ? elapsed * double(total_ - step) / double(step) : 0;
-    bool line_due = tty_ || step == total_ || step % std::max<int64_t>(1, total_ / 10) == 0;
-    if (!line_due) return;
-    std::printf("%sstep %5lld/%lld | loss %.4f | lr %.2e | %8.0f %s/s | ETA %3.0fs%s", tty_ ? "\r" : "",
-                (long long)step, (long long)total_, loss, lr, rate, unit_, eta, tty_ ? "   " : "\n");
-    std::fflush(stdout);
-  }
-  void end_line() {
-    if (tty_) std::printf("\n");
-  }
-
- private:
-  int64_t total_;
-  const char* unit_;
-  bool tty_;
-  Clock::time_point start_ = Clock::now();
 };
 
 // A step's micro-batches: with --effective-batch, the planner's micro-batch split of it (whose last
@@ -135,20 +105,6 @@ optim::StepResult eager_micro_batch(nn::Module& model, optim::Optimizer& opt, co
   return opt.micro_step();
 }
 
-// Under a memory budget or limit a compiled step is traced without running (compile.h): its first
-// calls would otherwise run eagerly, at eager's footprint, above what the plan was made to fit. Where
-// the optimizer cannot make its state before the first update (SGD with momentum) they run eagerly.
-bool traces_without_running(const TrainOptions& o, const optim::Optimizer& opt) {
-  return o.compile != "none" && (o.memory_budget != 0 || o.memory_limit != 0) && opt.can_create_state_now();
-}
-
-compile::CompileOptions compile_options(const TrainOptions& o, const optim::Optimizer& opt) {
-  compile::CompileOptions options(compile::parse_mode(o.compile));
-  options.memory_limit = o.memory_limit;
-  options.trace_without_running = traces_without_running(o, opt);
-  return options;
-}
-
 // The compiled step of --compile MODE (none: eager), with the same loss and optimizer.
 std::optional<compile::CompiledFunction> compiled_step(const TrainOptions& o, nn::Module& model,
                                                        optim::Optimizer& opt) {
@@ -157,12 +113,6 @@ std::optional<compile::CompiledFunction> compiled_step(const TrainOptions& o, nn
   compile::CompileOptions options = compile_options(o, opt);
   return compile::compile_train_step(
       opt, [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); }, options);
-}
-
-// Under --memory-limit, what the compiled step recomputed to fit it.
-void report_recompute(const std::optional<compile::CompiledFunction>& compiled, const TrainOptions& o) {
-  if (!compiled || o.memory_limit == 0 || !compiled->last_plan()) return;
-  std::printf("memory: %s\n", compile::recompute_summary(*compiled->last_plan(), o.memory_limit).c_str());
 }
 
 // What the planner needs: micro-batches of meta inputs shaped as the data's (one item: `input_item`,
@@ -499,135 +449,6 @@ Tensor random_tokens(int64_t n, uint64_t seed) {
   bytes.reserve(size_t(n));
   for (double u : uniform({n}, 0, 256, {DType::f64}, &g).to_vector<double>()) bytes.push_back(std::min<int64_t>(255, int64_t(u)));
   return tensor_i64(bytes, {n});
-}
-
-// The loss of one batch of `batch_size` items drawn from a validation sampler (windows or lines).
-template <typename Sampler>
-double validation_loss(nn::Module& model, Sampler& sampler, int64_t batch_size, Device device) {
-  NoGradGuard no_grad;
-  auto v = sampler.next(batch_size, device);
-  return nn::model_loss(model, v.inputs, v.targets).item();
-}
-
-// --items lines: each step draws its ACCUM micro-batches of lines first, each padded to its own
-// longest line, and weighs them by their real tokens, so that the step's gradient is the mean over its
-// real tokens whatever the padding (tests/test_variable_length_step.cpp), counted from the targets on
-// the device (set_items_from_targets). Compiled, every call is padded to a length bucket, powers of
-// two up to the context, so the plans traced are at most the buckets used, never one per length.
-int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, Device device) {
-  const std::string text = o.text_path.empty() ? data::read_fortunes() : data::tensor_to_bytes(data::load_text_bytes(o.text_path));
-  std::vector<std::string> lines = data::split_lines(text);
-  REEL_CHECK(lines.size() >= 2, "train: --items lines needs a text of at least 2 lines, got ", lines.size());
-  // The last 5% of the lines (at least one) for validation, as split_text keeps the last 5% of a text.
-  const size_t n_val = std::max<size_t>(1, lines.size() / 20);
-  std::vector<std::string> val(lines.end() - ptrdiff_t(n_val), lines.end());
-  lines.resize(lines.size() - n_val);
-  const int64_t T = model.config().block_size;
-  data::LineSampler sampler(lines, T, o.seed + uint64_t(dist::rank())), val_sampler(val, T, o.seed + 1);
-  std::printf("lines: %zu for training, %zu for validation, cut at %lld bytes\n", sampler.num_items(),
-              val_sampler.num_items(), (long long)T + 1);
-  // Each micro-batch weighs its real tokens' share of the step, counted from the targets on the
-  // device: the same for the eager and the compiled step.
-  opt.set_items_from_targets(data::kIgnoreIndex);
-  nn::Module* m = &model;
-  optim::LossFn loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
-  std::optional<compile::CompiledFunction> compiled;  // --buckets step: the whole step, one plan per bucket
-  std::optional<compile::BucketedTrainStep> pieces;   // --buckets micro-batch: the step in pieces
-  const std::vector<int64_t> sizes = compile::LengthBuckets::powers_of_two(std::min<int64_t>(16, T), T);
-  auto bucket_of = [&](int64_t length) { return *std::lower_bound(sizes.begin(), sizes.end(), length); };
-  if (o.compile != "none" && o.buckets == "micro-batch") {
-    pieces.emplace(opt, loss_fn, sizes, compile_options(o, opt), data::kPadToken);
-  } else if (o.compile != "none") {
-    compile::LengthBuckets buckets;
-    buckets.dim = 1;
-    buckets.sizes = sizes;
-    for (int64_t i = 0; i < o.accum; ++i) {
-      buckets.inputs.insert(buckets.inputs.end(), {size_t(2 * i), size_t(2 * i + 1)});
-      buckets.pad_values.insert(buckets.pad_values.end(), {double(data::kPadToken), double(data::kIgnoreIndex)});
-    }
-    compile::CompileOptions options = compile_options(o, opt);
-    options.buckets = buckets;
-    options.cache_limit = int(buckets.sizes.size());
-    compiled.emplace(compile::compile_train_step(opt, loss_fn, options));
-  }
-  Progress progress(o.steps, "tok");
-  Clock::time_point start = Clock::now();
-  int64_t tokens = 0, padded = 0;
-  double last_loss = 0;
-  std::vector<double> seconds_per_token;  // per step (each ends with the host reading its loss)
-  compile::reset_peak_bytes(device);
-  for (int64_t step = 0; step < o.steps;) {
-    const Clock::time_point step_start = Clock::now();
-    std::vector<data::LineBatch> micro;
-    int64_t step_tokens = 0, longest = 0, rows = 0;
-    for (int64_t i = 0; i < o.accum; ++i) {
-      micro.push_back(sampler.next(o.micro_batch, device));
-      step_tokens += micro.back().positions();
-      longest = std::max(longest, micro.back().inputs.size(1));
-      rows += micro.back().inputs.size(0);
-    }
-    tokens += step_tokens;
-    if (compiled || pieces) {
-      std::vector<optim::MicroBatch> mb;
-      for (const data::LineBatch& b : micro) mb.push_back({b.inputs, b.targets});
-      std::vector<Tensor> out;
-      if (pieces) {
-        out = (*pieces)(mb);
-        for (const data::LineBatch& b : micro) padded += b.inputs.size(0) * bucket_of(b.inputs.size(1));
-      } else {
-        out = (*compiled)(compile::flatten_micro(mb));
-        padded += rows * bucket_of(longest);
-      }
-      last_loss = out[0].item();
-      seconds_per_token.push_back(seconds_since(step_start) / double(std::max<int64_t>(step_tokens, 1)));
-      progress.update(++step, last_loss, tokens, out[4].item());
-      continue;
-    }
-    std::vector<optim::MicroBatch> mb;
-    for (const data::LineBatch& b : micro) {
-      padded += b.inputs.numel();
-      mb.push_back({b.inputs, b.targets});
-    }
-    Tensor mean_loss;
-    optim::StepResult r = optim::train_step(opt, loss_fn, mb, &mean_loss);
-    last_loss = mean_loss.item();
-    seconds_per_token.push_back(seconds_since(step_start) / double(std::max<int64_t>(step_tokens, 1)));
-    progress.update(++step, last_loss, tokens, r.lr);
-  }
-  progress.end_line();
-  const size_t peak = compile::peak_bytes(device);
-  if (seconds_per_token.size() >= 10) {
-    // The steady state: the first tenth of the steps (warm-up, traces, captures) left out.
-    std::vector<double> steady(seconds_per_token.begin() + ptrdiff_t(seconds_per_token.size() / 10),
-                               seconds_per_token.end());
-    std::sort(steady.begin(), steady.end());
-    std::printf("throughput: median %.0f real tokens/s over steps %zu..%zu (each step timed to its loss read)\n",
-                1.0 / steady[steady.size() / 2], seconds_per_token.size() / 10 + 1, seconds_per_token.size());
-  }
-  std::printf("memory: peak allocated during training %s on %s\n", compile::bytes_str(peak).c_str(),
-              device.str().c_str());
-  const double val_loss = validation_loss(model, val_sampler, o.micro_batch, device);
-  std::printf("tokens: %lld real, %lld with padding (overhead %.2fx)\n", (long long)tokens, (long long)padded,
-              double(padded) / double(std::max<int64_t>(tokens, 1)));
-  if (compiled) {
-    std::printf("length buckets (steps per bucket):");
-    for (const auto& [size, n] : compiled->bucket_calls()) std::printf(" %lld: %lld", (long long)size, (long long)n);
-    std::printf("; plans traced %d, steps replayed %d, run eagerly %d\n", compiled->traces(), compiled->replays(),
-                compiled->eager_calls());
-    report_recompute(compiled, o);
-  }
-  if (pieces) {
-    const compile::CompiledFunction& p = pieces->micro_batch_piece();
-    std::printf("length buckets (micro-batches per bucket):");
-    for (const auto& [size, n] : pieces->bucket_calls()) std::printf(" %lld: %lld", (long long)size, (long long)n);
-    std::printf("; plans traced %d (%d for buckets, 1 for the optimizer), micro-batches replayed %d, run eagerly %d; "
-                "one arena for all the plans: %s\n", pieces->traces(), p.traces(), p.replays(), p.eager_calls(),
-                compile::bytes_str(pieces->arena_pool().bytes(device)).c_str());
-  }
-  std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)o.steps,
-              seconds_since(start), last_loss, val_loss);
-  if (!o.checkpoint.empty() && dist::rank() == 0) nn::save_state_dict(model, o.checkpoint);  // one writer
-  return 0;
 }
 
 int train_text(TrainOptions o, Device device, BudgetRun& budget) {

@@ -46,11 +46,21 @@ BucketedTrainStep::BucketedTrainStep(optim::Optimizer& opt, optim::LossFn loss_f
       optimizer_(optimizer_fn(&opt), with(options, arenas_, std::nullopt)) {
   REEL_CHECK(opt.counts_targets(), "bucketed step: the optimizer must count real targets "
              "(set_items_from_targets): each micro-batch weighs n_i / N");
+  REEL_CHECK(!options.trace_without_running || opt.create_state_now(),
+             "bucketed step: tracing without running needs the optimizer's state made before the first step, "
+             "and this one (", opt.name(), ") makes it at its first update or talks to other ranks: leave "
+             "CompileOptions::trace_without_running off");
   // The gradients outlive each piece: made now, zeroed in place at each boundary.
   opt.set_zero_grad_to_none(false);
   NoGradGuard no_grad;
   for (const Tensor& p : opt.parameters())
     if (!p.grad().defined()) p.set_grad(zeros_like(p));
+}
+
+std::vector<const Plan*> BucketedTrainStep::plans() const {
+  std::vector<const Plan*> out = piece_.plans();
+  for (const Plan* p : optimizer_.plans()) out.push_back(p);
+  return out;
 }
 
 std::vector<Tensor> BucketedTrainStep::operator()(const std::vector<optim::MicroBatch>& micro) {

@@ -36,7 +36,9 @@ class BucketedTrainStep {
  public:
   // `opt` counts real targets (set_items_from_targets) with ACCUM = the micro-batches per call; the
   // buckets are the lengths (dim 1 of inputs and targets) to pad to, ascending; `options` gives the
-  // mode, trace_without_running and the rest (its buckets and arenas are set here).
+  // mode, trace_without_running and the rest (its buckets and arenas are set here). Traced without
+  // running, no piece's call runs eagerly (a new bucket's first call is traced in meta mode and served
+  // by its plan): the optimizer's state is made here, before the first call.
   BucketedTrainStep(optim::Optimizer& opt, optim::LossFn loss_fn, std::vector<int64_t> buckets,
                     CompileOptions options = {}, int64_t pad_token = 0);
 
@@ -50,6 +52,8 @@ class BucketedTrainStep {
   int traces() const { return piece_.traces() + optimizer_.traces(); }
   const std::map<int64_t, int64_t>& bucket_calls() const { return piece_.bucket_calls(); }
   const ArenaPool& arena_pool() const { return *arenas_; }
+  // The plans of both pieces (every bucket met, and the optimizer's), for plans_steady_peak.
+  std::vector<const Plan*> plans() const;
 
  private:
   optim::Optimizer* opt_;

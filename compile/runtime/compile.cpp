@@ -278,6 +278,12 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
 }
 
 const Plan* CompiledFunction::last_plan() const { return s_->last; }
+std::vector<const Plan*> CompiledFunction::plans() const {
+  std::vector<const Plan*> out;
+  for (const State::Entry& e : s_->entries)
+    if (e.plan) out.push_back(e.plan.get());
+  return out;
+}
 int CompiledFunction::traces() const { return s_->traces; }
 int CompiledFunction::replays() const { return s_->replays; }
 int CompiledFunction::eager_calls() const { return s_->eager; }

@@ -101,6 +101,8 @@ class CompiledFunction {
 
   // The plan of the last call (nullptr when it ran eagerly).
   const Plan* last_plan() const;
+  // Every plan built so far, one per input signature met (a bucket, a recompile), in trace order.
+  std::vector<const Plan*> plans() const;
   int traces() const;        // plans built so far (recompiles = traces - 1)
   int replays() const;       // calls served by a plan
   int eager_calls() const;   // calls run eagerly (warm-up, past the cache limit, graph breaks)

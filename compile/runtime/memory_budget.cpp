@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "compile/runtime/describe.h"
@@ -134,6 +135,21 @@ size_t peak_bytes(Device device) {
 }
 void reset_peak_bytes(Device device) {
   if (Allocator* a = allocator_or_null(device)) a->reset_peak(device);
+}
+
+size_t plans_steady_peak(const std::vector<const Plan*>& plans, Device device) {
+  size_t arena = 0, inputs = 0, external = 0;
+  std::set<const Storage*> seen;
+  for (const Plan* p : plans) {
+    if (const Arena* a = p->memory().arena_for(device)) arena = std::max(arena, allocation_bytes(device, a->bytes));
+    for (const Buffer& b : p->graph().buffers) {
+      if (b.device != device) continue;
+      if (b.kind == BufferKind::Input) inputs += allocation_bytes(device, b.nbytes);
+      if (b.kind == BufferKind::External && seen.insert(b.storage.get()).second)
+        external += allocation_bytes(device, b.nbytes);
+    }
+  }
+  return arena + inputs + external + library_workspace_bytes(device);
 }
 
 std::string compare_planned_peak(size_t planned, size_t measured, double tolerance) {

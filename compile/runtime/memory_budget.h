@@ -136,6 +136,12 @@ void reset_peak_bytes(Device device);
 // "planned 812.0 MiB, measured 830.5 MiB (+2.3%)", with a warning line when they differ by more than
 // `tolerance` (a fraction): what `reel train` prints after its first step.
 std::string compare_planned_peak(size_t planned, size_t measured, double tolerance = 0.05);
+// The steady peak planned for compiled plans that share one arena pool and run one at a time (the
+// plans of one function, or of a BucketedTrainStep's pieces): the largest plan's arena (the pool's
+// block), the External buffers of all of them once each (parameters, gradients, optimizer state:
+// plans of one model share them), every plan's static copies of its inputs, and the library
+// workspaces. What a run of those plans holds on `device`, with nothing else allocated.
+size_t plans_steady_peak(const std::vector<const Plan*>& plans, Device device);
 // One step of `count` micro-batches of `micro_batch` items traced with a fresh optimizer: in meta mode
 // (nothing runs), or for real when `meta` is false (the step runs: parameters are updated; for tests).
 // A `last_micro_batch` other than 0 or micro_batch makes the last one that size (the optimizer then

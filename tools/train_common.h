@@ -1,0 +1,67 @@
+// What the training loops of `reel train` share (train_command.cpp: images and text windows;
+// train_lines.cpp: text lines): the progress line, the compile options a run's flags make, the
+// validation loss.
+#pragma once
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+
+#include "compile/runtime/compile.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "tools/train_options.h"
+
+namespace reel::tools {
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// One line, rewritten in place on a terminal; a fresh line every `every` steps otherwise.
+class Progress {
+ public:
+  Progress(int64_t total_steps, const char* unit) : total_(total_steps), unit_(unit), tty_(isatty(1)) {}
+  void update(int64_t step, double loss, int64_t items, double lr) {
+    double elapsed = seconds_since(start_);
+    double rate = items / std::max(elapsed, 1e-9);
+    double eta = step > 0 ? elapsed * double(total_ - step) / double(step) : 0;
+    bool line_due = tty_ || step == total_ || step % std::max<int64_t>(1, total_ / 10) == 0;
+    if (!line_due) return;
+    std::printf("%sstep %5lld/%lld | loss %.4f | lr %.2e | %8.0f %s/s | ETA %3.0fs%s", tty_ ? "\r" : "",
+                (long long)step, (long long)total_, loss, lr, rate, unit_, eta, tty_ ? "   " : "\n");
+    std::fflush(stdout);
+  }
+  void end_line() {
+    if (tty_) std::printf("\n");
+  }
+
+ private:
+  int64_t total_;
+  const char* unit_;
+  bool tty_;
+  Clock::time_point start_ = Clock::now();
+};
+
+// Under a memory budget or limit a compiled step is traced without running (compile.h): its first
+// calls would otherwise run eagerly, at eager's footprint, above what the plan was made to fit. Where
+// the optimizer cannot make its state before the first update (SGD with momentum) they run eagerly.
+bool traces_without_running(const TrainOptions& o, const optim::Optimizer& opt);
+// --compile MODE and --memory-limit as CompileOptions, traced without running as above.
+compile::CompileOptions compile_options(const TrainOptions& o, const optim::Optimizer& opt);
+// Under --memory-limit, what the compiled step recomputed to fit it (nothing otherwise).
+void report_recompute(const std::optional<compile::CompiledFunction>& compiled, const TrainOptions& o);
+
+// The loss of one batch of `batch_size` items drawn from a validation sampler (windows or lines).
+template <typename Sampler>
+double validation_loss(nn::Module& model, Sampler& sampler, int64_t batch_size, Device device) {
+  NoGradGuard no_grad;
+  auto v = sampler.next(batch_size, device);
+  return nn::model_loss(model, v.inputs, v.targets).item();
+}
+
+// --items lines (train_lines.cpp): `model` trained on a text's lines, one item per line.
+int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, Device device);
+
+}  // namespace reel::tools
