@@ -13,6 +13,8 @@ caching allocator then fails any allocation that would take its reserved bytes p
 micro-batch "fits" when its step (the graph's capture included) runs without that failure. Each
 attempt runs in a process of its own, so a failed one leaves nothing behind.
     python3 bench/peer_memory_frontier.py .peer [256MiB,512MiB,1GiB,2GiB] > frontier.jsonl
+START="graph=16,graph+ckpt=16" starts a configuration's search at that micro-batch (one measured under a
+larger budget in an earlier call), so that a search cut short by the device's time limit can go on.
 One JSON line per (budget, configuration): micro_batch, accum, tokens_per_s, peak_mib (the most
 allocated at once, the capture included), or "fits": false when not even micro-batch 1 fits."""
 import json
@@ -105,12 +107,19 @@ def main():
     # Largest budget first: what fits a budget fits every larger one, so each configuration's search
     # under a smaller budget starts from the micro-batch that fitted the larger one (fewer processes).
     start = {config: EFFECTIVE for config in CONFIGS}
+    for item in filter(None, os.environ.get("START", "").split(",")):
+        config, micro = item.split("=")
+        start[config] = int(micro)
+    fitted = {config: True for config in CONFIGS}  # False once a configuration fits no micro-batch
     rows = []
     for text in sorted(budgets, key=parse_size, reverse=True):
         budget = parse_size(text)
         for config in CONFIGS:
             row = dict(model="gpt-small", prec="bf16", effective_batch=EFFECTIVE, budget=text, config=config, fits=False)
             micro = start[config]
+            if not fitted[config]:  # nothing fitted a larger budget: nothing fits this one
+                micro = 0
+                row["note"] = "nothing fitted a larger budget"
             while micro >= 1:
                 p = subprocess.run([sys.executable, __file__, peer_dir, "--one", str(budget), config, str(micro)],
                                    capture_output=True, text=True, timeout=300)
@@ -123,6 +132,7 @@ def main():
                     break
                 micro //= 2
             start[config] = max(micro, 1)
+            fitted[config] = row["fits"]
             print(json.dumps(row), file=sys.stderr, flush=True)  # progress, in case the run is cut short
             rows.append(row)
     for row in sorted(rows, key=lambda r: (parse_size(r["budget"]), CONFIGS.index(r["config"]))):
