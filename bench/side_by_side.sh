@@ -22,8 +22,8 @@
 #   eager-memory  cnn-small, gpt-tiny, gpt-small bf16 eager: reel's peak beside torch eager's
 #   variable  gpt-small bf16 on lines of text (the repository's own sources and documents, one item
 #             per line), micro-batch 16 x ACCUM 4: reel train --items lines --compile reduce-overhead
-#             (each micro-batch in its own length bucket) beside PyTorch's dynamic, mark_dynamic,
-#             padded whole-step graph and padded reduce-overhead (bench/peer_variable_length.py)
+#             (each micro-batch in its own length bucket) beside PyTorch's dynamic, mark_dynamic and
+#             padded whole-step graph (bench/peer_variable_length.py)
 #   memory    micro-batch 1..128 (powers of two), bf16: reel's planned peak (--plan-memory) beside its
 #             measured one, eager (every B) and reduce-overhead (B 1, 8, 64: each costs a compilation),
 #             and torch eager's measured peak (bench/memory_table.py joins them)
@@ -111,7 +111,10 @@ for phase in "$@"; do
       done
       { grep -h "chosen\|nothing fits\|exited\|planned peak" "$out/reel.txt"; cat "$out/reel.jsonl"; } > "$out/joined.md" ;;
     frontier-peer)
-      timeout 540 python3 bench/peer_memory_frontier.py .peer > "$out/torch_frontier.jsonl" 2> "$out/torch_frontier.err"
+      # BUDGETS picks budgets; START (peer_memory_frontier.py) resumes a search cut short before.
+      timeout "${PEER_TIMEOUT:-540}" python3 bench/peer_memory_frontier.py .peer "${BUDGETS:-256MiB,512MiB,1GiB,2GiB}" \
+        > "$out/torch_frontier.jsonl" 2> "$out/torch_frontier.err"
+      [ -s "$out/torch_frontier.jsonl" ] || cp "$out/torch_frontier.err" "$out/torch_frontier.jsonl"  # rows so far
       cp "$out/torch_frontier.jsonl" "$out/joined.md" ;;
     limits)
       : > "$out/reel.jsonl"
@@ -125,10 +128,17 @@ for phase in "$@"; do
     variable)
       find . -path ./.peer -prune -o \( -name '*.md' -o -name '*.h' -o -name '*.cpp' \) -type f -print | sort |
         xargs cat > "$out/lines.txt"
-      "$reel" train --model gpt-small --items lines --text "$out/lines.txt" --compile reduce-overhead --precision bf16 \
-        --micro-batch 16 --accum 4 --lr 1e-3 --steps "${STEPS:-2000}" > "$out/reel.txt" 2>&1
-      timeout 420 python3 bench/peer_variable_length.py .peer "$out/lines.txt" "${PEER_STEPS:-300}" 16 4 \
-        > "$out/torch.jsonl" 2> "$out/torch.err"
+      [ "${REEL_STEPS:-2000}" != 0 ] &&
+        "$reel" train --model gpt-small --items lines --text "$out/lines.txt" --compile reduce-overhead --precision bf16 \
+          --micro-batch 16 --accum 4 --lr 1e-3 --steps "${REEL_STEPS:-2000}" > "$out/reel.txt" 2>&1
+      # Each PyTorch configuration in its own process and time limit (a compile that runs long costs
+      # only its own row); PEER_CONFIGS picks some, REEL_STEPS=0 skips reel's run.
+      : > "$out/torch.jsonl"
+      for c in $(echo "${PEER_CONFIGS:-dynamic,mark_dynamic,padded_graph}" | tr , ' '); do
+        CONFIGS="$c" timeout "${PEER_TIMEOUT:-200}" python3 bench/peer_variable_length.py .peer "$out/lines.txt" \
+          "${PEER_STEPS:-300}" 16 4 >> "$out/torch.jsonl" 2>> "$out/torch.err" ||
+          echo "{\"engine\": \"torch\", \"config\": \"$c\", \"error\": \"exit $? (timeout ${PEER_TIMEOUT:-200} s?)\"}" >> "$out/torch.jsonl"
+      done
       { grep -E "^lines|tokens|length buckets|throughput|memory|done" "$out/reel.txt"; cat "$out/torch.jsonl"; } \
         > "$out/joined.md" ;;
     eager-memory)

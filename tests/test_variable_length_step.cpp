@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <set>
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -187,27 +189,64 @@ TEST(VariableLengthStep, EachMicroBatchInItsOwnBucketUpdatesAsTheUnpaddedLines) 
   EXPECT_GT(step.arena_pool().bytes(Device::cpu()), 0u);
 }
 
-// The step in pieces traced without running (no call eager; a new bucket's first call served by its
-// plan), on `device` in `dtype`: after 8 steps of 3 micro-batches, its parameters are those of the
-// same lines run one by one unpadded, eagerly, in f64 on the CPU (an independent reference: other
-// kernels, other shapes, no padding), within `tol`; the run's measured peak is the pieces' planned
-// one (compile::plans_steady_peak) within 5%.
-void expect_pieces_match_the_unpadded_lines(Device device, DType dtype, compile::Mode mode, double tol) {
-  const std::vector<std::vector<data::LineBatch>> steps = line_steps(8, 3);
-  auto reference = small_gpt();
-  optim::AdamW opt_r(reference->parameters(), optim::AdamWOptions(1e-2));
-  opt_r.set_accum_steps(3).set_max_grad_norm(1.0);
-  for (const auto& step : steps) unpadded_step(*reference, opt_r, step);
+using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>;
 
+std::unique_ptr<optim::Optimizer> adamw(nn::Module& m) {
+  auto o = std::make_unique<optim::AdamW>(m.parameters(), optim::AdamWOptions(1e-2));
+  o->set_accum_steps(3).set_max_grad_norm(1.0);
+  return o;
+}
+std::unique_ptr<optim::Optimizer> sgd(nn::Module& m) {
+  auto o = std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions(0.5));
+  o->set_accum_steps(3).set_max_grad_norm(1.0);
+  return o;
+}
+
+std::vector<Tensor> as_f64_on_cpu(const std::vector<Tensor>& params) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : params) out.push_back(p.to(Device::cpu()).to(DType::f64));
+  return out;
+}
+
+// The parameters after `steps`, each line run on its own unpadded, eagerly, on `device` in `dtype`.
+std::vector<Tensor> unpadded_parameters(const std::vector<std::vector<data::LineBatch>>& steps, Device device,
+                                        DType dtype, const MakeOptimizer& make) {
+  auto model = small_gpt();
+  model->to(device);
+  model->to(dtype);
+  auto opt = make(*model);
+  for (const auto& step : steps) {
+    std::vector<data::LineBatch> on_device = step;
+    for (data::LineBatch& b : on_device) {
+      b.inputs = b.inputs.to(device);
+      b.targets = b.targets.to(device);
+    }
+    unpadded_step(*model, *opt, on_device);
+  }
+  return as_f64_on_cpu(model->parameters());
+}
+
+// The step in pieces traced without running (no call eager; a new bucket's first call served by its
+// plan), on `device` in `dtype`, over `steps` of 3 micro-batches: the parameters it leaves, and its
+// measured peak beside the pieces' planned one (compile::plans_steady_peak).
+struct PiecesRun {
+  std::vector<Tensor> parameters;  // f64, on the CPU
+  size_t planned = 0, measured = 0;
+};
+
+PiecesRun run_pieces(const std::vector<std::vector<data::LineBatch>>& steps, Device device, DType dtype,
+                     compile::Mode mode, const MakeOptimizer& make) {
   auto pieces = small_gpt();
   pieces->to(device);
   pieces->to(dtype);
-  optim::AdamW opt(pieces->parameters(), optim::AdamWOptions(1e-2));
-  opt.set_accum_steps(3).set_max_grad_norm(1.0).set_items_from_targets();
+  auto opt = make(*pieces);
+  opt->set_items_from_targets();
   std::vector<std::vector<optim::MicroBatch>> micro(steps.size());
   for (size_t s = 0; s < steps.size(); ++s)
     for (const data::LineBatch& b : steps[s]) micro[s].push_back({b.inputs.to(device), b.targets.to(device)});
-  // What is held besides the pieces' plans: everything allocated now but the model's parameters.
+  // What is held besides the pieces' plans: everything allocated now but the model's parameters. The
+  // libraries' workspaces (cuBLAS's) are made first, so that they are in it and out of the comparison.
+  (void)matmul(ones({2, 2}, TensorOptions{dtype, device}), ones({2, 2}, TensorOptions{dtype, device}));
   size_t parameters = 0;
   for (const Tensor& p : pieces->parameters()) parameters += compile::allocation_bytes(device, p.nbytes());
   const size_t other = compile::allocated_bytes(device) - parameters;
@@ -215,28 +254,55 @@ void expect_pieces_match_the_unpadded_lines(Device device, DType dtype, compile:
   options.trace_without_running = true;
   nn::Module* mp = pieces.get();
   compile::BucketedTrainStep step(
-      opt, [mp](const Tensor& x, const Tensor& y) { return nn::model_loss(*mp, x, y); }, {8, 16, 24}, options,
+      *opt, [mp](const Tensor& x, const Tensor& y) { return nn::model_loss(*mp, x, y); }, {8, 16, 24}, options,
       data::kPadToken);
   compile::reset_peak_bytes(device);
   for (const auto& m : micro) step(m);
-  const size_t measured = compile::peak_bytes(device) - other;
+  PiecesRun r;
+  r.measured = compile::peak_bytes(device) - other;
   EXPECT_EQ(step.micro_batch_piece().eager_calls() + step.optimizer_piece().eager_calls(), 0);
   EXPECT_EQ(step.micro_batch_piece().traces(), int(step.bucket_calls().size()));
-  EXPECT_EQ(opt.step_count(), 8);
-  std::vector<Tensor> got;
-  for (const Tensor& p : pieces->parameters()) got.push_back(p.to(Device::cpu()).to(DType::f64));
-  EXPECT_LT(max_abs_diff(got, reference->parameters()), tol);
-  const size_t planned = compile::plans_steady_peak(step.plans(), device);
-  EXPECT_NEAR(double(planned), double(measured), 0.05 * double(planned)) << compile::compare_planned_peak(planned, measured);
+  EXPECT_EQ(opt->step_count(), int64_t(steps.size()));
+  r.parameters = as_f64_on_cpu(pieces->parameters());
+  // The plans' own part (the workspaces were there before).
+  r.planned = compile::plans_steady_peak(step.plans(), device) - compile::library_workspace_bytes(device);
+  return r;
+}
+
+// Planned within 5%; slack for the calls' 0-dim results, each a block of its own.
+void expect_planned_peak(const PiecesRun& r) {
+  EXPECT_NEAR(double(r.planned), double(r.measured), 0.05 * double(r.planned) + 16384)
+      << compile::compare_planned_peak(r.planned, r.measured);
 }
 
 TEST(VariableLengthStep, PiecesTracedWithoutRunningMatchTheUnpaddedLinesAndTheirPlannedPeak) {
-  expect_pieces_match_the_unpadded_lines(Device::cpu(), DType::f64, compile::Mode::Default, 1e-10);
+  const std::vector<std::vector<data::LineBatch>> steps = line_steps(8, 3);
+  const PiecesRun r = run_pieces(steps, Device::cpu(), DType::f64, compile::Mode::Default, adamw);
+  EXPECT_LT(max_abs_diff(r.parameters, unpadded_parameters(steps, Device::cpu(), DType::f64, adamw)), 1e-10);
+  expect_planned_peak(r);
 }
 
+// fp32 on the GPU against the f64 lines on the CPU (other kernels, other shapes, no padding). With
+// SGD the fp32 rounding stays at its own size; AdamW divides each gradient by its own magnitude, so a
+// near-zero gradient's rounding becomes a step of lr: there the pieces must be as close to f64 as the
+// unpadded lines run eagerly in fp32 on the same GPU are.
 TEST(VariableLengthStepCuda, PiecesInFp32MatchTheUnpaddedLinesAndTheirPlannedPeak) {
   REEL_REQUIRE_GPU();
-  expect_pieces_match_the_unpadded_lines(Device::cuda(0), DType::f32, compile::Mode::ReduceOverhead, 2e-4);
+  const std::vector<std::vector<data::LineBatch>> steps = line_steps(8, 3);
+  const Device gpu = Device::cuda(0);
+  const PiecesRun plain = run_pieces(steps, gpu, DType::f32, compile::Mode::ReduceOverhead, sgd);
+  EXPECT_LT(max_abs_diff(plain.parameters, unpadded_parameters(steps, Device::cpu(), DType::f64, sgd)), 1e-4);
+  expect_planned_peak(plain);
+
+  const std::vector<Tensor> exact = unpadded_parameters(steps, Device::cpu(), DType::f64, adamw);
+  const PiecesRun adam = run_pieces(steps, gpu, DType::f32, compile::Mode::ReduceOverhead, adamw);
+  const double eager_fp32 = max_abs_diff(unpadded_parameters(steps, gpu, DType::f32, adamw), exact);
+  const double pieces_fp32 = max_abs_diff(adam.parameters, exact);
+  EXPECT_LT(pieces_fp32, 2 * eager_fp32 + 1e-5) << "eager fp32 lines on the GPU: " << eager_fp32 << " from f64";
+  EXPECT_LT(pieces_fp32, 1e-2);  // well under one lr-sized step of difference
+  std::printf("AdamW, fp32 on the GPU, largest difference from f64: pieces %.3g, unpadded eager lines %.3g\n",
+              pieces_fp32, eager_fp32);
+  expect_planned_peak(adam);
 }
 
 TEST(VariableLengthStep, CountingModesDoNotMix) {
