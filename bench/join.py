@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Joins reel's and the PyTorch peer's JSON lines (same field names) into one table.
 
-usage: bench/join.py reel.jsonl peer1.jsonl [peer2.jsonl ...] > joined.md
+usage: bench/join.py reel.jsonl peer1.jsonl [peer2.jsonl ...] [--figures DIR [--note TEXT]] > joined.md
 Each row is one reel configuration (model, prec, micro-batch, mode): its step time beside every peer
 configuration of the same model, precision and micro-batch measured in the same run, with the ratio reel/peer (below 1: reel is faster), and peak memory of each. A peer line with
 an "error" field (e.g. reduce-overhead failing with accumulation) is shown as the error's first words.
-Also writes joined.json, joined.dat (items/s per row) and throughput.dat (items/s per model and
-precision, a column per reel mode and per peer configuration: what bench/plot.gp draws) beside the
-first argument.
+Also writes joined.json and joined.dat (items/s per row) beside the first argument. --figures DIR
+draws the pictures of this same table into DIR (bench/figures.py: throughput and speedup, .png and
+.dat), their titles carrying --note (e.g. the date and build).
 """
 import json
 import os
@@ -40,7 +40,21 @@ def same_config(p, r):
             and p.get("dev", "cuda").split(":")[0] == r.get("dev", "cuda").split(":")[0])
 
 
+def option(argv, name):
+    """Removes `name VALUE` from argv and returns VALUE (None when absent)."""
+    if name not in argv:
+        return None
+    i = argv.index(name)
+    if i + 1 >= len(argv):
+        sys.exit(__doc__)
+    value = argv[i + 1]
+    del argv[i:i + 2]
+    return value
+
+
 def main(argv):
+    argv = list(argv)
+    figures_dir, note = option(argv, "--figures"), option(argv, "--note")
     if len(argv) < 2:
         sys.exit(__doc__)
     reel = [r for r in read(argv[1]) if "error" not in r]
@@ -64,6 +78,7 @@ def main(argv):
                str(r.get("peak_mib") or "-"), f'{r.get("kernels_per_step", 0):.0f}']
         entry = dict(model=r["model"], prec=r["prec"], B=str(r.get("B", "default")), mode=r.get("mode", "eager"), reel_ms=r["step_ms_median"], reel_items_per_s=r["items_per_s"],
                      peers={})
+        entry.update({k: r[k] for k in ("date", "build") if r.get(k)})  # for the pictures' titles
         for label in labels:
             match = [p for p in peers if peer_label(p) == label and same_config(p, r)]
             if not match:
@@ -81,7 +96,6 @@ def main(argv):
     folder = os.path.dirname(os.path.abspath(argv[1]))
     with open(os.path.join(folder, "joined.json"), "w") as f:
         json.dump(joined, f, indent=1)
-    write_pivot(folder, joined, labels)
     with open(os.path.join(folder, "joined.dat"), "w") as f:  # items/s; "-" where a peer has none
         names = ["reel"] + ["torch_" + label.replace(" ", "_").replace(",", "") for label in labels]
         f.write("config " + " ".join(names) + "\n")
@@ -90,26 +104,10 @@ def main(argv):
                                                     for l in labels]
             b = "" if e["B"] == "default" else f"/B{e['B']}"
             f.write(f'{e["model"]}/{e["prec"]}{b}/{e["mode"]} ' + " ".join(cols) + "\n")
-
-
-def write_pivot(folder, joined, labels):
-    """throughput.dat: one row per (model, prec, B), items/s of each reel mode and each peer config."""
-    modes = []
-    for e in joined:
-        if e["mode"] not in modes:
-            modes.append(e["mode"])
-    rows = {}
-    for e in joined:
-        key = f'{e["model"]}/{e["prec"]}' + ("" if e["B"] == "default" else f'/B{e["B"]}')
-        row = rows.setdefault(key, {})
-        row["reel_" + e["mode"]] = e["reel_items_per_s"]
-        for label, p in e["peers"].items():
-            row["torch_" + label.replace(" ", "_").replace(",", "")] = p["items_per_s"]
-    names = ["reel_" + m for m in modes] + ["torch_" + l.replace(" ", "_").replace(",", "") for l in labels]
-    with open(os.path.join(folder, "throughput.dat"), "w") as f:
-        f.write("config " + " ".join(names) + "\n")
-        for key, row in rows.items():
-            f.write(key + " " + " ".join(str(row.get(n, "-")) for n in names) + "\n")
+    if figures_dir:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import figures
+        figures.write_figures(joined, figures_dir, note or "", source=os.path.basename(argv[1]))
 
 
 if __name__ == "__main__":

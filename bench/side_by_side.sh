@@ -37,9 +37,11 @@ export LD_LIBRARY_PATH="$PWD/.gpu:${LD_LIBRARY_PATH:-}"
 models="cnn-small,gpt-tiny,gpt-small"
 precs="fp32,bf16,fp16"
 
-join() {  # join DIR FILES...: the joined table of DIR's reel.jsonl with the peer files
+join() {  # join DIR FILES...: the joined table of DIR's reel.jsonl with the peer files, its pictures beside it
   local dir="$1"; shift
-  CG_TREES_FILE=torch_trees_off.jsonl python3 bench/join.py "$dir/reel.jsonl" "$@" > "$dir/joined.md"
+  local note; note="$(date -u +%F)$(git rev-parse --short HEAD 2>/dev/null | sed 's/^/, build /')"
+  CG_TREES_FILE=torch_trees_off.jsonl python3 bench/join.py "$dir/reel.jsonl" "$@" --figures "$dir" --note "$note" \
+    > "$dir/joined.md"
 }
 
 for phase in "$@"; do
