@@ -46,6 +46,15 @@ void AdamW::make_update_state() {
     }
 }
 
+std::vector<Optimizer::StateSlot> AdamW::state_slots() {
+  std::vector<StateSlot> out;
+  for (size_t i = 0; i < exp_avg_.size(); ++i) {
+    out.push_back({i, "exp_avg", &exp_avg_[i]});
+    out.push_back({i, "exp_avg_sq", &exp_avg_sq_[i]});
+  }
+  return out;
+}
+
 std::string AdamW::describe() const {
   const auto& o = options_;
   return detail::cat("AdamW (betas (", o.beta1_, ", ", o.beta2_, "), eps ", o.eps_, ", weight_decay ",

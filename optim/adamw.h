@@ -40,6 +40,7 @@ class AdamW : public Optimizer {
   void update(const Tensor& found_inf, const Tensor& lr, const Tensor& step) override;
   std::string describe() const override;
   void make_update_state() override;
+  std::vector<StateSlot> state_slots() override;
 
  private:
   AdamWOptions options_;

@@ -28,6 +28,18 @@ void GradScaler::init(Device device) {
   found_inf_ = zeros({}, TensorOptions().with_device(device));
 }
 
+std::vector<std::pair<std::string, Tensor>> GradScaler::state_dict() const {
+  if (!scale_.defined()) return {};
+  return {{"scale", scale_}, {"growth_tracker", tracker_}};
+}
+
+void GradScaler::load_state(const Tensor& scale, const Tensor& growth_tracker, Device device) {
+  NoGradGuard no_grad;
+  ensure(device);
+  copy_(scale_, scale.to(device));
+  copy_(tracker_, growth_tracker.to(device));
+}
+
 void GradScaler::ensure(Device device) {
   if (!scale_.defined()) init(device);
   REEL_CHECK(scale_.device() == device, "GradScaler: its state is on ", scale_.device().str(),

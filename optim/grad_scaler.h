@@ -56,6 +56,11 @@ class GradScaler {
   int64_t growth_tracker_value() const;
   bool found_inf_value() const;
   std::string describe() const;
+  // "scale" (f32) and "growth_tracker" (i64), the live tensors; empty before the state exists.
+  std::vector<std::pair<std::string, Tensor>> state_dict() const;
+  // Copies `scale` and `growth_tracker` in (making the state on `device` first if it is not made);
+  // the caller (Optimizer::load_state_dict) has checked their shapes and dtypes.
+  void load_state(const Tensor& scale, const Tensor& growth_tracker, Device device);
 
  private:
   void ensure(Device device);

@@ -2,6 +2,8 @@
 #include "optim/optimizer.h"
 
 #include <cmath>
+#include <map>
+#include <set>
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -70,6 +72,81 @@ Tensor Optimizer::advance(const Tensor& found_inf, bool run_update) {
   dispatch_out(OpKind::AddScalar, {boundaries_}, {boundaries_}, Attrs().set("value", 1.0));
   ++host_steps_;
   return lr;
+}
+
+Optimizer::NamedState Optimizer::state_dict() const {
+  REEL_CHECK(micro_count_ == 0, name_, ": state_dict at a step boundary only (", micro_count_,
+             " micro-batches of this step are pending)");
+  NamedState out{{"step", boundaries_}, {"updates", updates_}};
+  for (const StateSlot& s : const_cast<Optimizer*>(this)->state_slots())
+    if (s.tensor->defined()) out.push_back({detail::cat("state.", s.param, ".", s.name), *s.tensor});
+  if (scaler_)
+    for (const auto& [name, t] : scaler_->state_dict()) out.push_back({"scaler." + name, t});
+  return out;
+}
+
+void Optimizer::load_state_dict(const NamedState& state) {
+  REEL_CHECK(micro_count_ == 0, name_, ": load_state_dict at a step boundary only (", micro_count_,
+             " micro-batches of this step are pending)");
+  // What each key must be: its dtype and shape, and where it goes (nullptr: the scaler's).
+  struct Expected {
+    DType dtype;
+    Shape shape;
+    Tensor* slot;
+  };
+  std::map<std::string, Expected> expected{{"step", {DType::f64, {}, &boundaries_}},
+                                           {"updates", {DType::f64, {}, &updates_}}};
+  for (const StateSlot& s : state_slots()) {
+    const Tensor& p = params_[s.param];
+    expected[detail::cat("state.", s.param, ".", s.name)] = {p.dtype(), p.shape(), s.tensor};
+  }
+  if (scaler_) {
+    expected["scaler.scale"] = {DType::f32, {}, nullptr};
+    expected["scaler.growth_tracker"] = {DType::i64, {}, nullptr};
+  }
+  // Check every key before anything is copied.
+  std::vector<std::string> problems;
+  std::set<std::string> seen;
+  for (const auto& [key, t] : state) {
+    auto it = expected.find(key);
+    if (it == expected.end()) {
+      problems.push_back("unexpected key '" + key + "'");
+      continue;
+    }
+    if (!seen.insert(key).second) problems.push_back("key '" + key + "' twice");
+    if (!t.defined() || t.dtype() != it->second.dtype || t.shape() != it->second.shape)
+      problems.push_back(detail::cat("'", key, "' is ", t.defined() ? dtype_name(t.dtype()) : "undefined", " ",
+                                     t.defined() ? shape_str(t.shape()) : "", ", expected ",
+                                     dtype_name(it->second.dtype), " ", shape_str(it->second.shape)));
+  }
+  for (const auto& [key, e] : expected) {
+    if (seen.count(key)) continue;
+    // A parameter's state may be absent from the file (saved before its first update) when this
+    // optimizer has not made it either; a scaler's before its first use likewise.
+    if (key.rfind("state.", 0) == 0 && !e.slot->defined()) continue;
+    if (key.rfind("scaler.", 0) == 0 && !seen.count("scaler.scale") && !seen.count("scaler.growth_tracker") &&
+        scaler_->state_dict().empty())
+      continue;
+    problems.push_back("missing key '" + key + "'");
+  }
+  if (!problems.empty()) {
+    std::string list;
+    for (size_t i = 0; i < problems.size() && i < 8; ++i) list += (i ? "; " : "") + problems[i];
+    if (problems.size() > 8) list += detail::cat("; and ", problems.size() - 8, " more");
+    throw Error(detail::cat(name_, ": load_state_dict: ", list));
+  }
+  NoGradGuard no_grad;
+  const Device device = boundaries_.device();
+  Tensor scale, tracker;
+  for (const auto& [key, t] : state) {
+    const Expected& e = expected.at(key);
+    if (key == "scaler.scale") scale = t;
+    else if (key == "scaler.growth_tracker") tracker = t;
+    else if (e.slot->defined()) copy_(*e.slot, t.to(e.slot->device()));
+    else *e.slot = t.to(device).clone();
+  }
+  if (scale.defined()) scaler_->load_state(scale, tracker, device);
+  host_steps_ = int64_t(boundaries_.item());
 }
 
 void Optimizer::step() {

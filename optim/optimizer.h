@@ -149,6 +149,22 @@ class Optimizer {
   int64_t pending_micro_batches() const { return micro_count_; }
   void print_setup(std::ostream& os) const;
 
+  // ---- saving and resuming (libtorch's state_dict / load_state_dict) ----
+  // What a run needs to continue bit for bit from a step boundary, as named tensors (the live ones,
+  // not copies): "step" and "updates" (the device counters; the LR schedule's position is "step"),
+  // the subclass's per-parameter state as "state.<i>.<name>" (parameter i of parameters(), as
+  // PyTorch numbers them: AdamW's exp_avg and exp_avg_sq, SGD's momentum_buffer; absent before the
+  // state exists), and a GradScaler's as "scaler.scale" and "scaler.growth_tracker". The
+  // hyper-parameters are not in it: they come from the code that builds the optimizer.
+  using NamedState = std::vector<std::pair<std::string, Tensor>>;
+  NamedState state_dict() const;
+  // Strict, like Module's: the keys must be state_dict()'s (per-parameter state all present, or none
+  // when this optimizer has made none yet), each shape and dtype its slot's; otherwise reel::Error
+  // listing them and nothing is changed. Values are copied into the existing tensors in place (a
+  // compiled step's plan keeps pointing at them) or, for state not made yet, into new ones on the
+  // parameters' device. Both only at a step boundary (no micro-batch pending).
+  void load_state_dict(const NamedState& state);
+
   // ---- tracing a step without running it (CompileOptions::trace_without_running) ----
   // Whether the state the first update would create can be made before it without changing it: not
   // for SGD with momentum (its first update copies the gradient into the buffer), nor where the step
@@ -168,6 +184,13 @@ class Optimizer {
   // The subclass's part of can_create_state_now and create_state_now.
   virtual bool update_state_can_be_made_early() const { return true; }
   virtual void make_update_state() {}
+  // The subclass's per-parameter state for state_dict: (parameter index, name, the slot).
+  struct StateSlot {
+    size_t param;
+    const char* name;
+    Tensor* tensor;
+  };
+  virtual std::vector<StateSlot> state_slots() { return {}; }
 
  private:
   StepResult boundary(double correction);

@@ -39,6 +39,13 @@ void SGD::update(const Tensor& found_inf, const Tensor& lr, const Tensor&) {
   }
 }
 
+std::vector<Optimizer::StateSlot> SGD::state_slots() {
+  std::vector<StateSlot> out;
+  if (options_.momentum_ != 0)
+    for (size_t i = 0; i < buffers_.size(); ++i) out.push_back({i, "momentum_buffer", &buffers_[i]});
+  return out;
+}
+
 // Without momentum there is no state. With it, the first update copies the gradient into the buffer
 // (first_step), which later updates do not: a buffer made now would change that update, so only a
 // step whose buffers all exist already can be traced without running.

@@ -42,6 +42,7 @@ class SGD : public Optimizer {
   void update(const Tensor& found_inf, const Tensor& lr, const Tensor& step) override;
   std::string describe() const override;
   bool update_state_can_be_made_early() const override;
+  std::vector<StateSlot> state_slots() override;  // momentum_buffer, with momentum
 
  private:
   SGDOptions options_;
