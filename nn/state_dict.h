@@ -13,6 +13,9 @@
 // throws reel::Error (naming the file and the key/shape) and leaves the module untouched.
 // Loading is strict: missing keys, unexpected keys and dtype mismatches are errors (cast the module
 // with to(dtype) to match the file first).
+// For weights exchanged with PyTorch and Hugging Face, nn/safetensors.h reads and writes safetensors
+// files under the same key names; load_weights there takes either format. REELSD01 stays readable
+// and writable here.
 #pragma once
 #include <string>
 

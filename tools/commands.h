@@ -7,5 +7,6 @@ int gradcheck_command(int argc, char** argv);
 int train_command(int argc, char** argv);
 int bench_command(int argc, char** argv);
 int plan_command(int argc, char** argv);
+int weights_command(int argc, char** argv);
 
 }  // namespace reel::tools

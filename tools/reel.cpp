@@ -3,6 +3,8 @@
 //   reel train [options]             train a model end to end (tools/train_command.cpp)
 //   reel bench [options]             time MODELS.md's training step (tools/bench_command.cpp)
 //   reel plan [options]              print the compiled plan of that step (tools/plan_command.cpp)
+//   reel weights [options]           a model's weights to and from safetensors / state_dict files
+//                                    (tools/weights_command.cpp)
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -21,7 +23,9 @@ void usage() {
                "  gradcheck [--filter TEXT]   check every op's gradient against finite differences\n"
                "  train [options]             train a model (reel train --help for the options)\n"
                "  bench [options]             time the training step of the benchmark models\n"
-               "  plan [options]              print the compiled plan of a model's training step\n";
+               "  plan [options]              print the compiled plan of a model's training step\n"
+               "  weights --model NAME [--seed N] [--init-from FILE] [--save OUT] [--compare FILE]\n"
+               "                              load, save (.safetensors or REELSD01) and compare a model's weights\n";
 }
 
 // The one way out on an error: one line on stderr, exit code 1. Under mpirun the other ranks would wait
@@ -47,6 +51,7 @@ int main(int argc, char** argv) {
     if (cmd == "train") return reel::tools::train_command(argc - 2, argv + 2);
     if (cmd == "bench") return reel::tools::bench_command(argc - 2, argv + 2);
     if (cmd == "plan") return reel::tools::plan_command(argc - 2, argv + 2);
+    if (cmd == "weights") return reel::tools::weights_command(argc - 2, argv + 2);
     std::cerr << "reel: unknown command '" << cmd << "'\n";
     usage();
     return 1;
