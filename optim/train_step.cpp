@@ -1,6 +1,7 @@
 #include "optim/train_step.h"
 
 #include "autograd/ops.h"
+#include "kernels/phase.h"
 
 namespace reel::optim {
 
@@ -29,6 +30,7 @@ StepResult train_step(Optimizer& opt, const LossFn& loss_fn, const std::vector<M
   Tensor total;
   if (opt.counts_targets()) {
     NoGradGuard no_grad;
+    PhaseScope phase("count targets");
     for (const MicroBatch& mb : micro) {
       counts.push_back(real_targets(opt, mb.targets));
       total = total.defined() ? total + counts.back() : counts.back();
@@ -37,14 +39,21 @@ StepResult train_step(Optimizer& opt, const LossFn& loss_fn, const std::vector<M
   StepResult result;
   Tensor loss_sum;
   for (size_t i = 0; i < micro.size(); ++i) {
-    Tensor loss = loss_fn(micro[i].inputs, micro[i].targets), part;
-    if (counts.empty()) {
-      opt.scale_loss(loss, micro[i].items).backward();
-      part = loss.detach();
-    } else {
-      part = backward_share(opt, loss, counts[i], total);
+    // Phase labels (kernels/phase.h) for traces of the step: each micro-batch's forward and backward,
+    // then the boundary the last micro_step reaches (unscale, clip, update, schedule, zero).
+    const std::string label = "micro-batch " + std::to_string(i);
+    {
+      PhaseScope phase(label);
+      Tensor loss = loss_fn(micro[i].inputs, micro[i].targets), part;
+      if (counts.empty()) {
+        opt.scale_loss(loss, micro[i].items).backward();
+        part = loss.detach();
+      } else {
+        part = backward_share(opt, loss, counts[i], total);
+      }
+      loss_sum = loss_sum.defined() ? loss_sum + part : part;
     }
-    loss_sum = loss_sum.defined() ? loss_sum + part : part;
+    PhaseScope phase(i + 1 == micro.size() ? "optimizer" : label);
     result = opt.micro_step();
   }
   REEL_CHECK(result.stepped, "train_step: ", micro.size(), " micro-batches did not reach the optimizer's step "

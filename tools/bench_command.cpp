@@ -9,16 +9,20 @@
 // at least one kernel launch). Output: a table, and JSON lines with the peer scripts' field names
 // (peer/torch_anchor.py) so the two can be joined. --dropout P gives the GPTs GPT-2's dropout: the
 // compiled step then draws fresh masks on every replay (compile/ir/trace.h), and any graph break a
-// compiled configuration met is printed under its row.
+// compiled configuration met is printed under its row. --trace FILE writes one more step, after the
+// timed ones, as a Chrome trace (compile/runtime/chrome_trace.h): FILE itself for a single
+// configuration, FILE with "-model-prec-mode" before its extension for each of several.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
 
+#include "compile/runtime/chrome_trace.h"
 #include "compile/runtime/describe.h"
 #include "compile/runtime/memory_budget.h"
 #include "compile/runtime/train_step.h"
@@ -53,7 +57,28 @@ struct BenchOptions {
   size_t memory_budget = 0;
   double dropout = 0;         // the GPTs' dropout (GptConfig::dropout); the timed steps train, so it draws
   std::string json_path;
+  std::string trace_path;     // --trace FILE: one step after the timed ones as a Chrome trace (see the top)
+  bool one_run = true;        // a single model, precision and mode: the trace is written to trace_path itself
 };
+
+const char* bench_usage() {
+  return "reel bench [options]   MODELS.md's training step (ACCUM 4, AdamW, clip 1.0), timed\n"
+         "  --models a,b,...       benchmark models (default: all six)\n"
+         "  --precisions a,b,...   fp32, bf16, fp16 (default: all three)\n"
+         "  --compile a,b,...      eager and/or compile modes: default, reduce-overhead, max-autotune (default eager)\n"
+         "  --device auto|cpu|cuda[:N]   --steps N (default 30)   --warmup N (default 5)   --micro-batch N\n"
+         "  --json FILE            one JSON line per configuration\n"
+         "  --profile N            N more steps profiled op by op (compiled: kernel by kernel)\n"
+         "  --profiler-range N     N more steps inside a CUDA profiler range (ncu --profile-from-start off)\n"
+         "  --trace FILE.json      one more step, after the timed ones, as a Chrome trace (chrome://tracing,\n"
+         "                         ui.perfetto.dev): host and device rows, each kernel (compiled) or op (eager)\n"
+         "                         inside its micro-batch's or the optimizer's span. One configuration: FILE.json;\n"
+         "                         several: one file each, FILE-model-prec-mode.json\n"
+         "  --deterministic 0|1    --channels-last 0|1   --dropout P (the GPTs)\n"
+         "  --plan-memory 0|1      also plan each step's peak without running it\n"
+         "  --memory-limit SIZE    compiled: the step's arena at most SIZE (recomputation)\n"
+         "  --effective-batch N --memory-budget SIZE   the micro-batch, ACCUM and recomputation planned for SIZE\n";
+}
 
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
@@ -77,6 +102,7 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--warmup") o.warmup = int_arg("bench", k, v, 0);
     else if (k == "--micro-batch") o.micro_batch = int_arg("bench", k, v, 1);
     else if (k == "--json") o.json_path = v;
+    else if (k == "--trace") o.trace_path = v;
     else if (k == "--profile") o.profile_steps = int_arg("bench", k, v, 0);
     else if (k == "--profiler-range") o.profiler_steps = int_arg("bench", k, v, 0);
     else if (k == "--deterministic") set_deterministic_algorithms(v != "0");
@@ -88,7 +114,7 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--memory-budget") o.memory_budget = size_arg("bench", k, v);
     else throw Error("bench: unknown option " + k +
                      " (expected --models, --precisions, --compile, --device, --steps, --warmup, --micro-batch, --json, "
-                     "--profile, --profiler-range N, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P, "
+                     "--profile, --profiler-range N, --trace FILE, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P, "
                      "--memory-limit SIZE, --effective-batch N --memory-budget SIZE)");
   }
   REEL_CHECK((o.effective_batch == 0) == (o.memory_budget == 0),
@@ -99,7 +125,18 @@ BenchOptions parse(int argc, char** argv) {
     if (!nn::is_benchmark_model(m)) nn::make_benchmark_model(m);  // throws, naming the known models
   REEL_CHECK(o.steps > 0 && o.warmup >= 0 && o.profile_steps >= 0,
              "bench: --steps must be positive, --warmup and --profile non-negative");
+  o.one_run = o.models.size() * o.precisions.size() * o.modes.size() == 1;
   return o;
+}
+
+// --trace's file for one configuration: the path itself for a single one; for several, each its own,
+// "-model-prec-mode" before the extension (t.json -> t-gpt-tiny-fp32-default.json).
+std::string trace_file(const BenchOptions& o, const std::string& model, const std::string& prec,
+                       const std::string& mode) {
+  if (o.one_run) return o.trace_path;
+  const std::filesystem::path p(o.trace_path);
+  return (p.parent_path() / (p.stem().string() + "-" + model + "-" + prec + "-" + mode + p.extension().string()))
+      .string();
 }
 
 struct Result {
@@ -334,6 +371,18 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
                 (long long)o.profile_steps);
     print_profile(prof, o.profile_steps, r.median_ms, 25);
   }
+  if (!o.trace_path.empty()) {
+    // One more step: compiled, the plan kernel by kernel outside any CUDA graph (its replay bypasses
+    // the dispatch door); eager (or a compiled step that runs eagerly), op by op at the door.
+    sync();
+    const compile::Plan* plan = compiled ? compiled_step->last_plan() : nullptr;
+    const compile::ChromeTrace trace = plan ? compile::trace_plan_call(const_cast<compile::Plan&>(*plan), flat)
+                                            : compile::trace_eager_call(step, device);
+    const std::string path = trace_file(o, name, prec, mode);
+    trace.write(path);
+    std::printf("trace of %s %s %s: %s (%zu %s)\n", name.c_str(), prec.c_str(), mode.c_str(), path.c_str(),
+                plan ? trace.count("kernel") : trace.count("op"), plan ? "kernels of the plan" : "ops run eagerly");
+  }
   return r;
 }
 
@@ -359,6 +408,10 @@ std::string to_json(const Result& r) {
 }  // namespace
 
 int bench_command(int argc, char** argv) {
+  if (argc > 0 && (std::string(argv[0]) == "--help" || std::string(argv[0]) == "-h")) {
+    std::printf("%s", bench_usage());
+    return 0;
+  }
   BenchOptions o = parse(argc, argv);
   Device device = o.device == "auto" ? (cuda::is_available() ? Device::cuda(0) : Device::cpu()) : Device::parse(o.device);
   std::vector<Result> results;
@@ -366,6 +419,11 @@ int bench_command(int argc, char** argv) {
   if (!o.json_path.empty()) {
     json.open(o.json_path);  // before any run: a path that cannot be written fails now, not silently later
     REEL_CHECK(json.good(), "bench: cannot write --json ", o.json_path);
+  }
+  if (!o.trace_path.empty()) {  // likewise the trace's folder, though the file comes after the timed steps
+    const std::filesystem::path dir = std::filesystem::path(o.trace_path).parent_path();
+    REEL_CHECK(dir.empty() || std::filesystem::is_directory(dir), "bench: --trace ", o.trace_path, ": no folder ",
+               dir.string());
   }
   std::printf("%-14s %-5s %-16s %-7s %10s %10s %12s %9s %10s %8s\n", "model", "prec", "mode", "device", "median ms",
               "min ms", "items/s", "peak MiB", "ops/step", "first s");

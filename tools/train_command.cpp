@@ -36,6 +36,7 @@
 #include "tools/commands.h"
 #include "tools/train_common.h"
 #include "tools/train_options.h"
+#include "tools/train_trace.h"
 
 namespace reel::tools {
 namespace {
@@ -393,6 +394,15 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
   std::printf("done: %lld epochs in %.1fs, final loss %.4f, test accuracy %.2f%%\n", (long long)o.epochs,
               seconds_since(start), last_loss, 100 * acc);
   if (!o.checkpoint.empty() && dist::rank() == 0) nn::save_state_dict(*model, o.checkpoint);  // one writer
+  if (!o.trace.empty()) {  // one more step, traced, on the first batches of the last epoch's order
+    std::vector<optim::MicroBatch> micro;
+    if (split) micro = split_batch(loader.batch(0), o);
+    for (int64_t i = 0; !split && i < std::min(o.accum, loader.num_batches()); ++i) {
+      data::Batch b = loader.batch(i);
+      micro.push_back({b.inputs, b.targets});
+    }
+    write_train_trace(o.trace, compiled, *model, *opt, micro, device);
+  }
   return 0;
 }
 
@@ -523,6 +533,14 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
               seconds_since(start), last_loss, val_loss);
   std::printf("sample:\n%s\n", printable(sample_text(*model, o.sample_bytes, device, o.seed)).c_str());
   if (!o.checkpoint.empty() && dist::rank() == 0) nn::save_state_dict(*model, o.checkpoint);  // one writer
+  if (!o.trace.empty()) {  // one more step, traced, on the next windows
+    std::vector<optim::MicroBatch> micro;
+    for (int64_t i = 0; i < o.accum; ++i) {
+      data::TextBatch b = sampler.next(micro_batch_size(o, i), device);
+      micro.push_back({b.inputs, b.targets, counts_items(o) ? b.inputs.size(0) : -1});
+    }
+    write_train_trace(o.trace, compiled, *model, *opt, micro, device);
+  }
   return 0;
 }
 

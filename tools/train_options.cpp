@@ -61,6 +61,9 @@ const char* train_usage() {
          "  --init-from PATH     start from a state_dict file (a --checkpoint, or tools/torch_to_reel.py's\n"
          "                       conversion of the PyTorch peer's model): every key, shape and dtype must match\n"
          "  --sync-bn 0|1        under mpirun: BatchNorm statistics over every rank's batch (default 0)\n"
+         "  --trace FILE.json    after training, one more step traced for chrome://tracing or ui.perfetto.dev:\n"
+         "                       host and device rows, each kernel (compiled) or op (eager) inside its\n"
+         "                       micro-batch's or the optimizer's span\n"
          "Data parallel: mpirun -np K reel train ... (micro-batch and ACCUM are per rank; README: Data parallel)\n";
 }
 
@@ -79,6 +82,7 @@ TrainOptions parse_train_options(int argc, char** argv) {
       {"--memory-budget", [&](const std::string& v) { o.memory_budget = to_size("--memory-budget", v); }},
       {"--precision", [&](const std::string& v) { o.precision = v; }},
       {"--compile", [&](const std::string& v) { o.compile = v; }},
+      {"--trace", [&](const std::string& v) { o.trace = v; }},
       {"--items", [&](const std::string& v) { o.items = v; }},
       {"--buckets", [&](const std::string& v) { o.buckets = v; }},
       {"--memory-limit", [&](const std::string& v) { o.memory_limit = to_size("--memory-limit", v); }},
@@ -121,6 +125,8 @@ TrainOptions parse_train_options(int argc, char** argv) {
              o.model);
   REEL_CHECK(o.items == "windows" || o.effective_batch == 0,
              "train: --items lines does not plan a memory budget yet (its micro-batches have no fixed length)");
+  REEL_CHECK(o.trace.empty() || o.items == "windows",
+             "train: --trace does not trace --items lines yet (its step runs in pieces, a plan per length bucket)");
   REEL_CHECK(o.memory_limit == 0 || o.compile != "none",
              "train: --memory-limit caps a compiled step's memory: give --compile default|reduce-overhead|max-autotune");
   REEL_CHECK(o.model == "fashion-cnn" || nn::is_benchmark_model(o.model), "train: unknown model ", o.model,

@@ -48,6 +48,8 @@ struct TrainOptions {
   // Under mpirun: BatchNorm statistics over every rank's batch (nn/sync_batch_norm.h) instead of each
   // rank's own, with rank 0's running statistics broadcast at each step.
   bool sync_bn = false;
+  // --trace FILE.json: after training, one more optimizer step traced as a Chrome trace (tools/train_trace.h).
+  std::string trace;
 };
 
 // Parses argv (after the subcommand); throws reel::Error on an unknown or malformed option.

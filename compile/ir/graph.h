@@ -59,6 +59,9 @@ struct Node {
   bool in_place = false;       // outputs existed before the op (dispatch_out)
   std::vector<std::string> fused;  // the traced ops a pass merged into this node (for `reel plan`)
   bool recomputed = false;         // a clone placed in the backward for a memory limit (passes/recompute.cpp)
+  // The part of the step it was traced in ("micro-batch 0", "optimizer": kernels/phase.h), for traces
+  // of a plan's run; "" outside any. A node a pass builds anew gets it from the nodes it replaced (Plan).
+  std::string phase = "";
 };
 
 // Dropout and the rand ops: their kernels draw Philox numbers (tensor/rng.h).

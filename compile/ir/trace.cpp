@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "kernels/phase.h"
+
 namespace reel::compile {
 
 namespace {
@@ -102,6 +104,7 @@ void Tracer::on_dispatch(OpKind op, const std::vector<Tensor>& inputs, const std
   std::string reason = break_reason(op, inputs, outputs);
   if (!reason.empty()) breaks_.push_back({op_name(op), reason, false});
   Node n{op, attrs, {}, {}, into_given, {}};
+  n.phase = current_phase();
   for (const Tensor& t : inputs) {
     if (t.defined()) n.inputs.push_back(ref_of(t, BufferKind::External));
     else n.inputs.push_back(std::nullopt);

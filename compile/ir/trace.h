@@ -20,6 +20,10 @@
 // becomes relative to the generator's first draw in the call. A random op with no draw (its seed
 // and offset passed by hand) keeps its numbers on every run, as it would eagerly.
 //
+// Each node also keeps the calling thread's phase label when it was recorded (kernels/phase.h:
+// "micro-batch 0", "optimizer", set by optim::train_step), so a trace of a replay can say which part
+// of the step each kernel belongs to.
+//
 // Ops a replay cannot honour are recorded as graph breaks, with the reason:
 //   a draw no random op follows: host code using random numbers, which a replay would not redraw;
 //   a copy from a GPU to the host: the host reads a device value, which stops a captured graph.

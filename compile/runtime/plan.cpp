@@ -2,6 +2,8 @@
 #include "compile/runtime/plan.h"
 
 #include <chrono>
+#include <map>
+#include <set>
 
 #include "compile/runtime/describe.h"
 #include "compile/passes/passes.h"
@@ -25,8 +27,46 @@ Mode parse_mode(const std::string& name) {
   throw Error("compile: unknown mode '" + name + "' (expected default, reduce-overhead or max-autotune)");
 }
 
+namespace {
+
+// The passes on a traced graph, then a phase (Node::phase) for each node a pass built anew (a fused
+// node, a cast it inserted), which passes do not carry over: the phase the traced nodes that wrote
+// its outputs share; where they do not share one (a gradient accumulated by every micro-batch) or
+// none wrote them (a buffer a pass made), the phase of the nearest traced node before it (after it, at
+// the start). Nodes keep the traced order, so a fused node sits among the nodes it replaced.
+Graph optimize_keeping_phases(Graph traced, const PassOptions& passes, PassStats& stats) {
+  std::vector<std::set<std::string>> written_in(traced.buffers.size());
+  for (const Node& n : traced.nodes)
+    for (const TensorRef& r : n.outputs)
+      if (!n.phase.empty()) written_in[size_t(r.buffer)].insert(n.phase);
+  Graph g = optimize_graph(std::move(traced), passes, stats);
+  std::vector<bool> traced_phase(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) traced_phase[i] = !g.nodes[i].phase.empty();
+  auto neighbour = [&](size_t i, int step) -> std::string {
+    for (long j = long(i) + step; j >= 0 && j < long(g.nodes.size()); j += step)
+      if (traced_phase[size_t(j)]) return g.nodes[size_t(j)].phase;
+    return "";
+  };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node& n = g.nodes[i];
+    if (traced_phase[i]) continue;
+    std::set<std::string> writers;
+    for (const TensorRef& r : n.outputs)
+      if (size_t(r.buffer) < written_in.size()) writers.insert(written_in[r.buffer].begin(), written_in[r.buffer].end());
+    if (writers.size() == 1) {
+      n.phase = *writers.begin();
+    } else {
+      const std::string before = neighbour(i, -1);
+      n.phase = before.empty() ? neighbour(i, +1) : before;
+    }
+  }
+  return g;
+}
+
+}  // namespace
+
 Plan::Plan(Graph graph, Mode mode, PassOptions passes, std::shared_ptr<ArenaPool> pool)
-    : graph_(optimize_graph(std::move(graph), passes, stats_)),
+    : graph_(optimize_keeping_phases(std::move(graph), passes, stats_)),
       mode_(mode),
       memory_(plan_memory(graph_)),
       pool_(std::move(pool)) {
@@ -140,13 +180,17 @@ void Plan::reserve_random_numbers() {
   }
 }
 
-std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs, bool capture) {
+void Plan::begin_call(const std::vector<Tensor>& inputs) {
   REEL_ASSERT(int(inputs.size()) == graph_.num_inputs, "compile: ", inputs.size(), " inputs for a plan of ",
               graph_.num_inputs);
   ensure_bound();
   reserve_random_numbers();
   // Arguments into the static input buffers, in the traced geometry (the guards checked shapes).
   for (size_t i = 0; i < inputs.size(); ++i) run_kernel(OpKind::Copy, {inputs[i]}, {input_views_[i]}, Attrs());
+}
+
+std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs, bool capture) {
+  begin_call(inputs);
   for (Segment& seg : segments_) {
     if (!seg.captured || (!capture && !seg.graph)) {
       run_steps(seg.begin, seg.end);
@@ -181,16 +225,26 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs, bool capture) {
 
 namespace reel::compile {
 
+namespace {
+
+// A kernel as profiles and traces name it: its op, or the ops a pass fused into it.
+std::string kernel_label(const Node& n) {
+  return n.fused.empty() ? std::string(op_name(n.op)) : "fused[" + fused_str(n.fused) + "]";
+}
+
+double host_now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
 std::vector<Plan::KernelTime> Plan::profile(const std::vector<Tensor>& inputs) {
-  ensure_bound();
-  reserve_random_numbers();
-  for (size_t i = 0; i < inputs.size(); ++i) run_kernel(OpKind::Copy, {inputs[i]}, {input_views_[i]}, Attrs());
+  begin_call(inputs);
   std::vector<KernelTime> times;
   for (size_t i = 0; i < steps_.size(); ++i) {
     const Node& n = graph_.nodes[i];
     const Device device = steps_[i].out.empty() ? Device::cpu() : steps_[i].out[0].device();
-    std::string label = op_name(n.op);
-    if (!n.fused.empty()) label = "fused[" + fused_str(n.fused) + "]";
+    const std::string label = kernel_label(n);
     std::string key = label;
     for (const auto& r : n.inputs)
       if (r) key += " " + shape_str(r->shape);
@@ -211,6 +265,52 @@ std::vector<Plan::KernelTime> Plan::profile(const std::vector<Tensor>& inputs) {
     times.push_back({label, key, ms});
   }
   return times;
+}
+
+std::vector<Plan::KernelSpan> Plan::trace(const std::vector<Tensor>& inputs) {
+  begin_call(inputs);
+  // Per GPU: an event log, and the host time of its first event. The device is idle when that event is
+  // recorded and the host time is read once it has completed, so the host time is at or after the
+  // event's own: kernels placed on the host's clock from it never appear before their launch.
+  struct Stream {
+    std::unique_ptr<cuda::EventLog> log;
+    double start_us = 0;
+  };
+  std::map<int, Stream> streams;
+  for (const Step& s : steps_)
+    if (!s.out.empty() && s.out[0].device().is_cuda() && !streams.count(s.out[0].device().index)) {
+      const int d = s.out[0].device().index;
+      Stream& st = streams[d];
+      st.log = std::make_unique<cuda::EventLog>(d);
+      cuda::synchronize(d);
+      st.log->mark();
+      cuda::synchronize(d);
+      st.start_us = host_now_us();
+    }
+  std::vector<KernelSpan> spans;
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Device device = steps_[i].out.empty() ? Device::cpu() : steps_[i].out[0].device();
+    cuda::EventLog* log = device.is_cuda() ? streams.at(device.index).log.get() : nullptr;
+    // No synchronisation between kernels: the events only stamp the stream as it goes.
+    if (log) log->mark();
+    const double h0 = host_now_us();
+    run_steps(i, i + 1);
+    const double h1 = host_now_us();
+    if (log) log->mark();
+    spans.push_back(KernelSpan{i, kernel_label(graph_.nodes[i]), device, h0, h1});
+  }
+  // Each GPU's marks: its start, then a (before, after) pair per kernel of it, in order.
+  for (auto& [d, st] : streams) {
+    const std::vector<double> gaps = st.log->intervals_ms();
+    double at_us = st.start_us;
+    size_t g = 0;
+    for (KernelSpan& k : spans) {
+      if (!k.device.is_cuda() || k.device.index != d) continue;
+      k.device_begin_us = at_us += gaps.at(g++) * 1e3;
+      k.device_end_us = at_us += gaps.at(g++) * 1e3;
+    }
+  }
+  return spans;
 }
 
 }  // namespace reel::compile

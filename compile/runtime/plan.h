@@ -59,6 +59,22 @@ class Plan : private ArenaPool::User {
   };
   std::vector<KernelTime> profile(const std::vector<Tensor>& inputs);
 
+  // One call run kernel by kernel outside any graph, as profile(), but without waiting between
+  // kernels, so that what it records is the step as it runs: each kernel's host span (its launch on a
+  // GPU; on the CPU, where kernels run on the host, the kernel itself) and, on a GPU, its span on the
+  // stream from CUDA events recorded before and after it, placed on the host's clock through a start
+  // event whose host time is taken once the device is idle. What a Chrome trace shows
+  // (compile/runtime/chrome_trace.h). Times are microseconds of the host's steady clock. The call's
+  // results are discarded; parameters are updated as by run().
+  struct KernelSpan {
+    size_t node;       // its index in graph().nodes (whose phase and fused ops it shows)
+    std::string label; // as profile()'s
+    Device device;
+    double host_begin_us, host_end_us;
+    double device_begin_us = -1, device_end_us = -1;  // GPU kernels only
+  };
+  std::vector<KernelSpan> trace(const std::vector<Tensor>& inputs);
+
   const Graph& graph() const { return graph_; }
   const MemoryPlan& memory() const { return memory_; }
   const PassStats& stats() const { return stats_; }
@@ -89,6 +105,8 @@ class Plan : private ArenaPool::User {
   void build_steps();
   void build_segments();
   void run_steps(size_t begin, size_t end);
+  // Binds if needed, reserves the run's random numbers and copies the arguments in.
+  void begin_call(const std::vector<Tensor>& inputs);
   // Reserves each generator's counters for this run and writes {seed, base} into its state buffers
   // (Graph::random_sources), so random nodes draw what an eager call would draw now.
   void reserve_random_numbers();
