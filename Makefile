@@ -139,8 +139,10 @@ bench: $(BENCH)
 	$(BENCH) --benchmark_counters_tabular=true
 
 # The main job: the Fashion-MNIST CNN with micro-batches and gradient accumulation (GPU if visible).
+# Trains the default model; its log and loss curve land in build/run/ (train.jsonl, train.png).
 run: $(TOOL)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)} $(TOOL) train --compile reduce-overhead
+	@mkdir -p $(BUILD)/run
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)} $(TOOL) train --compile reduce-overhead --log $(BUILD)/run/train.jsonl
 
 # The binaries (and Google Benchmark's shared library) in one folder that travels to a GPU machine,
 # where tools/gpu_check.sh runs them.

@@ -63,6 +63,8 @@ class TextSampler {
   int64_t text_size() const { return tokens_.size(0); }
   int64_t num_starts() const { return tokens_.size(0) - block_size_; }  // valid starts: [0, num_starts)
   uint64_t draws() const { return draws_; }
+  // Continues the sequence after `draws` draws, as a sampler that made them would (a resumed run).
+  void set_draws(uint64_t draws) { draws_ = draws; }
 
  private:
   TextBatch gather(const std::vector<int64_t>& starts, Device device) const;

@@ -46,6 +46,8 @@ class LineSampler {
   // Item i's bytes as kept (cut to block_size + 1).
   const std::string& item(size_t i) const { return items_[i]; }
   uint64_t draws() const { return draws_; }
+  // Continues the sequence after `draws` draws, as a sampler that made them would (a resumed run).
+  void set_draws(uint64_t draws) { draws_ = draws; }
 
  private:
   std::vector<std::string> items_;

@@ -18,36 +18,13 @@
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/file_io.h"
+#include "cli_run.h"
 #include "test_util.h"
 
 using namespace reel;
 using reel::testing_util::expect_error;
-
-namespace {
-
-// `reel <args>` (the binary make test names in REEL_BIN): its exit code and what it printed.
-struct CliRun {
-  int code = -1;
-  std::string out;
-};
-std::optional<CliRun> reel_cli(const std::string& args) {
-  const char* bin = std::getenv("REEL_BIN");
-  if (!bin || !std::filesystem::exists(bin)) return std::nullopt;
-  const std::string cmd = std::string(bin) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return std::nullopt;
-  CliRun r;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
-#define REQUIRE_CLI(run)                                                                             \
-  if (!(run)) GTEST_SKIP() << "REEL_BIN does not name the reel binary (make test sets it)"
-
-}  // namespace
+using reel::testing_util::reel_cli;
+using reel::testing_util::CliRun;
 
 TEST(BadInput, ShapesWhoseSizeOverflowsAreRefused) {
   expect_error([] { zeros({(int64_t(1) << 62) + 1, 4}); }, {"(4611686018427387905, 4)", "2^63"});

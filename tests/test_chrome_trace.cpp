@@ -19,6 +19,7 @@
 #include "compile_test_util.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
+#include "cli_run.h"
 #include "test_util.h"
 
 using namespace reel;
@@ -119,23 +120,8 @@ void expect_nested_in_phases(const std::vector<Span>& spans, const std::string& 
   EXPECT_GT(inside, 0u);
 }
 
-// `reel <args>` (the binary make test names in REEL_BIN): its exit code and what it printed.
-struct CliRun {
-  int code = -1;
-  std::string out;
-};
-std::optional<CliRun> reel_cli(const std::string& args) {
-  const char* bin = std::getenv("REEL_BIN");
-  if (!bin || !std::filesystem::exists(bin)) return std::nullopt;
-  FILE* p = ::popen((std::string(bin) + " " + args + " 2>&1").c_str(), "r");
-  if (!p) return std::nullopt;
-  CliRun r;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+using testing_util::CliRun;
+using testing_util::reel_cli;
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path);

@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "autograd/grad_mode.h"
+#include "cli_run.h"
 #include "test_util.h"
 
 using namespace reel;
@@ -428,27 +429,8 @@ TEST(BadInput, SafetensorsShapeAndOffsetSizesDisagree) {
 // ---------------------------------------------------------------------------------------------
 // `reel weights` (REEL_BIN names the binary; make test sets it)
 
-namespace {
-
-struct CliRun {
-  int code = -1;
-  std::string out;
-};
-
-std::optional<CliRun> reel_cli(const std::string& args) {
-  const char* bin = std::getenv("REEL_BIN");
-  if (!bin || !std::filesystem::exists(bin)) return std::nullopt;
-  FILE* p = ::popen((std::string(bin) + " " + args + " 2>&1").c_str(), "r");
-  if (!p) return std::nullopt;
-  CliRun r;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
-}  // namespace
+using reel::testing_util::CliRun;
+using reel::testing_util::reel_cli;
 
 TEST(Safetensors, WeightsCommandSavesLoadsAndComparesBits) {
   const std::string a = tmp_path("cli_a.safetensors"), b = tmp_path("cli_b.reelsd");

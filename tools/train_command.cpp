@@ -34,6 +34,7 @@
 #include "tensor/cuda.h"
 #include "tensor/file_io.h"
 #include "tools/commands.h"
+#include "tools/train_checkpoint.h"
 #include "tools/train_common.h"
 #include "tools/train_options.h"
 #include "tools/train_trace.h"
@@ -275,7 +276,7 @@ data::ImageDataset random_images(int64_t n, uint64_t seed, int64_t side) {
 // before it copies anything), into the model as built, before it moves to the device.
 void init_from(nn::Module& model, const std::string& path) {
   if (path.empty()) return;
-  nn::load_state_dict(model, path);
+  nn::load_weights(model, path);  // safetensors or REELSD01, by the file's first bytes
   std::printf("init: %zu tensors loaded from %s (%zu parameters, %zu buffers)\n", model.named_state().size(),
               path.c_str(), model.named_parameters().size(), model.named_buffers().size());
 }
@@ -330,24 +331,45 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
   // Before the compiled step: a step traced without running has its optimizer make its state there,
   // which the plan counts.
   PeakCheck peak_check(budget.planned_peak, *model, device, first_steady_step(o, *opt));
+  // Image models save and resume at epoch ends: an epoch's order comes from (seed, epoch) alone.
+  int64_t first_epoch = 0;
+  if (!o.resume.empty()) {
+    first_epoch = resume_training(o.resume, *model, *opt, o).epochs;
+    std::printf("resume: epoch %lld of %lld from %s\n", (long long)first_epoch, (long long)o.epochs, o.resume.c_str());
+  }
+  const int64_t last_epoch = o.stop_at > 0 ? std::min(o.stop_at, o.epochs) : o.epochs;
+  MetricsLog log(dist::rank() == 0 ? o.log : "", !o.resume.empty());
   std::optional<compile::CompiledFunction> compiled = compiled_step(o, *model, *opt);
   int64_t steps_run = 0;  // over all epochs, for peak_check
   Clock::time_point start = Clock::now();
   double acc = 0, last_loss = 0;
-  for (int64_t epoch = 0; epoch < o.epochs; ++epoch) {
+  int64_t epochs_done = first_epoch;
+  auto log_step = [&](const MetricsLog::Step& m, int64_t step_items, Clock::time_point t0) {
+    if (!log.enabled()) return;
+    MetricsLog::Step line = m;
+    line.step = first_epoch * steps_per_epoch + steps_run;
+    line.items_per_s = double(step_items) / std::max(seconds_since(t0), 1e-9);
+    line.peak_mib = double(compile::peak_bytes(device)) / (1 << 20);
+    log.step(line);
+  };
+  for (int64_t epoch = first_epoch; epoch < last_epoch; ++epoch) {
     loader.set_epoch(epoch);
     Progress progress(steps_per_epoch, "img");
-    int64_t items = 0, step = 0;
+    int64_t items = 0, step = 0, step_items = 0;
+    Clock::time_point step_start = Clock::now();
     StepLoss step_loss;
     std::vector<optim::MicroBatch> pending;  // the compiled path's micro-batches of the next step
     for (const data::Batch& b : loader) {
       items += b.size();
+      step_items += b.size();
       if (split && compiled && b.size() == o.effective_batch) {
         peak_check.before_step(steps_run);
         std::vector<Tensor> out = (*compiled)(compile::flatten_micro(split_batch(b, o)));
         peak_check.after_step(steps_run++);
         last_loss = out[0].item();
         progress.update(++step, last_loss, items, out[4].item());
+        if (log.enabled()) log_step(step_metrics(0, out), step_items, step_start);
+        step_items = 0, step_start = Clock::now();
         continue;
       }
       if (split) {
@@ -359,6 +381,8 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
         peak_check.after_step(steps_run++);
         last_loss = step_loss.take();
         progress.update(++step, last_loss, items, r.lr);
+        if (log.enabled()) log_step(step_metrics(0, last_loss, r), step_items, step_start);
+        step_items = 0, step_start = Clock::now();
         continue;
       }
       if (compiled && b.size() == o.micro_batch) {
@@ -370,6 +394,8 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
         pending.clear();
         last_loss = out[0].item();
         progress.update(++step, last_loss, items, out[4].item());
+        if (log.enabled()) log_step(step_metrics(0, out), step_items, step_start);
+        step_items = 0, step_start = Clock::now();
         continue;
       }
       if (pending.empty() && opt->pending_micro_batches() == 0) peak_check.before_step(steps_run);
@@ -380,20 +406,30 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
       peak_check.after_step(steps_run++);
       last_loss = step_loss.take();
       progress.update(++step, last_loss, items, r.lr);
+      if (log.enabled()) log_step(step_metrics(0, last_loss, r), step_items, step_start);
+      step_items = 0, step_start = Clock::now();
     }
     // An epoch's tail that does not fill a step runs eagerly, so the remainder policy applies to it.
     for (const optim::MicroBatch& p : pending) eager_micro_batch(*model, *opt, p.inputs, p.targets, step_loss);
     opt->finish_epoch(policy);
     progress.end_line();
+    epochs_done = epoch + 1;
+    // At the epoch's end, before the evaluation (which draws nothing a later epoch reads).
+    if (!o.checkpoint.empty() && dist::rank() == 0)
+      save_training(o.checkpoint, *model, *opt, RunPosition{0, epochs_done, 0, default_generator().offset()}, o);
     acc = accuracy(*model, test, device, o.effective_batch > 0 ? o.micro_batch : 500);
+    log.eval(first_epoch * steps_per_epoch + steps_run, "test_accuracy", acc);
     std::printf("epoch %lld: test accuracy %.2f%% (%.0fs elapsed)\n", (long long)epoch + 1, 100 * acc,
                 seconds_since(start));
   }
   peak_check.report_run(o.memory_budget);
   report_recompute(compiled, o);
-  std::printf("done: %lld epochs in %.1fs, final loss %.4f, test accuracy %.2f%%\n", (long long)o.epochs,
+  std::printf("done: %lld epochs in %.1fs, final loss %.4f, test accuracy %.2f%%\n", (long long)epochs_done,
               seconds_since(start), last_loss, 100 * acc);
-  if (!o.checkpoint.empty() && dist::rank() == 0) nn::save_state_dict(*model, o.checkpoint);  // one writer
+  if (epochs_done < o.epochs)
+    std::printf("stopped at epoch %lld (--stop-at); --resume %s continues the run\n", (long long)epochs_done,
+                o.checkpoint.c_str());
+  report_log(log, o.model + ", " + o.precision);
   if (!o.trace.empty()) {  // one more step, traced, on the first batches of the last epoch's order
     std::vector<optim::MicroBatch> micro;
     if (split) micro = split_batch(loader.batch(0), o);
@@ -495,28 +531,54 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
   Progress progress(o.steps, "tok");
   Clock::time_point start = Clock::now();
   int64_t items = 0, step = 0, micro_index = 0;
+  if (!o.resume.empty()) {
+    const RunPosition at = resume_training(o.resume, *model, *opt, o);
+    step = at.steps;
+    sampler.set_draws(at.sampler_draws);
+    std::printf("resume: step %lld of %lld from %s\n", (long long)step, (long long)o.steps, o.resume.c_str());
+  }
+  const int64_t last_step = o.stop_at > 0 ? std::min(o.stop_at, o.steps) : o.steps;
+  auto position = [&] { return RunPosition{step, 0, sampler.draws(), default_generator().offset()}; };
+  MetricsLog log(dist::rank() == 0 ? o.log : "", !o.resume.empty());
   double last_loss = 0;
   StepLoss step_loss;
   PeakCheck peak_check(budget.planned_peak, *model, device, first_steady_step(o, *opt));
   std::optional<compile::CompiledFunction> compiled = compiled_step(o, *model, *opt);
-  while (step < o.steps) {
+  Clock::time_point step_start = Clock::now();
+  int64_t step_items = 0;
+  // After each optimizer step: its line in the log, and a checkpoint when one is due.
+  auto finish_step = [&](const MetricsLog::Step& m) {
+    if (log.enabled()) {
+      MetricsLog::Step line = m;
+      line.items_per_s = double(step_items) / std::max(seconds_since(step_start), 1e-9);
+      line.peak_mib = double(compile::peak_bytes(device)) / (1 << 20);
+      log.step(line);
+    }
+    if (save_due(o, step) && dist::rank() == 0) save_training(o.checkpoint, *model, *opt, position(), o);
+    step_start = Clock::now();
+    step_items = 0;
+  };
+  while (step < last_step) {
     if (compiled) {
       std::vector<optim::MicroBatch> micro;
       for (int64_t i = 0; i < o.accum; ++i) {
         data::TextBatch b = sampler.next(micro_batch_size(o, i), device);
         micro.push_back({b.inputs, b.targets});
         items += b.inputs.numel();
+        step_items += b.inputs.numel();
       }
       peak_check.before_step(step);
       std::vector<Tensor> out = (*compiled)(compile::flatten_micro(micro));
       peak_check.after_step(step);
       last_loss = out[0].item();
       progress.update(++step, last_loss, items, out[4].item());
+      finish_step(log.enabled() ? step_metrics(step, out) : MetricsLog::Step{});
       continue;
     }
     const int64_t B = micro_batch_size(o, micro_index);
     data::TextBatch b = sampler.next(B, device);
     items += b.inputs.numel();
+    step_items += b.inputs.numel();
     if (micro_index == 0) peak_check.before_step(step);
     optim::StepResult r = eager_micro_batch(*model, *opt, b.inputs, b.targets, step_loss, counts_items(o) ? B : -1);
     micro_index = r.stepped ? 0 : micro_index + 1;
@@ -524,15 +586,22 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
     peak_check.after_step(step);
     last_loss = step_loss.take();
     progress.update(++step, last_loss, items, r.lr);
+    finish_step(log.enabled() ? step_metrics(step, last_loss, r) : MetricsLog::Step{});
   }
   progress.end_line();
+  // The end's checkpoint (one writer), unless this step's save just wrote it.
+  if (!o.checkpoint.empty() && dist::rank() == 0 && !save_due(o, step))
+    save_training(o.checkpoint, *model, *opt, position(), o);
   const double val_loss = validation_loss(*model, val_sampler, o.micro_batch, device);
+  log.eval(step, "validation_loss", val_loss);
   peak_check.report_run(o.memory_budget);
   report_recompute(compiled, o);
-  std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)o.steps,
+  std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)step,
               seconds_since(start), last_loss, val_loss);
-  std::printf("sample:\n%s\n", printable(sample_text(*model, o.sample_bytes, device, o.seed)).c_str());
-  if (!o.checkpoint.empty() && dist::rank() == 0) nn::save_state_dict(*model, o.checkpoint);  // one writer
+  if (step < o.steps) std::printf("stopped at step %lld (--stop-at); --resume %s continues the run\n", (long long)step,
+                                  o.checkpoint.c_str());
+  else std::printf("sample:\n%s\n", printable(sample_text(*model, o.sample_bytes, device, o.seed)).c_str());
+  report_log(log, o.model + ", " + o.precision);
   if (!o.trace.empty()) {  // one more step, traced, on the next windows
     std::vector<optim::MicroBatch> micro;
     for (int64_t i = 0; i < o.accum; ++i) {
@@ -553,7 +622,7 @@ int train_command(int argc, char** argv) {
   }
   TrainOptions o = parse_train_options(argc, argv);
   // A checkpoint that cannot be written is an error now, not after the whole run.
-  if (!o.checkpoint.empty()) check_writable(o.checkpoint, "train: --checkpoint");
+  if (!o.checkpoint.empty()) check_checkpoint_dir(o.checkpoint);
   // Under mpirun: MPI started, this rank's GPU (its local rank), output from rank 0 only.
   Device device = dist::setup_training(pick_device(o.device), o.compile);
   // matmul and conv inputs run in the policy's dtype inside the whole run (nn's layers read it);

@@ -21,4 +21,18 @@ void report_recompute(const std::optional<compile::CompiledFunction>& compiled, 
   std::printf("memory: %s\n", compile::recompute_summary(*compiled->last_plan(), o.memory_limit).c_str());
 }
 
+void report_log(MetricsLog& log, const std::string& title) {
+  if (!log.enabled()) return;
+  const std::string png = log.plot(title);
+  if (!png.empty()) std::printf("log: loss curve drawn to %s\n", png.c_str());
+}
+
+MetricsLog::Step step_metrics(int64_t step, double loss, const optim::StepResult& r) {
+  return {step, loss, r.lr, r.grad_norm_value(), r.loss_scale(), !r.skipped(), 0, 0};
+}
+
+MetricsLog::Step step_metrics(int64_t step, const std::vector<Tensor>& out) {
+  return {step, out[0].item(), out[4].item(), out[1].item(), out[3].item(), out[2].item() == 0, 0, 0};
+}
+
 }  // namespace reel::tools

@@ -12,6 +12,7 @@
 #include "compile/runtime/compile.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
+#include "tools/metrics_log.h"
 #include "tools/train_options.h"
 
 namespace reel::tools {
@@ -59,6 +60,19 @@ double validation_loss(nn::Module& model, Sampler& sampler, int64_t batch_size, 
   NoGradGuard no_grad;
   auto v = sampler.next(batch_size, device);
   return nn::model_loss(model, v.inputs, v.targets).item();
+}
+
+// A step's line for --log: from an eager step's result, or from a compiled step's outputs {mean
+// loss, grad norm, found_inf, scale, lr} (host reads: made only when the log is on).
+MetricsLog::Step step_metrics(int64_t step, double loss, const optim::StepResult& r);
+MetricsLog::Step step_metrics(int64_t step, const std::vector<Tensor>& out);
+
+// The log's picture drawn at the end, its path printed (nothing without --log).
+void report_log(MetricsLog& log, const std::string& title);
+
+// Whether the run saves after optimizer step `step` (1-based): every --save-every steps, and at --stop-at.
+inline bool save_due(const TrainOptions& o, int64_t step) {
+  return !o.checkpoint.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == o.stop_at);
 }
 
 // --items lines (train_lines.cpp): `model` trained on a text's lines, one item per line.

@@ -14,6 +14,7 @@
 #include "parallel/data_parallel.h"
 #include "reel.h"
 #include "tensor/file_io.h"
+#include "tools/train_checkpoint.h"
 #include "tools/train_common.h"
 
 namespace reel::tools {
@@ -41,6 +42,15 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
   // Each micro-batch weighs its real tokens' share of the step, counted from the targets on the
   // device: the same for the eager and the compiled step.
   opt.set_items_from_targets(data::kIgnoreIndex);
+  int64_t first_step = 0;
+  if (!o.resume.empty()) {
+    const RunPosition at = resume_training(o.resume, model, opt, o);
+    first_step = at.steps;
+    sampler.set_draws(at.sampler_draws);
+    std::printf("resume: step %lld of %lld from %s\n", (long long)first_step, (long long)o.steps, o.resume.c_str());
+  }
+  const int64_t last_step = o.stop_at > 0 ? std::min(o.stop_at, o.steps) : o.steps;
+  MetricsLog log(dist::rank() == 0 ? o.log : "", !o.resume.empty());
   nn::Module* m = &model;
   optim::LossFn loss_fn = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
   std::optional<compile::CompiledFunction> compiled;  // --buckets step: the whole step, one plan per bucket
@@ -72,7 +82,20 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
   double last_loss = 0;
   std::vector<double> seconds_per_token;  // per step (each ends with the host reading its loss)
   compile::reset_peak_bytes(device);
-  for (int64_t step = 0; step < o.steps;) {
+  int64_t step = first_step;
+  auto save = [&] {
+    if (dist::rank() == 0) save_training(o.checkpoint, model, opt, {step, 0, sampler.draws(), default_generator().offset()}, o);
+  };
+  auto finish_step = [&](const MetricsLog::Step& m, int64_t step_tokens, Clock::time_point step_start) {
+    if (log.enabled()) {
+      MetricsLog::Step line = m;
+      line.items_per_s = double(step_tokens) / std::max(seconds_since(step_start), 1e-9);
+      line.peak_mib = double(compile::peak_bytes(device)) / (1 << 20);
+      log.step(line);
+    }
+    if (save_due(o, step)) save();
+  };
+  while (step < last_step) {
     const Clock::time_point step_start = Clock::now();
     std::vector<data::LineBatch> micro;
     int64_t step_tokens = 0, longest = 0, rows = 0;
@@ -97,6 +120,7 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
       last_loss = out[0].item();
       seconds_per_token.push_back(seconds_since(step_start) / double(std::max<int64_t>(step_tokens, 1)));
       progress.update(++step, last_loss, tokens, out[4].item());
+      finish_step(log.enabled() ? step_metrics(step, out) : MetricsLog::Step{}, step_tokens, step_start);
       continue;
     }
     std::vector<optim::MicroBatch> mb;
@@ -109,8 +133,10 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
     last_loss = mean_loss.item();
     seconds_per_token.push_back(seconds_since(step_start) / double(std::max<int64_t>(step_tokens, 1)));
     progress.update(++step, last_loss, tokens, r.lr);
+    finish_step(log.enabled() ? step_metrics(step, last_loss, r) : MetricsLog::Step{}, step_tokens, step_start);
   }
   progress.end_line();
+  if (!o.checkpoint.empty() && !save_due(o, step)) save();  // the end's, unless just written
   const size_t peak = compile::peak_bytes(device);
   if (seconds_per_token.size() >= 10) {
     // The steady state: the first tenth of the steps (warm-up, traces, captures) left out.
@@ -130,6 +156,7 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
                 compile::compare_planned_peak(compile::plans_steady_peak(plans, device), peak).c_str());
   }
   const double val_loss = validation_loss(model, val_sampler, o.micro_batch, device);
+  log.eval(step, "validation_loss", val_loss);
   std::printf("tokens: %lld real, %lld with padding (overhead %.2fx)\n", (long long)tokens, (long long)padded,
               double(padded) / double(std::max<int64_t>(tokens, 1)));
   if (compiled) {
@@ -147,9 +174,11 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
                 "one arena for all the plans: %s\n", pieces->traces(), p.traces(), p.replays(), p.eager_calls(),
                 compile::bytes_str(pieces->arena_pool().bytes(device)).c_str());
   }
-  std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)o.steps,
+  std::printf("done: %lld steps in %.1fs, train loss %.4f, validation loss %.4f\n", (long long)step,
               seconds_since(start), last_loss, val_loss);
-  if (!o.checkpoint.empty() && dist::rank() == 0) nn::save_state_dict(model, o.checkpoint);  // one writer
+  if (step < o.steps)
+    std::printf("stopped at step %lld (--stop-at); --resume %s continues the run\n", (long long)step, o.checkpoint.c_str());
+  report_log(log, o.model + ", " + o.precision + ", lines");
   return 0;
 }
 

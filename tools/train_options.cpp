@@ -57,9 +57,15 @@ const char* train_usage() {
          "                       activations recomputed in the backward to fit (the same results)\n"
          "  --lr X  --schedule constant|cosine  --warmup N  --clip X (<= 0: none)\n"
          "  --remainder drop|step   an epoch's partial accumulation (default drop)\n"
-         "  --seed N  --limit N (first N training items)  --checkpoint PATH  --sample-bytes N\n"
-         "  --init-from PATH     start from a state_dict file (a --checkpoint, or tools/torch_to_reel.py's\n"
-         "                       conversion of the PyTorch peer's model): every key, shape and dtype must match\n"
+         "  --seed N  --limit N (first N training items)  --sample-bytes N\n"
+         "  --checkpoint DIR     save the run in DIR (model.safetensors, optimizer.safetensors with the\n"
+         "                       optimizer and scaler state, schedule, data and RNG positions) at the end,\n"
+         "                       every --save-every N steps (text models) or each epoch (image models)\n"
+         "  --resume DIR         continue the run saved in DIR (the same options; the same bits as never stopping)\n"
+         "  --stop-at N          stop after step N (text) or epoch N (images), saving to --checkpoint\n"
+         "  --log FILE.jsonl     one JSON line per optimizer step and evaluation; FILE.png plotted at the end\n"
+         "  --init-from PATH     start from weights: a .safetensors file (PyTorch's state_dict keys) or a\n"
+         "                       REELSD01 file (tools/torch_to_reel.py): every key, shape and dtype must match\n"
          "  --sync-bn 0|1        under mpirun: BatchNorm statistics over every rank's batch (default 0)\n"
          "  --trace FILE.json    after training, one more step traced for chrome://tracing or ui.perfetto.dev:\n"
          "                       host and device rows, each kernel (compiled) or op (eager) inside its\n"
@@ -95,6 +101,10 @@ TrainOptions parse_train_options(int argc, char** argv) {
       {"--limit", [&](const std::string& v) { o.limit = int_arg("train", "--limit", v, 1); }},
       {"--checkpoint", [&](const std::string& v) { o.checkpoint = v; }},
       {"--init-from", [&](const std::string& v) { o.init_from = v; }},
+      {"--resume", [&](const std::string& v) { o.resume = v; }},
+      {"--save-every", [&](const std::string& v) { o.save_every = int_arg("train", "--save-every", v, 1); }},
+      {"--stop-at", [&](const std::string& v) { o.stop_at = int_arg("train", "--stop-at", v, 1); }},
+      {"--log", [&](const std::string& v) { o.log = v; }},
       {"--sample-bytes", [&](const std::string& v) { o.sample_bytes = int_arg("train", "--sample-bytes", v, 0, kMaxSampleBytes); }},
       {"--sync-bn", [&](const std::string& v) {
          REEL_CHECK(v == "0" || v == "1", "train: --sync-bn expects 0 or 1, got \"", v, "\"");
@@ -119,6 +129,8 @@ TrainOptions parse_train_options(int argc, char** argv) {
                  o.compile == "max-autotune",
              "train: --compile must be none, default, reduce-overhead or max-autotune, got ", o.compile);
   REEL_CHECK(o.items == "windows" || o.items == "lines", "train: --items must be windows or lines, got ", o.items);
+  REEL_CHECK((o.save_every == 0 && o.stop_at == 0) || !o.checkpoint.empty(), "train: --",
+             o.save_every ? "save-every" : "stop-at", " saves the run: give --checkpoint DIR");
   REEL_CHECK(o.buckets == "micro-batch" || o.buckets == "step", "train: --buckets must be micro-batch or step, got ",
              o.buckets);
   REEL_CHECK(o.items == "windows" || o.model.rfind("gpt", 0) == 0, "train: --items lines is for the GPTs, not ",

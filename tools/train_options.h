@@ -34,7 +34,13 @@ struct TrainOptions {
   std::string remainder = "drop";     // drop | step: an epoch's partial accumulation
   uint64_t seed = 0;
   int64_t limit = -1;                 // use only the first N training items (quick runs)
-  std::string checkpoint;             // save the state_dict here at the end
+  // --checkpoint DIR: the run saved there (tools/train_checkpoint.h) at the end, every --save-every N
+  // optimizer steps (text models) or at each epoch's end (image models), and at --stop-at.
+  std::string checkpoint;
+  std::string resume;                 // --resume DIR: continue the run saved there
+  int64_t save_every = 0;             // 0: only at the end
+  int64_t stop_at = 0;                // stop (saving) after this optimizer step or epoch, as a preempted job; 0: never
+  std::string log;                    // --log FILE.jsonl: one line per step and evaluation, FILE.png drawn at the end
   std::string init_from;              // load a state_dict file (strict: every key, shape, dtype) before training
   int64_t sample_bytes = 200;         // text models: length of the sample printed at the end
   // --effective-batch N --memory-budget SIZE: the micro-batch and ACCUM are planned (compile/runtime/memory_budget.h)
