@@ -12,7 +12,8 @@ CXX      ?= g++
 OPT      ?= -O2
 CXXFLAGS ?= $(OPT) -march=x86-64-v3 -g0
 CXXFLAGS += -std=c++20 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -isystem /usr/include/eigen3 -MMD -MP
-LDLIBS   := -fopenmp -lpthread -lz -ldl
+# oneDNN (Debian's libdnnl-dev): the CPU convolutions and GEMMs (kernels/cpu/).
+LDLIBS   := -fopenmp -lpthread -lz -ldl -ldnnl
 # Sanitizer flags for compiling and linking (make sanitize sets them for its own build folder).
 SANITIZE ?=
 CXXFLAGS += $(SANITIZE)
@@ -151,6 +152,7 @@ gpu-bundle: $(TESTS) $(TOOL) $(BENCH)
 	cp $(TESTS) $(TOOL) $(BENCH) .gpu/
 	cp $(MPI_PLUGIN) $(DIST_TESTS) .gpu/ 2>/dev/null || true
 	cp -L /usr/lib/x86_64-linux-gnu/libbenchmark.so.1debian .gpu/ 2>/dev/null || true
+	cp -L /usr/lib/x86_64-linux-gnu/libdnnl.so.2 .gpu/ 2>/dev/null || true
 
 clean:
 	rm -rf $(BUILD)
