@@ -324,3 +324,21 @@ TEST(BadInput, TrainingOnLinesIsCheckedAndRuns) {
   EXPECT_EQ(r->code, 1) << r->out;
   EXPECT_NE(r->out.find("--buckets must be micro-batch or step, got words"), std::string::npos) << r->out;
 }
+
+// `reel bench --threads N` sets the CPU kernels' threads (as torch.set_num_threads) and records them
+// in each JSON line; a count below 1 is refused.
+TEST(BadInput, BenchThreadsAreCheckedAndRecorded) {
+  const std::string json = (std::filesystem::temp_directory_path() / ("reel_threads_" + std::to_string(::getpid()) + ".jsonl")).string();
+  std::optional<CliRun> r = reel_cli("bench --models cnn-small --precisions fp32 --device cpu --steps 1 --warmup 0 "
+                                     "--micro-batch 2 --threads 1 --json " + json);
+  REQUIRE_CLI(r);
+  EXPECT_EQ(r->code, 0) << r->out;
+  std::ifstream in(json);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_NE(line.find("\"threads\": 1}"), std::string::npos) << line;
+  std::filesystem::remove(json);
+  r = reel_cli("bench --models cnn-small --device cpu --threads 0");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("--threads"), std::string::npos) << r->out;
+}

@@ -12,6 +12,8 @@
 // compiled configuration met is printed under its row. --trace FILE writes one more step, after the
 // timed ones, as a Chrome trace (compile/runtime/chrome_trace.h): FILE itself for a single
 // configuration, FILE with "-model-prec-mode" before its extension for each of several.
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -56,6 +58,7 @@ struct BenchOptions {
   int64_t effective_batch = 0;
   size_t memory_budget = 0;
   double dropout = 0;         // the GPTs' dropout (GptConfig::dropout); the timed steps train, so it draws
+  int64_t threads = 0;        // --threads N: the CPU kernels' OpenMP threads (0: OMP_NUM_THREADS, or every core)
   std::string json_path;
   std::string trace_path;     // --trace FILE: one step after the timed ones as a Chrome trace (see the top)
   bool one_run = true;        // a single model, precision and mode: the trace is written to trace_path itself
@@ -67,6 +70,7 @@ const char* bench_usage() {
          "  --precisions a,b,...   fp32, bf16, fp16 (default: all three)\n"
          "  --compile a,b,...      eager and/or compile modes: default, reduce-overhead, max-autotune (default eager)\n"
          "  --device auto|cpu|cuda[:N]   --steps N (default 30)   --warmup N (default 5)   --micro-batch N\n"
+         "  --threads N            the CPU kernels' threads (default: OMP_NUM_THREADS, else every core)\n"
          "  --json FILE            one JSON line per configuration\n"
          "  --profile N            N more steps profiled op by op (compiled: kernel by kernel)\n"
          "  --profiler-range N     N more steps inside a CUDA profiler range (ncu --profile-from-start off)\n"
@@ -101,6 +105,7 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--steps") o.steps = int_arg("bench", k, v, 1);
     else if (k == "--warmup") o.warmup = int_arg("bench", k, v, 0);
     else if (k == "--micro-batch") o.micro_batch = int_arg("bench", k, v, 1);
+    else if (k == "--threads") o.threads = int_arg("bench", k, v, 1, 1024);
     else if (k == "--json") o.json_path = v;
     else if (k == "--trace") o.trace_path = v;
     else if (k == "--profile") o.profile_steps = int_arg("bench", k, v, 0);
@@ -114,7 +119,7 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--memory-budget") o.memory_budget = size_arg("bench", k, v);
     else throw Error("bench: unknown option " + k +
                      " (expected --models, --precisions, --compile, --device, --steps, --warmup, --micro-batch, --json, "
-                     "--profile, --profiler-range N, --trace FILE, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P, "
+                     "--threads N, --profile, --profiler-range N, --trace FILE, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P, "
                      "--memory-limit SIZE, --effective-batch N --memory-budget SIZE)");
   }
   REEL_CHECK((o.effective_batch == 0) == (o.memory_budget == 0),
@@ -126,6 +131,8 @@ BenchOptions parse(int argc, char** argv) {
   REEL_CHECK(o.steps > 0 && o.warmup >= 0 && o.profile_steps >= 0,
              "bench: --steps must be positive, --warmup and --profile non-negative");
   o.one_run = o.models.size() * o.precisions.size() * o.modes.size() == 1;
+  // As torch.set_num_threads: every later parallel region (reel's kernels, oneDNN's, Eigen's) uses N.
+  if (o.threads > 0) omp_set_num_threads(int(o.threads));
   return o;
 }
 
@@ -149,6 +156,7 @@ struct Result {
   double budget_mib = -1, memory_limit_mib = 0;  // --memory-budget, and the arena limit chosen for it
   double host_ms = 0;  // median host time to run step() without waiting for the device: the launch cost
   double dropout = 0;
+  int threads = omp_get_max_threads();  // the CPU threads the step ran with
   size_t graph_breaks = 0;  // compiled: breaks the trace reported (a break that runs eagerly shows here)
   size_t recomputed = 0;    // compiled under --memory-limit: nodes cloned into the backward
 };
@@ -396,12 +404,12 @@ std::string to_json(const Result& r) {
                 "\"items_per_s\": %.0f, \"first_step_s\": %.2f, \"peak_mib\": %s, \"kernels_per_step\": %.0f, "
                 "\"host_ms_median\": %.3f, \"B\": \"%s\", \"planned_peak_mib\": %s, \"dropout\": %g, "
                 "\"graph_breaks\": %zu, \"recomputed\": %zu, \"accum\": %lld, \"budget_mib\": %s, "
-                "\"memory_limit_mib\": %s}",
+                "\"memory_limit_mib\": %s, \"threads\": %d}",
                 r.model.c_str(), r.mode.c_str(), r.prec.c_str(), r.dev.c_str(), (long long)r.params, (long long)r.items_per_step,
                 r.median_ms, r.min_ms, double(r.items_per_step) / (r.median_ms / 1e3), r.first_s, peak.c_str(),
                 r.kernels_per_step, r.host_ms, r.micro_batch.c_str(), mib(r.planned_mib).c_str(), r.dropout,
                 r.graph_breaks, r.recomputed, (long long)r.accum, mib(r.budget_mib).c_str(),
-                mib(r.memory_limit_mib).c_str());
+                mib(r.memory_limit_mib).c_str(), r.threads);
   return buf;
 }
 
