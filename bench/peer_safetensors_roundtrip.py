@@ -19,7 +19,6 @@ The files are read and written by the `safetensors` package (safetensors.torch.l
 where it is installed; otherwise by the small reader and writer below (json + struct, laid out as the
 package lays files out), and each line's "io" says which. Runs on the CPU; needs PyTorch, not a GPU.
 """
-import importlib.util
 import json
 import os
 import shutil
@@ -30,9 +29,11 @@ import tempfile
 
 import torch
 
-MODELS = ["cnn-small", "resnet18-cifar", "vit-tiny", "yolov8n-cls", "gpt-tiny", "gpt-small"]
-IMAGE_MODELS = ("cnn-small", "resnet18-cifar", "vit-tiny", "yolov8n-cls")
-GPT_CONFIGS = {"gpt-tiny": dict(d=256, h=4, L=4, T=128), "gpt-small": dict(d=512, h=8, L=8, T=256)}
+# The peer's models built by reel's names, as tools/torch_to_reel.py builds them.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from torch_to_reel import GPT_CONFIGS, IMAGE_MODELS, build_peer_model, load_peer  # noqa: E402
+
+MODELS = list(IMAGE_MODELS) + list(GPT_CONFIGS)
 
 DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64}
@@ -83,21 +84,6 @@ except ImportError:
     IO = "by hand (json + struct): the safetensors package is not installed"
 
 
-def load_peer(peer_dir):
-    spec = importlib.util.spec_from_file_location("torch_anchor", os.path.join(peer_dir, "torch_anchor.py"))
-    peer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peer)
-    return peer
-
-
-def build_peer_model(peer, name):
-    if name in IMAGE_MODELS:
-        return peer.IMAGE_MODELS[name][0]()
-    if name in GPT_CONFIGS:
-        return peer.GPT(**GPT_CONFIGS[name])
-    raise ValueError(f"unknown model {name} (expected {', '.join(MODELS)})")
-
-
 def same_bits(x, y):
     if x.dtype != y.dtype or x.shape != y.shape:
         return False
@@ -137,7 +123,7 @@ def roundtrip(peer, name, work):
 def main(argv):
     peer_dir = argv[1] if len(argv) > 1 else ".peer"
     models = argv[2].split(",") if len(argv) > 2 else MODELS
-    peer = load_peer(peer_dir)
+    peer = load_peer(os.path.join(peer_dir, "torch_anchor.py"))
     work = tempfile.mkdtemp(prefix="reel_safetensors_")
     failed = 0
     try:
