@@ -103,8 +103,10 @@ std::string MetricsLog::plot(const std::string& title) {
   script += "set title " + quoted(title) + "\n";
   script += "set xlabel 'optimizer step'\nset ylabel " +
             quoted(accuracy || evals.empty() ? "training loss (mean over the step)" : "loss") + "\n";
-  // A little room at the ends, so the first and last points are not drawn on the frame.
-  script += "set grid\nset key top right\nset offsets graph 0.02, graph 0.02, graph 0.05, graph 0.05\n";
+  // The key above the plot, clear of the curves; a loss is never negative; a little room at the
+  // right, so the last evaluation is not drawn on the frame.
+  script += "set grid\nset key outside top center horizontal\nset yrange [0:*]\nset xrange [0:*]\n";
+  script += "set offsets 0, graph 0.02, graph 0.05, 0\n";
   std::string plots = quoted(dat.string()) + " using 1:2 with lines lw 1.5 title 'training loss'";
   if (!evals.empty()) {
     const std::string label = accuracy ? "test accuracy (%)" : eval_name == "validation_loss" ? "validation loss" : eval_name;
