@@ -1,6 +1,13 @@
 // CPU kernels of the elementwise ops: each is the shared scalar formula (kernels/elementwise_math.h)
-// run through the strided, broadcasting, OpenMP-parallel loops of loops.h.
+// run through the strided, broadcasting, OpenMP-parallel loops of loops.h. GELU and its backward in
+// f32 accumulation (f32, bf16, f16 tensors) run vector_math.h's packets instead, each row staged
+// through float buffers, so that their bits are the fused kernel's (fused_elementwise.cpp).
+#include <algorithm>
+#include <array>
+#include <type_traits>
+
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/vector_math.h"
 #include "kernels/dispatch.h"
 #include "kernels/elementwise_math.h"
 
@@ -13,11 +20,42 @@ double scalar_param(OpKind op, const Attrs& a) {
   return 0.0;
 }
 
+constexpr int64_t kStage = 256;  // elements staged per packet call
+
+// out = gelu(a) (kGelu) or out = a * gelu'(b) (the backward), A = float: rows of any stride through
+// stack buffers of kStage floats and vector_math.h.
+template <typename T, bool kBackward>
+void gelu_rows(const Tensor& out, const Tensor& a, const Tensor& b) {
+  auto g = make_geometry<3>(out.shape(), {out.strides(), broadcast_strides(a.shape(), a.strides(), out.shape()),
+                                          broadcast_strides(b.shape(), b.strides(), out.shape())});
+  T* po = out.data<T>();
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  cpu::for_each_row(g, [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& s) {
+    float in_a[kStage], in_b[kStage], res[kStage];
+    for (int64_t c0 = 0; c0 < n; c0 += kStage) {
+      const int64_t m = std::min(kStage, n - c0);
+      for (int64_t i = 0; i < m; ++i) in_a[i] = load(pa[off[1] + (c0 + i) * s[1]]);
+      if constexpr (kBackward) {
+        for (int64_t i = 0; i < m; ++i) in_b[i] = load(pb[off[2] + (c0 + i) * s[2]]);
+        cpu::gelu_backward_f32(in_a, in_b, res, m);
+      } else {
+        cpu::gelu_f32(in_a, res, m);
+      }
+      for (int64_t i = 0; i < m; ++i) po[off[0] + (c0 + i) * s[0]] = store<T>(res[i]);
+    }
+  });
+}
+
 template <OpKind Op>
 void unary_kernel(const KernelCall& c) {
   double param = scalar_param(Op, c.attrs);
   visit_dtype(c.in[0].dtype(), [&]<typename T>() {
     using A = AccType<T>;
+    if constexpr (Op == OpKind::Gelu && std::is_same_v<A, float>) {
+      gelu_rows<T, false>(c.out[0], c.in[0], c.in[0]);
+      return;
+    }
     A p = A(param);
     cpu::map1<T>(c.out[0], c.in[0], [p](A x) { return math::unary<Op, A>(x, p); });
   });
@@ -27,6 +65,10 @@ template <OpKind Op>
 void binary_kernel(const KernelCall& c) {
   visit_dtype(c.in[0].dtype(), [&]<typename T>() {
     using A = AccType<T>;
+    if constexpr (Op == OpKind::GeluBackward && std::is_same_v<A, float>) {
+      gelu_rows<T, true>(c.out[0], c.in[0], c.in[1]);
+      return;
+    }
     cpu::map2<T>(c.out[0], c.in[0], c.in[1], [](A a, A b) { return math::binary<Op, A>(a, b); });
   });
 }

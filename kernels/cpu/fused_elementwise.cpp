@@ -5,12 +5,13 @@
 // ops through the shared scalar formulas of kernels/elementwise_math.h), so the interpretation costs
 // one switch per instruction per block rather than per element. Registers live in per-thread pools,
 // one per accumulation type. Blocks are spread over OpenMP threads once the loop is large enough.
-// For f32 and f64 every op computes what its own kernel computes, so a fused CPU plan gives eager's
-// bits.
+// For f32 and f64 every op computes what its own kernel computes (GELU and its backward through
+// vector_math.h's packets in both), so a fused CPU plan gives eager's bits.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cpu/vector_math.h"
 #include "kernels/dispatch.h"
 #include "kernels/elementwise_math.h"
 #include "kernels/fused_expr.h"
@@ -61,6 +62,8 @@ void visit_value_type(ValueType t, Fn&& fn) {
 
 template <OpKind Op, typename A>
 void unary_block(A* y, const A* x, A p, int64_t n) {
+  // GELU in f32: vector_math.h's packets, as the eager kernel runs it (the same bits).
+  if constexpr (Op == OpKind::Gelu && std::is_same_v<A, float>) return cpu::gelu_f32(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = math::unary<Op, A>(x[i], p);
 }
 
@@ -88,6 +91,7 @@ void unary_op(OpKind op, A* y, const A* x, A p, int64_t n) {
 
 template <OpKind Op, typename A>
 void binary_block(A* y, const A* a, const A* b, int64_t n) {
+  if constexpr (Op == OpKind::GeluBackward && std::is_same_v<A, float>) return cpu::gelu_backward_f32(a, b, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = math::binary<Op, A>(a[i], b[i]);
 }
 

@@ -1,0 +1,86 @@
+// kernels/cpu/vector_math.h: GELU and its backward in f32 through 8-wide packets. Against the f64
+// formula, within f32's rounding; and a value gives the same bits wherever it sits (in a packet's
+// body or the padded tail, in a contiguous row or a strided one), which is what lets the eager kernel
+// and the fused kernel agree to the bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/vector_math.h"
+#include "kernels/dispatch.h"
+#include "reel.h"
+#include "test_util.h"
+
+namespace reel {
+namespace {
+
+// The references in long double, in the logistic form (0.5 (1 + tanh u) = 1 / (1 + e^{-2u})), which
+// does not cancel for negative x as 1 + tanh(u) does: the same function, evaluated exactly enough.
+double gelu_f64(double xd) {
+  const long double x = xd, u = 0.7978845608028654L * (x + 0.044715L * x * x * x);
+  return double(x / (1 + std::exp(-2 * u)));
+}
+double gelu_grad_f64(double xd) {
+  const long double x = xd, u = 0.7978845608028654L * (x + 0.044715L * x * x * x);
+  const long double s = 1 / (1 + std::exp(-2 * u)), du = 0.7978845608028654L * (1 + 3 * 0.044715L * x * x);
+  return double(s + 2 * x * s * (1 - s) * du);
+}
+
+std::vector<float> sweep() {
+  std::vector<float> x;
+  for (int i = -2000; i <= 2000; ++i) x.push_back(float(i) * 0.005f);  // [-10, 10]
+  for (float v : {-90.f, -40.f, 40.f, 90.f, 1e-30f, -1e-30f, 0.f}) x.push_back(v);
+  return x;
+}
+
+TEST(VectorMath, GeluAndItsBackwardMatchF64) {
+  const std::vector<float> x = sweep();
+  std::vector<float> g(x.size()), y(x.size()), dy(x.size());
+  for (size_t i = 0; i < x.size(); ++i) g[i] = 1.0f + float(i % 7) * 0.25f;
+  cpu::gelu_f32(x.data(), y.data(), int64_t(x.size()));
+  cpu::gelu_backward_f32(g.data(), x.data(), dy.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double ref = gelu_f64(x[i]), dref = g[i] * gelu_grad_f64(x[i]);
+    // f32 rounds the exponent -2u itself: |2u| ulps of relative error in exp, inherent to the input's
+    // precision, on top of a few ulps of the formula.
+    const double u = std::abs(0.7978845608028654 * (x[i] + 0.044715 * x[i] * x[i] * x[i]));
+    const double rel = 2e-6 + 2.4e-7 * u;
+    EXPECT_NEAR(y[i], ref, rel * std::abs(ref) + 1e-37) << "gelu(" << x[i] << ")";
+    EXPECT_NEAR(dy[i], dref, 2 * rel * std::abs(dref) + 1e-7) << "gelu'(" << x[i] << ")";
+    EXPECT_TRUE(std::isfinite(y[i]) && std::isfinite(dy[i])) << x[i];
+  }
+}
+
+TEST(VectorMath, AValueGivesTheSameBitsWhereverItSits) {
+  const std::vector<float> x = sweep();
+  std::vector<float> whole(x.size());
+  cpu::gelu_f32(x.data(), whole.data(), int64_t(x.size()));
+  // Each value alone (always the padded tail) and in arrays cut at every offset of a packet.
+  for (size_t i = 0; i < x.size(); i += 37) {
+    float one;
+    cpu::gelu_f32(&x[i], &one, 1);
+    EXPECT_EQ(std::memcmp(&one, &whole[i], sizeof(float)), 0) << x[i];
+  }
+  for (int64_t cut = 1; cut < 8; ++cut) {
+    std::vector<float> part(x.size());
+    cpu::gelu_f32(x.data(), part.data(), cut);
+    cpu::gelu_f32(x.data() + cut, part.data() + cut, int64_t(x.size()) - cut);
+    EXPECT_EQ(std::memcmp(part.data(), whole.data(), x.size() * sizeof(float)), 0) << "cut at " << cut;
+  }
+}
+
+TEST(VectorMath, EagerGeluOnStridedAndContiguousTensorsGivesTheSameBits) {
+  Tensor x = testing_util::random({64, 48}, 5, DType::f32);
+  Tensor t = x.transpose(0, 1);  // strided rows
+  std::vector<float> a = gelu(t).contiguous().to_vector<float>(), b = gelu(t.contiguous()).to_vector<float>();
+  EXPECT_EQ(a, b);
+  Tensor g = testing_util::random({48, 64}, 6, DType::f32);
+  std::vector<float> c = dispatch1(OpKind::GeluBackward, {g, t}).to_vector<float>(),
+                     d = dispatch1(OpKind::GeluBackward, {g, t.contiguous()}).to_vector<float>();
+  EXPECT_EQ(c, d);
+}
+
+}  // namespace
+}  // namespace reel
