@@ -1,5 +1,8 @@
 // CPU kernels of conv2d and its two backward ops: im2col + Eigen GEMM, one (image, group) per
-// OpenMP thread.
+// OpenMP thread. These are the reference. f32, f16 and bf16 calls go to oneDNN's primitives
+// (conv2d_dnnl.cpp) when the path switch says so (conv2d_dnnl.h: REEL_CPU_CONV, its default, and
+// set_cpu_conv_path, consulted on every call so that tests and benchmarks run both paths in one
+// process); f64 always runs here.
 //
 // Groups G split the C input and O output channels into G equal blocks; block q of the output reads
 // only block q of the input (Cg = C/G channels), through w's rows [q*Og, (q+1)*Og), Og = O/G. Each
@@ -27,6 +30,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/conv2d_dnnl.h"
 #include "kernels/cpu/gemm_threading.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
@@ -257,20 +261,24 @@ void conv2d_bwd_weight_im2col_kernel(const KernelCall& c) {
   }
 }
 
-// i64 is refused by the schemas, so only the float instantiations exist.
+// i64 is refused by the schemas, so only the float instantiations exist. oneDNN first, where the
+// switch sends the call there and it has an implementation of the geometry.
 void conv2d_fwd_kernel(const KernelCall& c) {
+  if (conv2d_uses_dnnl(c.out[0].dtype()) && conv2d_fwd_dnnl_kernel(c)) return;
   visit_float_dtype(c.out[0].dtype(), "conv2d", [&]<typename T>() {
     if constexpr (!std::is_same_v<T, int64_t>) conv2d_fwd_im2col_kernel<T>(c);
   });
 }
 
 void conv2d_bwd_input_kernel(const KernelCall& c) {
+  if (conv2d_uses_dnnl(c.out[0].dtype()) && conv2d_bwd_input_dnnl_kernel(c)) return;
   visit_float_dtype(c.out[0].dtype(), "conv2d_backward_input", [&]<typename T>() {
     if constexpr (!std::is_same_v<T, int64_t>) conv2d_bwd_input_im2col_kernel<T>(c);
   });
 }
 
 void conv2d_bwd_weight_kernel(const KernelCall& c) {
+  if (conv2d_uses_dnnl(c.out[0].dtype()) && conv2d_bwd_weight_dnnl_kernel(c)) return;
   visit_float_dtype(c.out[0].dtype(), "conv2d_backward_weight", [&]<typename T>() {
     if constexpr (!std::is_same_v<T, int64_t>) conv2d_bwd_weight_im2col_kernel<T>(c);
   });
