@@ -1,27 +1,31 @@
-// CPU kernel of matmul: out[i] = a[i] @ b[i] over the broadcast batch, on Eigen's GEMM.
+// CPU kernel of matmul: out[i] = a[i] @ b[i] over the broadcast batch, on oneDNN's sgemm (f32) or
+// Eigen's GEMM (f64, and f32 under REEL_CPU_GEMM=eigen; kernels/cpu/sgemm.h).
 //
 //   a (..., M, K), b (..., K, N) -> out (..., M, N), out[i](m, n) = sum_k a[i](m, k) b[i](k, n)
 //
-// Layouts. Every matrix of an operand shares the strides of its last two dims, so "can Eigen read it
-// in place" is one question per operand: a matrix is mapped directly when it is row-major
+// Layouts. Every matrix of an operand shares the strides of its last two dims, so "can the GEMM read
+// it in place" is one question per operand: a matrix is mapped directly when it is row-major
 // (stride[-1] == 1) or column-major (stride[-2] == 1) with an outer stride that keeps rows/columns
-// apart. A transposed view (what backward's a^T and b^T are) is column-major and is never copied;
-// anything else (expanded or doubly strided matrices) is copied to contiguous first. Batch dims may
-// have any strides, including 0 for broadcast ones.
+// apart. A transposed view (what backward's a^T and b^T are) is column-major and is never copied
+// (sgemm's 'T', Eigen's ColMajor map); anything else (expanded or doubly strided matrices) is copied
+// to contiguous first. Batch dims may have any strides, including 0 for broadcast ones.
 //
-// Threading (policy in linalg.cpp). One GEMM (batch 1) is left to Eigen, which splits it over the
-// OpenMP threads itself when it is large enough. A batch of >= 2 GEMMs is split over OpenMP threads
-// by batch entry; inside a parallel region Eigen sees omp_get_num_threads() > 1 and runs
-// single-threaded, so the two levels never oversubscribe.
+// Threading (policy in linalg.cpp). One GEMM (batch 1) is left to the library, which splits it over
+// the OpenMP threads itself when it is large enough. A batch of >= 2 GEMMs is split over OpenMP
+// threads by batch entry; inside a parallel region Eigen sees omp_get_num_threads() > 1 and runs
+// single-threaded, and sgemm is narrowed to one thread, so the two levels never oversubscribe.
 // When b has no batch (x (B, T, C) @ W (C, D), the common linear layer) and a's batch dims merge with
-// its rows, the batch is folded into one (B*T, C) @ (C, D) GEMM, which Eigen threads and blocks better.
+// its rows, the batch is folded into one (B*T, C) @ (C, D) GEMM, which the library threads and blocks
+// better.
 //
 // Dtypes. f32 and f64 multiply in their own type; f16 and bf16 are widened to f32, multiplied, and
 // rounded back once (f32 accumulation, as GPUs do). i64 is refused by the schema.
 //
 // The fused GEMMs (matmul_into, gemm_epilogue) take that unrounded product and run their epilogue
 // (transpose, add, bias, GELU, the one rounding) as the kernels of those ops, so in f32 they give the
-// bits of matmul followed by the unfused ops.
+// bits of matmul followed by the unfused ops. matmul_into's add is therefore not sgemm's beta = 1:
+// that sums c into the blocked partial products (different bits from product-then-add once K spans
+// several blocks), and eager's params += would no longer equal the compiled plan's.
 #include <Eigen/Dense>
 #include <optional>
 #include <type_traits>
@@ -29,6 +33,7 @@
 #include "kernels/cpu/compose.h"
 #include "kernels/cpu/gemm_threading.h"
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/sgemm.h"
 #include "kernels/dispatch.h"
 #include "kernels/matrix_layout.h"
 #include "kernels/schema/views.h"
@@ -43,7 +48,7 @@ using ConstMatMap =
 template <typename T>
 using OutMatMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 
-// `t` in dtype `dt` with a layout Eigen can map: `t` itself when possible, else a contiguous copy.
+// `t` in dtype `dt` with a layout a GEMM reads in place: `t` itself when possible, else a contiguous copy.
 Tensor mappable(const Tensor& t, DType dt) {
   if (t.dtype() == dt && matrix_layout(t)) return t;
   Tensor c = Tensor::empty(t.shape(), dt, t.device());
@@ -52,9 +57,12 @@ Tensor mappable(const Tensor& t, DType dt) {
 }
 
 // c (M, N), contiguous = a (M, K) @ b (K, N), each read through its layout. Single-threaded when
-// called inside a parallel region, Eigen-threaded otherwise.
+// called inside a parallel region, threaded by the library otherwise.
 template <typename T>
 void gemm(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t M, int64_t K, int64_t N) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (cpu_gemm() == CpuGemm::dnnl) return sgemm_dnnl(a, la, b, lb, c, M, K, N);
+  }
   OutMatMap<T> C(c, M, N);
   auto times_b = [&](const auto& A) {
     if (lb.row_major) C.noalias() = A * ConstMatMap<T, Eigen::RowMajor>(b, K, N, Eigen::OuterStride<>(lb.outer));
