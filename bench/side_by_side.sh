@@ -7,6 +7,8 @@
 #             reduce-overhead with CUDA-graph trees off, and the whole-step CUDA graph
 #   scaling   micro-batch 8, 32, 128 for cnn-small and gpt-tiny, reel vs torch eager
 #   cpu       the CPU, 2 threads each, cnn-small and gpt-tiny fp32
+#   cpu-threads  the CPU at 2 and 8 threads: reel (oneDNN kernels, and the Eigen/im2col ones by env), eager
+#             and compiled, beside torch eager; cnn-small and gpt-tiny fp32
 #   profile   torch's kernel profile of gpt-small (bench/torch_profile.py), to set beside reel's
 #   families  the six models of MODELS.md in bf16: reel reduce-overhead (and max-autotune for the
 #             CNNs) vs the whole-step CUDA graph, torch.compile default and reduce-overhead with
@@ -81,6 +83,24 @@ for phase in "$@"; do
       THREADS=2 STEPS=5 python3 .peer/torch_anchor.py cpu cnn-small,gpt-tiny eager fp32 > "$out/torch_eager.jsonl" \
         2> "$out/torch_eager.err"
       join "$out" "$out/torch_eager.jsonl" ;;
+    cpu-threads)
+      # reel (oneDNN convolutions and GEMMs; and the Eigen/im2col kernels they replaced, selected by
+      # REEL_CPU_CONV=im2col REEL_CPU_GEMM=eigen, in the same binary) beside torch eager, fp32, at 2
+      # and 8 threads; eager and the compiled plan.
+      : > "$out/reel.jsonl"; : > "$out/torch_eager.jsonl"
+      for t in 2 8; do
+        "$reel" bench --device cpu --threads "$t" --models cnn-small,gpt-tiny --precisions fp32 --compile eager,default \
+          --steps "${STEPS:-3}" --warmup 1 --json "$out/reel_$t.jsonl" >> "$out/reel.txt" 2>&1
+        REEL_CPU_CONV=im2col REEL_CPU_GEMM=eigen "$reel" bench --device cpu --threads "$t" --models cnn-small,gpt-tiny \
+          --precisions fp32 --compile eager,default --steps "${STEPS:-3}" --warmup 1 --json "$out/reel_before_$t.jsonl" \
+          >> "$out/reel.txt" 2>&1
+        sed 's/"engine": "reel"/"engine": "reel-before"/' "$out/reel_before_$t.jsonl" >> "$out/reel.jsonl"
+        cat "$out/reel_$t.jsonl" >> "$out/reel.jsonl"
+        THREADS="$t" STEPS="${STEPS:-3}" python3 .peer/torch_anchor.py cpu cnn-small,gpt-tiny eager fp32 \
+          >> "$out/torch_eager.jsonl" 2>> "$out/torch_eager.err"
+      done
+      { grep -o '"engine": "[^"]*"\|"model": "[^"]*"\|"mode": "[^"]*"\|"step_ms_median": [0-9.]*\|"threads": [0-9]*' \
+          "$out/reel.jsonl" | paste - - - - -; echo "torch eager:"; cat "$out/torch_eager.jsonl"; } > "$out/joined.md" ;;
     families)
       m6=cnn-small,resnet18-cifar,vit-tiny,yolov8n-cls,gpt-tiny,gpt-small
       "$reel" bench --models "$m6" --precisions bf16 --compile reduce-overhead --json "$out/reel.jsonl" > "$out/reel.txt" 2>&1
@@ -162,7 +182,7 @@ for phase in "$@"; do
           2>> "$out/torch_eager.err"
       done
       python3 bench/memory_table.py "$out/reel.jsonl" "$out/torch_eager.jsonl" > "$out/joined.md" ;;
-    *) echo "unknown phase $phase (eager, compiled, families, graph-memory, frontier, frontier-peer, limits, eager-memory, variable, scaling, cpu, profile, memory)" >&2
+    *) echo "unknown phase $phase (eager, compiled, families, graph-memory, frontier, frontier-peer, limits, eager-memory, variable, scaling, cpu, cpu-threads, profile, memory)" >&2
        exit 2 ;;
   esac
 done

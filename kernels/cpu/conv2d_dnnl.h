@@ -4,13 +4,12 @@
 // conv2d_backward_weight (conv2d.cpp) ask conv2d_uses_dnnl() on every call.
 //
 // REEL_CPU_CONV picks the path, read once, at the first convolution (set_cpu_conv_path changes it):
-//   dnnl        oneDNN in the layouts it prefers (format_tag::any: on AVX-512, nChw16c activations
+//   dnnl        (the default) oneDNN in the layouts it prefers (format_tag::any: on AVX-512, nChw16c activations
 //               and OIhw16i16o weights), reel's NCHW / OIHW operands reordered in and the result
 //               reordered back
 //   dnnl-plain  oneDNN on reel's own NCHW / OIHW layouts, no reorders (oneDNN then runs its
 //               im2col + GEMM convolution); kept to measure what the blocked layouts buy
-//   im2col      the reference, and the default while tests/test_conv2d_groups.cpp holds f32 results
-//               to a tolerance only im2col's own order of sums meets (conv2d_dnnl.cpp: kDefaultPath)
+//   im2col      the reference (and the path of f64 and of calls inside a parallel region)
 // f64 always takes im2col: oneDNN has no f64 convolution (and gradcheck runs in f64). So does a call
 // made inside an OpenMP parallel region, where oneDNN's threads would nest.
 #pragma once
