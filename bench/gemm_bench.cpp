@@ -6,7 +6,8 @@
 //   matmul_gpt/<model>/<gemm>/<M>x<K>x<N>/<backend>   reel's eager matmul (dispatch, output, kernel)
 //   gemm_library/<model>/<gemm>/<M>x<K>x<N>/<call>    oneDNN alone on raw buffers: dnnl_sgemm against
 //                                                     the dnnl::matmul primitive (created once, outside
-//                                                     the timing), the choice sgemm.cpp explains
+//                                                     the timing), the choice sgemm.cpp explains; also
+//                                                     on two matrix-vector shapes (vector/row, column)
 //
 // Each Linear (y = x W^T, x (R, C), W (D, C), R = B T rows) makes three GEMMs per step:
 //   fwd  y  (R, D) = x (R, C) @ W^T      b column-major (W^T is a transposed view)
@@ -134,7 +135,11 @@ const bool registered = [] {
                                    matmul_gpt, s, backend)
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
-  for (const GemmShape& s : gpt_shapes())
+  // The library comparison also on matrix-vector products (a batch of one row, or one column).
+  std::vector<GemmShape> library_shapes = gpt_shapes();
+  library_shapes.push_back({"vector", "row", 1, 512, 512, false, false});
+  library_shapes.push_back({"vector", "column", 512, 512, 1, false, false});
+  for (const GemmShape& s : library_shapes)
     for (bool primitive : {false, true})
       benchmark::RegisterBenchmark(
           ("gemm_library/" + shape_name(s) + (primitive ? "/matmul_primitive" : "/sgemm")).c_str(), gemm_library, s,

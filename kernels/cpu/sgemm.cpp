@@ -7,13 +7,14 @@
 // stride s is exactly the latter with lda = s, so both MatLayouts are read in place, never copied.
 // beta = 0: c is written, not read (the kernels hand over uninitialised outputs, NaN bits included).
 //
-// Why sgemm rather than the dnnl::matmul primitive: timed side by side on gpt-tiny's GEMMs
-// (bench/gemm_bench.cpp, gemm_library/...), on one thread sgemm was as fast or up to 20% faster on
-// every shape (e.g. fc2.fwd 2048 x 1024 x 256: 9.3 against 12.1 ms) and about 3x faster on
-// matrix-vector shapes (1 x 512 x 512: 0.018 against 0.055 ms); on two threads of the shared 2-core
-// machine the order changed from run to run. The primitive would also need a memory descriptor per
-// layout, a cache of primitives keyed by shape, strides and thread count, and a fallback where it
-// picks its slow reference kernel. Batches are looped by the caller (matmul.cpp).
+// Why sgemm rather than the dnnl::matmul primitive: timed side by side on gpt-tiny's 15 Linear GEMMs
+// (bench/gemm_bench.cpp, gemm_library/...; medians of 5 on the 2-core machine), the two took the same
+// time in total, 50.7 against 50.2 ms on one thread and 27.0 against 26.9 ms on two, each shape
+// within 12% either way; on matrix-vector shapes sgemm was 3-4x faster (one thread: 1 x 512 x 512
+// 0.008 against 0.029 ms, 512 x 512 x 1 0.012 against 0.039 ms). At equal speed the simpler call
+// wins: the primitive would also need a memory descriptor per layout, a cache of primitives keyed by
+// shape, strides and thread count, and a fallback where it picks its slow reference kernel. Batches
+// are looped by the caller (matmul.cpp).
 //
 // Threads. oneDNN is built on OpenMP (libgomp, as reel is) and sizes its team by omp_get_max_threads()
 // of the calling thread, so matmul.cpp's policy (GemmThreadScope: small GEMMs on one thread) applies
