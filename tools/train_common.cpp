@@ -6,7 +6,7 @@
 namespace reel::tools {
 
 bool traces_without_running(const TrainOptions& o, const optim::Optimizer& opt) {
-  return o.compile != "none" && (o.memory_budget != 0 || o.memory_limit != 0) && opt.can_create_state_now();
+  return o.compile != "none" && opt.can_create_state_now();
 }
 
 compile::CompileOptions compile_options(const TrainOptions& o, const optim::Optimizer& opt) {

@@ -45,9 +45,12 @@ class Progress {
   Clock::time_point start_ = Clock::now();
 };
 
-// Under a memory budget or limit a compiled step is traced without running (compile.h): its first
-// calls would otherwise run eagerly, at eager's footprint, above what the plan was made to fit. Where
-// the optimizer cannot make its state before the first update (SGD with momentum) they run eagerly.
+// A compiled step is traced without running (compile.h) wherever the optimizer can make its state
+// before the first update (AdamW; not SGD with momentum, whose first calls then run eagerly): every
+// step then runs the plan. Its first calls would otherwise run eagerly, at eager's footprint (above
+// what a memory budget's plan was made to fit) and, in 16 bits, with other roundings than the plan's
+// (which keeps some activations in 16 bits): a run resumed from a checkpoint would then take those
+// eager steps where the run that never stopped replayed the plan, and end with other bits.
 bool traces_without_running(const TrainOptions& o, const optim::Optimizer& opt);
 // --compile MODE and --memory-limit as CompileOptions, traced without running as above.
 compile::CompileOptions compile_options(const TrainOptions& o, const optim::Optimizer& opt);
