@@ -39,6 +39,11 @@ struct ModelCase {
   // layers' gradients were 2e-4 to 8.4e-4 apart on the H200 (BatchNorm biases the most), layer3,
   // layer4 and fc within 1e-4, the loss within 1e-5.
   double grad_tol = 1e-4;
+  // Where f32 itself is that far from the exact gradients (resnet18-cifar at this batch: any f32 order
+  // of sums is ~5e-3 from f64 in its worst gradient, measured on the CPU for both im2col and oneDNN,
+  // which are 7e-3 from each other), the GPU is held to the f64 gradients instead: no farther from
+  // them than twice the CPU's f32, plus grad_tol.
+  bool f64_reference = false;
 };
 
 std::vector<ModelCase> model_cases() {
@@ -67,7 +72,7 @@ std::vector<ModelCase> model_cases() {
       {"gpt-small", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::gpt_small(g)); },
        [tokens] { return tokens(1, 256); }},
       {"resnet18-cifar", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::resnet18_cifar(g)); },
-       [images] { return images(8, 32); }, 2e-3},
+       [images] { return images(8, 32); }, 2e-3, true},
       {"vit-tiny", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::vit_tiny(g)); },
        [images] { return images(4, 32); }},
       {"yolov8n-cls", [](Generator* g) { return std::static_pointer_cast<nn::Module>(nn::yolov8n_cls(g)); },
@@ -92,10 +97,26 @@ TEST(CudaModels, LossAndGradientsMatchTheCpu) {
     EXPECT_NEAR(loss_g.item(), loss_c.item(), 1e-5 * std::fabs(loss_c.item()));
     auto pc = cpu_model->named_parameters(), pg = gpu_model->named_parameters();
     ASSERT_EQ(pc.size(), pg.size());
+    nn::NamedTensors exact;
+    std::shared_ptr<nn::Module> f64_model;
+    if (c.f64_reference) {
+      Generator g3(1);
+      f64_model = c.make(&g3);
+      f64_model->to(DType::f64);
+      nn::model_loss(*f64_model, x.to(DType::f64), y).backward();  // resnet18-cifar: x is f32 images
+      exact = f64_model->named_parameters();
+    }
     for (size_t i = 0; i < pc.size(); ++i) {
       ASSERT_EQ(pc[i].first, pg[i].first);
-      EXPECT_LE(rel_l2(pg[i].second.grad().to_vector<double>(), pc[i].second.grad().to_vector<double>()), c.grad_tol)
-          << "gradient of " << pc[i].first;
+      const std::vector<double> gpu = pg[i].second.grad().to_vector<double>(), cpu = pc[i].second.grad().to_vector<double>();
+      if (c.f64_reference) {
+        const std::vector<double> ref = exact[i].second.grad().to_vector<double>();
+        const double spread = rel_l2(cpu, ref);
+        EXPECT_LE(rel_l2(gpu, ref), 2 * spread + c.grad_tol)
+            << "gradient of " << pc[i].first << " (the CPU's f32 is " << spread << " from f64)";
+      } else {
+        EXPECT_LE(rel_l2(gpu, cpu), c.grad_tol) << "gradient of " << pc[i].first;
+      }
     }
   }
 }
