@@ -84,3 +84,30 @@ TEST(VectorMath, EagerGeluOnStridedAndContiguousTensorsGivesTheSameBits) {
 
 }  // namespace
 }  // namespace reel
+
+namespace reel {
+namespace {
+
+// The contiguous loops of kernels/cpu/loops.h run in SIMD lanes (where output and input are the same
+// elements or do not overlap): each element's result is the scalar formula's, NaN and -0 included,
+// out of place and in place.
+TEST(ElementwiseLoops, LanesGiveTheScalarFormulasBits) {
+  Tensor x = testing_util::random({1000, 37}, 9, DType::f32);
+  std::vector<float> v = x.to_vector<float>();
+  v[3] = NAN;
+  v[4] = -0.0f;
+  x = Tensor::from_vector<float>(v, {1000, 37});
+  const std::vector<float> y = relu(x).to_vector<float>();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const float want = v[i] > 0.0f || v[i] != v[i] ? v[i] : 0.0f;
+    ASSERT_EQ(std::memcmp(&y[i], &want, sizeof(float)), 0) << "relu(" << v[i] << ")";
+  }
+  Tensor z = x.clone();
+  dispatch_out(OpKind::Add, {z, x}, {z});  // in place: z += x
+  const std::vector<float> s = z.to_vector<float>();
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] == v[i]) ASSERT_EQ(s[i], v[i] + v[i]) << i;
+}
+
+}  // namespace
+}  // namespace reel

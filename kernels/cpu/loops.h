@@ -114,6 +114,16 @@ void for_each_row(const LoopGeometry<N>& g, Body&& body) {
   }
 }
 
+// Whether a contiguous run of n outputs at o may be computed in SIMD lanes from n inputs at x: the
+// same elements (in place) or no overlap. Lanes read several inputs before writing; an output run
+// that overlaps its input at another offset must go element by element. Without the pragma's
+// promise the compiler keeps most of these loops scalar (a data-dependent select, as relu's, then
+// costs a mispredicted branch an element).
+template <typename T>
+bool simd_safe(const T* o, const T* x, int64_t n) {
+  return o == x || o + n <= x || x + n <= o;
+}
+
 // out = f(a), with a broadcast to out's shape. Functors take and return the accumulation type.
 template <typename T, typename F>
 void map1(const Tensor& out, const Tensor& a, F f) {
@@ -123,7 +133,10 @@ void map1(const Tensor& out, const Tensor& a, F f) {
   for_each_row(g, [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& s) {
     T* o = po + off[0];
     const T* x = pa + off[1];
-    if (s[0] == 1 && s[1] == 1) {
+    if (s[0] == 1 && s[1] == 1 && simd_safe(o, x, n)) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = store<T>(f(load(x[i])));
+    } else if (s[0] == 1 && s[1] == 1) {
       for (int64_t i = 0; i < n; ++i) o[i] = store<T>(f(load(x[i])));
     } else {
       for (int64_t i = 0; i < n; ++i) o[i * s[0]] = store<T>(f(load(x[i * s[1]])));
@@ -143,7 +156,10 @@ void map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
     T* o = po + off[0];
     const T* x = pa + off[1];
     const T* y = pb + off[2];
-    if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+    if (s[0] == 1 && s[1] == 1 && s[2] == 1 && simd_safe(o, x, n) && simd_safe(o, y, n)) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = store<T>(f(load(x[i]), load(y[i])));
+    } else if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
       for (int64_t i = 0; i < n; ++i) o[i] = store<T>(f(load(x[i]), load(y[i])));
     } else {
       for (int64_t i = 0; i < n; ++i) o[i * s[0]] = store<T>(f(load(x[i * s[1]]), load(y[i * s[2]])));
