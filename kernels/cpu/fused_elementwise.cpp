@@ -1,8 +1,9 @@
 // The CPU kernel of fused_elementwise (kernels/fused_expr.h): an interpreter of the op's program.
 //
 // It runs the program over blocks of up to kBlock consecutive elements of one row of the merged loop:
-// each instruction is one tight loop over the block (loads and stores with the row's inner strides,
-// ops through the shared scalar formulas of kernels/elementwise_math.h), so the interpretation costs
+// each instruction is one tight loop over the block, in SIMD lanes (registers, inputs and outputs
+// never overlap), with loads and stores at the row's inner strides and ops through the shared scalar
+// formulas of kernels/elementwise_math.h, so the interpretation costs
 // one switch per instruction per block rather than per element. Registers live in per-thread pools,
 // one per accumulation type. Blocks are spread over OpenMP threads once the loop is large enough.
 // For f32 and f64 every op computes what its own kernel computes (GELU and its backward through
@@ -64,6 +65,7 @@ template <OpKind Op, typename A>
 void unary_block(A* y, const A* x, A p, int64_t n) {
   // GELU in f32: vector_math.h's packets, as the eager kernel runs it (the same bits).
   if constexpr (Op == OpKind::Gelu && std::is_same_v<A, float>) return cpu::gelu_f32(x, y, n);
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = math::unary<Op, A>(x[i], p);
 }
 
@@ -92,6 +94,7 @@ void unary_op(OpKind op, A* y, const A* x, A p, int64_t n) {
 template <OpKind Op, typename A>
 void binary_block(A* y, const A* a, const A* b, int64_t n) {
   if constexpr (Op == OpKind::GeluBackward && std::is_same_v<A, float>) return cpu::gelu_backward_f32(a, b, y, n);
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = math::binary<Op, A>(a[i], b[i]);
 }
 
@@ -128,17 +131,20 @@ void run_op(const Instr& ins, int reg, RegisterFile& rf, int64_t n) {
     case OpKind::Where: {
       const A* b = rf.at<A>(ins.args[1]);
       const A* c = rf.at<A>(ins.args[2]);
+#pragma omp simd
       for (int64_t i = 0; i < n; ++i) y[i] = a[i] != A(0) ? b[i] : c[i];
       return;
     }
     case OpKind::MaskedFill: {
       const A* m = rf.at<A>(ins.args[1]);
       const A v = A(ins.p0);
+#pragma omp simd
       for (int64_t i = 0; i < n; ++i) y[i] = m[i] != A(0) ? v : a[i];
       return;
     }
     case OpKind::ClampScalar: {
       const A lo = A(ins.p0), hi = A(ins.p1);
+#pragma omp simd
       for (int64_t i = 0; i < n; ++i) y[i] = a[i] < lo ? lo : (a[i] > hi ? hi : a[i]);
       return;
     }
@@ -181,6 +187,7 @@ void run_load(const Instr& ins, int reg, RegisterFile& rf, const BlockArgs& b) {
     const int64_t s = b.inner_strides[k];
     A* y = rf.at<A>(reg);
     if (s == 1) {
+#pragma omp simd
       for (int64_t i = 0; i < b.n; ++i) y[i] = load(p[i]);
     } else {
       for (int64_t i = 0; i < b.n; ++i) y[i] = load(p[i * s]);
@@ -193,6 +200,7 @@ void run_store(const Instr& ins, RegisterFile& rf, const BlockArgs& b) {
     using A = AccType<T>;
     T* p = static_cast<T*>((*b.outputs)[size_t(ins.index)].data_ptr()) + b.offsets[0];
     const A* x = rf.at<A>(ins.args[0]);
+#pragma omp simd
     for (int64_t i = 0; i < b.n; ++i) p[i] = store<T>(x[i]);  // outputs are contiguous: inner stride 1
   });
 }
