@@ -344,19 +344,18 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
   Clock::time_point start = Clock::now();
   double acc = 0, last_loss = 0;
   int64_t epochs_done = first_epoch;
-  auto log_step = [&](const MetricsLog::Step& m, int64_t step_items, Clock::time_point t0) {
-    if (!log.enabled()) return;
-    MetricsLog::Step line = m;
-    line.step = first_epoch * steps_per_epoch + steps_run;
-    line.items_per_s = double(step_items) / std::max(seconds_since(t0), 1e-9);
-    line.peak_mib = double(compile::peak_bytes(device)) / (1 << 20);
-    log.step(line);
-  };
   for (int64_t epoch = first_epoch; epoch < last_epoch; ++epoch) {
     loader.set_epoch(epoch);
     Progress progress(steps_per_epoch, "img");
     int64_t items = 0, step = 0, step_items = 0;
     Clock::time_point step_start = Clock::now();
+    // After each optimizer step: its line in the log (numbered over all epochs), then the next step's clock.
+    auto finish_step = [&](auto metrics) {
+      log_step(log, metrics, step_items, step_start, device);
+      step_items = 0;
+      step_start = Clock::now();
+    };
+    const int64_t run_step = first_epoch * steps_per_epoch;  // + steps_run: the step just taken
     StepLoss step_loss;
     std::vector<optim::MicroBatch> pending;  // the compiled path's micro-batches of the next step
     for (const data::Batch& b : loader) {
@@ -368,8 +367,7 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
         peak_check.after_step(steps_run++);
         last_loss = out[0].item();
         progress.update(++step, last_loss, items, out[4].item());
-        if (log.enabled()) log_step(step_metrics(0, out), step_items, step_start);
-        step_items = 0, step_start = Clock::now();
+        finish_step([&] { return step_metrics(run_step + steps_run, out); });
         continue;
       }
       if (split) {
@@ -381,8 +379,7 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
         peak_check.after_step(steps_run++);
         last_loss = step_loss.take();
         progress.update(++step, last_loss, items, r.lr);
-        if (log.enabled()) log_step(step_metrics(0, last_loss, r), step_items, step_start);
-        step_items = 0, step_start = Clock::now();
+        finish_step([&] { return step_metrics(run_step + steps_run, last_loss, r); });
         continue;
       }
       if (compiled && b.size() == o.micro_batch) {
@@ -394,8 +391,7 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
         pending.clear();
         last_loss = out[0].item();
         progress.update(++step, last_loss, items, out[4].item());
-        if (log.enabled()) log_step(step_metrics(0, out), step_items, step_start);
-        step_items = 0, step_start = Clock::now();
+        finish_step([&] { return step_metrics(run_step + steps_run, out); });
         continue;
       }
       if (pending.empty() && opt->pending_micro_batches() == 0) peak_check.before_step(steps_run);
@@ -406,8 +402,7 @@ int train_images(TrainOptions o, Device device, BudgetRun& budget) {
       peak_check.after_step(steps_run++);
       last_loss = step_loss.take();
       progress.update(++step, last_loss, items, r.lr);
-      if (log.enabled()) log_step(step_metrics(0, last_loss, r), step_items, step_start);
-      step_items = 0, step_start = Clock::now();
+      finish_step([&] { return step_metrics(run_step + steps_run, last_loss, r); });
     }
     // An epoch's tail that does not fill a step runs eagerly, so the remainder policy applies to it.
     for (const optim::MicroBatch& p : pending) eager_micro_batch(*model, *opt, p.inputs, p.targets, step_loss);
@@ -547,13 +542,8 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
   Clock::time_point step_start = Clock::now();
   int64_t step_items = 0;
   // After each optimizer step: its line in the log, and a checkpoint when one is due.
-  auto finish_step = [&](const MetricsLog::Step& m) {
-    if (log.enabled()) {
-      MetricsLog::Step line = m;
-      line.items_per_s = double(step_items) / std::max(seconds_since(step_start), 1e-9);
-      line.peak_mib = double(compile::peak_bytes(device)) / (1 << 20);
-      log.step(line);
-    }
+  auto finish_step = [&](auto metrics) {
+    log_step(log, metrics, step_items, step_start, device);
     if (save_due(o, step) && dist::rank() == 0) save_training(o.checkpoint, *model, *opt, position(), o);
     step_start = Clock::now();
     step_items = 0;
@@ -572,7 +562,7 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
       peak_check.after_step(step);
       last_loss = out[0].item();
       progress.update(++step, last_loss, items, out[4].item());
-      finish_step(log.enabled() ? step_metrics(step, out) : MetricsLog::Step{});
+      finish_step([&] { return step_metrics(step, out); });
       continue;
     }
     const int64_t B = micro_batch_size(o, micro_index);
@@ -586,7 +576,7 @@ int train_text(TrainOptions o, Device device, BudgetRun& budget) {
     peak_check.after_step(step);
     last_loss = step_loss.take();
     progress.update(++step, last_loss, items, r.lr);
-    finish_step(log.enabled() ? step_metrics(step, last_loss, r) : MetricsLog::Step{});
+    finish_step([&] { return step_metrics(step, last_loss, r); });
   }
   progress.end_line();
   // The end's checkpoint (one writer), unless this step's save just wrote it.

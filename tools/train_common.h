@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "compile/runtime/compile.h"
+#include "compile/runtime/memory_budget.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tools/metrics_log.h"
@@ -66,9 +67,21 @@ double validation_loss(nn::Module& model, Sampler& sampler, int64_t batch_size, 
 }
 
 // A step's line for --log: from an eager step's result, or from a compiled step's outputs {mean
-// loss, grad norm, found_inf, scale, lr} (host reads: made only when the log is on).
+// loss, grad norm, found_inf, scale, lr} (host reads).
 MetricsLog::Step step_metrics(int64_t step, double loss, const optim::StepResult& r);
 MetricsLog::Step step_metrics(int64_t step, const std::vector<Tensor>& out);
+
+// Writes a step's line to the log, when it is on: `metrics()` (one of step_metrics, called only then,
+// so a run without --log makes no extra host reads), with the step's items/s (`items` over the time
+// since `start`) and the device's peak so far.
+template <typename Metrics>
+void log_step(MetricsLog& log, Metrics&& metrics, int64_t items, Clock::time_point start, Device device) {
+  if (!log.enabled()) return;
+  MetricsLog::Step line = metrics();
+  line.items_per_s = double(items) / std::max(seconds_since(start), 1e-9);
+  line.peak_mib = double(compile::peak_bytes(device)) / (1 << 20);
+  log.step(line);
+}
 
 // The log's picture drawn at the end, its path printed (nothing without --log).
 void report_log(MetricsLog& log, const std::string& title);

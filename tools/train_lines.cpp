@@ -57,11 +57,9 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
   std::optional<compile::BucketedTrainStep> pieces;   // --buckets micro-batch: the step in pieces
   const std::vector<int64_t> sizes = compile::LengthBuckets::powers_of_two(std::min<int64_t>(16, T), T);
   auto bucket_of = [&](int64_t length) { return *std::lower_bound(sizes.begin(), sizes.end(), length); };
+  // Compiled, traced without running where the optimizer can make its state first (train_common.h).
   compile::CompileOptions options;
-  if (o.compile != "none") {
-    options = compile_options(o, opt);
-    options.trace_without_running = opt.can_create_state_now();
-  }
+  if (o.compile != "none") options = compile_options(o, opt);
   if (o.compile != "none" && o.buckets == "micro-batch") {
     pieces.emplace(opt, loss_fn, sizes, options, data::kPadToken);
   } else if (o.compile != "none") {
@@ -86,13 +84,8 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
   auto save = [&] {
     if (dist::rank() == 0) save_training(o.checkpoint, model, opt, {step, 0, sampler.draws(), default_generator().offset()}, o);
   };
-  auto finish_step = [&](const MetricsLog::Step& m, int64_t step_tokens, Clock::time_point step_start) {
-    if (log.enabled()) {
-      MetricsLog::Step line = m;
-      line.items_per_s = double(step_tokens) / std::max(seconds_since(step_start), 1e-9);
-      line.peak_mib = double(compile::peak_bytes(device)) / (1 << 20);
-      log.step(line);
-    }
+  auto finish_step = [&](auto metrics, int64_t step_tokens, Clock::time_point step_start) {
+    log_step(log, metrics, step_tokens, step_start, device);
     if (save_due(o, step)) save();
   };
   while (step < last_step) {
@@ -120,7 +113,7 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
       last_loss = out[0].item();
       seconds_per_token.push_back(seconds_since(step_start) / double(std::max<int64_t>(step_tokens, 1)));
       progress.update(++step, last_loss, tokens, out[4].item());
-      finish_step(log.enabled() ? step_metrics(step, out) : MetricsLog::Step{}, step_tokens, step_start);
+      finish_step([&] { return step_metrics(step, out); }, step_tokens, step_start);
       continue;
     }
     std::vector<optim::MicroBatch> mb;
@@ -133,7 +126,7 @@ int train_lines(const TrainOptions& o, nn::Gpt& model, optim::Optimizer& opt, De
     last_loss = mean_loss.item();
     seconds_per_token.push_back(seconds_since(step_start) / double(std::max<int64_t>(step_tokens, 1)));
     progress.update(++step, last_loss, tokens, r.lr);
-    finish_step(log.enabled() ? step_metrics(step, last_loss, r) : MetricsLog::Step{}, step_tokens, step_start);
+    finish_step([&] { return step_metrics(step, last_loss, r); }, step_tokens, step_start);
   }
   progress.end_line();
   if (!o.checkpoint.empty() && !save_due(o, step)) save();  // the end's, unless just written
