@@ -25,6 +25,7 @@
 #include "kernels/attention_mask.h"
 #include "kernels/cpu/compose.h"
 #include "kernels/cpu/dense_outputs.h"
+#include "kernels/cpu/sgemm.h"
 #include "kernels/dispatch.h"
 
 namespace reel {
@@ -80,6 +81,35 @@ void scatter_head(T* base, const Mat<A>& m, const Geometry& g, int64_t width, in
     for (int64_t c = 0; c < g.hd; ++c) base[(b * g.T + t) * width + col0 + c] = store<T>(scale * m(t, c));
 }
 
+// One (batch, head)'s (T, hd) matrix as a GEMM reads it: in place in its (B, T, width) tensor (row
+// stride width) when it needs neither widening nor rounding (f32 and f64 at their own precision), else
+// gathered into `store` (row stride hd).
+template <typename A>
+struct Head {
+  const A* p;
+  int64_t ld;
+  MatLayout rows() const { return {true, ld}; }         // the (T, hd) matrix
+  MatLayout transposed() const { return {false, ld}; }  // the (hd, T) matrix read from it
+};
+
+template <typename T, typename A>
+Head<A> head(const T* base, const Geometry& g, int64_t width, int64_t b, int64_t col0, bool round, Mat<A>& store) {
+  if constexpr (std::is_same_v<T, A>) {
+    if (!round || (g.compute != DType::bf16 && g.compute != DType::f16)) return {base + b * g.T * width + col0, width};
+  }
+  store = gather_head<T, A>(base, g, width, b, col0, round);
+  return {store.data(), g.hd};
+}
+
+// (M, N) = a (M, K) @ b (K, N), each read through its layout, on kernels/cpu/sgemm.h's backend.
+template <typename A>
+Mat<A> product(int64_t M, int64_t K, int64_t N, const A* a, MatLayout la, const A* b, MatLayout lb) {
+  Mat<A> c(M, N);
+  if constexpr (std::is_floating_point_v<A>) cpu::gemm(a, la, b, lb, c.data(), M, K, N);
+  else throw InternalError("attention: integer operands reached the GEMM");  // visit_float_dtype refuses them
+  return c;
+}
+
 // The optional additive mask, read in place through its broadcast strides (kernels/attention_mask.h).
 template <typename A>
 struct MaskView {
@@ -102,14 +132,28 @@ struct MaskView {
 // The mask is the input after the `required` ones, when there is one.
 Tensor mask_input(const KernelCall& c, size_t required) { return c.in.size() > required ? c.in[required] : Tensor(); }
 
-template <typename A>
-void round_all(Mat<A>& m, DType compute) {
+template <typename M>
+void round_all(M&& m, DType compute) {
+  using A = typename std::decay_t<M>::Scalar;
   if (compute == DType::bf16 || compute == DType::f16) m = m.unaryExpr([compute](A v) { return round_to(compute, v); });
 }
 
+// out = exp(d) through Eigen's packet exp, 8 floats (4 doubles) at a time: the scalar std::exp loop
+// it replaces took most of the attention kernels' time. Eigen clamps d from below, so a masked logit
+// (d = -inf) or one far below the rest would come out near the smallest normal number instead of 0;
+// every d whose exp is below the normal range gives exactly 0 (a key that cannot contribute).
+template <typename Out, typename Expr>
+void exp_row(Out&& out, const Expr& d) {
+  using A = typename std::decay_t<Out>::Scalar;
+  static const A lowest = std::log(std::numeric_limits<A>::min());
+  out = d.exp();
+  out = (d < lowest).select(A(0), out);
+}
+
 // The products run as dense (T, T) GEMMs per (batch, head), the causally hidden half zeroed: at these sizes
-// Eigen's GEMM beats a triangular loop by far. One (batch, head) per thread (Eigen stays on the
-// calling thread inside the parallel loop).
+// a GEMM beats a triangular loop by far. They go through kernels/cpu/sgemm.h (oneDNN's sgemm for f32,
+// AVX-512 where the machine has it; Eigen for f64), q, k, v and dy read in place where no rounding is
+// needed. One (batch, head) per thread: inside the parallel loop each GEMM stays on its thread.
 void attention_fwd_kernel(const KernelCall& c) {
   Tensor qkv = dense(c.in[0]);
   const Tensor &y = c.out[0], &lse = c.out[1];
@@ -124,31 +168,31 @@ void attention_fwd_kernel(const KernelCall& c) {
 #pragma omp parallel for collapse(2) if (g.B * g.H > 1)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t h = 0; h < g.H; ++h) {
-        const Mat<A> q = gather_head<T, A>(x, g, 3 * g.d, b, h * g.hd, true);
-        const Mat<A> k = gather_head<T, A>(x, g, 3 * g.d, b, g.d + h * g.hd, true);
-        const Mat<A> v = gather_head<T, A>(x, g, 3 * g.d, b, 2 * g.d + h * g.hd, true);
-        Mat<A> s = (q * k.transpose()) * scale;  // (T, T)
+        const int64_t T_ = g.T, hd = g.hd;
+        Mat<A> qs, ks, vs;
+        const Head<A> q = head<T, A>(x, g, 3 * g.d, b, h * hd, true, qs);
+        const Head<A> k = head<T, A>(x, g, 3 * g.d, b, g.d + h * hd, true, ks);
+        const Head<A> v = head<T, A>(x, g, 3 * g.d, b, 2 * g.d + h * hd, true, vs);
+        Mat<A> s = product(T_, hd, T_, q.p, q.rows(), k.p, k.transposed());  // (T, T) = q k^T
+        s *= scale;
         mask.add_to(s, b, h);
-        Mat<A> p(g.T, g.T);
+        Mat<A> p = Mat<A>::Zero(g.T, g.T);
         for (int64_t t = 0; t < g.T; ++t) {
           const int64_t keys = g.keys(t);
-          A m = -std::numeric_limits<A>::infinity();
-          for (int64_t j = 0; j < keys; ++j) m = std::max(m, s(t, j));
+          auto st = s.row(t).head(keys).array();
+          const A m = st.maxCoeff();
           if (m == -std::numeric_limits<A>::infinity()) {  // every visible key masked: y_t = 0, lse_t = +inf
-            p.row(t).setZero();
             plse[(b * g.H + h) * g.T + t] = std::numeric_limits<A>::infinity();
             continue;
           }
-          A l = 0;
-          for (int64_t j = 0; j < g.T; ++j) {
-            const A e = j < keys ? std::exp(s(t, j) - m) : A(0);
-            l += e;
-            p(t, j) = round_to(g.compute, e);
-          }
-          p.row(t) /= l;  // y = (sum_s round(e_s) v_s) / l, the normaliser of the unrounded e
+          auto e = p.row(t).head(keys).array();
+          exp_row(e, st - m);
+          const A l = e.sum();
+          round_all(e, g.compute);
+          e /= l;  // y = (sum_s round(e_s) v_s) / l, the normaliser of the unrounded e
           plse[(b * g.H + h) * g.T + t] = m + std::log(l);
         }
-        const Mat<A> out = p * v;  // (T, hd)
+        const Mat<A> out = product(T_, T_, hd, p.data(), MatLayout{true, T_}, v.p, v.rows());  // (T, hd) = p v
         scatter_head<T, A>(py, out, g, g.d, b, h * g.hd, A(1));
       }
   });
@@ -168,31 +212,36 @@ void attention_bwd_kernel(const KernelCall& c) {
 #pragma omp parallel for collapse(2) if (g.B * g.H > 1)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t h = 0; h < g.H; ++h) {
-        const int64_t hd = g.hd;
-        const Mat<A> q = gather_head<T, A>(x, g, 3 * g.d, b, h * hd, true);
-        const Mat<A> k = gather_head<T, A>(x, g, 3 * g.d, b, g.d + h * hd, true);
-        const Mat<A> v = gather_head<T, A>(x, g, 3 * g.d, b, 2 * g.d + h * hd, true);
-        const Mat<A> go = gather_head<T, A>(pdy, g, g.d, b, h * hd, true);
-        const Mat<A> go_exact = gather_head<T, A>(pdy, g, g.d, b, h * hd, false);
-        const Mat<A> yo = gather_head<T, A>(py, g, g.d, b, h * hd, false);
-        Mat<A> s = (q * k.transpose()) * scale;  // (T, T)
+        const int64_t T_ = g.T, hd = g.hd;
+        Mat<A> qs, ks, vs, gos, gxs, ys;
+        const Head<A> q = head<T, A>(x, g, 3 * g.d, b, h * hd, true, qs);
+        const Head<A> k = head<T, A>(x, g, 3 * g.d, b, g.d + h * hd, true, ks);
+        const Head<A> v = head<T, A>(x, g, 3 * g.d, b, 2 * g.d + h * hd, true, vs);
+        const Head<A> go = head<T, A>(pdy, g, g.d, b, h * hd, true, gos);
+        const Head<A> go_exact = head<T, A>(pdy, g, g.d, b, h * hd, false, gxs);
+        const Head<A> yo = head<T, A>(py, g, g.d, b, h * hd, false, ys);
+        Mat<A> s = product(T_, hd, T_, q.p, q.rows(), k.p, k.transposed());  // (T, T) = q k^T
+        s *= scale;
         mask.add_to(s, b, h);
-        const Mat<A> dp = go * v.transpose();  // (T, T)
-        Mat<A> p(g.T, g.T), ds(g.T, g.T);
+        const Mat<A> dp = product(T_, hd, T_, go.p, go.rows(), v.p, v.transposed());  // (T, T) = dy v^T
+        Mat<A> p = Mat<A>::Zero(g.T, g.T), ds = Mat<A>::Zero(g.T, g.T);
         for (int64_t t = 0; t < g.T; ++t) {
-          const A D = go_exact.row(t).dot(yo.row(t)), l = plse[(b * g.H + h) * g.T + t];
+          A D = 0;
+          for (int64_t c = 0; c < hd; ++c) D += go_exact.p[t * go_exact.ld + c] * yo.p[t * yo.ld + c];
+          const A l = plse[(b * g.H + h) * g.T + t];
           const int64_t keys = g.keys(t);
-          for (int64_t j = 0; j < g.T; ++j) {
-            const A e = j < keys ? std::exp(s(t, j) - l) : A(0);  // 0 for a fully masked row (l = +inf)
-            p(t, j) = e;
-            ds(t, j) = e * (dp(t, j) - D);
-          }
+          auto e = p.row(t).head(keys).array();
+          exp_row(e, s.row(t).head(keys).array() - l);  // 0 for a fully masked row (l = +inf)
+          ds.row(t).head(keys).array() = e * (dp.row(t).head(keys).array() - D);
         }
         round_all(p, g.compute);
         round_all(ds, g.compute);
-        scatter_head<T, A>(pd, Mat<A>(ds * k), g, 3 * g.d, b, h * hd, scale);
-        scatter_head<T, A>(pd, Mat<A>(ds.transpose() * q), g, 3 * g.d, b, g.d + h * hd, scale);
-        scatter_head<T, A>(pd, Mat<A>(p.transpose() * go), g, 3 * g.d, b, 2 * g.d + h * hd, A(1));
+        const MatLayout by_rows{true, T_}, by_columns{false, T_};  // a (T, T) matrix, or its transpose
+        scatter_head<T, A>(pd, product(T_, T_, hd, ds.data(), by_rows, k.p, k.rows()), g, 3 * g.d, b, h * hd, scale);
+        scatter_head<T, A>(pd, product(T_, T_, hd, ds.data(), by_columns, q.p, q.rows()), g, 3 * g.d, b, g.d + h * hd,
+                           scale);
+        scatter_head<T, A>(pd, product(T_, T_, hd, p.data(), by_columns, go.p, go.rows()), g, 3 * g.d, b,
+                           2 * g.d + h * hd, A(1));
       }
   });
 }

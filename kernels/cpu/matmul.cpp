@@ -42,34 +42,12 @@ namespace reel::cpu {
 
 namespace {
 
-template <typename T, int Order>
-using ConstMatMap =
-    Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, 0, Eigen::OuterStride<>>;
-template <typename T>
-using OutMatMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
-
 // `t` in dtype `dt` with a layout a GEMM reads in place: `t` itself when possible, else a contiguous copy.
 Tensor mappable(const Tensor& t, DType dt) {
   if (t.dtype() == dt && matrix_layout(t)) return t;
   Tensor c = Tensor::empty(t.shape(), dt, t.device());
   copy_strided(c, t);
   return c;
-}
-
-// c (M, N), contiguous = a (M, K) @ b (K, N), each read through its layout. Single-threaded when
-// called inside a parallel region, threaded by the library otherwise.
-template <typename T>
-void gemm(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t M, int64_t K, int64_t N) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (cpu_gemm() == CpuGemm::dnnl) return sgemm_dnnl(a, la, b, lb, c, M, K, N);
-  }
-  OutMatMap<T> C(c, M, N);
-  auto times_b = [&](const auto& A) {
-    if (lb.row_major) C.noalias() = A * ConstMatMap<T, Eigen::RowMajor>(b, K, N, Eigen::OuterStride<>(lb.outer));
-    else C.noalias() = A * ConstMatMap<T, Eigen::ColMajor>(b, K, N, Eigen::OuterStride<>(lb.outer));
-  };
-  if (la.row_major) times_b(ConstMatMap<T, Eigen::RowMajor>(a, M, K, Eigen::OuterStride<>(la.outer)));
-  else times_b(ConstMatMap<T, Eigen::ColMajor>(a, M, K, Eigen::OuterStride<>(la.outer)));
 }
 
 // Folds a's batch into its rows when b is one shared matrix: a (..., M, K) viewed as (B*M, K).
@@ -111,7 +89,7 @@ void matmul_same_dtype(const Tensor& a_in, const Tensor& b_in, const Tensor& out
       oa += idx * sa[d];
       ob += idx * sb[d];
     }
-    gemm<T>(pa + oa, la, pb + ob, lb, pc + i * M * N, M, K, N);
+    gemm(pa + oa, la, pb + ob, lb, pc + i * M * N, M, K, N);
   };
   const double flops_each = 2.0 * double(M) * double(N) * double(K);
   if (split_gemm_batch(nbatch, flops_each)) {

@@ -24,10 +24,13 @@
 
 #include <dnnl.h>
 
+#include <Eigen/Dense>
+
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -69,7 +72,33 @@ struct NoNestedTeam {
   NoNestedTeam& operator=(const NoNestedTeam&) = delete;
 };
 
+template <typename T, int Order>
+using ConstMatMap =
+    Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, 0, Eigen::OuterStride<>>;
+
+template <typename T>
+void gemm_on_backend(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t M, int64_t K, int64_t N) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (cpu_gemm() == CpuGemm::dnnl) return sgemm_dnnl(a, la, b, lb, c, M, K, N);
+  }
+  Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> C(c, M, N);
+  auto times_b = [&](const auto& A) {
+    if (lb.row_major) C.noalias() = A * ConstMatMap<T, Eigen::RowMajor>(b, K, N, Eigen::OuterStride<>(lb.outer));
+    else C.noalias() = A * ConstMatMap<T, Eigen::ColMajor>(b, K, N, Eigen::OuterStride<>(lb.outer));
+  };
+  if (la.row_major) times_b(ConstMatMap<T, Eigen::RowMajor>(a, M, K, Eigen::OuterStride<>(la.outer)));
+  else times_b(ConstMatMap<T, Eigen::ColMajor>(a, M, K, Eigen::OuterStride<>(la.outer)));
+}
+
 }  // namespace
+
+void gemm(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t M, int64_t K, int64_t N) {
+  gemm_on_backend(a, la, b, lb, c, M, K, N);
+}
+
+void gemm(const double* a, MatLayout la, const double* b, MatLayout lb, double* c, int64_t M, int64_t K, int64_t N) {
+  gemm_on_backend(a, la, b, lb, c, M, K, N);
+}
 
 CpuGemm parse_cpu_gemm(const char* value) {
   std::string v(value ? value : "");

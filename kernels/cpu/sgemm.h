@@ -9,8 +9,9 @@
 // vector ISA (AVX-512 where present), about twice Eigen's rate at gpt-tiny's shapes, since Eigen is
 // compiled for x86-64-v3 (AVX2) only. `eigen` is the Eigen GEMM that came before, kept so both can be
 // run and timed in one binary. REEL_CPU_GEMM=dnnl|eigen picks it, read once, at the first GEMM;
-// set_cpu_gemm overrides it (tests, benchmarks). f64 always runs on Eigen (gradcheck's dtype); conv2d
-// and attention call Eigen themselves and are not routed here.
+// set_cpu_gemm overrides it (tests, benchmarks). f64 always runs on Eigen (gradcheck's dtype). `gemm`
+// is the one entry the kernels call (matmul, attention's per-head products); conv2d's im2col path
+// calls Eigen itself.
 #pragma once
 #include <cstdint>
 
@@ -26,6 +27,12 @@ void set_cpu_gemm(CpuGemm backend);
 const char* cpu_gemm_name(CpuGemm backend);
 // "dnnl" / "eigen" (any case); anything else throws reel::Error naming the two.
 CpuGemm parse_cpu_gemm(const char* value);
+
+// c (M, N), contiguous, = a (M, K) @ b (K, N), each read in place through its layout: f32 on the
+// chosen backend, f64 on Eigen. Single-threaded when called inside a parallel region, threaded by
+// the library otherwise.
+void gemm(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t M, int64_t K, int64_t N);
+void gemm(const double* a, MatLayout la, const double* b, MatLayout lb, double* c, int64_t M, int64_t K, int64_t N);
 
 // c = a @ b through oneDNN's sgemm, every operand f32. M, K, N >= 1. Threaded over the calling
 // thread's OpenMP team size (omp_get_max_threads(), which GemmThreadScope narrows); on one thread when
