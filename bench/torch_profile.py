@@ -4,6 +4,8 @@
 
 usage: python3 bench/torch_profile.py MODEL PREC [top]      (on the GPU machine; eager mode)
 Prints the `top` CUDA kernels by device time per step, the step's kernel count and total device time.
+DEV=cpu THREADS=N profiles the CPU step instead (fp32, N threads): the top aten ops by self CPU time,
+to set beside `reel bench --device cpu --threads N --profile 1`.
 """
 import os
 import sys
@@ -17,16 +19,19 @@ import torch_anchor as peer  # noqa: E402
 def main():
     name, prec = sys.argv[1], sys.argv[2]
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 20
+    dev = os.environ.get("DEV", "cuda")
+    if dev == "cpu":
+        torch.set_num_threads(int(os.environ.get("THREADS", 2)))
     torch.manual_seed(0)
-    m, xs, ys, lossf, items = peer.make(name, "cuda")
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True)
-    scaler = torch.amp.GradScaler("cuda", enabled=(prec == "fp16"))
+    m, xs, ys, lossf, items = peer.make(name, dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=(dev == "cuda"))
+    scaler = torch.amp.GradScaler(dev, enabled=(prec == "fp16"))
     torch.backends.cudnn.benchmark = True
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(prec)
 
     def step():
         for i in range(peer.ACCUM):
-            with torch.autocast(device_type="cuda", dtype=dt or torch.float32, enabled=dt is not None):
+            with torch.autocast(device_type=dev, dtype=dt or torch.float32, enabled=dt is not None):
                 loss = lossf(m(xs[i]), ys[i])
             scaler.scale(loss / peer.ACCUM).backward()
         scaler.unscale_(opt)
@@ -37,8 +42,18 @@ def main():
 
     for _ in range(5):
         step()
-    torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
+    if dev == "cpu":
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+        events = prof.key_averages()
+        total = sum(e.self_cpu_time_total for e in events)
+        print(f"torch {name} {prec} eager on {torch.get_num_threads()} CPU threads: {total / 1e3:.3f} ms self CPU time")
+        print(f"  {'op':<60} {'calls':>6} {'ms/step':>9}")
+        for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
+            print(f"  {e.key[:60]:<60} {e.count:>6} {e.self_cpu_time_total / 1e3:>9.3f}")
+        return
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
