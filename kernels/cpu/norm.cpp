@@ -136,6 +136,11 @@ void layer_norm_fwd_kernel(const KernelCall& c) {
       A rs = A(1) / std::sqrt(m.var + eps);
       pm[r] = m.mean;
       pr[r] = rs;
+      if (pw && pb) {  // the common case as a loop without branches, so it runs in SIMD lanes
+#pragma omp simd
+        for (int64_t j = 0; j < cols; ++j) yr[j] = store<T>((load(xr[j]) - m.mean) * rs * load(pw[j]) + load(pb[j]));
+        continue;
+      }
       for (int64_t j = 0; j < cols; ++j) {
         A v = (load(xr[j]) - m.mean) * rs;
         if (pw) v *= load(pw[j]);
@@ -147,20 +152,28 @@ void layer_norm_fwd_kernel(const KernelCall& c) {
 }
 
 // dx of one row (see the file comment); adds g xhat and g into this thread's dw, db partial sums.
-template <typename T, typename A>
+// The loops run in SIMD lanes (the row sums as per-lane partial sums: a fixed order, so the same bits
+// run to run); dw_part and db_part are the block's own slots, apart from every input and dx.
+template <bool HasW, typename T, typename A>
 void layer_norm_bwd_row(const T* g, const T* x, const T* w, A mean, A rstd, int64_t cols, T* dx, A* dw_part,
                         A* db_part) {
   A sum_gw = 0, sum_gwx = 0;
+#pragma omp simd reduction(+ : sum_gw, sum_gwx)
   for (int64_t j = 0; j < cols; ++j) {
-    A gj = load(g[j]), xh = (load(x[j]) - mean) * rstd, gw = w ? gj * load(w[j]) : gj;
+    const A gj = load(g[j]), xh = (load(x[j]) - mean) * rstd;
+    A gw = gj;
+    if constexpr (HasW) gw = gj * load(w[j]);
     sum_gw += gw;
     sum_gwx += gw * xh;
     dw_part[j] += gj * xh;
     db_part[j] += gj;
   }
-  A mean_gw = sum_gw / A(cols), mean_gwx = sum_gwx / A(cols);
+  const A mean_gw = sum_gw / A(cols), mean_gwx = sum_gwx / A(cols);
+#pragma omp simd
   for (int64_t j = 0; j < cols; ++j) {
-    A xh = (load(x[j]) - mean) * rstd, gw = w ? load(g[j]) * load(w[j]) : load(g[j]);
+    const A xh = (load(x[j]) - mean) * rstd;
+    A gw = load(g[j]);
+    if constexpr (HasW) gw = gw * load(w[j]);
     dx[j] = store<T>(rstd * (gw - mean_gw - xh * mean_gwx));
   }
 }
@@ -184,8 +197,9 @@ void layer_norm_bwd_kernel(const KernelCall& c) {
 #pragma omp parallel for if (rows * cols >= cpu::kParallelGrain && blocks > 1)
     for (int64_t blk = 0; blk < blocks; ++blk)
       for (int64_t r = blk * kRowsPerBlock; r < std::min(rows, (blk + 1) * kRowsPerBlock); ++r)
-        layer_norm_bwd_row(pg + r * cols, px + r * cols, pw, pm[r], pr[r], cols, pdx + r * cols,
-                           dw_parts.data() + blk * cols, db_parts.data() + blk * cols);
+        (pw ? layer_norm_bwd_row<true, T, A> : layer_norm_bwd_row<false, T, A>)(
+            pg + r * cols, px + r * cols, pw, pm[r], pr[r], cols, pdx + r * cols, dw_parts.data() + blk * cols,
+            db_parts.data() + blk * cols);
     std::vector<A> dw_sum(size_t(cols), A(0)), db_sum(size_t(cols), A(0));
     for (int64_t blk = 0; blk < blocks; ++blk)
       for (int64_t j = 0; j < cols; ++j) {
