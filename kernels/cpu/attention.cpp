@@ -101,13 +101,25 @@ Head<A> head(const T* base, const Geometry& g, int64_t width, int64_t b, int64_t
   return {store.data(), g.hd};
 }
 
-// (M, N) = a (M, K) @ b (K, N), each read through its layout, on kernels/cpu/sgemm.h's backend.
+// (M, N) = alpha a (M, K) @ b (K, N), each read through its layout, on kernels/cpu/sgemm.h's backend.
 template <typename A>
-Mat<A> product(int64_t M, int64_t K, int64_t N, const A* a, MatLayout la, const A* b, MatLayout lb) {
+Mat<A> product(int64_t M, int64_t K, int64_t N, const A* a, MatLayout la, const A* b, MatLayout lb, A alpha = A(1)) {
   Mat<A> c(M, N);
-  if constexpr (std::is_floating_point_v<A>) cpu::gemm(a, la, b, lb, c.data(), M, K, N);
+  if constexpr (std::is_floating_point_v<A>) cpu::gemm(a, la, b, lb, c.data(), M, K, N, 0, alpha);
   else throw InternalError("attention: integer operands reached the GEMM");  // visit_float_dtype refuses them
   return c;
+}
+
+// One (batch, head)'s (T, hd) block of a (B, T, width) output from column col0 = alpha a (T, K) @ m (K, hd):
+// the GEMM writes it in place when the output holds A values (f32, f64), else it goes through a
+// temporary and is rounded to T.
+template <typename T, typename A>
+void product_into(T* base, const Geometry& g, int64_t width, int64_t b, int64_t col0, A alpha, int64_t K, const A* a,
+                  MatLayout la, const A* m, MatLayout lm) {
+  if constexpr (std::is_same_v<T, A> && std::is_floating_point_v<A>)
+    cpu::gemm(a, la, m, lm, base + b * g.T * width + col0, g.T, K, g.hd, width, alpha);
+  else
+    scatter_head<T, A>(base, product(g.T, K, g.hd, a, la, m, lm), g, width, b, col0, alpha);
 }
 
 // The optional additive mask, read in place through its broadcast strides (kernels/attention_mask.h).
@@ -173,8 +185,7 @@ void attention_fwd_kernel(const KernelCall& c) {
         const Head<A> q = head<T, A>(x, g, 3 * g.d, b, h * hd, true, qs);
         const Head<A> k = head<T, A>(x, g, 3 * g.d, b, g.d + h * hd, true, ks);
         const Head<A> v = head<T, A>(x, g, 3 * g.d, b, 2 * g.d + h * hd, true, vs);
-        Mat<A> s = product(T_, hd, T_, q.p, q.rows(), k.p, k.transposed());  // (T, T) = q k^T
-        s *= scale;
+        Mat<A> s = product(T_, hd, T_, q.p, q.rows(), k.p, k.transposed(), scale);  // (T, T) = scale q k^T
         mask.add_to(s, b, h);
         Mat<A> p = Mat<A>::Zero(g.T, g.T);
         for (int64_t t = 0; t < g.T; ++t) {
@@ -192,8 +203,7 @@ void attention_fwd_kernel(const KernelCall& c) {
           e /= l;  // y = (sum_s round(e_s) v_s) / l, the normaliser of the unrounded e
           plse[(b * g.H + h) * g.T + t] = m + std::log(l);
         }
-        const Mat<A> out = product(T_, T_, hd, p.data(), MatLayout{true, T_}, v.p, v.rows());  // (T, hd) = p v
-        scatter_head<T, A>(py, out, g, g.d, b, h * g.hd, A(1));
+        product_into<T, A>(py, g, g.d, b, h * hd, A(1), T_, p.data(), MatLayout{true, T_}, v.p, v.rows());  // y = p v
       }
   });
 }
@@ -220,13 +230,13 @@ void attention_bwd_kernel(const KernelCall& c) {
         const Head<A> go = head<T, A>(pdy, g, g.d, b, h * hd, true, gos);
         const Head<A> go_exact = head<T, A>(pdy, g, g.d, b, h * hd, false, gxs);
         const Head<A> yo = head<T, A>(py, g, g.d, b, h * hd, false, ys);
-        Mat<A> s = product(T_, hd, T_, q.p, q.rows(), k.p, k.transposed());  // (T, T) = q k^T
-        s *= scale;
+        Mat<A> s = product(T_, hd, T_, q.p, q.rows(), k.p, k.transposed(), scale);  // (T, T) = scale q k^T
         mask.add_to(s, b, h);
         const Mat<A> dp = product(T_, hd, T_, go.p, go.rows(), v.p, v.transposed());  // (T, T) = dy v^T
         Mat<A> p = Mat<A>::Zero(g.T, g.T), ds = Mat<A>::Zero(g.T, g.T);
         for (int64_t t = 0; t < g.T; ++t) {
           A D = 0;
+#pragma omp simd reduction(+ : D)
           for (int64_t c = 0; c < hd; ++c) D += go_exact.p[t * go_exact.ld + c] * yo.p[t * yo.ld + c];
           const A l = plse[(b * g.H + h) * g.T + t];
           const int64_t keys = g.keys(t);
@@ -237,11 +247,9 @@ void attention_bwd_kernel(const KernelCall& c) {
         round_all(p, g.compute);
         round_all(ds, g.compute);
         const MatLayout by_rows{true, T_}, by_columns{false, T_};  // a (T, T) matrix, or its transpose
-        scatter_head<T, A>(pd, product(T_, T_, hd, ds.data(), by_rows, k.p, k.rows()), g, 3 * g.d, b, h * hd, scale);
-        scatter_head<T, A>(pd, product(T_, T_, hd, ds.data(), by_columns, q.p, q.rows()), g, 3 * g.d, b, g.d + h * hd,
-                           scale);
-        scatter_head<T, A>(pd, product(T_, T_, hd, p.data(), by_columns, go.p, go.rows()), g, 3 * g.d, b,
-                           2 * g.d + h * hd, A(1));
+        product_into<T, A>(pd, g, 3 * g.d, b, h * hd, scale, T_, ds.data(), by_rows, k.p, k.rows());  // dq
+        product_into<T, A>(pd, g, 3 * g.d, b, g.d + h * hd, scale, T_, ds.data(), by_columns, q.p, q.rows());  // dk
+        product_into<T, A>(pd, g, 3 * g.d, b, 2 * g.d + h * hd, A(1), T_, p.data(), by_columns, go.p, go.rows());  // dv
       }
   });
 }

@@ -1,6 +1,6 @@
 // The f32 GEMM of the CPU matmul kernels through oneDNN's sgemm, and the backend choice (sgemm.h).
 //
-//   c (M, N) = a (M, K) @ b (K, N)     dnnl_sgemm(transa, transb, M, N, K, 1, a, lda, b, ldb, 0, c, N)
+//   c (M, N) = alpha a (M, K) @ b (K, N)   dnnl_sgemm(transa, transb, M, N, K, alpha, a, lda, b, ldb, 0, c, ldc)
 //
 // dnnl_sgemm is row-major BLAS: op(A) (M, K) is A itself stored row-major ('N', lda >= K) or the
 // transpose of a row-major (K, M) matrix ('T', lda >= M). A column-major (M, K) matrix with outer
@@ -77,14 +77,18 @@ using ConstMatMap =
     Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, 0, Eigen::OuterStride<>>;
 
 template <typename T>
-void gemm_on_backend(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t M, int64_t K, int64_t N) {
+void gemm_on_backend(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t M, int64_t K, int64_t N,
+                     int64_t ldc, T alpha) {
+  if (ldc == 0) ldc = N;
   if constexpr (std::is_same_v<T, float>) {
-    if (cpu_gemm() == CpuGemm::dnnl) return sgemm_dnnl(a, la, b, lb, c, M, K, N);
+    if (cpu_gemm() == CpuGemm::dnnl) return sgemm_dnnl(a, la, b, lb, c, M, K, N, ldc, alpha);
   }
-  Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> C(c, M, N);
+  Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, 0, Eigen::OuterStride<>> C(
+      c, M, N, Eigen::OuterStride<>(ldc));
   auto times_b = [&](const auto& A) {
     if (lb.row_major) C.noalias() = A * ConstMatMap<T, Eigen::RowMajor>(b, K, N, Eigen::OuterStride<>(lb.outer));
     else C.noalias() = A * ConstMatMap<T, Eigen::ColMajor>(b, K, N, Eigen::OuterStride<>(lb.outer));
+    if (alpha != T(1)) C *= alpha;
   };
   if (la.row_major) times_b(ConstMatMap<T, Eigen::RowMajor>(a, M, K, Eigen::OuterStride<>(la.outer)));
   else times_b(ConstMatMap<T, Eigen::ColMajor>(a, M, K, Eigen::OuterStride<>(la.outer)));
@@ -92,12 +96,14 @@ void gemm_on_backend(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, i
 
 }  // namespace
 
-void gemm(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t M, int64_t K, int64_t N) {
-  gemm_on_backend(a, la, b, lb, c, M, K, N);
+void gemm(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t M, int64_t K, int64_t N,
+          int64_t ldc, float alpha) {
+  gemm_on_backend(a, la, b, lb, c, M, K, N, ldc, alpha);
 }
 
-void gemm(const double* a, MatLayout la, const double* b, MatLayout lb, double* c, int64_t M, int64_t K, int64_t N) {
-  gemm_on_backend(a, la, b, lb, c, M, K, N);
+void gemm(const double* a, MatLayout la, const double* b, MatLayout lb, double* c, int64_t M, int64_t K, int64_t N,
+          int64_t ldc, double alpha) {
+  gemm_on_backend(a, la, b, lb, c, M, K, N, ldc, alpha);
 }
 
 CpuGemm parse_cpu_gemm(const char* value) {
@@ -115,11 +121,13 @@ void set_cpu_gemm(CpuGemm backend) { chosen().store(backend, std::memory_order_r
 
 const char* cpu_gemm_name(CpuGemm backend) { return backend == CpuGemm::dnnl ? "dnnl" : "eigen"; }
 
-void sgemm_dnnl(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t M, int64_t K, int64_t N) {
+void sgemm_dnnl(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t M, int64_t K, int64_t N,
+                int64_t ldc, float alpha) {
   REEL_ASSERT(M >= 1 && K >= 1 && N >= 1, "sgemm of ", M, " x ", K, " x ", N);
+  if (ldc == 0) ldc = N;
   NoNestedTeam one_thread_inside_a_team;
-  const dnnl_status_t status = dnnl_sgemm(la.row_major ? 'N' : 'T', lb.row_major ? 'N' : 'T', M, N, K, 1.0f, a,
-                                          la.outer, b, lb.outer, 0.0f, c, N);
+  const dnnl_status_t status = dnnl_sgemm(la.row_major ? 'N' : 'T', lb.row_major ? 'N' : 'T', M, N, K, alpha, a,
+                                          la.outer, b, lb.outer, 0.0f, c, ldc);
   REEL_ASSERT(status == dnnl_success, "dnnl_sgemm status ", int(status), " for ", M, " x ", K, " x ", N, " (lda ",
               la.outer, ", ldb ", lb.outer, ")");
 }

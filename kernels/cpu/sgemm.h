@@ -28,15 +28,18 @@ const char* cpu_gemm_name(CpuGemm backend);
 // "dnnl" / "eigen" (any case); anything else throws reel::Error naming the two.
 CpuGemm parse_cpu_gemm(const char* value);
 
-// c (M, N), contiguous, = a (M, K) @ b (K, N), each read in place through its layout: f32 on the
-// chosen backend, f64 on Eigen. Single-threaded when called inside a parallel region, threaded by
-// the library otherwise.
-void gemm(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t M, int64_t K, int64_t N);
-void gemm(const double* a, MatLayout la, const double* b, MatLayout lb, double* c, int64_t M, int64_t K, int64_t N);
+// c (M, N) = alpha a (M, K) @ b (K, N), each read in place through its layout, c row-major with
+// row stride ldc (0: N, contiguous): f32 on the chosen backend, f64 on Eigen. c is written, not read.
+// Single-threaded when called inside a parallel region, threaded by the library otherwise.
+void gemm(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t M, int64_t K, int64_t N,
+          int64_t ldc = 0, float alpha = 1);
+void gemm(const double* a, MatLayout la, const double* b, MatLayout lb, double* c, int64_t M, int64_t K, int64_t N,
+          int64_t ldc = 0, double alpha = 1);
 
-// c = a @ b through oneDNN's sgemm, every operand f32. M, K, N >= 1. Threaded over the calling
+// c = alpha a @ b through oneDNN's sgemm, every operand f32 (ldc as gemm's). M, K, N >= 1. Threaded over the calling
 // thread's OpenMP team size (omp_get_max_threads(), which GemmThreadScope narrows); on one thread when
 // called inside a parallel region, so it never forks a team of its own there.
-void sgemm_dnnl(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t M, int64_t K, int64_t N);
+void sgemm_dnnl(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t M, int64_t K, int64_t N,
+                int64_t ldc = 0, float alpha = 1);
 
 }  // namespace reel::cpu
