@@ -84,6 +84,10 @@ $(BUILD)/%.o: %.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
+# GELU's AVX-512 packets: this one file is built for AVX-512 and called only where the CPU has it
+# (kernels/cpu/vector_math.cpp checks at run time); everything else stays x86-64-v3.
+$(BUILD)/kernels/cpu/vector_math_avx512.o: CXXFLAGS += -mavx512f -mavx512dq -mavx512bw -mavx512vl -Wno-maybe-uninitialized
+
 $(BUILD)/%.o: %.cu | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MD -MP -MF $(@:.o=.d) -c $< -o $@

@@ -1,10 +1,12 @@
-// kernels/cpu/vector_math.h: GELU and its backward in f32 through 8-wide packets. Against the f64
-// formula, within f32's rounding; and a value gives the same bits wherever it sits (in a packet's
-// body or the padded tail, in a contiguous row or a strided one), which is what lets the eager kernel
-// and the fused kernel agree to the bit.
+// kernels/cpu/vector_math.h: GELU and its backward in f32 through 16-wide packets, in both builds
+// (AVX2, and AVX-512 where this CPU has it). Against the f64 formula, within f32's rounding; and a
+// value gives the same bits wherever it sits (in a packet's body or the padded tail, in a contiguous
+// row or a strided one), which is what lets the eager kernel and the fused kernel agree to the bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <cstring>
 #include <vector>
 
@@ -35,12 +37,29 @@ std::vector<float> sweep() {
   return x;
 }
 
-TEST(VectorMath, GeluAndItsBackwardMatchF64) {
+using GeluFn = void (*)(const float*, float*, int64_t);
+using GeluBackwardFn = void (*)(const float*, const float*, float*, int64_t);
+struct Build {
+  const char* name;
+  GeluFn gelu;
+  GeluBackwardFn backward;
+};
+
+// The builds this CPU runs: AVX2 always, AVX-512 where present.
+std::vector<Build> builds() {
+  std::vector<Build> b{{"avx2", cpu::detail::gelu_f32_avx2, cpu::detail::gelu_backward_f32_avx2}};
+  if (cpu::detail::cpu_has_avx512())
+    b.push_back({"avx512", cpu::detail::gelu_f32_avx512, cpu::detail::gelu_backward_f32_avx512});
+  return b;
+}
+
+void check_against_f64(const Build& b) {
+  SCOPED_TRACE(b.name);
   const std::vector<float> x = sweep();
   std::vector<float> g(x.size()), y(x.size()), dy(x.size());
   for (size_t i = 0; i < x.size(); ++i) g[i] = 1.0f + float(i % 7) * 0.25f;
-  cpu::gelu_f32(x.data(), y.data(), int64_t(x.size()));
-  cpu::gelu_backward_f32(g.data(), x.data(), dy.data(), int64_t(x.size()));
+  b.gelu(x.data(), y.data(), int64_t(x.size()));
+  b.backward(g.data(), x.data(), dy.data(), int64_t(x.size()));
   for (size_t i = 0; i < x.size(); ++i) {
     const double ref = gelu_f64(x[i]), dref = g[i] * gelu_grad_f64(x[i]);
     // f32 rounds the exponent -2u itself: u comes from a few roundings each of about |u| eps, and an
@@ -54,21 +73,41 @@ TEST(VectorMath, GeluAndItsBackwardMatchF64) {
   }
 }
 
+TEST(VectorMath, GeluAndItsBackwardMatchF64) {
+  for (const Build& b : builds()) check_against_f64(b);
+}
+
+TEST(VectorMath, TheDispatchedBuildIsTheWidestThisCpuHas) {
+  // gelu_f32 runs the AVX-512 build exactly where the CPU has it (REEL_CPU_AVX512=0 aside).
+  const char* env = std::getenv("REEL_CPU_AVX512");
+  const bool off = env && std::string(env) == "0";
+  EXPECT_EQ(cpu::vector_math_avx512(), cpu::detail::cpu_has_avx512() && !off);
+  const std::vector<float> x = sweep();
+  std::vector<float> y(x.size()), want(x.size());
+  cpu::gelu_f32(x.data(), y.data(), int64_t(x.size()));
+  (cpu::vector_math_avx512() ? cpu::detail::gelu_f32_avx512 : cpu::detail::gelu_f32_avx2)(x.data(), want.data(),
+                                                                                         int64_t(x.size()));
+  EXPECT_EQ(std::memcmp(y.data(), want.data(), x.size() * sizeof(float)), 0);
+}
+
 TEST(VectorMath, AValueGivesTheSameBitsWhereverItSits) {
   const std::vector<float> x = sweep();
-  std::vector<float> whole(x.size());
-  cpu::gelu_f32(x.data(), whole.data(), int64_t(x.size()));
-  // Each value alone (always the padded tail) and in arrays cut at every offset of a packet.
-  for (size_t i = 0; i < x.size(); i += 37) {
-    float one;
-    cpu::gelu_f32(&x[i], &one, 1);
-    EXPECT_EQ(std::memcmp(&one, &whole[i], sizeof(float)), 0) << x[i];
-  }
-  for (int64_t cut = 1; cut < 8; ++cut) {
-    std::vector<float> part(x.size());
-    cpu::gelu_f32(x.data(), part.data(), cut);
-    cpu::gelu_f32(x.data() + cut, part.data() + cut, int64_t(x.size()) - cut);
-    EXPECT_EQ(std::memcmp(part.data(), whole.data(), x.size() * sizeof(float)), 0) << "cut at " << cut;
+  for (const Build& b : builds()) {
+    SCOPED_TRACE(b.name);
+    std::vector<float> whole(x.size());
+    b.gelu(x.data(), whole.data(), int64_t(x.size()));
+    // Each value alone (always the padded tail) and in arrays cut at every offset of a packet.
+    for (size_t i = 0; i < x.size(); i += 37) {
+      float one;
+      b.gelu(&x[i], &one, 1);
+      EXPECT_EQ(std::memcmp(&one, &whole[i], sizeof(float)), 0) << x[i];
+    }
+    for (int64_t cut = 1; cut < 16; ++cut) {
+      std::vector<float> part(x.size());
+      b.gelu(x.data(), part.data(), cut);
+      b.gelu(x.data() + cut, part.data() + cut, int64_t(x.size()) - cut);
+      EXPECT_EQ(std::memcmp(part.data(), whole.data(), x.size() * sizeof(float)), 0) << "cut at " << cut;
+    }
   }
 }
 
@@ -107,7 +146,9 @@ TEST(ElementwiseLoops, LanesGiveTheScalarFormulasBits) {
   dispatch_out(OpKind::Add, {z, x}, {z});  // in place: z += x
   const std::vector<float> s = z.to_vector<float>();
   for (size_t i = 0; i < v.size(); ++i)
-    if (v[i] == v[i]) ASSERT_EQ(s[i], v[i] + v[i]) << i;
+    if (v[i] == v[i]) {
+      ASSERT_EQ(s[i], v[i] + v[i]) << i;
+    }
 }
 
 }  // namespace

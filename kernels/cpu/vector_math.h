@@ -7,10 +7,13 @@
 //                      du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)             (1 - tanh^2 = 4 s (1 - s))
 // The logistic form is the same function as kernels/elementwise_math.h's tanh form, with no
 // cancellation in 1 + tanh(u) for negative x (its relative error against f64 is ~7e-7, the tanh
-// form's in f32 ~4e-5); exp runs through Eigen's packet exp, 8 floats per AVX register.
+// form's in f32 ~4e-5); exp runs through Eigen's packet exp, 16 floats a packet
+// (kernels/cpu/vector_math_packets.h): one AVX-512 register where the CPU has AVX-512, else two AVX2
+// registers. The choice is made once per process (REEL_CPU_AVX512=0 keeps AVX2), so within a run
+// every call takes the same code.
 //
-// Every element goes through the same 8-wide packet code, the tail of an array too (copied into a
-// padded packet), so a value's result does not depend on where it sits: the eager kernel (rows of any
+// Every element goes through the same packet code, the tail of an array too (copied into a padded
+// packet), so a value's result does not depend on where it sits: the eager kernel (rows of any
 // stride, staged through a buffer) and the fused kernel's interpreter (blocks of registers) give the
 // same bits for the same input. f64 keeps the scalar formulas (gradcheck's reference).
 #pragma once
@@ -21,5 +24,17 @@ namespace reel::cpu {
 void gelu_f32(const float* x, float* y, int64_t n);
 // y = g * dgelu/dx(x)
 void gelu_backward_f32(const float* g, const float* x, float* y, int64_t n);
+
+// Whether gelu_f32 and gelu_backward_f32 run the AVX-512 build in this process.
+bool vector_math_avx512();
+
+// The two builds, for tests that check each (the AVX-512 one only where cpu_has_avx512()).
+namespace detail {
+bool cpu_has_avx512();
+void gelu_f32_avx2(const float* x, float* y, int64_t n);
+void gelu_backward_f32_avx2(const float* g, const float* x, float* y, int64_t n);
+void gelu_f32_avx512(const float* x, float* y, int64_t n);
+void gelu_backward_f32_avx512(const float* g, const float* x, float* y, int64_t n);
+}  // namespace detail
 
 }  // namespace reel::cpu

@@ -1,0 +1,66 @@
+// The packet formulas of kernels/cpu/vector_math.h, written once for a packet of W floats, and the
+// loops that run them over an array (the tail through a padded packet, as every other element).
+// Included by two files, each compiled for its own instruction set, both with W = 16: vector_math.cpp
+// (x86-64-v3: each Eigen op on two 256-bit registers, independent, so one's latency hides behind the
+// other's; per lane the same operations as 8-wide packets, so the same bits) and vector_math_avx512.cpp
+// (AVX-512: one 512-bit register, about 3x the AVX2 rate; its own exp code, so bits may differ from
+// the AVX2 build's in the last place). Everything here is in an unnamed namespace on purpose: each file
+// gets its own copy compiled for its own ISA, and no instantiation is shared with (or chosen by the
+// linker over) the other's.
+#pragma once
+#include <Eigen/Core>
+#include <cstdint>
+#include <cstring>
+
+namespace reel::cpu {
+namespace {
+
+template <int W>
+struct GeluPackets {
+  using Packet = Eigen::Array<float, W, 1>;
+  static constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  static constexpr float kCoeff = 0.044715f;
+
+  // s = 1 / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+  static Packet logistic_2u(const Packet& x) {
+    const Packet u = kSqrt2OverPi * (x + kCoeff * x * x * x);
+    return 1.0f / (1.0f + (-2.0f * u).exp());
+  }
+  static void gelu(const float* x, float* y) {
+    const Packet px = Eigen::Map<const Packet>(x);
+    Eigen::Map<Packet> out(y);
+    out = px * logistic_2u(px);
+  }
+  static void gelu_backward(const float* g, const float* x, float* y) {
+    const Packet px = Eigen::Map<const Packet>(x), pg = Eigen::Map<const Packet>(g);
+    const Packet s = logistic_2u(px);
+    const Packet du = kSqrt2OverPi * (1.0f + (3.0f * kCoeff) * px * px);
+    Eigen::Map<Packet> out(y);
+    out = pg * (s + 2.0f * px * s * (1.0f - s) * du);
+  }
+
+  static void gelu_array(const float* x, float* y, int64_t n) {
+    int64_t i = 0;
+    for (; i + W <= n; i += W) gelu(x + i, y + i);
+    if (i < n) {
+      float in[W] = {}, out[W];
+      std::memcpy(in, x + i, size_t(n - i) * sizeof(float));
+      gelu(in, out);
+      std::memcpy(y + i, out, size_t(n - i) * sizeof(float));
+    }
+  }
+  static void gelu_backward_array(const float* g, const float* x, float* y, int64_t n) {
+    int64_t i = 0;
+    for (; i + W <= n; i += W) gelu_backward(g + i, x + i, y + i);
+    if (i < n) {
+      float gin[W] = {}, xin[W] = {}, out[W];
+      std::memcpy(gin, g + i, size_t(n - i) * sizeof(float));
+      std::memcpy(xin, x + i, size_t(n - i) * sizeof(float));
+      gelu_backward(gin, xin, out);
+      std::memcpy(y + i, out, size_t(n - i) * sizeof(float));
+    }
+  }
+};
+
+}  // namespace
+}  // namespace reel::cpu
