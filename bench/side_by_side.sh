@@ -87,17 +87,23 @@ for phase in "$@"; do
       # reel (oneDNN convolutions and GEMMs; and the Eigen/im2col kernels they replaced, selected by
       # REEL_CPU_CONV=im2col REEL_CPU_GEMM=eigen, in the same binary) beside torch eager, fp32, at 2
       # and 8 threads; eager and the compiled plan.
+      # ROUNDS=N repeats the whole sequence (reel, reel before, torch at 2 then 8 threads) N times, so
+      # a noisy machine's swings show as the spread between rounds; BEFORE=0 skips the old kernels.
       : > "$out/reel.jsonl"; : > "$out/torch_eager.jsonl"
+      for round in $(seq "${ROUNDS:-1}"); do
       for t in 2 8; do
         "$reel" bench --device cpu --threads "$t" --models cnn-small,gpt-tiny --precisions fp32 --compile eager,default \
           --steps "${STEPS:-3}" --warmup 1 --json "$out/reel_$t.jsonl" >> "$out/reel.txt" 2>&1
-        REEL_CPU_CONV=im2col REEL_CPU_GEMM=eigen "$reel" bench --device cpu --threads "$t" --models cnn-small,gpt-tiny \
-          --precisions fp32 --compile eager,default --steps "${STEPS:-3}" --warmup 1 --json "$out/reel_before_$t.jsonl" \
-          >> "$out/reel.txt" 2>&1
-        sed 's/"engine": "reel"/"engine": "reel-before"/' "$out/reel_before_$t.jsonl" >> "$out/reel.jsonl"
+        if [ "${BEFORE:-1}" = 1 ]; then
+          REEL_CPU_CONV=im2col REEL_CPU_GEMM=eigen "$reel" bench --device cpu --threads "$t" --models cnn-small,gpt-tiny \
+            --precisions fp32 --compile eager,default --steps "${STEPS:-3}" --warmup 1 --json "$out/reel_before_$t.jsonl" \
+            >> "$out/reel.txt" 2>&1
+          sed 's/"engine": "reel"/"engine": "reel-before"/' "$out/reel_before_$t.jsonl" >> "$out/reel.jsonl"
+        fi
         cat "$out/reel_$t.jsonl" >> "$out/reel.jsonl"
         THREADS="$t" STEPS="${STEPS:-3}" python3 .peer/torch_anchor.py cpu cnn-small,gpt-tiny eager fp32 \
           >> "$out/torch_eager.jsonl" 2>> "$out/torch_eager.err"
+      done
       done
       { grep -o '"engine": "[^"]*"\|"model": "[^"]*"\|"mode": "[^"]*"\|"step_ms_median": [0-9.]*\|"threads": [0-9]*' \
           "$out/reel.jsonl" | paste - - - - -; echo "torch eager:"; cat "$out/torch_eager.jsonl"; } > "$out/joined.md" ;;
