@@ -2,7 +2,7 @@
 // default) and Eigen's GEMM (REEL_CPU_GEMM=eigen), each against a plain triple loop in f64 over the
 // logical values, on 1x1, vector, tall, wide, odd, long-K and threaded shapes, all four transpose
 // layouts, sliced rows (leading dimension > columns), broadcast and expanded batch dims, and the
-// accumulate-into op (matmul_into), in f32, bf16 and f16.
+// accumulate-into op (matmul_into), in f32, bf16 and f16; and cpu::gemm's output stride and alpha.
 //
 // Tolerance. Each output is a dot product s = sum_k a_k b_k of length K. Summed in f32 in any order,
 // with or without FMA, blocked over K or split over threads, |fl(s) - s| <= gamma_K sum_k |a_k b_k|,
@@ -341,6 +341,40 @@ TEST(GemmDnnl, InsideAParallelRegion) {
     const Tensor got = Tensor::from_vector(out[size_t(i)], {M, N});
     expect_within_bound(got, reference(as[size_t(i)], bs[size_t(i)].t()), K, "worker " + std::to_string(i));
   }
+}
+
+// cpu::gemm's output stride and alpha (attention writes a head's product straight into its columns
+// of y or dqkv, the scale in alpha), on each backend and in f64: every written element within the
+// bound of alpha times the loop's product, and the columns between rows (ldc > N) left as they were.
+TEST(GemmDnnl, OutputStrideAndAlpha) {
+  const int64_t M = 37, K = 64, N = 24, ldc = 3 * N + 5;
+  const Tensor a = random({M, K}, 301, DType::f32), b = random({N, K}, 302, DType::f32);
+  const Ref want = reference(a, b.t());  // (M, N) in f64
+  const std::vector<float> av = a.to_vector<float>(), bv = b.to_vector<float>();
+  const float alpha = 0.125f;
+  for (CpuGemm backend : {CpuGemm::dnnl, CpuGemm::eigen}) {
+    BackendScope scope(backend);
+    std::vector<float> c(size_t(M * ldc), -7.0f);
+    cpu::gemm(av.data(), MatLayout{true, K}, bv.data(), MatLayout{false, K}, c.data() + N, M, K, N, ldc, alpha);
+    std::vector<float> got(size_t(M * N));
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < ldc; ++j) {
+        const float v = c[size_t(i * ldc + j)];
+        if (j >= N && j < 2 * N) got[size_t(i * N + j - N)] = v / alpha;  // alpha is a power of two: exact
+        else ASSERT_EQ(v, -7.0f) << cpu::cpu_gemm_name(backend) << ": wrote (" << i << ", " << j << ") outside the block";
+      }
+    expect_within_bound(Tensor::from_vector(got, {M, N}), want, K, cpu::cpu_gemm_name(backend));
+  }
+  // f64 (Eigen): the same stride and alpha, against the same loop in f64.
+  const std::vector<double> ad = a.to(DType::f64).to_vector<double>(), bd = b.to(DType::f64).to_vector<double>();
+  std::vector<double> cd(size_t(M * ldc), -7.0);
+  cpu::gemm(ad.data(), MatLayout{true, K}, bd.data(), MatLayout{false, K}, cd.data(), M, K, N, ldc, 0.5);
+  const std::vector<double>& w = want.value;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      if (j < N) EXPECT_NEAR(cd[size_t(i * ldc + j)], 0.5 * w[size_t(i * N + j)], 1e-12) << i << ", " << j;
+      else ASSERT_EQ(cd[size_t(i * ldc + j)], -7.0) << "f64 wrote (" << i << ", " << j << ")";
+    }
 }
 
 TEST(GemmDnnl, BackendNames) {
