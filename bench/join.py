@@ -52,6 +52,23 @@ def option(argv, name):
     return value
 
 
+# The FLOP use column: reel bench's model FLOPs a step over the median step time (tools/flop_count.h),
+# and on the GPU its share of PEAK_TFLOPS (default 790: the bf16 GEMM rate measured on the H200).
+def peak_tflops():
+    return float(os.environ.get("PEAK_TFLOPS", "790"))
+
+
+def flop_head():
+    return f"reel TFLOP/s (% of {peak_tflops():g})"
+
+
+def flop_cell(r):
+    if "tflops" not in r:
+        return "-"
+    t = r["tflops"]
+    return f"{t:.1f} ({100 * t / peak_tflops():.1f}%)" if str(r.get("dev", "")).startswith("cuda") else f"{t:.3f}"
+
+
 def main(argv):
     argv = list(argv)
     figures_dir, note = option(argv, "--figures"), option(argv, "--note")
@@ -67,7 +84,7 @@ def main(argv):
     for p in peers:
         if peer_label(p) not in labels:
             labels.append(peer_label(p))
-    head = ["model", "prec", "B", "reel mode", "reel ms", "reel peak MiB", "reel kernels/step"]
+    head = ["model", "prec", "B", "reel mode", "reel ms", "reel peak MiB", "reel kernels/step", flop_head()]
     for label in labels:
         head += [f"torch {label} ms", "reel/torch", "torch peak MiB"]
     print("| " + " | ".join(head) + " |")
@@ -75,7 +92,7 @@ def main(argv):
     joined = []
     for r in reel:
         row = [r["model"], r["prec"], str(r.get("B", "default")), r.get("mode", "eager"), f'{r["step_ms_median"]:.2f}',
-               str(r.get("peak_mib") or "-"), f'{r.get("kernels_per_step", 0):.0f}']
+               str(r.get("peak_mib") or "-"), f'{r.get("kernels_per_step", 0):.0f}', flop_cell(r)]
         entry = dict(model=r["model"], prec=r["prec"], B=str(r.get("B", "default")), mode=r.get("mode", "eager"), reel_ms=r["step_ms_median"], reel_items_per_s=r["items_per_s"],
                      peers={})
         entry.update({k: r[k] for k in ("date", "build") if r.get(k)})  # for the pictures' titles

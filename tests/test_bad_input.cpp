@@ -336,7 +336,7 @@ TEST(BadInput, BenchThreadsAreCheckedAndRecorded) {
   std::ifstream in(json);
   std::string line;
   std::getline(in, line);
-  EXPECT_NE(line.find("\"threads\": 1}"), std::string::npos) << line;
+  EXPECT_NE(line.find("\"threads\": 1,"), std::string::npos) << line;
   std::filesystem::remove(json);
   r = reel_cli("bench --models cnn-small --device cpu --threads 0");
   EXPECT_EQ(r->code, 1) << r->out;

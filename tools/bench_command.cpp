@@ -36,6 +36,7 @@
 #include "tensor/cuda.h"
 #include "tools/arg_numbers.h"
 #include "tools/commands.h"
+#include "tools/flop_count.h"
 #include "tools/op_profile.h"
 
 namespace reel::tools {
@@ -159,7 +160,29 @@ struct Result {
   int threads = omp_get_max_threads();  // the CPU threads the step ran with
   size_t graph_breaks = 0;  // compiled: breaks the trace reported (a break that runs eagerly shows here)
   size_t recomputed = 0;    // compiled under --memory-limit: nodes cloned into the backward
+  double flops_per_step = 0;  // the step's model FLOPs (tools/flop_count.h)
 };
+
+// The model FLOPs of one step of this configuration (tools/flop_count.h), counted over an eager step of
+// a fresh copy of the workload (a compiled plan's kernels do not pass the dispatch door one op at a
+// time, and the timed model's state stays as the timed steps left it).
+double step_flops(const std::string& name, Device device, int64_t accum, int64_t micro_batch) {
+  nn::Workload w = nn::make_workload(name, device, accum, micro_batch);
+  std::vector<optim::MicroBatch> micro;
+  for (const auto& [x, y] : w.micro) micro.push_back({x, y});
+  optim::AdamW opt(w.model->parameters(), optim::AdamWOptions(1e-3));
+  opt.set_accum_steps(accum);
+  FlopCounter counter;
+  DispatchObserver* previous = set_dispatch_observer(&counter);
+  try {
+    optim::train_step(opt, [&](const Tensor& x, const Tensor& y) { return nn::model_loss(*w.model, x, y); }, micro);
+  } catch (...) {
+    set_dispatch_observer(previous);
+    throw;
+  }
+  set_dispatch_observer(previous);
+  return counter.flops();
+}
 
 // For --plan-memory: what each op's kernel allocates for itself beyond its outputs (scratch the
 // trace does not see), measured over one eager step from the allocator's peak between ops.
@@ -339,6 +362,7 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
   r.min_ms = ms.front();
   r.host_ms = host_ms[host_ms.size() / 2];
   r.peak_mib = double(compile::peak_bytes(device)) / (1 << 20);
+  r.flops_per_step = step_flops(name, device, accum, micro_batch);
   if (o.plan_memory && !compiled) {
     sync();
     ScratchObserver scratch(device);
@@ -395,7 +419,7 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
 }
 
 std::string to_json(const Result& r) {
-  char buf[768];
+  char buf[1024];
   auto mib = [](double v) { return v < 0 ? std::string("null") : std::to_string(std::lround(v * 10) / 10.0); };
   std::string peak = mib(r.peak_mib);
   std::snprintf(buf, sizeof buf,
@@ -404,12 +428,13 @@ std::string to_json(const Result& r) {
                 "\"items_per_s\": %.0f, \"first_step_s\": %.2f, \"peak_mib\": %s, \"kernels_per_step\": %.0f, "
                 "\"host_ms_median\": %.3f, \"B\": \"%s\", \"planned_peak_mib\": %s, \"dropout\": %g, "
                 "\"graph_breaks\": %zu, \"recomputed\": %zu, \"accum\": %lld, \"budget_mib\": %s, "
-                "\"memory_limit_mib\": %s, \"threads\": %d}",
+                "\"memory_limit_mib\": %s, \"threads\": %d, \"gflop_per_step\": %.3f, \"tflops\": %.3f}",
                 r.model.c_str(), r.mode.c_str(), r.prec.c_str(), r.dev.c_str(), (long long)r.params, (long long)r.items_per_step,
                 r.median_ms, r.min_ms, double(r.items_per_step) / (r.median_ms / 1e3), r.first_s, peak.c_str(),
                 r.kernels_per_step, r.host_ms, r.micro_batch.c_str(), mib(r.planned_mib).c_str(), r.dropout,
                 r.graph_breaks, r.recomputed, (long long)r.accum, mib(r.budget_mib).c_str(),
-                mib(r.memory_limit_mib).c_str(), r.threads);
+                mib(r.memory_limit_mib).c_str(), r.threads, r.flops_per_step / 1e9,
+                r.flops_per_step / (r.median_ms / 1e3) / 1e12);
   return buf;
 }
 
@@ -446,6 +471,8 @@ int bench_command(int argc, char** argv) {
                     double(r.items_per_step) / (r.median_ms / 1e3),
                     r.peak_mib < 0 ? "-" : std::to_string(std::lround(r.peak_mib)).c_str(), r.kernels_per_step,
                     r.first_s);
+        std::printf("  model FLOPs: %.2f GFLOP a step (GEMMs, convolutions, attention), %.2f TFLOP/s at the median\n",
+                    r.flops_per_step / 1e9, r.flops_per_step / (r.median_ms / 1e3) / 1e12);
         if (r.graph_breaks) std::printf("  (%zu graph breaks: REEL_LOG=graph_breaks names them)\n", r.graph_breaks);
         std::fflush(stdout);
         if (json.is_open()) {
