@@ -84,9 +84,17 @@ $(BUILD)/%.o: %.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-# GELU's AVX-512 packets: this one file is built for AVX-512 and called only where the CPU has it
-# (kernels/cpu/vector_math.cpp checks at run time); everything else stays x86-64-v3.
-$(BUILD)/kernels/cpu/vector_math_avx512.o: CXXFLAGS += -mavx512f -mavx512dq -mavx512bw -mavx512vl -Wno-maybe-uninitialized
+# The AVX-512 packets of kernels/cpu/vector_math.h: this one file is built for AVX-512 and called only
+# where the CPU has it (vector_math.cpp checks at run time); everything else stays x86-64-v3. Its
+# object must define no weak symbols: an out-of-line template instance (Eigen's) compiled here for
+# AVX-512 could be kept by the linker in place of the AVX2 object's copy of the same instance, and run
+# on a CPU without AVX-512. The build stops if one appears.
+$(BUILD)/kernels/cpu/vector_math_avx512.o: kernels/cpu/vector_math_avx512.cpp | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -mavx512f -mavx512dq -mavx512bw -mavx512vl -Wno-maybe-uninitialized -c $< -o $@
+	@if nm --defined-only $@ | grep -q ' [WVu] '; then \
+	  echo "$@ defines weak symbols, which the linker could share with the AVX2 objects:"; \
+	  nm -C --defined-only $@ | grep ' [WVu] '; rm -f $@; exit 1; fi
 
 $(BUILD)/%.o: %.cu | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)

@@ -4,7 +4,9 @@
 // row or a strided one), which is what lets the eager kernel and the fused kernel agree to the bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <string>
 #include <cstring>
@@ -107,6 +109,38 @@ TEST(VectorMath, AValueGivesTheSameBitsWhereverItSits) {
       b.gelu(x.data(), part.data(), cut);
       b.gelu(x.data() + cut, part.data() + cut, int64_t(x.size()) - cut);
       EXPECT_EQ(std::memcmp(part.data(), whole.data(), x.size() * sizeof(float)), 0) << "cut at " << cut;
+    }
+  }
+}
+
+// Softmax's shifted exp, each build: y = exp(x - m) within a few ulps of the f64 value, exactly 0 for
+// -inf (a masked logit) and far below the maximum, and the returned sum within f32 summation error of
+// the f64 sum of the y it wrote; every length from 1 to past two packets (the padded tail).
+TEST(VectorMath, ShiftedExpAndItsSum) {
+  using ExpFn = float (*)(const float*, float, float*, int64_t);
+  std::vector<std::pair<const char*, ExpFn>> fns{{"avx2", cpu::detail::exp_shifted_f32_avx2}};
+  if (cpu::detail::cpu_has_avx512()) fns.push_back({"avx512", cpu::detail::exp_shifted_f32_avx512});
+  std::vector<float> x;
+  for (int i = 0; i < 70; ++i) x.push_back(float(i % 23) * 0.37f - 4.0f);
+  x[5] = -std::numeric_limits<float>::infinity();
+  x[17] = -200.0f;  // exp(-200 - m) is far below the normal range: 0
+  const float m = *std::max_element(x.begin(), x.end());
+  for (const auto& [name, fn] : fns) {
+    SCOPED_TRACE(name);
+    for (int64_t n = 1; n <= int64_t(x.size()); ++n) {
+      std::vector<float> y(size_t(n), -1.0f);
+      const float sum = fn(x.data(), m, y.data(), n);
+      double want_sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = std::exp(double(x[i]) - double(m));
+        if (i == 5 || i == 17) {
+          EXPECT_EQ(y[i], 0.0f) << "x " << x[i];
+        } else {
+          EXPECT_NEAR(y[i], want, 4e-7 * want) << "x " << x[i] << ", n " << n;
+        }
+        want_sum += y[i];
+      }
+      EXPECT_NEAR(sum, want_sum, 1e-6 * want_sum * double(n)) << "n " << n;
     }
   }
 }

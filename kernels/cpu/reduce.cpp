@@ -27,6 +27,7 @@
 
 #include "kernels/cpu/compose.h"
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/vector_math.h"
 #include "kernels/reduce_layout.h"
 #include "kernels/dispatch.h"
 
@@ -308,6 +309,16 @@ void softmax_row(const T* x, T* y, int64_t C, Scratch<AccType<T>>& s) {
   using A = AccType<T>;
   auto a = widen(x, C, s.a);
   const A m = a.maxCoeff();
+  if constexpr (std::is_same_v<T, float> && !Log) {
+    // f32: the exp, its sum and the store in one pass (kernels/cpu/vector_math.h, AVX-512 where
+    // present), then the scaling in place. A row of -inf only (m = -inf) takes the general path below,
+    // which gives NaN as PyTorch does.
+    if (m != -std::numeric_limits<A>::infinity()) {
+      const float inv = 1.0f / cpu::exp_shifted_f32(x, m, y, C);
+      for (int64_t j = 0; j < C; ++j) y[j] *= inv;
+      return;
+    }
+  }
   if constexpr (Log) {
     const A log_sum = std::log((a - m).exp().sum());
     narrow(y, C, (a - m) - log_sum, s.c);

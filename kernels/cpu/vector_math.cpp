@@ -11,10 +11,15 @@ namespace reel::cpu {
 
 namespace detail {
 
-void gelu_f32_avx2(const float* x, float* y, int64_t n) { GeluPackets<16>::gelu_array(x, y, n); }
+// Flattened (every call inside inlined) as the AVX-512 build is: the packet code runs without calls.
+[[gnu::flatten]] void gelu_f32_avx2(const float* x, float* y, int64_t n) { VectorPackets<16>::gelu_array(x, y, n); }
 
-void gelu_backward_f32_avx2(const float* g, const float* x, float* y, int64_t n) {
-  GeluPackets<16>::gelu_backward_array(g, x, y, n);
+[[gnu::flatten]] void gelu_backward_f32_avx2(const float* g, const float* x, float* y, int64_t n) {
+  VectorPackets<16>::gelu_backward_array(g, x, y, n);
+}
+
+[[gnu::flatten]] float exp_shifted_f32_avx2(const float* x, float m, float* y, int64_t n) {
+  return VectorPackets<16>::exp_shifted_array(x, m, y, n);
 }
 
 bool cpu_has_avx512() {
@@ -40,6 +45,10 @@ void gelu_f32(const float* x, float* y, int64_t n) {
 void gelu_backward_f32(const float* g, const float* x, float* y, int64_t n) {
   if (vector_math_avx512()) detail::gelu_backward_f32_avx512(g, x, y, n);
   else detail::gelu_backward_f32_avx2(g, x, y, n);
+}
+
+float exp_shifted_f32(const float* x, float m, float* y, int64_t n) {
+  return vector_math_avx512() ? detail::exp_shifted_f32_avx512(x, m, y, n) : detail::exp_shifted_f32_avx2(x, m, y, n);
 }
 
 }  // namespace reel::cpu

@@ -1,5 +1,6 @@
-// Vectorised f32 formulas for the CPU elementwise kernels whose scalar form calls a slow libm
-// function per element (std::tanh: ~15 ns an element, where a packet of 8 costs about that much).
+// Vectorised f32 formulas for the CPU kernels whose scalar form calls a slow libm function per element
+// (std::tanh: ~15 ns an element, where a packet of 8 costs about that much): GELU and its backward,
+// and softmax's shifted exp.
 //
 //   gelu (tanh form):  y = 0.5 x (1 + tanh(u)) = x s,      u = sqrt(2/pi) (x + 0.044715 x^3)
 //                      with s = 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u))      (the logistic of 2u)
@@ -25,7 +26,11 @@ void gelu_f32(const float* x, float* y, int64_t n);
 // y = g * dgelu/dx(x)
 void gelu_backward_f32(const float* g, const float* x, float* y, int64_t n);
 
-// Whether gelu_f32 and gelu_backward_f32 run the AVX-512 build in this process.
+// y = exp(x - m) over n values, exactly 0 where x - m < log(FLT_MIN) (a masked -inf among them);
+// returns the sum of y (softmax's numerator and normaliser in one pass; m is the row's maximum).
+float exp_shifted_f32(const float* x, float m, float* y, int64_t n);
+
+// Whether these functions run the AVX-512 build in this process.
 bool vector_math_avx512();
 
 // The two builds, for tests that check each (the AVX-512 one only where cpu_has_avx512()).
@@ -35,6 +40,8 @@ void gelu_f32_avx2(const float* x, float* y, int64_t n);
 void gelu_backward_f32_avx2(const float* g, const float* x, float* y, int64_t n);
 void gelu_f32_avx512(const float* x, float* y, int64_t n);
 void gelu_backward_f32_avx512(const float* g, const float* x, float* y, int64_t n);
+float exp_shifted_f32_avx2(const float* x, float m, float* y, int64_t n);
+float exp_shifted_f32_avx512(const float* x, float m, float* y, int64_t n);
 }  // namespace detail
 
 }  // namespace reel::cpu

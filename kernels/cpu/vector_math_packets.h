@@ -1,5 +1,6 @@
-// The packet formulas of kernels/cpu/vector_math.h, written once for a packet of W floats, and the
-// loops that run them over an array (the tail through a padded packet, as every other element).
+// The packet formulas of kernels/cpu/vector_math.h (GELU, its backward, softmax's shifted exp), written
+// once for a packet of W floats, and the loops that run them over an array (the tail through a padded
+// packet, as every other element).
 // Included by two files, each compiled for its own instruction set, both with W = 16: vector_math.cpp
 // (x86-64-v3: each Eigen op on two 256-bit registers, independent, so one's latency hides behind the
 // other's; per lane the same operations as 8-wide packets, so the same bits) and vector_math_avx512.cpp
@@ -11,12 +12,13 @@
 #include <Eigen/Core>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace reel::cpu {
 namespace {
 
 template <int W>
-struct GeluPackets {
+struct VectorPackets {
   using Packet = Eigen::Array<float, W, 1>;
   static constexpr float kSqrt2OverPi = 0.7978845608028654f;
   static constexpr float kCoeff = 0.044715f;
@@ -37,6 +39,34 @@ struct GeluPackets {
     const Packet du = kSqrt2OverPi * (1.0f + (3.0f * kCoeff) * px * px);
     Eigen::Map<Packet> out(y);
     out = pg * (s + 2.0f * px * s * (1.0f - s) * du);
+  }
+
+  // y = exp(x - m) for a packet, 0 where x - m is below log(FLT_MIN) (a masked -inf included: Eigen's
+  // exp clamps its argument and would give about 1e-38 there); the packet's values added into acc.
+  static void exp_shifted(const float* x, float m, float* y, Packet& acc) {
+    const Packet d = Eigen::Map<const Packet>(x) - m;
+    Packet e = d.exp();  // evaluated on its own: inside select() Eigen would call the scalar exp per value
+    e = (d < kLowestExpArg).select(Packet::Zero(), e);
+    Eigen::Map<Packet> out(y);
+    out = e;
+    acc += e;
+  }
+  static constexpr float kLowestExpArg = -87.33654475f;  // log(FLT_MIN)
+
+  // y = exp(x - m) over n values (as exp_shifted); returns their sum, added lane by lane and then
+  // across the lanes: a fixed order for a given n.
+  static float exp_shifted_array(const float* x, float m, float* y, int64_t n) {
+    Packet acc = Packet::Zero();
+    int64_t i = 0;
+    for (; i + W <= n; i += W) exp_shifted(x + i, m, y + i, acc);
+    if (i < n) {  // the tail padded with -inf, whose exp adds 0
+      float in[W], out[W];
+      for (int j = 0; j < W; ++j) in[j] = -std::numeric_limits<float>::infinity();
+      std::memcpy(in, x + i, size_t(n - i) * sizeof(float));
+      exp_shifted(in, m, out, acc);
+      std::memcpy(y + i, out, size_t(n - i) * sizeof(float));
+    }
+    return acc.sum();
   }
 
   static void gelu_array(const float* x, float* y, int64_t n) {
