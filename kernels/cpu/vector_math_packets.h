@@ -7,7 +7,8 @@
 // (AVX-512: one 512-bit register, about 3x the AVX2 rate; its own exp code, so bits may differ from
 // the AVX2 build's in the last place). Everything here is in an unnamed namespace on purpose: each file
 // gets its own copy compiled for its own ISA, and no instantiation is shared with (or chosen by the
-// linker over) the other's.
+// linker over) the other's. Eigen's own templates have no such namespace: the AVX-512 file flattens its
+// entry points so none is left out of line there, and the Makefile checks its object for weak symbols.
 #pragma once
 #include <Eigen/Core>
 #include <cstdint>
