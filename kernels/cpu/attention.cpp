@@ -26,6 +26,7 @@
 #include "kernels/cpu/compose.h"
 #include "kernels/cpu/dense_outputs.h"
 #include "kernels/cpu/sgemm.h"
+#include "kernels/cpu/vector_math.h"
 #include "kernels/dispatch.h"
 
 namespace reel {
@@ -150,16 +151,25 @@ void round_all(M&& m, DType compute) {
   if (compute == DType::bf16 || compute == DType::f16) m = m.unaryExpr([compute](A v) { return round_to(compute, v); });
 }
 
-// out = exp(d) through Eigen's packet exp, 8 floats (4 doubles) at a time: the scalar std::exp loop
-// it replaces took most of the attention kernels' time. Eigen clamps d from below, so a masked logit
-// (d = -inf) or one far below the rest would come out near the smallest normal number instead of 0;
-// every d whose exp is below the normal range gives exactly 0 (a key that cannot contribute).
-template <typename Out, typename Expr>
-void exp_row(Out&& out, const Expr& d) {
-  using A = typename std::decay_t<Out>::Scalar;
-  static const A lowest = std::log(std::numeric_limits<A>::min());
-  out = d.exp();
-  out = (d < lowest).select(A(0), out);
+// out[j] = exp(s[j] - shift) for j < n, returning their sum: f32 through kernels/cpu/vector_math.h's
+// packets (AVX-512 where present), f64 through Eigen's packet exp (the scalar std::exp loop these
+// replace took most of the attention kernels' time). Eigen clamps its argument from below, so a
+// masked logit (-inf) or one far below the rest would come out near the smallest normal number
+// instead of 0; both give exactly 0 for every argument whose exp is below the normal range (a key that
+// cannot contribute).
+template <typename A>
+A exp_shifted_row(const A* s, A shift, A* out, int64_t n) {
+  if constexpr (std::is_same_v<A, float>) {
+    return cpu::exp_shifted_f32(s, shift, out, n);
+  } else {
+    static const A lowest = std::log(std::numeric_limits<A>::min());
+    using Row = Eigen::Array<A, Eigen::Dynamic, 1>;
+    const auto d = Eigen::Map<const Row>(s, n) - shift;
+    Eigen::Map<Row> e(out, n);
+    e = d.exp();
+    e = (d < lowest).select(A(0), e);
+    return e.sum();
+  }
 }
 
 // The products run as dense (T, T) GEMMs per (batch, head), the causally hidden half zeroed: at these sizes
@@ -197,8 +207,7 @@ void attention_fwd_kernel(const KernelCall& c) {
             continue;
           }
           auto e = p.row(t).head(keys).array();
-          exp_row(e, st - m);
-          const A l = e.sum();
+          const A l = exp_shifted_row(s.row(t).data(), m, p.row(t).data(), keys);
           round_all(e, g.compute);
           e /= l;  // y = (sum_s round(e_s) v_s) / l, the normaliser of the unrounded e
           plse[(b * g.H + h) * g.T + t] = m + std::log(l);
@@ -241,7 +250,7 @@ void attention_bwd_kernel(const KernelCall& c) {
           const A l = plse[(b * g.H + h) * g.T + t];
           const int64_t keys = g.keys(t);
           auto e = p.row(t).head(keys).array();
-          exp_row(e, s.row(t).head(keys).array() - l);  // 0 for a fully masked row (l = +inf)
+          exp_shifted_row(s.row(t).data(), l, p.row(t).data(), keys);  // 0 for a fully masked row (l = +inf)
           ds.row(t).head(keys).array() = e * (dp.row(t).head(keys).array() - D);
         }
         round_all(p, g.compute);
