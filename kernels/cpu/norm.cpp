@@ -102,6 +102,7 @@ Moments<A> moments(const T* p, int64_t chunks, int64_t len, int64_t stride) {
 // y = x scale + shift over n contiguous values.
 template <typename T, typename A>
 void affine_run(const T* x, T* y, int64_t n, A scale, A shift) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = store<T>(load(x[i]) * scale + shift);
 }
 
@@ -368,24 +369,35 @@ void batch_norm_fwd_kernel(const KernelCall& c) {
 template <typename T, typename A>
 void batch_norm_bwd_channel(const T* g, const T* x, A w, A mean, A rstd, int64_t N, int64_t S, int64_t stride,
                             bool training, T* dx, A& dw, A& db) {
+  // Each run's sums in SIMD lanes (per-lane partial sums: a fixed order, the same bits run to run),
+  // then the runs in order.
   A sum_g = 0, sum_gx = 0;
-  for (int64_t n = 0; n < N; ++n)
+  for (int64_t n = 0; n < N; ++n) {
+    const T *gn = g + n * stride, *xn = x + n * stride;
+    A run_g = 0, run_gx = 0;
+#pragma omp simd reduction(+ : run_g, run_gx)
     for (int64_t s = 0; s < S; ++s) {
-      A gv = load(g[n * stride + s]);
-      sum_g += gv;
-      sum_gx += gv * (load(x[n * stride + s]) - mean) * rstd;
+      const A gv = load(gn[s]);
+      run_g += gv;
+      run_gx += gv * (load(xn[s]) - mean) * rstd;
     }
+    sum_g += run_g;
+    sum_gx += run_gx;
+  }
   dw = sum_gx;
   db = sum_g;
   // Training: the statistics depend on x (the full formula, with gw = g w, so the means carry w).
   // Eval: they are constants and dx = g w rstd.
   A count = A(N * S), mean_g = training ? sum_g / count : A(0), mean_gx = training ? sum_gx / count : A(0);
-  for (int64_t n = 0; n < N; ++n)
+  for (int64_t n = 0; n < N; ++n) {
+    const T *gn = g + n * stride, *xn = x + n * stride;
+    T* dxn = dx + n * stride;
+#pragma omp simd
     for (int64_t s = 0; s < S; ++s) {
-      int64_t i = n * stride + s;
-      A xh = (load(x[i]) - mean) * rstd;
-      dx[i] = store<T>(w * rstd * (load(g[i]) - mean_g - xh * mean_gx));
+      const A xh = (load(xn[s]) - mean) * rstd;
+      dxn[s] = store<T>(w * rstd * (load(gn[s]) - mean_g - xh * mean_gx));
     }
+  }
 }
 
 void batch_norm_bwd_kernel(const KernelCall& c) {
