@@ -23,6 +23,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 #include "compile/runtime/chrome_trace.h"
 #include "compile/runtime/describe.h"
@@ -165,8 +166,12 @@ struct Result {
 
 // The model FLOPs of one step of this configuration (tools/flop_count.h), counted over an eager step of
 // a fresh copy of the workload (a compiled plan's kernels do not pass the dispatch door one op at a
-// time, and the timed model's state stays as the timed steps left it).
+// time, and the timed model's state stays as the timed steps left it). Counted once per model and
+// batch geometry: the precision and the mode do not change the products a step computes.
 double step_flops(const std::string& name, Device device, int64_t accum, int64_t micro_batch) {
+  static std::map<std::tuple<std::string, int64_t, int64_t>, double> counted;
+  const auto key = std::make_tuple(name, accum, micro_batch);
+  if (const auto it = counted.find(key); it != counted.end()) return it->second;
   nn::Workload w = nn::make_workload(name, device, accum, micro_batch);
   std::vector<optim::MicroBatch> micro;
   for (const auto& [x, y] : w.micro) micro.push_back({x, y});
@@ -181,7 +186,7 @@ double step_flops(const std::string& name, Device device, int64_t accum, int64_t
     throw;
   }
   set_dispatch_observer(previous);
-  return counter.flops();
+  return counted[key] = counter.flops();
 }
 
 // For --plan-memory: what each op's kernel allocates for itself beyond its outputs (scratch the
