@@ -101,6 +101,19 @@ $(BUILD)/%.o: %.cu | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MD -MP -MF $(@:.o=.d) -c $< -o $@
 
+# cuDNN's fused attention (kernels/cuda/attention_cudnn.cu) is written against the cuDNN frontend, a
+# header-only library that tools/fetch_cudnn_frontend.sh fetches (PyPI's nvidia-cudnn-frontend, pinned)
+# into the build folder; its flags file is empty when the fetch failed, and the file then builds
+# without it (the attention op keeps reel's own kernels). The frontend's headers are heavy: only this
+# file includes them.
+CUDNN_FE := $(BUILD)/third_party/cudnn_frontend
+$(CUDNN_FE)/flags: tools/fetch_cudnn_frontend.sh
+	bash tools/fetch_cudnn_frontend.sh $(CUDNN_FE)
+
+$(BUILD)/kernels/cuda/attention_cudnn.o: kernels/cuda/attention_cudnn.cu $(CUDNN_FE)/flags | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $$(cat $(CUDNN_FE)/flags) -diag-suppress 128 -MD -MP -MF $(@:.o=.d) -c $< -o $@
+
 $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^

@@ -1,13 +1,19 @@
-// Autotuning switch (see autotune.h).
+// The kernels' algorithm-choice switches (see autotune.h).
 #include "kernels/autotune.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 namespace reel {
 
 namespace {
 std::atomic<bool> autotune{false};
 std::atomic<bool> deterministic{true};
+std::atomic<bool> cudnn_attention{[] {
+  const char* v = std::getenv("REEL_CUDNN_ATTENTION");
+  return !(v && std::strcmp(v, "0") == 0);
+}()};
 }
 
 void set_deterministic_algorithms(bool on) { deterministic.store(on); }
@@ -15,5 +21,8 @@ bool deterministic_algorithms() { return deterministic.load(); }
 
 void set_autotune(bool on) { autotune.store(on); }
 bool autotune_enabled() { return autotune.load(); }
+
+void set_cudnn_attention(bool on) { cudnn_attention.store(on); }
+bool cudnn_attention_enabled() { return cudnn_attention.load(); }
 
 }  // namespace reel

@@ -20,4 +20,14 @@ bool autotune_enabled();
 void set_deterministic_algorithms(bool on);
 bool deterministic_algorithms();
 
+// cuDNN's fused attention (its scaled-dot-product graph, through the cuDNN frontend) for the CUDA
+// attention op wherever it takes the call (kernels/cuda/attention_cudnn.h: 16-bit compute, no mask,
+// head sizes up to 128), in place of reel's own kernels (kernels/cuda/attention.cu), which remain the
+// readable reference and run every other case. On by default where the build has the frontend; the
+// environment variable REEL_CUDNN_ATTENTION=0 starts a process with it off. With autotuning on, each
+// shape's first forward and first backward time both and keep the faster. The backward honours
+// deterministic_algorithms() (cuDNN's deterministic dQ, no float atomics, when on).
+void set_cudnn_attention(bool on);
+bool cudnn_attention_enabled();
+
 }  // namespace reel

@@ -5,7 +5,8 @@
 //   memory        each plan's memory: arena bytes per device against no reuse
 //   fusion        what each fusion pass fused, and why it declined each candidate it looked at
 //   passes        the nodes each pass of the pipeline left, and the passes turned off
-//   kernels       NVRTC compilations, disk-cache hits and writes of generated kernels
+//   kernels       NVRTC compilations, disk-cache hits and writes of generated kernels; cuDNN attention
+//                 plans built or refused, and autotuning's choice between cuDNN and reel's kernels
 // ("all" turns every topic on). Lines go to stderr as "[reel:<topic>] ...".
 #pragma once
 #include <string>

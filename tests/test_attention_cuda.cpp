@@ -4,7 +4,9 @@
 // row kernels (f32 compute, and head sizes the tiles do not take), f32 and 16-bit qkv; causal, and
 // not causal (ViT's T = 65, 3 heads of 64) without and with additive masks of several broadcast shapes
 // (a key padding with a batch of rows whose keys are all ignored, an expanded view read in place);
-// and the same bits on a second run (no atomics). Skips without a GPU.
+// and the same bits on a second run (no atomics). These are reel's own kernels: cuDNN's fused attention,
+// which takes some of these calls by default, is off here (tests/test_attention_cudnn.cpp holds it to the
+// same references). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,6 +52,7 @@ Tensor test_mask(const Shape& shape, DType dt, Generator& gen) {
 
 TEST(AttentionCuda, MatchesTheCpuForEveryKernelPath) {
   REEL_REQUIRE_GPU();
+  testing_util::ScopedCudnnAttention readable_kernels(false);
   const Device gpu = Device::cuda(0);
   struct Case {
     int64_t B, T, H, hd;
@@ -89,6 +92,7 @@ TEST(AttentionCuda, MatchesTheCpuForEveryKernelPath) {
 
 TEST(AttentionCuda, NonCausalAndMaskedMatchTheCpuForEveryKernelPath) {
   REEL_REQUIRE_GPU();
+  testing_util::ScopedCudnnAttention readable_kernels(false);
   const Device gpu = Device::cuda(0);
   enum class M { none, square, padding, heads, full };
   struct Case {
@@ -148,6 +152,7 @@ TEST(AttentionCuda, ABroadcastMaskViewIsReadInPlaceAsItsCopyIs) {
   // The kernels read the mask through its strides: an expanded (stride-0) view of a key padding and a
   // transposed (T, T) mask give the bits their contiguous copies give.
   REEL_REQUIRE_GPU();
+  testing_util::ScopedCudnnAttention readable_kernels(false);
   const Device gpu = Device::cuda(0);
   Generator gen(34);
   const int64_t B = 2, T = 65, H = 3, hd = 64, d = H * hd;
@@ -170,6 +175,7 @@ TEST(AttentionCuda, SixteenBitOperandsOffTheCopyAlignmentGiveTheSameBits) {
   // the backward reads dy as its dO only when it is aligned (else a prepared copy). Operands 8 bytes
   // off that alignment (views at an offset of 4 elements) must give exactly what aligned copies give.
   REEL_REQUIRE_GPU();
+  testing_util::ScopedCudnnAttention readable_kernels(false);
   const Device gpu = Device::cuda(0);
   Generator gen(32);
   const int64_t B = 2, T = 150, H = 2, hd = 64, d = H * hd;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/autotune.h"
 #include "nn/nn.h"
 #include "reel.h"
 #include "tensor/cuda.h"
@@ -116,6 +117,18 @@ class ScopedEnv {
  private:
   const char* name_;
   std::optional<std::string> old_;
+};
+
+// cuDNN's fused attention on or off for one scope (kernels/autotune.h), the setting restored after.
+class ScopedCudnnAttention {
+ public:
+  explicit ScopedCudnnAttention(bool on) : old_(cudnn_attention_enabled()) { set_cudnn_attention(on); }
+  ~ScopedCudnnAttention() { set_cudnn_attention(old_); }
+  ScopedCudnnAttention(const ScopedCudnnAttention&) = delete;
+  ScopedCudnnAttention& operator=(const ScopedCudnnAttention&) = delete;
+
+ private:
+  bool old_;
 };
 
 }  // namespace reel::testing_util

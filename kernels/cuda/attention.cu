@@ -2,8 +2,12 @@
 // mask (the math and the rounding points are in kernels/cpu/attention.cpp, the reference these
 // kernels are tested against).
 //
-// Two implementations of the same op, one file each beside this one (shared tile loaders in
-// attention_tiles.cuh); this file launches them:
+// Three implementations of the same op. cuDNN's fused attention (attention_cudnn.cu: the library's
+// kernels, through the cuDNN frontend) takes the calls it supports (16-bit compute, no mask, head
+// sizes up to 128) unless turned off (kernels/autotune.h); run_chosen below decides, per call or, with
+// autotuning on, per shape by timing. reel's own two, one file each beside this one (shared tile
+// loaders in attention_tiles.cuh), are the readable reference the tests hold cuDNN to, and run every
+// other call; this file launches them:
 //
 //  - Tiled tensor-core kernels (16-bit compute, head size 32, 64 or 128): FlashAttention-2's scheme with
 //    WMMA fragments. A block of 4 warps owns a tile of 64 rows, each warp 16 of them, and walks the other
@@ -42,17 +46,23 @@
 // global memory where a score is formed (one load per score, the same (t, s) entry for every head
 // when it broadcasts over heads, so mostly from cache).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
 
 #include "kernels/attention_mask.h"
+#include "kernels/autotune.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/attention_wmma.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/cuda/norm_common.cuh"
+#include "tensor/log.h"
 
 namespace reel {
 namespace cuda {
@@ -254,6 +264,75 @@ void launch_attention_fwd(const Tensor& qkv, const AttentionGeometry& g, const T
   }
 }
 
+// Which implementation runs a call (kernels/autotune.h: set_cudnn_attention): cuDNN's fused attention
+// where it is on and takes the call, reel's own kernels otherwise. With autotuning on, a shape's first
+// call outside a CUDA-graph capture runs each kTuningRuns times (alternately, timed by events) and
+// the faster is kept for the shape; the outputs are then written once more by the one kept, so the
+// call's result is that implementation's. The two give different bits (rounding points:
+// attention_cudnn.h), so a shape keeps one choice for the process.
+enum class Direction { Forward, Backward };
+constexpr int kTuningRuns = 3;
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  REEL_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Milliseconds `runs` calls of fn take on `stream`.
+template <typename Fn>
+float time_runs(cudaStream_t stream, int runs, Fn&& fn) {
+  cudaEvent_t start, stop;
+  REEL_CUDA_CHECK(cudaEventCreate(&start));
+  REEL_CUDA_CHECK(cudaEventCreate(&stop));
+  REEL_CUDA_CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < runs; ++i) fn();
+  REEL_CUDA_CHECK(cudaEventRecord(stop, stream));
+  REEL_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  REEL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  REEL_CUDA_CHECK(cudaEventDestroy(start));
+  REEL_CUDA_CHECK(cudaEventDestroy(stop));
+  return ms;
+}
+
+template <typename Cudnn, typename Readable>
+void run_chosen(Direction direction, const AttentionGeometry& g, DType compute, bool causal, DType operands,
+                cudaStream_t stream, Cudnn&& cudnn, Readable&& readable) {
+  if (!cudnn_attention_enabled()) return readable();
+  if (!autotune_enabled() || capturing(stream)) {
+    if (!cudnn()) readable();
+    return;
+  }
+  using Key = std::array<int64_t, 8>;
+  static std::mutex mutex;
+  static std::map<Key, bool> cudnn_faster;
+  const Key key{int64_t(direction), g.B, g.T, g.H, g.hd, int64_t(compute), int64_t(causal), int64_t(operands)};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = cudnn_faster.find(key); it != cudnn_faster.end()) {
+      if (!it->second || !cudnn()) readable();
+      return;
+    }
+  }
+  if (!cudnn()) return readable();  // cuDNN does not take the shape: nothing to time
+  readable();                       // both warm (the readable kernels' first launch sets them up)
+  const float t_cudnn = time_runs(stream, kTuningRuns, [&] { cudnn(); });
+  const float t_readable = time_runs(stream, kTuningRuns, readable);
+  const bool choose_cudnn = t_cudnn < t_readable;
+  if (log_enabled("kernels"))
+    log_line("kernels", detail::cat(direction == Direction::Forward ? "attention" : "attention_backward", " B ", g.B,
+                                    " T ", g.T, " H ", g.H, " head size ", g.hd, ": cuDNN ", t_cudnn / kTuningRuns,
+                                    " ms, reel ", t_readable / kTuningRuns, " ms a call; ",
+                                    choose_cudnn ? "cuDNN" : "reel's kernels", " kept"));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    cudnn_faster[key] = choose_cudnn;
+  }
+  if (choose_cudnn) cudnn();
+  else readable();
+}
+
 }  // namespace
 
 void attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType compute, const Tensor& y, const Tensor& lse,
@@ -264,15 +343,21 @@ void attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType compute, cons
   if (int64_t(g.B) * g.T * g.H == 0) return;
   cudaStream_t stream = stream_of(qkv);
   const DType value = y.defined() ? y.dtype() : DType::f32;  // the dtype y is computed in
-  visit_float(value, "attention", [&]<typename In>() {
-    visit_compute<In>(compute, [&]<typename C>() {
-      visit_operand<In, C>(qkv, value, compute, "attention", "qkv", [&]<typename Q>() {
-        visit_variant(causal, mask.defined(), [&]<bool Causal, bool Masked>() {
-          launch_attention_fwd<In, C, Q, Causal, Masked>(qkv, g, y, lse, y16, compute, mask, stream);
+  auto readable = [&] {
+    visit_float(value, "attention", [&]<typename In>() {
+      visit_compute<In>(compute, [&]<typename C>() {
+        visit_operand<In, C>(qkv, value, compute, "attention", "qkv", [&]<typename Q>() {
+          visit_variant(causal, mask.defined(), [&]<bool Causal, bool Masked>() {
+            launch_attention_fwd<In, C, Q, Causal, Masked>(qkv, g, y, lse, y16, compute, mask, stream);
+          });
         });
       });
     });
-  });
+  };
+  if (mask.defined()) return readable();  // cuDNN's graph here has no mask
+  run_chosen(
+      Direction::Forward, g, compute, causal, qkv.dtype(), stream,
+      [&] { return cudnn_attention_fwd(qkv, heads, compute, y, lse, y16, causal); }, readable);
 }
 
 namespace {
@@ -362,20 +447,26 @@ void attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const Tensor&
   if (!dqkv.defined())
     for (const Tensor* t : {&qkv, &y})
       if (width(t->dtype()) > width(value)) value = t->dtype();
-  visit_float(value, "attention_backward", [&]<typename In>() {
-    visit_compute<In>(compute, [&]<typename C>() {
-      visit_operand<In, C>(qkv, value, compute, "attention_backward", "qkv", [&]<typename Q>() {
-        visit_operand<In, C>(y, value, compute, "attention_backward", "y", [&]<typename Y>() {
-         visit_operand<In, C>(dy, value, compute, "attention_backward", "dy", [&]<typename Dy>() {
-          visit_variant(causal, mask.defined(), [&]<bool Causal, bool Masked>() {
-            launch_attention_bwd<In, C, Q, Y, Dy, Causal, Masked>(dy, qkv, y, lse, value, g, dqkv, dqkv16, compute,
-                                                                   mask, stream);
+  auto readable = [&] {
+    visit_float(value, "attention_backward", [&]<typename In>() {
+      visit_compute<In>(compute, [&]<typename C>() {
+        visit_operand<In, C>(qkv, value, compute, "attention_backward", "qkv", [&]<typename Q>() {
+          visit_operand<In, C>(y, value, compute, "attention_backward", "y", [&]<typename Y>() {
+            visit_operand<In, C>(dy, value, compute, "attention_backward", "dy", [&]<typename Dy>() {
+              visit_variant(causal, mask.defined(), [&]<bool Causal, bool Masked>() {
+                launch_attention_bwd<In, C, Q, Y, Dy, Causal, Masked>(dy, qkv, y, lse, value, g, dqkv, dqkv16,
+                                                                       compute, mask, stream);
+              });
+            });
           });
-         });
         });
       });
     });
-  });
+  };
+  if (mask.defined()) return readable();
+  run_chosen(
+      Direction::Backward, g, compute, causal, qkv.dtype(), stream,
+      [&] { return cudnn_attention_bwd(dy, qkv, y, lse, heads, compute, dqkv, dqkv16, causal); }, readable);
 }
 
 namespace {

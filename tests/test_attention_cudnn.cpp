@@ -1,0 +1,202 @@
+// cuDNN's fused attention (kernels/cuda/attention_cudnn.cu) held to the CPU op (kernels/cpu/attention.cpp)
+// as reel's own CUDA kernels are (tests/test_attention_cuda.cpp): forward y and lse, backward dqkv,
+// at the benchmark models' shapes (gpt-small, gpt-tiny, ViT's T = 65 not causal) and off them (T not a
+// multiple of 64, head sizes 32 and 128, 16-bit qkv). Each case checks, through the launch counter,
+// that cuDNN ran it (the shapes here are ones cuDNN takes on an H100/H200; a refusal fails with
+// cuDNN's reason). Also: the same bits on a second run (its deterministic backward); either kind of
+// forward feeds either kind of backward (their lse agree); the switch and a mask send calls to reel's
+// kernels; autotuning keeps one implementation per shape, whose bits later calls repeat. Skips
+// without a GPU or without the cuDNN frontend in the build.
+#include <gtest/gtest.h>
+
+#include "kernels/dispatch.h"
+#include "test_util.h"
+
+#ifdef REEL_CUDA
+#include "kernels/cuda/attention_cudnn.h"
+
+using namespace reel;
+
+namespace {
+
+struct AttentionRun {
+  Tensor y, lse, dqkv;
+};
+
+Attrs attrs(int64_t heads, DType compute, bool causal) {
+  return Attrs().set("heads", heads).set("compute", compute).set("causal", causal);
+}
+
+AttentionRun forward(const Tensor& qkv, int64_t heads, DType compute, bool causal, const Tensor& mask = Tensor()) {
+  std::vector<Tensor> in{qkv};
+  if (mask.defined()) in.push_back(mask);
+  std::vector<Tensor> f = dispatch(OpKind::Attention, in, attrs(heads, compute, causal));
+  return {f[0], f[1], Tensor()};
+}
+
+Tensor backward(const Tensor& dy, const Tensor& qkv, const AttentionRun& f, int64_t heads, DType compute, bool causal,
+                const Tensor& mask = Tensor()) {
+  std::vector<Tensor> in{dy, qkv, f.y, f.lse};
+  if (mask.defined()) in.push_back(mask);
+  return dispatch(OpKind::AttentionBackward, in, attrs(heads, compute, causal))[0];
+}
+
+AttentionRun run(const Tensor& qkv, const Tensor& dy, int64_t heads, DType compute, bool causal,
+                 const Tensor& mask = Tensor()) {
+  AttentionRun r = forward(qkv, heads, compute, causal, mask);
+  r.dqkv = backward(dy, qkv, r, heads, compute, causal, mask);
+  return r;
+}
+
+// Skips where cuDNN's attention cannot run at all: no GPU, or a build without the frontend.
+#define REQUIRE_CUDNN_ATTENTION()                                                                              \
+  REEL_REQUIRE_GPU();                                                                                          \
+  if (cuda::cudnn_attention_last_refusal().find("no cuDNN frontend") != std::string::npos)                     \
+  GTEST_SKIP() << cuda::cudnn_attention_last_refusal()
+
+struct Case {
+  int64_t B, T, H, hd;
+  DType storage, compute;
+  bool causal;
+};
+
+std::string name(const Case& c) {
+  return "B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " + std::to_string(c.H) + " hd " +
+         std::to_string(c.hd) + " " + dtype_name(c.storage) + " compute " + dtype_name(c.compute) +
+         (c.causal ? " causal" : " full");
+}
+
+// 16-bit compute rounds P, dS and (here) O and dQ, dK, dV, in summation orders that differ from the
+// CPU's: a rounding step or two of the compute dtype apart.
+constexpr double kTol = 2e-2;
+
+void expect_close(const AttentionRun& dev, const AttentionRun& cpu) {
+  EXPECT_LT(testing_util::max_rel_diff(dev.y, cpu.y), kTol) << "y";
+  std::vector<double> lg = dev.lse.to_vector<double>(), lc = cpu.lse.to_vector<double>();
+  ASSERT_EQ(lg.size(), lc.size());
+  double worst = 0;
+  for (size_t i = 0; i < lc.size(); ++i) worst = std::max(worst, std::abs(lg[i] - lc[i]) / std::max(1.0, std::abs(lc[i])));
+  EXPECT_LT(worst, 1e-5) << "lse";
+  EXPECT_LT(testing_util::max_rel_diff(dev.dqkv, cpu.dqkv), kTol) << "dqkv";
+}
+
+}  // namespace
+
+TEST(AttentionCudnn, MatchesTheCpuAtTheModelsShapesAndOffThem) {
+  REQUIRE_CUDNN_ATTENTION();
+  testing_util::ScopedCudnnAttention on(true);
+  const Device gpu = Device::cuda(0);
+  const Case cases[] = {
+      {2, 256, 8, 64, DType::f32, DType::bf16, true},    // gpt-small
+      {2, 128, 4, 64, DType::f32, DType::f16, true},     // gpt-tiny, fp16
+      {2, 65, 3, 64, DType::f32, DType::bf16, false},    // ViT-Ti (T = 65, not causal)
+      {3, 100, 4, 32, DType::f32, DType::bf16, true},    // T not a multiple of 64, head size 32
+      {1, 130, 2, 128, DType::f32, DType::bf16, true},   // head size 128
+      {2, 70, 2, 64, DType::bf16, DType::bf16, true},    // 16-bit qkv (and 16-bit y, dqkv)
+      {2, 96, 2, 64, DType::f16, DType::f16, false},     // 16-bit fp16 values, not causal
+  };
+  Generator gen(41);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name(c));
+    const int64_t d = c.H * c.hd;
+    Tensor qkv = (randn({c.B, c.T, 3 * d}, {}, &gen) * 1.5).to(c.storage);
+    Tensor dy = randn({c.B, c.T, d}, {}, &gen).to(c.storage);
+    AttentionRun cpu = run(qkv, dy, c.H, c.compute, c.causal);
+    const int64_t before = cuda::cudnn_attention_calls();
+    AttentionRun dev = run(qkv.to(gpu), dy.to(gpu), c.H, c.compute, c.causal);
+    ASSERT_EQ(cuda::cudnn_attention_calls() - before, 2) << "cuDNN did not take the forward and the backward: "
+                                                         << cuda::cudnn_attention_last_refusal();
+    expect_close(dev, cpu);
+    AttentionRun again = run(qkv.to(gpu), dy.to(gpu), c.H, c.compute, c.causal);
+    EXPECT_EQ(again.y.to_vector<double>(), dev.y.to_vector<double>()) << "y changed between runs";
+    EXPECT_EQ(again.dqkv.to_vector<double>(), dev.dqkv.to_vector<double>()) << "dqkv changed between runs";
+  }
+}
+
+TEST(AttentionCudnn, EitherForwardFeedsEitherBackward) {
+  // The backward reads the forward's lse: cuDNN's Stats and the readable kernels' lse are the same
+  // quantity (natural log of the scaled scores' sum), so the mixed pairs match the CPU too.
+  REQUIRE_CUDNN_ATTENTION();
+  const Device gpu = Device::cuda(0);
+  const int64_t B = 2, T = 128, H = 4, hd = 64, d = H * hd;
+  Generator gen(42);
+  Tensor qkv = randn({B, T, 3 * d}, {}, &gen) * 1.5, dy = randn({B, T, d}, {}, &gen);
+  AttentionRun cpu = run(qkv, dy, H, DType::bf16, true);
+  Tensor g_qkv = qkv.to(gpu), g_dy = dy.to(gpu);
+  for (bool cudnn_forward : {true, false}) {
+    SCOPED_TRACE(cudnn_forward ? "cuDNN forward, reel backward" : "reel forward, cuDNN backward");
+    const int64_t before = cuda::cudnn_attention_calls();
+    AttentionRun dev;
+    {
+      testing_util::ScopedCudnnAttention f(cudnn_forward);
+      dev = forward(g_qkv, H, DType::bf16, true);
+    }
+    {
+      testing_util::ScopedCudnnAttention b(!cudnn_forward);
+      dev.dqkv = backward(g_dy, g_qkv, dev, H, DType::bf16, true);
+    }
+    EXPECT_EQ(cuda::cudnn_attention_calls() - before, 1);
+    expect_close(dev, cpu);
+  }
+}
+
+TEST(AttentionCudnn, TheSwitchAndAMaskSendCallsToReelsKernels) {
+  REQUIRE_CUDNN_ATTENTION();
+  const Device gpu = Device::cuda(0);
+  const int64_t B = 2, T = 64, H = 2, hd = 64, d = H * hd;
+  Generator gen(43);
+  Tensor qkv = (randn({B, T, 3 * d}, {}, &gen)).to(gpu), dy = randn({B, T, d}, {}, &gen).to(gpu);
+  {
+    testing_util::ScopedCudnnAttention off(false);
+    const int64_t before = cuda::cudnn_attention_calls();
+    run(qkv, dy, H, DType::bf16, true);
+    EXPECT_EQ(cuda::cudnn_attention_calls(), before) << "cuDNN ran with set_cudnn_attention(false)";
+  }
+  testing_util::ScopedCudnnAttention on(true);
+  Tensor mask = zeros({T, T}, TensorOptions{DType::f32}).to(gpu);
+  const int64_t before = cuda::cudnn_attention_calls();
+  AttentionRun masked = run(qkv, dy, H, DType::bf16, false, mask);
+  EXPECT_EQ(cuda::cudnn_attention_calls(), before) << "cuDNN's graph has no mask: a masked call is reel's";
+  // ... and gives the readable kernels' bits (an all-zero mask: the unmasked result, by reel's kernels).
+  testing_util::ScopedCudnnAttention off(false);
+  AttentionRun plain = run(qkv, dy, H, DType::bf16, false);
+  EXPECT_LT(testing_util::max_rel_diff(masked.y, plain.y), 1e-6);
+  EXPECT_LT(testing_util::max_rel_diff(masked.dqkv, plain.dqkv), 1e-6);
+}
+
+TEST(AttentionCudnn, AutotuningKeepsOneImplementationPerShape) {
+  // With autotuning on, the first call of a shape times cuDNN against reel's kernels and keeps the
+  // faster; its result is that implementation's, bit for bit, and later calls repeat those bits.
+  REQUIRE_CUDNN_ATTENTION();
+  const Device gpu = Device::cuda(0);
+  const int64_t B = 3, T = 192, H = 4, hd = 64, d = H * hd;  // a shape no other test uses: tuned here first
+  Generator gen(44);
+  Tensor qkv = (randn({B, T, 3 * d}, {}, &gen) * 1.5).to(gpu), dy = randn({B, T, d}, {}, &gen).to(gpu);
+  // One forward's outputs feed every backward here, so the backward's choice is checked on its own.
+  AttentionRun f;
+  Tensor y_reel, d_cudnn, d_reel;
+  {
+    testing_util::ScopedCudnnAttention on(true);
+    f = forward(qkv, H, DType::bf16, true);
+    d_cudnn = backward(dy, qkv, f, H, DType::bf16, true);
+  }
+  {
+    testing_util::ScopedCudnnAttention off(false);
+    y_reel = forward(qkv, H, DType::bf16, true).y;
+    d_reel = backward(dy, qkv, f, H, DType::bf16, true);
+  }
+  auto bits = [](const Tensor& t) { return t.to_vector<double>(); };
+  ASSERT_NE(bits(f.y), bits(y_reel)) << "the two forwards agree to the bit: the test could not tell them apart";
+  ASSERT_NE(bits(d_cudnn), bits(d_reel)) << "the two backwards agree to the bit: the test could not tell them apart";
+  testing_util::ScopedCudnnAttention on(true);
+  set_autotune(true);
+  const Tensor y_tuned = forward(qkv, H, DType::bf16, true).y, y_later = forward(qkv, H, DType::bf16, true).y;
+  const Tensor d_tuned = backward(dy, qkv, f, H, DType::bf16, true), d_later = backward(dy, qkv, f, H, DType::bf16, true);
+  set_autotune(false);
+  EXPECT_TRUE(bits(y_tuned) == bits(f.y) || bits(y_tuned) == bits(y_reel)) << "the tuned forward is neither's";
+  EXPECT_TRUE(bits(d_tuned) == bits(d_cudnn) || bits(d_tuned) == bits(d_reel)) << "the tuned backward is neither's";
+  EXPECT_EQ(bits(y_later), bits(y_tuned));
+  EXPECT_EQ(bits(d_later), bits(d_tuned));
+}
+
+#endif  // REEL_CUDA
