@@ -10,9 +10,11 @@ namespace reel {
 namespace {
 std::atomic<bool> autotune{false};
 std::atomic<bool> deterministic{true};
-std::atomic<bool> cudnn_attention{[] {
+std::atomic<CudnnAttention> cudnn_attention{[] {
   const char* v = std::getenv("REEL_CUDNN_ATTENTION");
-  return !(v && std::strcmp(v, "0") == 0);
+  if (v && std::strcmp(v, "0") == 0) return CudnnAttention::Off;
+  if (v && std::strcmp(v, "1") == 0) return CudnnAttention::On;
+  return CudnnAttention::Auto;
 }()};
 }
 
@@ -22,7 +24,7 @@ bool deterministic_algorithms() { return deterministic.load(); }
 void set_autotune(bool on) { autotune.store(on); }
 bool autotune_enabled() { return autotune.load(); }
 
-void set_cudnn_attention(bool on) { cudnn_attention.store(on); }
-bool cudnn_attention_enabled() { return cudnn_attention.load(); }
+void set_cudnn_attention(CudnnAttention mode) { cudnn_attention.store(mode); }
+CudnnAttention cudnn_attention_mode() { return cudnn_attention.load(); }
 
 }  // namespace reel

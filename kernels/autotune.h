@@ -20,14 +20,19 @@ bool autotune_enabled();
 void set_deterministic_algorithms(bool on);
 bool deterministic_algorithms();
 
-// cuDNN's fused attention (its scaled-dot-product graph, through the cuDNN frontend) for the CUDA
-// attention op wherever it takes the call (kernels/cuda/attention_cudnn.h: 16-bit compute, no mask,
-// head sizes up to 128), in place of reel's own kernels (kernels/cuda/attention.cu), which remain the
-// readable reference and run every other case. On by default where the build has the frontend; the
-// environment variable REEL_CUDNN_ATTENTION=0 starts a process with it off. With autotuning on, each
-// shape's first forward and first backward time both and keep the faster. The backward honours
-// deterministic_algorithms() (cuDNN's deterministic dQ, no float atomics, when on).
-void set_cudnn_attention(bool on);
-bool cudnn_attention_enabled();
+// Which implementation the CUDA attention op runs where cuDNN's fused attention (its scaled-dot-product
+// graph, through the cuDNN frontend) takes the call (kernels/cuda/attention_cudnn.h: 16-bit compute, no
+// mask, head sizes up to 128); reel's own kernels (kernels/cuda/attention.cu), the readable reference,
+// run every other call.
+//   Off   reel's kernels always.
+//   Auto  (the default) with autotuning on, each shape's first forward and first backward time both
+//         and keep the faster; otherwise cuDNN where the shape gives it at least a wave of blocks
+//         (attention.cu: cudnn_fills_the_gpu, fitted to the H200's measurements).
+//   On    cuDNN wherever it takes the call.
+// The environment variable REEL_CUDNN_ATTENTION=0|auto|1 sets the mode a process starts with. The
+// backward honours deterministic_algorithms() (cuDNN's deterministic dQ, no float atomics, when on).
+enum class CudnnAttention { Off, Auto, On };
+void set_cudnn_attention(CudnnAttention mode);
+CudnnAttention cudnn_attention_mode();
 
 }  // namespace reel

@@ -52,7 +52,7 @@ Tensor test_mask(const Shape& shape, DType dt, Generator& gen) {
 
 TEST(AttentionCuda, MatchesTheCpuForEveryKernelPath) {
   REEL_REQUIRE_GPU();
-  testing_util::ScopedCudnnAttention readable_kernels(false);
+  testing_util::ScopedCudnnAttention readable_kernels(CudnnAttention::Off);
   const Device gpu = Device::cuda(0);
   struct Case {
     int64_t B, T, H, hd;
@@ -92,7 +92,7 @@ TEST(AttentionCuda, MatchesTheCpuForEveryKernelPath) {
 
 TEST(AttentionCuda, NonCausalAndMaskedMatchTheCpuForEveryKernelPath) {
   REEL_REQUIRE_GPU();
-  testing_util::ScopedCudnnAttention readable_kernels(false);
+  testing_util::ScopedCudnnAttention readable_kernels(CudnnAttention::Off);
   const Device gpu = Device::cuda(0);
   enum class M { none, square, padding, heads, full };
   struct Case {
@@ -152,7 +152,7 @@ TEST(AttentionCuda, ABroadcastMaskViewIsReadInPlaceAsItsCopyIs) {
   // The kernels read the mask through its strides: an expanded (stride-0) view of a key padding and a
   // transposed (T, T) mask give the bits their contiguous copies give.
   REEL_REQUIRE_GPU();
-  testing_util::ScopedCudnnAttention readable_kernels(false);
+  testing_util::ScopedCudnnAttention readable_kernels(CudnnAttention::Off);
   const Device gpu = Device::cuda(0);
   Generator gen(34);
   const int64_t B = 2, T = 65, H = 3, hd = 64, d = H * hd;
@@ -175,7 +175,7 @@ TEST(AttentionCuda, SixteenBitOperandsOffTheCopyAlignmentGiveTheSameBits) {
   // the backward reads dy as its dO only when it is aligned (else a prepared copy). Operands 8 bytes
   // off that alignment (views at an offset of 4 elements) must give exactly what aligned copies give.
   REEL_REQUIRE_GPU();
-  testing_util::ScopedCudnnAttention readable_kernels(false);
+  testing_util::ScopedCudnnAttention readable_kernels(CudnnAttention::Off);
   const Device gpu = Device::cuda(0);
   Generator gen(32);
   const int64_t B = 2, T = 150, H = 2, hd = 64, d = H * hd;

@@ -5,7 +5,8 @@
 // that cuDNN ran it (the shapes here are ones cuDNN takes on an H100/H200; a refusal fails with
 // cuDNN's reason). Also: the same bits on a second run (its deterministic backward); either kind of
 // forward feeds either kind of backward (their lse agree); the switch and a mask send calls to reel's
-// kernels; autotuning keeps one implementation per shape, whose bits later calls repeat. Skips
+// kernels; Auto's rule picks cuDNN for large grids only; autotuning keeps one implementation per shape,
+// whose bits later calls repeat. Skips
 // without a GPU or without the cuDNN frontend in the build.
 #include <gtest/gtest.h>
 
@@ -84,7 +85,7 @@ void expect_close(const AttentionRun& dev, const AttentionRun& cpu) {
 
 TEST(AttentionCudnn, MatchesTheCpuAtTheModelsShapesAndOffThem) {
   REQUIRE_CUDNN_ATTENTION();
-  testing_util::ScopedCudnnAttention on(true);
+  testing_util::ScopedCudnnAttention on(CudnnAttention::On);
   const Device gpu = Device::cuda(0);
   const Case cases[] = {
       {2, 256, 8, 64, DType::f32, DType::bf16, true},    // gpt-small
@@ -128,11 +129,11 @@ TEST(AttentionCudnn, EitherForwardFeedsEitherBackward) {
     const int64_t before = cuda::cudnn_attention_calls();
     AttentionRun dev;
     {
-      testing_util::ScopedCudnnAttention f(cudnn_forward);
+      testing_util::ScopedCudnnAttention f(cudnn_forward ? CudnnAttention::On : CudnnAttention::Off);
       dev = forward(g_qkv, H, DType::bf16, true);
     }
     {
-      testing_util::ScopedCudnnAttention b(!cudnn_forward);
+      testing_util::ScopedCudnnAttention b(cudnn_forward ? CudnnAttention::Off : CudnnAttention::On);
       dev.dqkv = backward(g_dy, g_qkv, dev, H, DType::bf16, true);
     }
     EXPECT_EQ(cuda::cudnn_attention_calls() - before, 1);
@@ -147,21 +148,43 @@ TEST(AttentionCudnn, TheSwitchAndAMaskSendCallsToReelsKernels) {
   Generator gen(43);
   Tensor qkv = (randn({B, T, 3 * d}, {}, &gen)).to(gpu), dy = randn({B, T, d}, {}, &gen).to(gpu);
   {
-    testing_util::ScopedCudnnAttention off(false);
+    testing_util::ScopedCudnnAttention off(CudnnAttention::Off);
     const int64_t before = cuda::cudnn_attention_calls();
     run(qkv, dy, H, DType::bf16, true);
-    EXPECT_EQ(cuda::cudnn_attention_calls(), before) << "cuDNN ran with set_cudnn_attention(false)";
+    EXPECT_EQ(cuda::cudnn_attention_calls(), before) << "cuDNN ran in mode Off";
   }
-  testing_util::ScopedCudnnAttention on(true);
+  testing_util::ScopedCudnnAttention on(CudnnAttention::On);
   Tensor mask = zeros({T, T}, TensorOptions{DType::f32}).to(gpu);
   const int64_t before = cuda::cudnn_attention_calls();
   AttentionRun masked = run(qkv, dy, H, DType::bf16, false, mask);
   EXPECT_EQ(cuda::cudnn_attention_calls(), before) << "cuDNN's graph has no mask: a masked call is reel's";
   // ... and gives the readable kernels' bits (an all-zero mask: the unmasked result, by reel's kernels).
-  testing_util::ScopedCudnnAttention off(false);
+  testing_util::ScopedCudnnAttention off(CudnnAttention::Off);
   AttentionRun plain = run(qkv, dy, H, DType::bf16, false);
   EXPECT_LT(testing_util::max_rel_diff(masked.y, plain.y), 1e-6);
   EXPECT_LT(testing_util::max_rel_diff(masked.dqkv, plain.dqkv), 1e-6);
+}
+
+TEST(AttentionCudnn, AutoTakesCudnnWhereItsBlocksFillTheGpu) {
+  // Auto without autotuning (the default): cuDNN where B H ceil(T / 128) reaches the SM count
+  // (attention.cu: cudnn_fills_the_gpu). gpt-tiny's shape gives 64 (reel's kernels on any GPU of more
+  // SMs, an H100's or H200's 132), gpt-small's at micro-batch 32 gives 512 (cuDNN).
+  REQUIRE_CUDNN_ATTENTION();
+  testing_util::ScopedCudnnAttention automatic(CudnnAttention::Auto);
+  const Device gpu = Device::cuda(0);
+  Generator gen(45);
+  struct Shape {
+    int64_t B, T, H;
+    bool cudnn;
+  };
+  for (const Shape& c : {Shape{16, 128, 4, false}, Shape{32, 256, 8, true}}) {
+    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " + std::to_string(c.H));
+    const int64_t d = c.H * 64;
+    Tensor qkv = randn({c.B, c.T, 3 * d}, {}, &gen).to(gpu), dy = randn({c.B, c.T, d}, {}, &gen).to(gpu);
+    const int64_t before = cuda::cudnn_attention_calls();
+    run(qkv, dy, c.H, DType::bf16, true);
+    EXPECT_EQ(cuda::cudnn_attention_calls() - before, c.cudnn ? 2 : 0) << cuda::cudnn_attention_last_refusal();
+  }
 }
 
 TEST(AttentionCudnn, AutotuningKeepsOneImplementationPerShape) {
@@ -176,19 +199,19 @@ TEST(AttentionCudnn, AutotuningKeepsOneImplementationPerShape) {
   AttentionRun f;
   Tensor y_reel, d_cudnn, d_reel;
   {
-    testing_util::ScopedCudnnAttention on(true);
+    testing_util::ScopedCudnnAttention on(CudnnAttention::On);
     f = forward(qkv, H, DType::bf16, true);
     d_cudnn = backward(dy, qkv, f, H, DType::bf16, true);
   }
   {
-    testing_util::ScopedCudnnAttention off(false);
+    testing_util::ScopedCudnnAttention off(CudnnAttention::Off);
     y_reel = forward(qkv, H, DType::bf16, true).y;
     d_reel = backward(dy, qkv, f, H, DType::bf16, true);
   }
   auto bits = [](const Tensor& t) { return t.to_vector<double>(); };
   ASSERT_NE(bits(f.y), bits(y_reel)) << "the two forwards agree to the bit: the test could not tell them apart";
   ASSERT_NE(bits(d_cudnn), bits(d_reel)) << "the two backwards agree to the bit: the test could not tell them apart";
-  testing_util::ScopedCudnnAttention on(true);
+  testing_util::ScopedCudnnAttention on(CudnnAttention::Auto);
   set_autotune(true);
   const Tensor y_tuned = forward(qkv, H, DType::bf16, true).y, y_later = forward(qkv, H, DType::bf16, true).y;
   const Tensor d_tuned = backward(dy, qkv, f, H, DType::bf16, true), d_later = backward(dy, qkv, f, H, DType::bf16, true);

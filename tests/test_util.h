@@ -119,16 +119,16 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
-// cuDNN's fused attention on or off for one scope (kernels/autotune.h), the setting restored after.
+// cuDNN's fused attention mode for one scope (kernels/autotune.h), the setting restored after.
 class ScopedCudnnAttention {
  public:
-  explicit ScopedCudnnAttention(bool on) : old_(cudnn_attention_enabled()) { set_cudnn_attention(on); }
+  explicit ScopedCudnnAttention(CudnnAttention mode) : old_(cudnn_attention_mode()) { set_cudnn_attention(mode); }
   ~ScopedCudnnAttention() { set_cudnn_attention(old_); }
   ScopedCudnnAttention(const ScopedCudnnAttention&) = delete;
   ScopedCudnnAttention& operator=(const ScopedCudnnAttention&) = delete;
 
  private:
-  bool old_;
+  CudnnAttention old_;
 };
 
 }  // namespace reel::testing_util

@@ -264,12 +264,12 @@ void launch_attention_fwd(const Tensor& qkv, const AttentionGeometry& g, const T
   }
 }
 
-// Which implementation runs a call (kernels/autotune.h: set_cudnn_attention): cuDNN's fused attention
-// where it is on and takes the call, reel's own kernels otherwise. With autotuning on, a shape's first
-// call outside a CUDA-graph capture runs each kTuningRuns times (alternately, timed by events) and
-// the faster is kept for the shape; the outputs are then written once more by the one kept, so the
-// call's result is that implementation's. The two give different bits (rounding points:
-// attention_cudnn.h), so a shape keeps one choice for the process.
+// Which implementation runs a call (kernels/autotune.h: CudnnAttention): cuDNN's fused attention where
+// the mode asks for it and cuDNN takes the call, reel's own kernels otherwise. In Auto mode with
+// autotuning on, a shape's first call outside a CUDA-graph capture runs each kTuningRuns times
+// (alternately, timed by events) and the faster is kept for the shape; the outputs are then written
+// once more by the one kept, so the call's result is that implementation's. The two give different
+// bits (rounding points: attention_cudnn.h), so a timed shape keeps its choice for the process.
 enum class Direction { Forward, Backward };
 constexpr int kTuningRuns = 3;
 
@@ -296,14 +296,26 @@ float time_runs(cudaStream_t stream, int runs, Fn&& fn) {
   return ms;
 }
 
+// Auto's rule without timing: cuDNN where B H ceil(T / 128) reaches the SM count. Fitted to the H200
+// (132 SMs; bench/RESULTS.md, cuDNN 9 against reel's kernels, bf16, head size 64, forward + backward
+// per launch): gpt-small's (16, 256, 8): 256, cuDNN 50.3 us against 74.1; ViT-Ti's (128, 65, 3, not
+// causal): 384, cuDNN 54.4 against 72.2; gpt-tiny's (16, 128, 4): 64, cuDNN 37.4 against reel's 25.4
+// (reel's 64-query tiles give such a shape twice the blocks).
+bool cudnn_fills_the_gpu(const AttentionGeometry& g, int device) {
+  return int64_t(g.B) * g.H * ((g.T + 127) / 128) >= multiprocessor_count(device);
+}
+
 template <typename Cudnn, typename Readable>
 void run_chosen(Direction direction, const AttentionGeometry& g, DType compute, bool causal, DType operands,
-                cudaStream_t stream, Cudnn&& cudnn, Readable&& readable) {
-  if (!cudnn_attention_enabled()) return readable();
-  if (!autotune_enabled() || capturing(stream)) {
+                int device, cudaStream_t stream, Cudnn&& cudnn, Readable&& readable) {
+  const CudnnAttention mode = cudnn_attention_mode();
+  if (mode == CudnnAttention::Off) return readable();
+  if (mode == CudnnAttention::On) {
     if (!cudnn()) readable();
     return;
   }
+  // Auto: a shape autotuning has timed keeps that choice (also inside a capture, so a compiled step
+  // runs what its eager first call chose); an untimed one follows the rule unless it is timed now.
   using Key = std::array<int64_t, 8>;
   static std::mutex mutex;
   static std::map<Key, bool> cudnn_faster;
@@ -314,6 +326,10 @@ void run_chosen(Direction direction, const AttentionGeometry& g, DType compute, 
       if (!it->second || !cudnn()) readable();
       return;
     }
+  }
+  if (!autotune_enabled() || capturing(stream)) {
+    if (!cudnn_fills_the_gpu(g, device) || !cudnn()) readable();
+    return;
   }
   if (!cudnn()) return readable();  // cuDNN does not take the shape: nothing to time
   readable();                       // both warm (the readable kernels' first launch sets them up)
@@ -356,7 +372,7 @@ void attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType compute, cons
   };
   if (mask.defined()) return readable();  // cuDNN's graph here has no mask
   run_chosen(
-      Direction::Forward, g, compute, causal, qkv.dtype(), stream,
+      Direction::Forward, g, compute, causal, qkv.dtype(), int(qkv.device().index), stream,
       [&] { return cudnn_attention_fwd(qkv, heads, compute, y, lse, y16, causal); }, readable);
 }
 
@@ -465,7 +481,7 @@ void attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const Tensor&
   };
   if (mask.defined()) return readable();
   run_chosen(
-      Direction::Backward, g, compute, causal, qkv.dtype(), stream,
+      Direction::Backward, g, compute, causal, qkv.dtype(), int(qkv.device().index), stream,
       [&] { return cudnn_attention_bwd(dy, qkv, y, lse, heads, compute, dqkv, dqkv16, causal); }, readable);
 }
 
