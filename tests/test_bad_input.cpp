@@ -2,6 +2,7 @@
 // command line, one line and exit code 1), and nothing it touched changed. (Threads: test_threads.cpp.)
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -15,6 +16,7 @@
 #include "compile/runtime/compile.h"
 #include "compile/runtime/memory_budget.h"
 #include "data/fashion_mnist.h"
+#include "kernels/cpu/thread_binding.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/file_io.h"
@@ -341,4 +343,31 @@ TEST(BadInput, BenchThreadsAreCheckedAndRecorded) {
   r = reel_cli("bench --models cnn-small --device cpu --threads 0");
   EXPECT_EQ(r->code, 1) << r->out;
   EXPECT_NE(r->out.find("--threads"), std::string::npos) << r->out;
+}
+
+// `reel bench --bind-threads 1` pins its threads one to a CPU (kernels/cpu/thread_binding.h) and says
+// which, the first of binding_order(), the allowed CPUs one per core first; more threads than allowed
+// CPUs, or a value other than 0 and 1, is refused with the reason.
+TEST(BadInput, BenchBindThreadsPinsOrRefuses) {
+  const std::vector<int> order = cpu::binding_order();
+  ASSERT_FALSE(order.empty());
+  cpu_set_t allowed;  // the order is a permutation of the process's allowed CPUs
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  EXPECT_EQ(int(order.size()), CPU_COUNT(&allowed));
+  for (size_t i = 0; i < order.size(); ++i) {
+    EXPECT_TRUE(CPU_ISSET(order[i], &allowed)) << order[i];
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(order[i], order[j]);
+  }
+  std::optional<CliRun> r = reel_cli("bench --models cnn-small --precisions fp32 --device cpu --steps 1 --warmup 0 "
+                                     "--micro-batch 2 --threads 1 --bind-threads 1");
+  REQUIRE_CLI(r);
+  EXPECT_EQ(r->code, 0) << r->out;
+  EXPECT_NE(r->out.find("CPU threads pinned to CPUs " + std::to_string(order[0]) + "\n"), std::string::npos) << r->out;
+  const std::string too_many = std::to_string(order.size() + 1);
+  r = reel_cli("bench --models cnn-small --device cpu --threads " + too_many + " --bind-threads 1");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("cannot pin " + too_many + " threads one to a CPU"), std::string::npos) << r->out;
+  r = reel_cli("bench --models cnn-small --device cpu --bind-threads yes");
+  EXPECT_EQ(r->code, 1) << r->out;
+  EXPECT_NE(r->out.find("--bind-threads expects 0 or 1, got \"yes\""), std::string::npos) << r->out;
 }

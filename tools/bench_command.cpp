@@ -30,6 +30,7 @@
 #include "compile/runtime/memory_budget.h"
 #include "compile/runtime/train_step.h"
 #include "kernels/autotune.h"
+#include "kernels/cpu/thread_binding.h"
 #include "kernels/dispatch.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
@@ -61,6 +62,7 @@ struct BenchOptions {
   size_t memory_budget = 0;
   double dropout = 0;         // the GPTs' dropout (GptConfig::dropout); the timed steps train, so it draws
   int64_t threads = 0;        // --threads N: the CPU kernels' OpenMP threads (0: OMP_NUM_THREADS, or every core)
+  bool bind_threads = false;  // --bind-threads 1: those threads pinned one to a core (kernels/cpu/thread_binding.h)
   std::string json_path;
   std::string trace_path;     // --trace FILE: one step after the timed ones as a Chrome trace (see the top)
   bool one_run = true;        // a single model, precision and mode: the trace is written to trace_path itself
@@ -73,6 +75,7 @@ const char* bench_usage() {
          "  --compile a,b,...      eager and/or compile modes: default, reduce-overhead, max-autotune (default eager)\n"
          "  --device auto|cpu|cuda[:N]   --steps N (default 30)   --warmup N (default 5)   --micro-batch N\n"
          "  --threads N            the CPU kernels' threads (default: OMP_NUM_THREADS, else every core)\n"
+         "  --bind-threads 0|1     pin those threads one to a core, as OMP_PROC_BIND=close OMP_PLACES=cores (default 0)\n"
          "  --json FILE            one JSON line per configuration\n"
          "  --profile N            N more steps profiled op by op (compiled: kernel by kernel)\n"
          "  --profiler-range N     N more steps inside a CUDA profiler range (ncu --profile-from-start off)\n"
@@ -108,6 +111,10 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--warmup") o.warmup = int_arg("bench", k, v, 0);
     else if (k == "--micro-batch") o.micro_batch = int_arg("bench", k, v, 1);
     else if (k == "--threads") o.threads = int_arg("bench", k, v, 1, 1024);
+    else if (k == "--bind-threads") {
+      REEL_CHECK(v == "0" || v == "1", "bench: --bind-threads expects 0 or 1, got \"", v, "\"");
+      o.bind_threads = v == "1";
+    }
     else if (k == "--json") o.json_path = v;
     else if (k == "--trace") o.trace_path = v;
     else if (k == "--profile") o.profile_steps = int_arg("bench", k, v, 0);
@@ -121,7 +128,7 @@ BenchOptions parse(int argc, char** argv) {
     else if (k == "--memory-budget") o.memory_budget = size_arg("bench", k, v);
     else throw Error("bench: unknown option " + k +
                      " (expected --models, --precisions, --compile, --device, --steps, --warmup, --micro-batch, --json, "
-                     "--threads N, --profile, --profiler-range N, --trace FILE, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P, "
+                     "--threads N, --bind-threads 0|1, --profile, --profiler-range N, --trace FILE, --deterministic 0|1, --channels-last 0|1, --plan-memory 0|1, --dropout P, "
                      "--memory-limit SIZE, --effective-batch N --memory-budget SIZE)");
   }
   REEL_CHECK((o.effective_batch == 0) == (o.memory_budget == 0),
@@ -135,6 +142,12 @@ BenchOptions parse(int argc, char** argv) {
   o.one_run = o.models.size() * o.precisions.size() * o.modes.size() == 1;
   // As torch.set_num_threads: every later parallel region (reel's kernels, oneDNN's, Eigen's) uses N.
   if (o.threads > 0) omp_set_num_threads(int(o.threads));
+  if (o.bind_threads) {
+    const std::vector<int> cpus = cpu::bind_threads_to_cores();
+    REEL_CHECK(!cpus.empty(), "bench: --bind-threads 1: cannot pin ", omp_get_max_threads(),
+               " threads one to a CPU: the process may run on ", cpu::binding_order().size(), " CPUs");
+    std::printf("CPU threads pinned to CPUs %s\n", cpu::cpu_list(cpus).c_str());
+  }
   return o;
 }
 
