@@ -10,10 +10,11 @@ from collections import defaultdict
 UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
 
 # First match wins: (family, pattern over the kernel's name).
-# Attention first: cuDNN's fused attention kernels are named cudnn_..._sdpa_..._fprop/bprop_..., which
-# the convolution pattern would otherwise take.
+# Attention first: cuDNN's fused attention kernels are named cudnn_..._sdpa_..._fprop/bprop_..., and its
+# deterministic backward's helpers cudnn::matmul_dq and cudnn::compute_dot_do_o, which the convolution
+# pattern would otherwise take.
 FAMILIES = [
-    ("attention", r"attention|flash|fmha|sdpa"),
+    ("attention", r"attention|flash|fmha|sdpa|matmul_dq|dot_do_o"),
     ("conv (cuDNN)", r"conv|dgrad|wgrad|fprop|implicit|xmma|cudnn|nchwToNhwc|nhwcToNchw|winograd|fft"),
     ("gemm", r"gemm|cutlass|cublas|matmul|sm90_|nvjet"),
     ("batch/group norm", r"batch_norm|group_norm|bn_|batchnorm"),

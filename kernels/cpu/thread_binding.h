@@ -2,11 +2,11 @@
 // with OMP_PLACES=cores asks of the OpenMP runtime, for programs that cannot set those variables
 // before it loads (GNU OpenMP reads them once, at load).
 //
-// Why: on a machine with more cores than threads, a thread that parks between parallel regions may
-// wake on another core, away from the caches its last kernel filled; a compiled plan, whose arena
-// buffers are reused from kernel to kernel, loses more by that than eager steps do (bench/RESULTS.md:
-// the GPU machine's 16-core host). Off by default (`reel bench --bind-threads 1`): pinning suits a
-// process that has the machine's cores to itself.
+// Why one would: on a machine with more cores than threads, a thread that parks between parallel
+// regions may wake on another core, away from the caches its last kernel filled. Measured on the GPU
+// machine's 16-core host (bench/RESULTS.md), pinning did not pay there (cnn-small at 8 threads was 20%
+// slower pinned), so it is off by default (`reel bench --bind-threads 1`); it suits a process that has
+// the machine's cores to itself.
 #pragma once
 #include <string>
 #include <vector>
