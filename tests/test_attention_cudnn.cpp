@@ -14,6 +14,7 @@
 #include "test_util.h"
 
 #ifdef REEL_CUDA
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_cudnn.h"
 
 using namespace reel;
@@ -111,6 +112,33 @@ TEST(AttentionCudnn, MatchesTheCpuAtTheModelsShapesAndOffThem) {
     AttentionRun again = run(qkv.to(gpu), dy.to(gpu), c.H, c.compute, c.causal);
     EXPECT_EQ(again.y.to_vector<double>(), dev.y.to_vector<double>()) << "y changed between runs";
     EXPECT_EQ(again.dqkv.to_vector<double>(), dev.dqkv.to_vector<double>()) << "dqkv changed between runs";
+  }
+}
+
+TEST(AttentionCudnn, EveryOutputAskedForIsWritten) {
+  // The fused cast's entry (kernels/cuda/attention.h) may ask for y and its 16-bit copy together: cuDNN
+  // writes O once and the other output is copied from it, whatever their dtypes (f32 y: widened; a
+  // 16-bit y beside the 16-bit copy: the same bits twice). Backward likewise for dqkv and its copy.
+  REQUIRE_CUDNN_ATTENTION();
+  testing_util::ScopedCudnnAttention on(CudnnAttention::On);
+  const Device gpu = Device::cuda(0);
+  const int64_t B = 2, T = 64, H = 2, hd = 64, d = H * hd;
+  Generator gen(46);
+  for (DType value : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(value));
+    Tensor qkv = randn({B, T, 3 * d}, {}, &gen).to(DType::bf16).to(gpu), dy = randn({B, T, d}, {}, &gen).to(gpu);
+    AttentionRun ref = run(qkv, dy.to(DType::bf16), H, DType::bf16, true);  // dispatch: y, dqkv bf16
+    Tensor y = Tensor::empty({B, T, d}, value, gpu), y16 = Tensor::empty({B, T, d}, DType::bf16, gpu);
+    Tensor lse = Tensor::empty({B, H, T}, DType::f32, gpu);
+    const int64_t before = cuda::cudnn_attention_calls();
+    cuda::attention_fwd_into(qkv, H, DType::bf16, y, lse, y16, true);
+    Tensor dqkv = Tensor::empty({B, T, 3 * d}, value, gpu), dqkv16 = Tensor::empty({B, T, 3 * d}, DType::bf16, gpu);
+    cuda::attention_bwd_into(dy.to(DType::bf16), qkv, y16, lse, H, DType::bf16, dqkv, dqkv16, true);
+    ASSERT_EQ(cuda::cudnn_attention_calls() - before, 2);
+    EXPECT_EQ(y16.to_vector<double>(), ref.y.to_vector<double>());
+    EXPECT_EQ(y.to_vector<double>(), ref.y.to_vector<double>());
+    EXPECT_EQ(dqkv16.to_vector<double>(), ref.dqkv.to_vector<double>());
+    EXPECT_EQ(dqkv.to_vector<double>(), ref.dqkv.to_vector<double>());
   }
 }
 

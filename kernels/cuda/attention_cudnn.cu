@@ -243,7 +243,7 @@ bool cudnn_attention_fwd(const Tensor& qkv, int64_t heads, DType compute, const 
                                           {kV, columns(q, 2 * s.d)},   {kO, o.data_ptr()},
                                           {kStats, lse.data_ptr()}};
   execute(b, h, pack, device, "attention");
-  if (y.defined() && y.dtype() != compute) copy_on_device(y, o);  // widened: exact
+  if (y.defined() && y.data_ptr() != o.data_ptr()) copy_on_device(y, o);  // widened (exact), or a second copy
   return true;
 }
 
@@ -278,7 +278,7 @@ bool cudnn_attention_bwd(const Tensor& dy, const Tensor& qkv, const Tensor& y, c
                                           {kDK, columns(grad.data_ptr(), s.d)},
                                           {kDV, columns(grad.data_ptr(), 2 * s.d)}};
   execute(b, h, pack, device, "attention_backward");
-  if (dqkv.defined() && dqkv.dtype() != compute) copy_on_device(dqkv, grad);  // widened: exact
+  if (dqkv.defined() && dqkv.data_ptr() != grad.data_ptr()) copy_on_device(dqkv, grad);  // widened (exact), or a copy
   return true;
 }
 
