@@ -89,11 +89,14 @@ for phase in "$@"; do
       # and 8 threads; eager and the compiled plan.
       # ROUNDS=N repeats the whole sequence (reel, reel before, torch at 2 then 8 threads) N times, so
       # a noisy machine's swings show as the spread between rounds; BEFORE=0 skips the old kernels.
-      # reel warms up 5 steps before timing, as the peer script does (WARMUP=N changes it).
+      # reel warms up 5 steps before timing, as the peer script does (WARMUP=N changes it). Even rounds
+      # run the compiled plan before eager, so a machine that slows during the call does not always
+      # charge the same mode.
       : > "$out/reel.jsonl"; : > "$out/torch_eager.jsonl"
       for round in $(seq "${ROUNDS:-1}"); do
+      modes=eager,default; [ $((round % 2)) = 0 ] && modes=default,eager
       for t in 2 8; do
-        "$reel" bench --device cpu --threads "$t" --models cnn-small,gpt-tiny --precisions fp32 --compile eager,default \
+        "$reel" bench --device cpu --threads "$t" --models cnn-small,gpt-tiny --precisions fp32 --compile "$modes" \
           --steps "${STEPS:-3}" --warmup "${WARMUP:-5}" --json "$out/reel_$t.jsonl" >> "$out/reel.txt" 2>&1
         if [ "${BEFORE:-1}" = 1 ]; then
           REEL_CPU_CONV=im2col REEL_CPU_GEMM=eigen "$reel" bench --device cpu --threads "$t" --models cnn-small,gpt-tiny \
