@@ -10,6 +10,10 @@
 #   cpu-threads  the CPU at 2 and 8 threads: reel (oneDNN kernels, and the Eigen/im2col ones by env), eager
 #             and compiled, beside torch eager; cnn-small and gpt-tiny fp32
 #   profile   torch's kernel profile of gpt-small (bench/torch_profile.py), to set beside reel's
+#   kernels   reel's own kernel profile: one compiled step (bf16, reduce-overhead) of cnn-small, gpt-tiny
+#             and gpt-small under Nsight Compute, summed by kernel and family (bench/ncu_summary.py),
+#             then the same three in reduce-overhead and max-autotune side by side (what timing the
+#             GEMMs', convolutions' and attention's candidates gains)
 #   families  the six models of MODELS.md in bf16: reel reduce-overhead (and max-autotune for the
 #             CNNs) vs the whole-step CUDA graph, torch.compile default and reduce-overhead with
 #             CUDA-graph trees off (each peer run under a time limit: compiling takes tens of seconds)
@@ -180,6 +184,20 @@ for phase in "$@"; do
         echo "torch eager:"; cat "$out/torch_eager.jsonl"; } > "$out/joined.md" ;;
     profile)
       for p in fp32 bf16; do python3 bench/torch_profile.py gpt-small "$p" 25; done > "$out/torch_profile.txt" 2>&1 ;;
+    kernels)
+      # Each kernel replayed alone with warm caches (--cache-control none): the sums run a little above
+      # the step. NCU_TIMEOUT bounds each model's profile (seconds).
+      : > "$out/joined.md"
+      for m in cnn-small gpt-tiny gpt-small; do
+        timeout "${NCU_TIMEOUT:-150}" ncu --profile-from-start off --csv --metrics gpu__time_duration.sum \
+          --cache-control none --clock-control none --graph-profiling node "$reel" bench --models "$m" \
+          --precisions bf16 --compile reduce-overhead --steps 1 --warmup 1 --profiler-range 1 \
+          > "$out/ncu_$m.csv" 2> "$out/ncu_$m.err"
+        python3 bench/ncu_summary.py "$out/ncu_$m.csv" "$m" --top 25 >> "$out/joined.md" 2>&1
+      done
+      "$reel" bench --models "$models" --precisions bf16 --compile reduce-overhead,max-autotune \
+        --json "$out/reel.jsonl" > "$out/reel.txt" 2>&1
+      grep -E "^(cnn|gpt)" "$out/reel.txt" >> "$out/joined.md" ;;
     memory)
       : > "$out/reel.jsonl"; : > "$out/torch_eager.jsonl"
       for b in 1 2 4 8 16 32 64 128; do
