@@ -11,28 +11,15 @@
 
 #include <cmath>
 
-#include "kernels/dispatch.h"
+#include "attention_runs.h"
 #include "test_util.h"
 
 using namespace reel;
 
 namespace {
 
-struct AttentionRun {
-  Tensor y, lse, dqkv;
-};
-
-AttentionRun run(const Tensor& qkv, const Tensor& dy, int64_t heads, DType compute, bool causal = true,
-                 const Tensor& mask = Tensor()) {
-  Attrs a = Attrs().set("heads", heads).set("compute", compute).set("causal", causal);
-  std::vector<Tensor> in{qkv}, bin{dy, qkv};
-  if (mask.defined()) in.push_back(mask);
-  std::vector<Tensor> f = dispatch(OpKind::Attention, in, a);
-  bin.insert(bin.end(), {f[0], f[1]});
-  if (mask.defined()) bin.push_back(mask);
-  Tensor dqkv = dispatch(OpKind::AttentionBackward, bin, a)[0];
-  return {f[0], f[1], dqkv};
-}
+using testing_util::attention_run;
+using testing_util::AttentionRun;
 
 // The additive mask of `shape` in dtype dt: N(0, 1) values with -inf at every fifth entry, or, for a
 // (B, 1, 1, T) shape, a key padding: batch b ignores its last b + 1 keys, the last batch all of them.
@@ -76,17 +63,15 @@ TEST(AttentionCuda, MatchesTheCpuForEveryKernelPath) {
     const int64_t d = c.H * c.hd;
     Tensor qkv = (randn({c.B, c.T, 3 * d}, {}, &gen) * 1.5).to(c.storage);
     Tensor dy = randn({c.B, c.T, d}, {}, &gen).to(c.storage);
-    AttentionRun cpu = run(qkv, dy, c.H, c.compute);
-    AttentionRun dev = run(qkv.to(gpu), dy.to(gpu), c.H, c.compute);
+    AttentionRun cpu = attention_run(qkv, dy, c.H, c.compute);
+    AttentionRun dev = attention_run(qkv.to(gpu), dy.to(gpu), c.H, c.compute);
     // 16-bit compute rounds P and dS, whose f32 values differ in the last bits between the backends'
     // summation orders: a rounding step apart at most.
     const double tol = c.compute == DType::f64 ? 1e-12 : c.compute == DType::f32 ? 2e-5 : 2e-2;
     EXPECT_LT(testing_util::max_rel_diff(dev.y, cpu.y), tol) << "y";
     EXPECT_LT(testing_util::max_rel_diff(dev.lse, cpu.lse), 1e-5) << "lse";
     EXPECT_LT(testing_util::max_rel_diff(dev.dqkv, cpu.dqkv), tol) << "dqkv";
-    AttentionRun again = run(qkv.to(gpu), dy.to(gpu), c.H, c.compute);
-    EXPECT_EQ(again.dqkv.to_vector<double>(), dev.dqkv.to_vector<double>()) << "dqkv changed between runs";
-    EXPECT_EQ(again.y.to_vector<double>(), dev.y.to_vector<double>()) << "y changed between runs";
+    testing_util::expect_same_bits(attention_run(qkv.to(gpu), dy.to(gpu), c.H, c.compute), dev);
   }
 }
 
@@ -132,8 +117,8 @@ TEST(AttentionCuda, NonCausalAndMaskedMatchTheCpuForEveryKernelPath) {
       case M::heads: mask = test_mask({1, c.H, c.T, c.T}, acc, gen); break;
       case M::full: mask = test_mask({c.B, c.H, c.T, c.T}, acc, gen); break;
     }
-    AttentionRun cpu = run(qkv, dy, c.H, c.compute, c.causal, mask);
-    AttentionRun dev = run(qkv.to(gpu), dy.to(gpu), c.H, c.compute, c.causal, mask.defined() ? mask.to(gpu) : mask);
+    AttentionRun cpu = attention_run(qkv, dy, c.H, c.compute, c.causal, mask);
+    AttentionRun dev = attention_run(qkv.to(gpu), dy.to(gpu), c.H, c.compute, c.causal, mask.defined() ? mask.to(gpu) : mask);
     const double tol = c.compute == DType::f64 ? 1e-12 : c.compute == DType::f32 ? 2e-5 : 2e-2;
     EXPECT_LT(testing_util::max_rel_diff(dev.y, cpu.y), tol) << "y";
     // lse: +inf on rows without a key on both, else close.
@@ -143,8 +128,8 @@ TEST(AttentionCuda, NonCausalAndMaskedMatchTheCpuForEveryKernelPath) {
       else EXPECT_NEAR(lg[i], lc[i], 1e-5 * std::max(1.0, std::abs(lc[i]))) << "lse " << i;
     }
     EXPECT_LT(testing_util::max_rel_diff(dev.dqkv, cpu.dqkv), tol) << "dqkv";
-    AttentionRun again = run(qkv.to(gpu), dy.to(gpu), c.H, c.compute, c.causal, mask.defined() ? mask.to(gpu) : mask);
-    EXPECT_EQ(again.dqkv.to_vector<double>(), dev.dqkv.to_vector<double>()) << "dqkv changed between runs";
+    testing_util::expect_same_bits(
+        attention_run(qkv.to(gpu), dy.to(gpu), c.H, c.compute, c.causal, mask.defined() ? mask.to(gpu) : mask), dev);
   }
 }
 
@@ -163,7 +148,7 @@ TEST(AttentionCuda, ABroadcastMaskViewIsReadInPlaceAsItsCopyIs) {
                                              {square.transpose(0, 1), square.transpose(0, 1).contiguous()}};
   for (const auto& [view, copy] : views)
     for (DType c : {DType::bf16, DType::f32}) {
-      AttentionRun a = run(qkv, dy, H, c, false, view), b = run(qkv, dy, H, c, false, copy);
+      AttentionRun a = attention_run(qkv, dy, H, c, false, view), b = attention_run(qkv, dy, H, c, false, copy);
       EXPECT_EQ(a.y.to_vector<double>(), b.y.to_vector<double>()) << dtype_name(c);
       EXPECT_EQ(a.dqkv.to_vector<double>(), b.dqkv.to_vector<double>()) << dtype_name(c);
     }
@@ -190,7 +175,7 @@ TEST(AttentionCuda, SixteenBitOperandsOffTheCopyAlignmentGiveTheSameBits) {
     Tensor qkv = qkv_off.clone(), dy = dy_off.clone();
     ASSERT_EQ(reinterpret_cast<uintptr_t>(qkv.data_ptr()) % 16, 0u);
     ASSERT_NE(reinterpret_cast<uintptr_t>(qkv_off.data_ptr()) % 16, 0u);
-    AttentionRun aligned = run(qkv, dy, H, c), off = run(qkv_off, dy_off, H, c);
+    AttentionRun aligned = attention_run(qkv, dy, H, c), off = attention_run(qkv_off, dy_off, H, c);
     EXPECT_EQ(off.y.to_vector<double>(), aligned.y.to_vector<double>()) << "y";
     EXPECT_EQ(off.lse.to_vector<double>(), aligned.lse.to_vector<double>()) << "lse";
     EXPECT_EQ(off.dqkv.to_vector<double>(), aligned.dqkv.to_vector<double>()) << "dqkv";

@@ -10,7 +10,7 @@
 // without a GPU or without the cuDNN frontend in the build.
 #include <gtest/gtest.h>
 
-#include "kernels/dispatch.h"
+#include "attention_runs.h"
 #include "test_util.h"
 
 #ifdef REEL_CUDA
@@ -21,35 +21,10 @@ using namespace reel;
 
 namespace {
 
-struct AttentionRun {
-  Tensor y, lse, dqkv;
-};
-
-Attrs attrs(int64_t heads, DType compute, bool causal) {
-  return Attrs().set("heads", heads).set("compute", compute).set("causal", causal);
-}
-
-AttentionRun forward(const Tensor& qkv, int64_t heads, DType compute, bool causal, const Tensor& mask = Tensor()) {
-  std::vector<Tensor> in{qkv};
-  if (mask.defined()) in.push_back(mask);
-  std::vector<Tensor> f = dispatch(OpKind::Attention, in, attrs(heads, compute, causal));
-  return {f[0], f[1], Tensor()};
-}
-
-Tensor backward(const Tensor& dy, const Tensor& qkv, const AttentionRun& f, int64_t heads, DType compute, bool causal,
-                const Tensor& mask = Tensor()) {
-  std::vector<Tensor> in{dy, qkv, f.y, f.lse};
-  if (mask.defined()) in.push_back(mask);
-  return dispatch(OpKind::AttentionBackward, in, attrs(heads, compute, causal))[0];
-}
-
-AttentionRun run(const Tensor& qkv, const Tensor& dy, int64_t heads, DType compute, bool causal,
-                 const Tensor& mask = Tensor()) {
-  AttentionRun r = forward(qkv, heads, compute, causal, mask);
-  r.dqkv = backward(dy, qkv, r, heads, compute, causal, mask);
-  return r;
-}
-
+using testing_util::attention_backward;
+using testing_util::attention_forward;
+using testing_util::attention_run;
+using testing_util::AttentionRun;
 // Skips where cuDNN's attention cannot run at all: no GPU, or a build without the frontend.
 #define REQUIRE_CUDNN_ATTENTION()                                                                              \
   REEL_REQUIRE_GPU();                                                                                          \
@@ -103,15 +78,13 @@ TEST(AttentionCudnn, MatchesTheCpuAtTheModelsShapesAndOffThem) {
     const int64_t d = c.H * c.hd;
     Tensor qkv = (randn({c.B, c.T, 3 * d}, {}, &gen) * 1.5).to(c.storage);
     Tensor dy = randn({c.B, c.T, d}, {}, &gen).to(c.storage);
-    AttentionRun cpu = run(qkv, dy, c.H, c.compute, c.causal);
+    AttentionRun cpu = attention_run(qkv, dy, c.H, c.compute, c.causal);
     const int64_t before = cuda::cudnn_attention_calls();
-    AttentionRun dev = run(qkv.to(gpu), dy.to(gpu), c.H, c.compute, c.causal);
+    AttentionRun dev = attention_run(qkv.to(gpu), dy.to(gpu), c.H, c.compute, c.causal);
     ASSERT_EQ(cuda::cudnn_attention_calls() - before, 2) << "cuDNN did not take the forward and the backward: "
                                                          << cuda::cudnn_attention_last_refusal();
     expect_close(dev, cpu);
-    AttentionRun again = run(qkv.to(gpu), dy.to(gpu), c.H, c.compute, c.causal);
-    EXPECT_EQ(again.y.to_vector<double>(), dev.y.to_vector<double>()) << "y changed between runs";
-    EXPECT_EQ(again.dqkv.to_vector<double>(), dev.dqkv.to_vector<double>()) << "dqkv changed between runs";
+    testing_util::expect_same_bits(attention_run(qkv.to(gpu), dy.to(gpu), c.H, c.compute, c.causal), dev);
   }
 }
 
@@ -127,7 +100,7 @@ TEST(AttentionCudnn, EveryOutputAskedForIsWritten) {
   for (DType value : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(value));
     Tensor qkv = randn({B, T, 3 * d}, {}, &gen).to(DType::bf16).to(gpu), dy = randn({B, T, d}, {}, &gen).to(gpu);
-    AttentionRun ref = run(qkv, dy.to(DType::bf16), H, DType::bf16, true);  // dispatch: y, dqkv bf16
+    AttentionRun ref = attention_run(qkv, dy.to(DType::bf16), H, DType::bf16, true);  // dispatch: y, dqkv bf16
     Tensor y = Tensor::empty({B, T, d}, value, gpu), y16 = Tensor::empty({B, T, d}, DType::bf16, gpu);
     Tensor lse = Tensor::empty({B, H, T}, DType::f32, gpu);
     const int64_t before = cuda::cudnn_attention_calls();
@@ -150,7 +123,7 @@ TEST(AttentionCudnn, EitherForwardFeedsEitherBackward) {
   const int64_t B = 2, T = 128, H = 4, hd = 64, d = H * hd;
   Generator gen(42);
   Tensor qkv = randn({B, T, 3 * d}, {}, &gen) * 1.5, dy = randn({B, T, d}, {}, &gen);
-  AttentionRun cpu = run(qkv, dy, H, DType::bf16, true);
+  AttentionRun cpu = attention_run(qkv, dy, H, DType::bf16, true);
   Tensor g_qkv = qkv.to(gpu), g_dy = dy.to(gpu);
   for (bool cudnn_forward : {true, false}) {
     SCOPED_TRACE(cudnn_forward ? "cuDNN forward, reel backward" : "reel forward, cuDNN backward");
@@ -158,11 +131,11 @@ TEST(AttentionCudnn, EitherForwardFeedsEitherBackward) {
     AttentionRun dev;
     {
       testing_util::ScopedCudnnAttention f(cudnn_forward ? CudnnAttention::On : CudnnAttention::Off);
-      dev = forward(g_qkv, H, DType::bf16, true);
+      dev = attention_forward(g_qkv, H, DType::bf16, true);
     }
     {
       testing_util::ScopedCudnnAttention b(cudnn_forward ? CudnnAttention::Off : CudnnAttention::On);
-      dev.dqkv = backward(g_dy, g_qkv, dev, H, DType::bf16, true);
+      dev.dqkv = attention_backward(g_dy, g_qkv, dev, H, DType::bf16, true);
     }
     EXPECT_EQ(cuda::cudnn_attention_calls() - before, 1);
     expect_close(dev, cpu);
@@ -178,17 +151,17 @@ TEST(AttentionCudnn, TheSwitchAndAMaskSendCallsToReelsKernels) {
   {
     testing_util::ScopedCudnnAttention off(CudnnAttention::Off);
     const int64_t before = cuda::cudnn_attention_calls();
-    run(qkv, dy, H, DType::bf16, true);
+    attention_run(qkv, dy, H, DType::bf16, true);
     EXPECT_EQ(cuda::cudnn_attention_calls(), before) << "cuDNN ran in mode Off";
   }
   testing_util::ScopedCudnnAttention on(CudnnAttention::On);
   Tensor mask = zeros({T, T}, TensorOptions{DType::f32}).to(gpu);
   const int64_t before = cuda::cudnn_attention_calls();
-  AttentionRun masked = run(qkv, dy, H, DType::bf16, false, mask);
+  AttentionRun masked = attention_run(qkv, dy, H, DType::bf16, false, mask);
   EXPECT_EQ(cuda::cudnn_attention_calls(), before) << "cuDNN's graph has no mask: a masked call is reel's";
   // ... and gives the readable kernels' bits (an all-zero mask: the unmasked result, by reel's kernels).
   testing_util::ScopedCudnnAttention off(CudnnAttention::Off);
-  AttentionRun plain = run(qkv, dy, H, DType::bf16, false);
+  AttentionRun plain = attention_run(qkv, dy, H, DType::bf16, false);
   EXPECT_LT(testing_util::max_rel_diff(masked.y, plain.y), 1e-6);
   EXPECT_LT(testing_util::max_rel_diff(masked.dqkv, plain.dqkv), 1e-6);
 }
@@ -210,7 +183,7 @@ TEST(AttentionCudnn, AutoTakesCudnnWhereItsBlocksFillTheGpu) {
     const int64_t d = c.H * 64;
     Tensor qkv = randn({c.B, c.T, 3 * d}, {}, &gen).to(gpu), dy = randn({c.B, c.T, d}, {}, &gen).to(gpu);
     const int64_t before = cuda::cudnn_attention_calls();
-    run(qkv, dy, c.H, DType::bf16, true);
+    attention_run(qkv, dy, c.H, DType::bf16, true);
     EXPECT_EQ(cuda::cudnn_attention_calls() - before, c.cudnn ? 2 : 0) << cuda::cudnn_attention_last_refusal();
   }
 }
@@ -228,21 +201,21 @@ TEST(AttentionCudnn, AutotuningKeepsOneImplementationPerShape) {
   Tensor y_reel, d_cudnn, d_reel;
   {
     testing_util::ScopedCudnnAttention on(CudnnAttention::On);
-    f = forward(qkv, H, DType::bf16, true);
-    d_cudnn = backward(dy, qkv, f, H, DType::bf16, true);
+    f = attention_forward(qkv, H, DType::bf16, true);
+    d_cudnn = attention_backward(dy, qkv, f, H, DType::bf16, true);
   }
   {
     testing_util::ScopedCudnnAttention off(CudnnAttention::Off);
-    y_reel = forward(qkv, H, DType::bf16, true).y;
-    d_reel = backward(dy, qkv, f, H, DType::bf16, true);
+    y_reel = attention_forward(qkv, H, DType::bf16, true).y;
+    d_reel = attention_backward(dy, qkv, f, H, DType::bf16, true);
   }
   auto bits = [](const Tensor& t) { return t.to_vector<double>(); };
   ASSERT_NE(bits(f.y), bits(y_reel)) << "the two forwards agree to the bit: the test could not tell them apart";
   ASSERT_NE(bits(d_cudnn), bits(d_reel)) << "the two backwards agree to the bit: the test could not tell them apart";
   testing_util::ScopedCudnnAttention on(CudnnAttention::Auto);
   set_autotune(true);
-  const Tensor y_tuned = forward(qkv, H, DType::bf16, true).y, y_later = forward(qkv, H, DType::bf16, true).y;
-  const Tensor d_tuned = backward(dy, qkv, f, H, DType::bf16, true), d_later = backward(dy, qkv, f, H, DType::bf16, true);
+  const Tensor y_tuned = attention_forward(qkv, H, DType::bf16, true).y, y_later = attention_forward(qkv, H, DType::bf16, true).y;
+  const Tensor d_tuned = attention_backward(dy, qkv, f, H, DType::bf16, true), d_later = attention_backward(dy, qkv, f, H, DType::bf16, true);
   set_autotune(false);
   EXPECT_TRUE(bits(y_tuned) == bits(f.y) || bits(y_tuned) == bits(y_reel)) << "the tuned forward is neither's";
   EXPECT_TRUE(bits(d_tuned) == bits(d_cudnn) || bits(d_tuned) == bits(d_reel)) << "the tuned backward is neither's";
