@@ -51,6 +51,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "kernels/attention_mask.h"
 #include "kernels/autotune.h"
@@ -61,6 +62,7 @@
 #include "kernels/cuda/attention_wmma.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_registry.h"
+#include "kernels/cuda/device_timing.h"
 #include "kernels/cuda/norm_common.cuh"
 #include "tensor/log.h"
 
@@ -176,7 +178,6 @@ void visit_operand(const Tensor& t, DType value, DType compute, const char* op, 
 // time: such an operand must start 16-byte aligned (a head's columns and rows then are too, head sizes
 // being multiples of 8). Arena buffers and fresh tensors are; a view at an odd offset is copied to
 // aligned scratch (kept alive in `keep` until the kernel has run, by stream order).
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 template <typename Q>
 const Q* aligned_operand(const Q* p, size_t elements, Device device, cudaStream_t stream, Tensor& keep) {
   if (aligned16(p)) return p;
@@ -266,48 +267,25 @@ void launch_attention_fwd(const Tensor& qkv, const AttentionGeometry& g, const T
 
 // Which implementation runs a call (kernels/autotune.h: CudnnAttention): cuDNN's fused attention where
 // the mode asks for it and cuDNN takes the call, reel's own kernels otherwise. In Auto mode with
-// autotuning on, a shape's first call outside a CUDA-graph capture runs each kTuningRuns times
-// (alternately, timed by events) and the faster is kept for the shape; the outputs are then written
+// autotuning on, a shape's first call outside a CUDA-graph capture runs each once to warm up and
+// kTuningRuns times, timed by events, and the faster is kept for the shape; the outputs are then written
 // once more by the one kept, so the call's result is that implementation's. The two give different
 // bits (rounding points: attention_cudnn.h), so a timed shape keeps its choice for the process.
 enum class Direction { Forward, Backward };
-constexpr int kTuningRuns = 3;
-
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  REEL_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
-// Milliseconds `runs` calls of fn take on `stream`.
-template <typename Fn>
-float time_runs(cudaStream_t stream, int runs, Fn&& fn) {
-  cudaEvent_t start, stop;
-  REEL_CUDA_CHECK(cudaEventCreate(&start));
-  REEL_CUDA_CHECK(cudaEventCreate(&stop));
-  REEL_CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < runs; ++i) fn();
-  REEL_CUDA_CHECK(cudaEventRecord(stop, stream));
-  REEL_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  REEL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  REEL_CUDA_CHECK(cudaEventDestroy(start));
-  REEL_CUDA_CHECK(cudaEventDestroy(stop));
-  return ms;
-}
+constexpr int kTuningRuns = 3;  // timed runs of each, after a warm-up (device_timing.h)
 
 // Auto's rule without timing: cuDNN where B H ceil(T / 128) reaches the SM count. Fitted to the H200
 // (132 SMs; bench/RESULTS.md, cuDNN 9 against reel's kernels, bf16, head size 64, forward + backward
 // per launch): gpt-small's (16, 256, 8): 256, cuDNN 50.3 us against 74.1; ViT-Ti's (128, 65, 3, not
 // causal): 384, cuDNN 54.4 against 72.2; gpt-tiny's (16, 128, 4): 64, cuDNN 37.4 against reel's 25.4
 // (reel's 64-query tiles give such a shape twice the blocks).
-bool cudnn_fills_the_gpu(const AttentionGeometry& g, int device) {
-  return int64_t(g.B) * g.H * ((g.T + 127) / 128) >= multiprocessor_count(device);
+bool cudnn_fills_the_gpu(const AttentionGeometry& g, Device device) {
+  return int64_t(g.B) * g.H * ((g.T + 127) / 128) >= multiprocessor_count(device.index);
 }
 
 template <typename Cudnn, typename Readable>
 void run_chosen(Direction direction, const AttentionGeometry& g, DType compute, bool causal, DType operands,
-                int device, cudaStream_t stream, Cudnn&& cudnn, Readable&& readable) {
+                Device device, Cudnn&& cudnn, Readable&& readable) {
   const CudnnAttention mode = cudnn_attention_mode();
   if (mode == CudnnAttention::Off) return readable();
   if (mode == CudnnAttention::On) {
@@ -327,20 +305,22 @@ void run_chosen(Direction direction, const AttentionGeometry& g, DType compute, 
       return;
     }
   }
-  if (!autotune_enabled() || capturing(stream)) {
+  if (!autotune_enabled() || capturing(device)) {
     if (!cudnn_fills_the_gpu(g, device) || !cudnn()) readable();
     return;
   }
-  if (!cudnn()) return readable();  // cuDNN does not take the shape: nothing to time
-  readable();                       // both warm (the readable kernels' first launch sets them up)
-  const float t_cudnn = time_runs(stream, kTuningRuns, [&] { cudnn(); });
-  const float t_readable = time_runs(stream, kTuningRuns, readable);
-  const bool choose_cudnn = t_cudnn < t_readable;
+  // cuDNN's warm-up run also tells whether it takes the shape (nothing to time when it does not).
+  const std::optional<float> t_cudnn = mean_device_ms(device, kTuningRuns, cudnn);
+  if (!t_cudnn) return readable();
+  const float t_readable = *mean_device_ms(device, kTuningRuns, [&] {
+    readable();
+    return true;
+  });
+  const bool choose_cudnn = *t_cudnn < t_readable;
   if (log_enabled("kernels"))
     log_line("kernels", detail::cat(direction == Direction::Forward ? "attention" : "attention_backward", " B ", g.B,
-                                    " T ", g.T, " H ", g.H, " head size ", g.hd, ": cuDNN ", t_cudnn / kTuningRuns,
-                                    " ms, reel ", t_readable / kTuningRuns, " ms a call; ",
-                                    choose_cudnn ? "cuDNN" : "reel's kernels", " kept"));
+                                    " T ", g.T, " H ", g.H, " head size ", g.hd, ": cuDNN ", *t_cudnn, " ms, reel ",
+                                    t_readable, " ms a call; ", choose_cudnn ? "cuDNN" : "reel's kernels", " kept"));
   {
     std::lock_guard<std::mutex> lock(mutex);
     cudnn_faster[key] = choose_cudnn;
@@ -372,7 +352,7 @@ void attention_fwd_into(const Tensor& qkv_in, int64_t heads, DType compute, cons
   };
   if (mask.defined()) return readable();  // cuDNN's graph here has no mask
   run_chosen(
-      Direction::Forward, g, compute, causal, qkv.dtype(), int(qkv.device().index), stream,
+      Direction::Forward, g, compute, causal, qkv.dtype(), qkv.device(),
       [&] { return cudnn_attention_fwd(qkv, heads, compute, y, lse, y16, causal); }, readable);
 }
 
@@ -481,7 +461,7 @@ void attention_bwd_into(const Tensor& dy_in, const Tensor& qkv_in, const Tensor&
   };
   if (mask.defined()) return readable();
   run_chosen(
-      Direction::Backward, g, compute, causal, qkv.dtype(), int(qkv.device().index), stream,
+      Direction::Backward, g, compute, causal, qkv.dtype(), qkv.device(),
       [&] { return cudnn_attention_bwd(dy, qkv, y, lse, heads, compute, dqkv, dqkv16, causal); }, readable);
 }
 

@@ -72,8 +72,6 @@ void refuse(std::string why) {
   last_refusal = std::move(why);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // The call's shape, and whether its dtypes and layouts are ones cuDNN's graph takes.
 struct Shape4 {
   int64_t B, T, H, hd, d;

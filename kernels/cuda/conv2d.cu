@@ -51,6 +51,7 @@
 #include <mutex>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/device_timing.h"
 #include "kernels/autotune.h"
 #include "kernels/cuda/device_copy.h"
 #include "kernels/cuda/last_block.cuh"
@@ -87,11 +88,10 @@ void add_bias(const Tensor& y, const Tensor& bias, MemoryFormat format) {
 
 // ---- dense operands ----
 
-bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 // `t` dense in `format` with 16-byte-aligned data: t itself or a copy on the device.
 Tensor dense_for_cudnn(const Tensor& t, MemoryFormat format) {
-  if (t.is_contiguous(format) && aligned16(t)) return t;
+  if (t.is_contiguous(format) && aligned16(t.data_ptr())) return t;
   Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), format);
   copy_on_device(c, t);
   return c;
@@ -99,7 +99,7 @@ Tensor dense_for_cudnn(const Tensor& t, MemoryFormat format) {
 
 // Where the kernel writes: `out` itself when cuDNN can, else a temporary copied back by finish().
 Tensor dense_output(const Tensor& out, MemoryFormat format) {
-  return out.is_contiguous(format) && aligned16(out) ? out
+  return out.is_contiguous(format) && aligned16(out.data_ptr()) ? out
                                                      : Tensor::empty(out.shape(), out.dtype(), out.device(), format);
 }
 
@@ -238,14 +238,6 @@ struct ConvData {
 // Scratch for timing candidates: algorithms needing more report an allocation failure and are skipped.
 constexpr size_t kTuningWorkspace = size_t(256) << 20;
 
-bool capturing(cudnnHandle_t h) {
-  cudaStream_t s = nullptr;
-  REEL_CUDNN_CHECK(cudnnGetStream(h, &s));
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  REEL_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
 // Sets p.algo and p.workspace_bytes: cuDNN's heuristic ranking, or (tune) the candidates timed on
 // `d`, fastest first; either way filtered by pick()'s precision contract.
 void choose_algorithm(ConvPlan& p, ConvOp op, cudnnHandle_t h, DType dt, bool tune, const ConvData& d,
@@ -302,7 +294,7 @@ const ConvPlan& conv_plan(ConvOp op, const ConvGeom& g, DType dt, Device device,
   using Key = std::array<int64_t, 19>;
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<ConvPlan>> plans;
-  const bool tune = autotune_enabled() && !capturing(h);
+  const bool tune = autotune_enabled() && !capturing(device);  // h is bound to device's current stream
   const Key key{int64_t(op), int64_t(dt), device.index, g.N, g.C, g.H, g.W, g.O, g.kH, g.kW, g.Ho, g.Wo,
                 g.sh, g.sw, g.ph, g.pw, int64_t(autotune_enabled()) + 2 * int64_t(deterministic_algorithms()),
                 int64_t(g.format), g.G};

@@ -62,6 +62,9 @@ Tensor persistent_workspace(const char* name, size_t bytes, Device device);
 constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
 const Tensor& blas_workspace(Device device);
 
+// Whether p is 16-byte aligned: what vector loads (float4, cp.async) and library kernels ask of an operand.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // Streaming multiprocessors of device `index` (asked once per device).
 inline int multiprocessor_count(int index) {
   static int sms[64] = {};

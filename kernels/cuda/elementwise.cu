@@ -88,8 +88,6 @@ __global__ void map_strided_kernel(StridedOffsets<NIN + 1> geo, int64_t n, D* ou
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // The period of `in` read flat against a contiguous `out` (see Periods), or -1 when it cannot be.
 int64_t flat_period(const Tensor& in, const Tensor& out) {
   if (!in.is_contiguous()) return -1;

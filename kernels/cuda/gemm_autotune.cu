@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/device_timing.h"
 #include "kernels/cuda/gemm_autotune.h"
 
 namespace reel::cuda {
@@ -47,7 +48,6 @@ namespace {
 
 constexpr int kCandidates = 8;                             // heuristic proposals timed per problem
 constexpr int kTimedRuns = 5;                              // after one warm-up run
-constexpr int kSpinMicroseconds = 100;                     // see time_ms
 
 std::atomic<int64_t> tunings{0};
 
@@ -207,37 +207,9 @@ cublasStatus_t lt_matmul(const LtPlan& plan, const cublasLtMatmulAlgo_t& algo, b
                         plan.lc, &algo, blas_workspace(device).data_ptr(), kBlasWorkspaceBytes, stream_of(device));
 }
 
-struct Event {
-  cudaEvent_t e = nullptr;
-  Event() { REEL_CUDA_CHECK(cudaEventCreate(&e)); }
-  ~Event() { cudaEventDestroy(e); }  // status ignored: nothing useful can be done about it here
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-};
-
-// Keeps the stream busy for about `us` microseconds.
-__global__ void spin_kernel(int us) {
-  for (int i = 0; i < us; ++i) __nanosleep(1000);
-}
-
-// Mean device time (ms) of run() over kTimedRuns after one warm-up (which also loads the kernel);
-// nullopt when run() reports a failure to launch. A spin kernel ahead of the timed runs lets the
-// host enqueue them all before the device reaches them, so small GEMMs are timed back to back as
-// in a graph replay, not paced by launch overhead.
+// Mean device time (ms) of run() over kTimedRuns after one warm-up (device_timing.h).
 std::optional<float> time_ms(Device device, const std::function<bool()>& run) {
-  const cudaStream_t s = stream_of(device);
-  Event start, stop;
-  if (!run()) return std::nullopt;
-  spin_kernel<<<1, 1, 0, s>>>(kSpinMicroseconds);
-  REEL_CUDA_LAUNCH_CHECK();
-  REEL_CUDA_CHECK(cudaEventRecord(start.e, s));
-  for (int i = 0; i < kTimedRuns; ++i)
-    if (!run()) return std::nullopt;
-  REEL_CUDA_CHECK(cudaEventRecord(stop.e, s));
-  REEL_CUDA_CHECK(cudaEventSynchronize(stop.e));
-  float ms = 0;
-  REEL_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, stop.e));
-  return ms / kTimedRuns;
+  return mean_device_ms(device, kTimedRuns, run);
 }
 
 // Elements from C's first element to past its last, over the batch.
@@ -278,12 +250,6 @@ std::unique_ptr<LtPlan> tune(const GemmProblem& p, const void* a, const void* b,
 // ---- the cache ----
 
 using Key = std::array<int64_t, 19>;
-
-bool capturing(Device device) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  REEL_CUDA_CHECK(cudaStreamIsCapturing(stream_of(device), &status));
-  return status != cudaStreamCaptureStatusNone;
-}
 
 }  // namespace
 
