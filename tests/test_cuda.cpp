@@ -196,6 +196,33 @@ TEST(Cuda, TransfersAndCastsKeepValuesAndLayouts) {
   EXPECT_EQ(p.to(kGpu).to_vector<float>(), arange(1000).to_vector<float>());
 }
 
+// Casts of a transposed view (a Linear's W^T, a batch of them) into a contiguous tensor, and of a
+// contiguous tensor into a transposed view, take the tiled transpose: every element where the CPU's
+// elementwise copy puts it, to the bit, on tile-ragged shapes, with size-1 dims, for autocast's dtypes.
+TEST(Cuda, TransposingCastsEqualTheCpuToTheBit) {
+  REEL_REQUIRE_GPU();
+  for (const Shape& shape : {Shape{33, 70}, Shape{512, 96}, Shape{1, 40}, Shape{3, 17, 65}, Shape{2, 1, 5, 40}}) {
+    for (auto [from, to] : {std::pair{DType::f32, DType::bf16}, std::pair{DType::bf16, DType::f32},
+                            std::pair{DType::f32, DType::f16}, std::pair{DType::f64, DType::f32}}) {
+      SCOPED_TRACE(shape_str(shape) + " " + dtype_name(from) + " -> " + dtype_name(to));
+      Shape swapped = shape;
+      std::swap(swapped[swapped.size() - 2], swapped[swapped.size() - 1]);
+      const int64_t d = int64_t(shape.size());
+      Tensor x = (arange(numel_of(swapped), {DType::f64}) * 0.37 - 5.0).to(from).reshape(swapped);
+      Tensor xt = x.transpose(d - 2, d - 1);  // shape, strides (..., 1, R)
+      Tensor xtg = x.to(kGpu).transpose(d - 2, d - 1);
+      // Transposed view -> contiguous.
+      Tensor got = zeros(shape, {to, kGpu});
+      copy_(got, xtg);
+      EXPECT_EQ(got.to_vector<double>(), xt.to(to).contiguous().to_vector<double>());
+      // Contiguous -> transposed view of a fresh buffer.
+      Tensor dst = zeros(swapped, {to, kGpu});
+      copy_(dst.transpose(d - 2, d - 1), got);
+      EXPECT_EQ(dst.to_vector<double>(), x.to(to).to_vector<double>());
+    }
+  }
+}
+
 TEST(Cuda, MixingDevicesIsAClearError) {
   REEL_REQUIRE_GPU();
   Tensor a = ones({2, 3}), b = ones({2, 3}, {DType::f32, kGpu});

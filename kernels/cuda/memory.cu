@@ -40,10 +40,12 @@ __global__ void copy_cast_flat_kernel(uint32_t n, D* dst, const S* src) {
 }
 
 // A batch of row-major (rows x cols) matrices written transposed (cols x rows), converting the dtype
-// on the way: NCHW -> NHWC is (rows, cols) = (C, H*W) per image, NHWC -> NCHW is (H*W, C). Each
+// on the way: NCHW -> NHWC is (rows, cols) = (C, H*W) per image, NHWC -> NCHW is (H*W, C); a
+// Linear's f32 weight (out, in) cast to its 16-bit transpose (in, out) is (out, in). Each
 // block moves one 32x32 tile through shared memory, so that reads and writes are both coalesced rows
-// (the elementwise strided copy writes one element per 32-byte sector when it transposes: three times
-// slower on cnn-small's casts into channels-last). Block (32, 8): a thread moves 4 elements each way.
+// (the elementwise strided copy reads or writes one element per 32-byte sector when it transposes:
+// three times slower on cnn-small's casts into channels-last, and about 0.75 TB/s on gpt-small's
+// weight casts). Block (32, 8): a thread moves 4 elements each way.
 constexpr int kTile = 32, kTileRows = 8;
 
 template <typename D, typename S>
@@ -63,22 +65,50 @@ __global__ void transpose_cast_kernel(D* dst, const S* src, int64_t rows, int64_
   }
 }
 
-// When dst and src are one dense 4-D shape, one contiguous (NCHW) and the other channels-last (NHWC):
-// the batch of transposes that turns src's order into dst's.
+// Whether t, of shape (..., R, C), is a dense batch of (C, R) row-major matrices viewed transposed:
+// strides (..., 1, R), the leading dims dense over the matrices (size-1 dims take any stride). A
+// Linear's weight W^T is one: autocast's cast of it to 16 bits writes the (in, out) transpose.
+bool is_transposed_dense(const Tensor& t) {
+  const int64_t d = t.dim();
+  if (d < 2) return false;
+  const Shape& s = t.shape();
+  const auto& st = t.strides();
+  const int64_t R = s[size_t(d - 2)], C = s[size_t(d - 1)];
+  if ((R > 1 && st[size_t(d - 2)] != 1) || (C > 1 && st[size_t(d - 1)] != R)) return false;
+  int64_t expect = R * C;
+  for (int64_t k = d - 3; k >= 0; --k) {
+    if (s[size_t(k)] > 1 && st[size_t(k)] != expect) return false;
+    expect *= s[size_t(k)];
+  }
+  return true;
+}
+
+// When dst and src are one dense shape laid out as a batch of matrices and their transposes: one
+// contiguous and the other channels-last (4-D: NCHW <-> NHWC), or one contiguous and the other its
+// last two dims swapped (is_transposed_dense). The batch of transposes that turns src's order into
+// dst's, or none (batch 0).
 struct BatchedTranspose {
   int64_t batch = 0, rows = 0, cols = 0;
   explicit operator bool() const { return batch > 0; }
 };
 
 BatchedTranspose as_batched_transpose(const Tensor& dst, const Tensor& src) {
-  if (dst.dim() != 4 || dst.shape() != src.shape()) return {};
+  if (dst.dim() < 2 || dst.shape() != src.shape() || dst.numel() == 0) return {};
   const Shape& s = dst.shape();
-  const int64_t pixels = s[2] * s[3];
   BatchedTranspose t;
-  if (src.is_contiguous() && !dst.is_contiguous() && dst.is_contiguous(MemoryFormat::ChannelsLast))
-    t = {s[0], s[1], pixels};
-  else if (dst.is_contiguous() && !src.is_contiguous() && src.is_contiguous(MemoryFormat::ChannelsLast))
-    t = {s[0], pixels, s[1]};
+  if (dst.dim() == 4) {
+    const int64_t pixels = s[2] * s[3];
+    if (src.is_contiguous() && !dst.is_contiguous() && dst.is_contiguous(MemoryFormat::ChannelsLast))
+      t = {s[0], s[1], pixels};
+    else if (dst.is_contiguous() && !src.is_contiguous() && src.is_contiguous(MemoryFormat::ChannelsLast))
+      t = {s[0], pixels, s[1]};
+  }
+  if (!t) {
+    const int64_t R = s[s.size() - 2], C = s[s.size() - 1], batch = dst.numel() / (R * C);
+    if (dst.is_contiguous() && !src.is_contiguous() && is_transposed_dense(src)) t = {batch, C, R};
+    else if (src.is_contiguous() && !dst.is_contiguous() && is_transposed_dense(dst)) t = {batch, R, C};
+  }
+  if (!t) return {};
   const int64_t tiles_y = (t.rows + kTile - 1) / kTile;
   return t.batch <= 65535 && tiles_y <= 65535 ? t : BatchedTranspose{};  // grid y and z limits
 }
