@@ -6,8 +6,6 @@
 // decoder's kernel as it was before these parameters, instruction for instruction.
 #pragma once
 #include <algorithm>
-#include <map>
-#include <mutex>
 
 #include "kernels/cuda/attention_tiles.cuh"
 
@@ -165,15 +163,7 @@ __device__ __forceinline__ void store_rows(const float (&acc)[HD / 8][4], Out* d
 // 37.6 -> 34.2 us, backward 132.7 -> 114.4 us); below that (gpt-tiny) the unbounded one does.
 template <typename Kernel>
 bool more_than_one_wave(Kernel unbounded, size_t smem, dim3 grid, int device) {
-  static std::mutex mutex;
-  static std::map<const void*, int> per_sm;  // resident blocks per SM, by kernel
-  int blocks = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    int& n = per_sm[reinterpret_cast<const void*>(unbounded)];
-    if (n == 0) REEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, unbounded, kThreads, smem));
-    blocks = std::max(n, 1);
-  }
+  const int blocks = resident_blocks_per_sm(unbounded, kThreads, smem);
   return int64_t(grid.x) * grid.y * grid.z > int64_t(blocks) * multiprocessor_count(device);
 }
 

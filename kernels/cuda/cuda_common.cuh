@@ -16,6 +16,9 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "kernels/dispatch.h"
 #include "kernels/loop_geometry.h"
@@ -71,6 +74,22 @@ inline int multiprocessor_count(int index) {
   if (index < 0 || index >= 64) return 1;
   if (sms[index] == 0) REEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms[index], cudaDevAttrMultiProcessorCount, index));
   return sms[index];
+}
+
+// Blocks of `kernel` (a __global__ function) that fit on one SM at once with `threads` threads and
+// `smem` bytes of dynamic shared memory, at least 1: asked of the runtime once per (kernel, threads,
+// smem) and remembered. Grids of one wave of resident blocks size themselves by it.
+template <typename Kernel>
+int resident_blocks_per_sm(Kernel kernel, int threads, size_t smem = 0) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, size_t>, int> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  int& n = known[{reinterpret_cast<const void*>(kernel), threads, smem}];
+  if (n == 0) {
+    REEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+    n = std::max(n, 1);
+  }
+  return n;
 }
 
 // Host scalar type -> device scalar type.

@@ -199,12 +199,33 @@ __global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g,
   float4 wv[K], sums[kSums][K] = {};  // dw, db, dx16
   float4 (&dw)[K] = sums[0], (&db)[K] = sums[1];
   if (w) Row::load(wv, w);
-  for (int64_t r = RowTeam<true>::first_row(); r < rows; r += RowTeam<true>::row_step()) {
-    float4 gv[K], xh[K], res[K];
-    Row::load(gv, g + r * Row::cols);
-    Row::load(xh, x + r * Row::cols);
-    if (residual) Row::load(res, residual + r * Row::cols);  // in flight with g and x
-    const float mu = mean[r], rs = rstd[r];
+  // Row r's operands in registers, and (K <= 4) the next row's loads issued before row r is computed,
+  // so that a warp keeps its next row in flight through the reductions and stores of this one: the
+  // kernel runs at one or two blocks per SM, so its registers, not its warps, hide the memory's
+  // latency (gpt-small's (4096, 512) rows: see layer_norm_bwd_vec). Past K = 4 the second row's
+  // registers would spill, and each row is loaded when its turn comes.
+  constexpr bool kPrefetch = K <= 4;
+  struct RowIn {
+    float4 g[K], x[K], res[K];
+    float mu, rs;
+  };
+  auto load_row = [&](int64_t r, RowIn& in) {
+    Row::load(in.g, g + r * Row::cols);
+    Row::load(in.x, x + r * Row::cols);
+    if (residual) Row::load(in.res, residual + r * Row::cols);
+    in.mu = mean[r], in.rs = rstd[r];
+  };
+  const int64_t step = RowTeam<true>::row_step();
+  RowIn cur, next;
+  if (kPrefetch && RowTeam<true>::first_row() < rows) load_row(RowTeam<true>::first_row(), cur);
+  for (int64_t r = RowTeam<true>::first_row(); r < rows; r += step) {
+    if constexpr (kPrefetch) {
+      if (r + step < rows) load_row(r + step, next);
+    } else {
+      load_row(r, cur);
+    }
+    float4 (&gv)[K] = cur.g, (&xh)[K] = cur.x, (&res)[K] = cur.res;
+    const float mu = cur.mu, rs = cur.rs;
     float s_gw = 0.0f, s_gwx = 0.0f;
 #pragma unroll
     for (int i = 0; i < K; ++i) {
@@ -234,6 +255,7 @@ __global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g,
       if constexpr (kSums == 3)
         for_each4(sums[2][i], [&](float& e, int c) { e += to_acc(from_acc<O>(o[c])); });
     }
+    if constexpr (kPrefetch) cur = next;
   }
   // The block's sums, warp 0 first, then each warp adds its own in turn (a fixed order).
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -504,11 +526,13 @@ bool layer_norm_bwd_vec(const float* pg, const float* px, const float* pw, const
   auto run = [&]<typename O>(O* p16) {
     float* pdx = out_ptr<float>(dx);
     return visit_vec_row(cols, {pg, px, pw, presidual, pdx}, p16, [&]<int K>() {
-      // One wave of resident blocks (fewer registers per thread at small K, more blocks): every
-      // block adds one row of partials for the finish kernel to sum.
-      const int per_sm = K <= 2 ? 4 : K <= 4 ? 2 : 1;
-      const int64_t blocks = std::min<int64_t>((rows + 7) / 8, per_sm * multiprocessor_count(dx.device().index));
       auto launch = [&]<int kSums>() {
+        // One wave of resident blocks (as many per SM as the kernel's registers allow, a row per warp
+        // at most): every block adds one row of partials for the finish kernel to sum. A second wave
+        // would leave the first wave's SMs idle while it runs (gpt-small's rows, 150 registers a
+        // thread: one block per SM).
+        const int per_sm = resident_blocks_per_sm(layer_norm_bwd_vec_kernel<K, O, kSums>, 256);
+        const int64_t blocks = std::min<int64_t>((rows + 7) / 8, int64_t(per_sm) * multiprocessor_count(dx.device().index));
         Tensor part = workspace(sizeof(float) * size_t(blocks * kSums * cols), dx.device());
         float* pp = out_ptr<float>(part);
         layer_norm_bwd_vec_kernel<K, O, kSums><<<unsigned(blocks), 256, 0, s>>>(pg, px, pw, pm, pr, presidual, pdx,
