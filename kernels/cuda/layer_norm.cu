@@ -23,7 +23,8 @@
 //     row once into registers as float4 (layer_norm_*_vec_kernel, below);
 //     the backward also sums each column's g xhat and g over the rows of its block there (warps
 //     added in order through shared memory), and layer_norm_param_finish_kernel adds the blocks'
-//     partials: dw, db without reading g and x again.
+//     partials: dw, db without reading g and x again. The backward's grid is one wave of resident
+//     blocks, each warp with its next row's loads in flight while it computes the current one.
 //   dw, db otherwise: a deterministic two-stage column reduction in one launch (the last block of a
 //     column tile does stage 2 for it: kernels/cuda/last_block.cuh). Stage 1 tiles (rows, cols) into
 //     blocks of 32 columns x one chunk of rows (32 x 8 threads; the 32 lanes read 32 adjacent columns,
