@@ -99,6 +99,18 @@ class DispatchObserver {
 // Installs `observer` for the calling thread (nullptr removes it) and returns the previous one: it
 // sees the ops this thread dispatches, not other threads'.
 DispatchObserver* set_dispatch_observer(DispatchObserver* observer);
+// `observer` installed for the calling thread for the guard's lifetime, the previous one restored
+// after (also when an exception leaves the scope).
+class ScopedDispatchObserver {
+ public:
+  explicit ScopedDispatchObserver(DispatchObserver* observer) : previous_(set_dispatch_observer(observer)) {}
+  ~ScopedDispatchObserver() { set_dispatch_observer(previous_); }
+  ScopedDispatchObserver(const ScopedDispatchObserver&) = delete;
+  ScopedDispatchObserver& operator=(const ScopedDispatchObserver&) = delete;
+
+ private:
+  DispatchObserver* previous_;
+};
 // The calling thread's observer (nullptr when none): what is not an op (an MPI collective) checks it
 // to refuse being traced, since a replay would skip it.
 DispatchObserver* dispatch_observer();

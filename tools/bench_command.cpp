@@ -191,14 +191,10 @@ double step_flops(const std::string& name, Device device, int64_t accum, int64_t
   optim::AdamW opt(w.model->parameters(), optim::AdamWOptions(1e-3));
   opt.set_accum_steps(accum);
   FlopCounter counter;
-  DispatchObserver* previous = set_dispatch_observer(&counter);
-  try {
+  {
+    ScopedDispatchObserver observing(&counter);
     optim::train_step(opt, [&](const Tensor& x, const Tensor& y) { return nn::model_loss(*w.model, x, y); }, micro);
-  } catch (...) {
-    set_dispatch_observer(previous);
-    throw;
   }
-  set_dispatch_observer(previous);
   return counted[key] = counter.flops();
 }
 
@@ -384,10 +380,11 @@ Result run_config(const std::string& name, const std::string& prec, const std::s
   if (o.plan_memory && !compiled) {
     sync();
     ScratchObserver scratch(device);
-    DispatchObserver* previous = set_dispatch_observer(&scratch);
-    step();
-    sync();
-    set_dispatch_observer(previous);
+    {
+      ScopedDispatchObserver observing(&scratch);
+      step();
+      sync();
+    }
     scratch.print();
   }
   if (o.profiler_steps > 0 && device.is_cuda()) {
