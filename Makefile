@@ -1,7 +1,8 @@
 # reel — build, test, benchmark.
 #   make          library (build/libreel.a) and the `reel` tool (build/reel)
-#   make test     checks that includes follow the layer order (tools/check_layers.sh), then builds and
-#                 runs every GoogleTest suite (build/reel_tests), then the data-parallel suite under
+#   make test     checks that includes follow the layer order (tools/check_layers.sh) and that every
+#                 CUDA kernel opens with its launch-order wait (tools/check_kernel_prologue.sh), then
+#                 builds and runs every GoogleTest suite (build/reel_tests), then the data-parallel suite under
 #                 mpirun -np 2 (build/reel_dist_tests)
 #   make bench    builds and runs the Google Benchmark suites (build/reel_bench)
 #   make run      trains the default example, its step compiled (see README)
@@ -62,7 +63,7 @@ DIST_TESTS := $(BUILD)/reel_dist_tests
 # Open MPI refuses to start as root unless told; CI runs as root.
 MPIRUN_FLAGS ?= -np 2 --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 
-.PHONY: all test bench run clean deps gpu-bundle mpi dist-test sanitize check-layers
+.PHONY: all test bench run clean deps gpu-bundle mpi dist-test sanitize check-layers check-kernels
 # The MPI parts go through a second make, which looks for mpicc after the first has installed it.
 all: $(TOOL)
 	@$(MAKE) --no-print-directory mpi
@@ -140,8 +141,13 @@ $(BENCH): $(BENCH_SRCS:%.cpp=$(BUILD)/%.o) $(LIB)
 check-layers:
 	@bash tools/check_layers.sh
 
-# The layer check first: it takes a second, and a build is not needed to fail it.
-test: check-layers $(TESTS) $(TOOL)
+# Every CUDA kernel opens with grid_dependency_wait() and is launched by launch_kernel()
+# (kernels/cuda/launch.cuh: programmatic dependent launch).
+check-kernels:
+	@bash tools/check_kernel_prologue.sh
+
+# The source checks first: they take a second, and a build is not needed to fail them.
+test: check-layers check-kernels $(TESTS) $(TOOL)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} REEL_BIN=$(TOOL) $(TESTS) --gtest_brief=1
 	@$(MAKE) --no-print-directory dist-test
 

@@ -16,6 +16,8 @@
 //     (B 16, T 128, H 4, hd 64) and (B 16, T 256, H 8, hd 64)   TFLOP/s over the causal half, as
 //     FlashAttention counts it: forward 2 B H T^2 hd, backward 2.5 times that
 //     (bench/torch_attention.py times PyTorch's flash kernels on the same shapes)
+//   a chain of 100 dependent in-place adds of n f32 elements in one CUDA graph, with programmatic
+//   dependent launch off and on (kernels/cuda/launch.cuh)   kernels/us; time per chain
 //
 // Rates are total work over total GPU time, already scaled ("TFLOP/s" in 1e12, "GB/s" in 1e9).
 // Every benchmark first runs its op once untimed (cuDNN algorithm choice, allocator warm-up). Without
@@ -32,6 +34,8 @@
 
 #ifdef REEL_CUDA
 #include <cuda_runtime.h>
+
+#include "kernels/cuda/programmatic_launch.h"
 #endif
 
 using namespace reel;
@@ -229,3 +233,46 @@ BENCHMARK(BM_CudaAttention)
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
+
+// ---- a chain of dependent kernels in one CUDA graph: Args n, programmatic launch (0 or 1) ----
+
+// 100 in-place adds x += y of n floats, each waiting for the one before: with tiny n the time is the
+// kernel boundaries' (completion, memory flush, the next launch), which programmatic dependent launch
+// overlaps with the kernel before. The graph keeps the launch mode it was captured with.
+void BM_CudaKernelChain(benchmark::State& state) {
+  constexpr int kChain = 100;
+  const int64_t n = state.range(0);
+  const bool programmatic = state.range(1) != 0;
+  auto make = [&]() -> Work {
+#ifdef REEL_CUDA
+    Tensor x = zeros({n}, TensorOptions{DType::f32, Device::cuda()});
+    Tensor y = random_cuda({n}, DType::f32, 15);
+    auto graph = std::make_shared<cuda::Graph>(0);
+    const bool was = cuda::programmatic_launch();
+    cuda::set_programmatic_launch(programmatic);
+    try {
+      graph->capture_begin();
+      for (int k = 0; k < kChain; ++k) add_(x, y);
+      graph->capture_end();
+    } catch (...) {
+      cuda::set_programmatic_launch(was);
+      throw;
+    }
+    cuda::set_programmatic_launch(was);
+    return [graph, x, y] { graph->replay(); };
+#else
+    (void)n;
+    (void)programmatic;
+    return [] {};
+#endif
+  };
+  time_on_gpu(state, make, "kernels/us", double(kChain), 1e6);
+}
+BENCHMARK(BM_CudaKernelChain)
+    ->ArgNames({"n", "pdl"})
+    ->Args({4096, 0})
+    ->Args({4096, 1})
+    ->Args({524288, 0})
+    ->Args({524288, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);

@@ -1,8 +1,13 @@
 // Built when nvcc is absent: no CUDA kernels are registered, and supports(op, CUDA) is false.
+#include "kernels/cuda/programmatic_launch.h"
 #include "kernels/library_workspaces.h"
 #include "kernels/registry.h"
 
 namespace reel {
 void register_cuda_backend() {}
 std::map<std::string, size_t> library_workspaces(Device) { return {}; }
+namespace cuda {
+bool programmatic_launch() { return false; }  // no CUDA kernels to launch
+void set_programmatic_launch(bool) {}
+}  // namespace cuda
 }  // namespace reel

@@ -267,6 +267,24 @@ TEST(CudaCodegen, ManyInputsTakeTheScalarLoopWithEveryLoadFirst) {
   EXPECT_EQ(jit::fused_vector_width(eight), jit::kFusedVectorWidth);
 }
 
+TEST(CudaCodegen, TheKernelWaitsForTheKernelBeforeItBeforeItsFirstLoad) {
+  // It is launched with programmatic dependent launch (kernels/cuda/launch.cuh): griddepcontrol.wait
+  // is its first instruction, before any load or store, in both loops.
+  FusedExpr e;
+  e.store(0, e.op(OpKind::Mul, {e.load(0, DType::bf16), e.load(1, DType::bf16)}, DType::f32), DType::bf16);
+  for (const FusedLoop& loop :
+       {make_fused_loop({4096}, {{1}, {1}, {1}}), make_fused_loop({6, 5, 4}, {{1, 6, 30}, {0, 4, 1}, {1, 6, 30}})}) {
+    const std::string src = jit::cuda_fused_source(e, loop, "mul");
+    const size_t body = src.find(std::string("void __launch_bounds__(256) ") + jit::kFusedKernelName);
+    const size_t wait = src.find("griddepcontrol.wait;", body), first_load = src.find("in0[", body);
+    ASSERT_NE(body, std::string::npos) << src;
+    ASSERT_NE(wait, std::string::npos) << src;
+    ASSERT_NE(first_load, std::string::npos) << src;
+    EXPECT_LT(wait, first_load) << src;
+    EXPECT_LT(wait, src.find("out0[", body)) << src;
+  }
+}
+
 // ---- NVRTC and the disk cache (CUDA backend built; no device needed) ------------------------------
 
 #define REEL_REQUIRE_CUDA_BUILD() \

@@ -208,8 +208,8 @@ Prepared<C> prepare_dout(const In* dy, const Y* y, const AttentionGeometry& g, D
   C* dout = copy ? reinterpret_cast<C*>(raw + dout_offset) : nullptr;
   constexpr int threads = 256;
   const int64_t chunks = elements / 4;
-  attention_dout_prep<C, HD><<<unsigned((chunks + threads - 1) / threads), threads, 0, stream>>>(dy, y, dout, D, rows,
-                                                                                              g.T, g.H, g.d);
+  launch_kernel(attention_dout_prep<C, HD, In, Y>, unsigned((chunks + threads - 1) / threads), threads, 0, stream, dy, y, dout,
+                D, rows, g.T, g.H, g.d);
   REEL_CUDA_LAUNCH_CHECK();
   p.dout = copy ? dout : reinterpret_cast<const C*>(dy);
   p.D = D;
@@ -242,13 +242,13 @@ void launch_attention_fwd(const Tensor& qkv, const AttentionGeometry& g, const T
         Tensor keep;
         const Q* q = aligned_operand(px, size_t(qkv.numel()), qkv.device(), stream, keep);
         const dim3 order = waves ? dim3(g.B * g.H, tiles) : grid;  // block order: attention_mma.cuh
-        kernel<<<order, kThreads, bytes, stream>>>(q, py, p16, pl, g.T, g.H, g.d, scale, waves, m);
+        launch_kernel(kernel, order, kThreads, bytes, stream, q, py, p16, pl, g.T, g.H, g.d, scale, waves, m);
       } else {
         constexpr size_t bytes = tiled_smem_bytes<C, HD>();
         auto kernel = attention_fwd_tiled<In, Q, C, HD, Causal, Masked>;
         static const bool ready = (allow_smem(kernel, bytes), true);
         (void)ready;
-        kernel<<<grid, kThreads, bytes, stream>>>(px, py, p16, pl, g.T, g.H, g.d, scale, m);
+        launch_kernel(kernel, grid, kThreads, bytes, stream, px, py, p16, pl, g.T, g.H, g.d, scale, m);
       }
       REEL_CUDA_LAUNCH_CHECK();
     });
@@ -258,9 +258,9 @@ void launch_attention_fwd(const Tensor& qkv, const AttentionGeometry& g, const T
     check_row_smem(bytes, g.T, "attention");
     auto kernel = attention_fwd_rows<In, Q, C, A, Masked>;
     if (bytes > 48 * 1024) allow_smem(kernel, bytes);
-    kernel<<<dim3(g.T, g.B * g.H), kRowThreads, bytes, stream>>>(px, py, p16, static_cast<A*>(lse.data_ptr()), g.T,
-                                                                 g.H, g.d, g.hd, A(1) / std::sqrt(A(g.hd)), Causal,
-                                                                 device_mask<A>(mask, "attention"));
+    launch_kernel(kernel, dim3(g.T, g.B * g.H), kRowThreads, bytes, stream, px, py, p16,
+                  static_cast<A*>(lse.data_ptr()), g.T, g.H, g.d, g.hd, A(1) / std::sqrt(A(g.hd)), Causal,
+                  device_mask<A>(mask, "attention"));
     REEL_CUDA_LAUNCH_CHECK();
   }
 }
@@ -402,13 +402,14 @@ void launch_attention_bwd(const Tensor& dy, const Tensor& qkv, const Tensor& y, 
         Tensor keep;
         const Q* q = aligned_operand(px, size_t(qkv.numel()), qkv.device(), stream, keep);
         const dim3 order = waves ? dim3(g.B * g.H, 2 * tiles) : grid;  // block order: attention_mma.cuh
-        kernel<<<order, kThreads, bytes, stream>>>(prep.dout, prep.D, q, pl, pd, p16, g.T, g.H, g.d, scale, waves, m);
+        launch_kernel(kernel, order, kThreads, bytes, stream, prep.dout, prep.D, q, pl, pd, p16, g.T, g.H, g.d, scale,
+                      waves, m);
       } else {
         constexpr size_t bytes = tiled_smem_bytes<C, HD>();
         auto kernel = attention_bwd_tiled<In, Q, Y, C, HD, Causal, Masked>;
         static const bool ready = (allow_smem(kernel, bytes), true);
         (void)ready;
-        kernel<<<grid, kThreads, bytes, stream>>>(wide_dy(), px, py, pl, pd, p16, g.T, g.H, g.d, scale, m);
+        launch_kernel(kernel, grid, kThreads, bytes, stream, wide_dy(), px, py, pl, pd, p16, g.T, g.H, g.d, scale, m);
       }
       REEL_CUDA_LAUNCH_CHECK();
     });
@@ -418,9 +419,9 @@ void launch_attention_bwd(const Tensor& dy, const Tensor& qkv, const Tensor& y, 
     check_row_smem(bytes, g.T, "attention_backward");
     auto kernel = attention_bwd_rows<In, Q, Y, C, A, Masked>;
     if (bytes > 48 * 1024) allow_smem(kernel, bytes);
-    kernel<<<dim3(g.T, g.B * g.H, 2), kRowThreads, bytes, stream>>>(
-        wide_dy(), px, py, static_cast<const A*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d, g.hd,
-        A(1) / std::sqrt(A(g.hd)), Causal, device_mask<A>(mask, "attention_backward"));
+    launch_kernel(kernel, dim3(g.T, g.B * g.H, 2), kRowThreads, bytes, stream, wide_dy(), px, py,
+                  static_cast<const A*>(lse.data_ptr()), pd, p16, g.T, g.H, g.d, g.hd, A(1) / std::sqrt(A(g.hd)),
+                  Causal, device_mask<A>(mask, "attention_backward"));
     REEL_CUDA_LAUNCH_CHECK();
   }
 }

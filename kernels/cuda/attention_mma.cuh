@@ -238,6 +238,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_fwd_mma(const Q
                                                              C* __restrict__ y16, float* __restrict__ lse, int T,
                                                              int H, int d, float scale, bool heads_first,
                                                              DeviceMask<float> mask) {
+  grid_dependency_wait();
   constexpr int ld = Strides<HD>::ld;
   extern __shared__ __align__(128) unsigned char raw[];
   const MmaSmem<C, HD, 1> sm{raw};
@@ -340,6 +341,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) attention_bwd_mma(const C
                                                              const float* __restrict__ lse, Out* __restrict__ dqkv,
                                                              C* __restrict__ dqkv16, int T, int H, int d,
                                                              float scale, bool heads_first, DeviceMask<float> mask) {
+  grid_dependency_wait();
   constexpr int ld = Strides<HD>::ld;
   extern __shared__ __align__(128) unsigned char raw[];
   const MmaSmem<C, HD, 2> sm{raw};

@@ -46,6 +46,7 @@ constexpr size_t kRowSmemSlack = 16;
 template <typename In, typename Q, typename C, typename A, bool Masked>
 __global__ void attention_fwd_rows(const Q* qkv, In* y, C* y16, A* lse, int T, int H, int d, int hd, A scale,
                                    bool causal, DeviceMask<A> mask) {
+  grid_dependency_wait();
   extern __shared__ __align__(128) unsigned char raw[];
   A* score = reinterpret_cast<A*>(raw);
   const int t = blockIdx.x, b = blockIdx.y / H, h = blockIdx.y % H, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -98,6 +99,7 @@ __global__ void attention_fwd_rows(const Q* qkv, In* y, C* y16, A* lse, int T, i
 template <typename In, typename Q, typename Y, typename C, typename A, bool Masked>
 __global__ void attention_bwd_rows(const In* dy, const Q* qkv, const Y* y, const A* lse, In* dqkv, C* dqkv16, int T,
                                    int H, int d, int hd, A scale, bool causal, DeviceMask<A> mask) {
+  grid_dependency_wait();
   extern __shared__ __align__(128) unsigned char raw[];
   A* pr = reinterpret_cast<A*>(raw);  // rounded P per partner row
   A* ds = pr + T;                     // rounded dS per partner row

@@ -234,6 +234,7 @@ __device__ __forceinline__ void copy_row_floats(float* __restrict__ dst, const f
 template <typename C, int HD, typename In, typename Y>
 __global__ void attention_dout_prep(const In* __restrict__ dy, const Y* __restrict__ y, C* __restrict__ dout,
                                     float* __restrict__ D, int64_t rows, int T, int H, int d) {
+  grid_dependency_wait();
   const int64_t per_row = d / 4, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool live = i < rows * per_row;  // whole warps take part in the shuffles
   const int64_t row = live ? i / per_row : 0, at = row * d + (live ? i % per_row * 4 : 0);

@@ -129,6 +129,7 @@ template <typename In, typename Q, typename C, int HD, bool Causal, bool Masked>
 __global__ void __launch_bounds__(kThreads) attention_fwd_tiled(const Q* __restrict__ qkv, In* __restrict__ y,
                                                                C* __restrict__ y16, float* __restrict__ lse, int T,
                                                                int H, int d, float scale, DeviceMask<float> mask) {
+  grid_dependency_wait();
   using S = WmmaStrides<HD>;
   extern __shared__ __align__(128) unsigned char raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -214,6 +215,7 @@ __global__ void __launch_bounds__(kThreads, HD <= 64 ? 3 : 1) attention_bwd_tile
                                                                const Y* __restrict__ y, const float* __restrict__ lse,
                                                                In* __restrict__ dqkv, C* __restrict__ dqkv16, int T,
                                                                int H, int d, float scale, DeviceMask<float> mask) {
+  grid_dependency_wait();
   using S = WmmaStrides<HD>;
   extern __shared__ __align__(128) unsigned char raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

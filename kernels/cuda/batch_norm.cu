@@ -87,6 +87,7 @@ struct ChannelWalk {
 // part: (2, C, parts) = chunk sums, then chunk M2s.
 template <typename X, typename A>
 __global__ void batch_norm_fwd_partial_kernel(const X* x, ChannelSplit sp, A* part) {
+  grid_dependency_wait();
   for (int64_t t = blockIdx.x; t < sp.C * sp.parts; t += gridDim.x) {
     const int64_t c = t / sp.parts, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
     A s = 0;
@@ -133,6 +134,7 @@ __device__ void finalize_channel_stats(int64_t c, const A* part, const ChannelSp
 template <typename A>
 __global__ void batch_norm_fwd_finalize_kernel(const A* part, ChannelSplit sp, A eps, A* mean, A* rstd, bool update,
                                                RunningStat running_mean, RunningStat running_var, double momentum) {
+  grid_dependency_wait();
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < sp.C; c += int64_t(gridDim.x) * blockDim.x)
     finalize_channel_stats(c, part, sp, eps, mean, rstd, update, running_mean, running_var, momentum);
 }
@@ -141,6 +143,7 @@ __global__ void batch_norm_fwd_finalize_kernel(const A* part, ChannelSplit sp, A
 template <typename A>
 __global__ void batch_norm_fwd_eval_stats_kernel(RunningStat running_mean, RunningStat running_var, int64_t C,
                                                  double eps, A* mean, A* rstd) {
+  grid_dependency_wait();
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x) {
     mean[c] = A(running_mean.load(c));
     rstd[c] = A(1.0 / sqrt(running_var.load(c) + eps));
@@ -152,6 +155,7 @@ __global__ void batch_norm_fwd_eval_stats_kernel(RunningStat running_mean, Runni
 template <typename I, typename X, typename D, typename A = Acc<D>>
 __global__ void batch_norm_fwd_apply_kernel(const X* x, const D* w, const D* b, const A* mean, const A* rstd, D* y,
                                             I total, I C, I S) {
+  grid_dependency_wait();
   for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
     const I c = (i / S) % C;
     A scale = rstd[c] * (w ? to_acc(w[c]) : A(1)), shift = (b ? to_acc(b[c]) : A(0)) - mean[c] * scale;
@@ -164,6 +168,7 @@ __global__ void batch_norm_fwd_apply_kernel(const X* x, const D* w, const D* b, 
 template <typename X, typename D, typename A = Acc<D>>
 __global__ void batch_norm_bwd_partial_kernel(const D* g, const X* x, const A* mean, const A* rstd, ChannelSplit sp,
                                               A* part) {
+  grid_dependency_wait();
   for (int64_t t = blockIdx.x; t < sp.C * sp.parts; t += gridDim.x) {
     const int64_t c = t / sp.parts, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
     const A mu = mean[c], rs = rstd[c];
@@ -197,6 +202,7 @@ __device__ void finalize_channel_grads(int64_t c, const A* part, const ChannelSp
 
 template <typename D, typename A = Acc<D>>
 __global__ void batch_norm_bwd_finalize_kernel(const A* part, ChannelSplit sp, bool training, D* dw, D* db, A* coef) {
+  grid_dependency_wait();
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < sp.C; c += int64_t(gridDim.x) * blockDim.x)
     finalize_channel_grads(c, part, sp, training, dw, db, coef);
 }
@@ -206,6 +212,7 @@ __global__ void batch_norm_bwd_finalize_kernel(const A* part, ChannelSplit sp, b
 template <typename I, typename X, typename D, typename O, typename A = Acc<D>>
 __global__ void batch_norm_bwd_dx_kernel(const D* g, const X* x, const D* w, const A* mean, const A* rstd,
                                          const A* coef, O* dx, I total, I C, I S) {
+  grid_dependency_wait();
   for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
     const I c = (i / S) % C;
     const A rs = rstd[c], xh = (to_acc(x[i]) - mean[c]) * rs, wc = w ? to_acc(w[c]) : A(1);
@@ -247,9 +254,9 @@ ChannelSplit split_channels(const NCS& d) {
 template <typename Kernel32, typename Kernel64, typename... Args>
 void launch_flat(Kernel32 k32, Kernel64 k64, int64_t total, const NCS& d, cudaStream_t s, Args... args) {
   if (total <= int64_t(UINT32_MAX) - 65536 * 8 * 256)  // i + grid stride never wraps
-    k32<<<blocks_for(total), 256, 0, s>>>(args..., uint32_t(total), uint32_t(d.C), uint32_t(d.S));
+    launch_kernel(k32, blocks_for(total), 256, 0, s, args..., uint32_t(total), uint32_t(d.C), uint32_t(d.S));
   else
-    k64<<<blocks_for(total), 256, 0, s>>>(args..., total, d.C, d.S);
+    launch_kernel(k64, blocks_for(total), 256, 0, s, args..., total, d.C, d.S);
   REEL_CUDA_LAUNCH_CHECK();
 }
 
@@ -278,26 +285,27 @@ void batch_norm_fwd(const KernelCall& c) {
       // Chunk sums, then chunk M2s: (2, C, parts), or (2, parts, C) for the tiles.
       Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
       if (tiled) {
-        batch_norm_fwd_stats_tiled_kernel<X, A><<<grid_for(channel_tiles(d) * sp.parts), dim3(kTile, kTileRows), 0,
-                                                  s>>>(in_ptr<X>(x), sp, out_ptr<A>(part), A(eps), pm, pr,
-                                                       has_running, rm, rv, momentum);
+        launch_kernel(batch_norm_fwd_stats_tiled_kernel<X, A>, grid_for(channel_tiles(d) * sp.parts),
+                      dim3(kTile, kTileRows), 0, s, in_ptr<X>(x), sp, out_ptr<A>(part), A(eps), pm, pr, has_running, rm,
+                      rv, momentum);
       } else {
-        batch_norm_fwd_partial_kernel<X, A><<<grid_for(d.C * sp.parts), kChannelThreads, 0, s>>>(in_ptr<X>(x), sp,
-                                                                                                  out_ptr<A>(part));
+        launch_kernel(batch_norm_fwd_partial_kernel<X, A>, grid_for(d.C * sp.parts), kChannelThreads, 0, s,
+                      in_ptr<X>(x), sp, out_ptr<A>(part));
         REEL_CUDA_LAUNCH_CHECK();
-        batch_norm_fwd_finalize_kernel<A><<<blocks_for(d.C), 256, 0, s>>>(in_ptr<A>(part), sp, A(eps), pm, pr,
-                                                                          has_running, rm, rv, momentum);
+        launch_kernel(batch_norm_fwd_finalize_kernel<A>, blocks_for(d.C), 256, 0, s, in_ptr<A>(part), sp, A(eps), pm,
+                      pr, has_running, rm, rv, momentum);
       }
     } else {
-      batch_norm_fwd_eval_stats_kernel<A><<<blocks_for(d.C), 256, 0, s>>>(rm, rv, d.C, eps, pm, pr);
+      launch_kernel(batch_norm_fwd_eval_stats_kernel<A>, blocks_for(d.C), 256, 0, s, rm, rv, d.C, eps, pm, pr);
     }
     REEL_CUDA_LAUNCH_CHECK();
     const int64_t total = x.numel();
     if (total == 0) return;
     if (tiled) {
       const int64_t P = d.N * d.S, tiles = (P + tile_pixels<A> - 1) / tile_pixels<A> * channel_tiles(d);
-      batch_norm_fwd_apply_tiled_kernel<X, D><<<grid_for(tiles), dim3(kTile, kTileRows), 0, s>>>(
-          in_ptr<X>(x), xo.layout, in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(y), P);
+      launch_kernel(batch_norm_fwd_apply_tiled_kernel<X, D>, grid_for(tiles), dim3(kTile, kTileRows), 0, s,
+                    in_ptr<X>(x), xo.layout, in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd),
+                    out_ptr<D>(y), P);
       REEL_CUDA_LAUNCH_CHECK();
       return;
     }
@@ -347,16 +355,15 @@ void batch_norm_bwd(const KernelCall& c) {
     Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
     Tensor coef = Tensor::empty({2, d.C}, mean.dtype(), x.device());            // mean(g), mean(g xhat)
     if (tiled) {
-      batch_norm_bwd_sums_tiled_kernel<X, D><<<grid_for(channel_tiles(d) * sp.parts), dim3(kTile, kTileRows), 0, s>>>(
-          pg, go.layout, px, xo.layout, pm, pr, sp, out_ptr<A>(part), training, out_ptr<D>(dw), out_ptr<D>(db),
-          out_ptr<A>(coef));
+      launch_kernel(batch_norm_bwd_sums_tiled_kernel<X, D>, grid_for(channel_tiles(d) * sp.parts),
+                    dim3(kTile, kTileRows), 0, s, pg, go.layout, px, xo.layout, pm, pr, sp, out_ptr<A>(part), training,
+                    out_ptr<D>(dw), out_ptr<D>(db), out_ptr<A>(coef));
     } else {
-      batch_norm_bwd_partial_kernel<X, D><<<grid_for(d.C * sp.parts), kChannelThreads, 0, s>>>(pg, px, pm, pr, sp,
-                                                                                                out_ptr<A>(part));
+      launch_kernel(batch_norm_bwd_partial_kernel<X, D>, grid_for(d.C * sp.parts), kChannelThreads, 0, s, pg, px, pm,
+                    pr, sp, out_ptr<A>(part));
       REEL_CUDA_LAUNCH_CHECK();
-      batch_norm_bwd_finalize_kernel<D><<<blocks_for(d.C), 256, 0, s>>>(in_ptr<A>(part), sp, training,
-                                                                        out_ptr<D>(dw), out_ptr<D>(db),
-                                                                        out_ptr<A>(coef));
+      launch_kernel(batch_norm_bwd_finalize_kernel<D>, blocks_for(d.C), 256, 0, s, in_ptr<A>(part), sp, training,
+                    out_ptr<D>(dw), out_ptr<D>(db), out_ptr<A>(coef));
     }
     REEL_CUDA_LAUNCH_CHECK();
     const int64_t total = x.numel();
@@ -364,8 +371,8 @@ void batch_norm_bwd(const KernelCall& c) {
     visit_dx_type<D>(dx.dtype(), dw.dtype(), [&]<typename O>() {
       if (tiled) {
         const int64_t P = d.N * d.S, tiles = (P + tile_pixels<A> - 1) / tile_pixels<A> * channel_tiles(d);
-        batch_norm_bwd_dx_tiled_kernel<X, D, O><<<grid_for(tiles), dim3(kTile, kTileRows), 0, s>>>(
-            pg, go.layout, px, xo.layout, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<O>(dx), Ldx, P);
+        launch_kernel(batch_norm_bwd_dx_tiled_kernel<X, D, O>, grid_for(tiles), dim3(kTile, kTileRows), 0, s, pg,
+                      go.layout, px, xo.layout, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<O>(dx), Ldx, P);
         REEL_CUDA_LAUNCH_CHECK();
         return;
       }

@@ -158,6 +158,7 @@ template <typename X, typename A>
 __global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_fwd_stats_tiled_kernel(const X* x, ChannelSplit sp, A* part, A eps, A* mean, A* rstd,
                                                   bool update, RunningStat running_mean, RunningStat running_var,
                                                   double momentum) {
+  grid_dependency_wait();
   __shared__ A scratch[kTileRows][kTile];
   const int64_t C = sp.C, tiles_c = (C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {
@@ -195,6 +196,7 @@ __global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_fwd_stats_til
 template <typename X, typename D, typename A = Acc<D>>
 __global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_fwd_apply_tiled_kernel(const X* x, PlaneLayout Lx, const D* w, const D* b, const A* mean,
                                                   const A* rstd, D* y, int64_t P) {
+  grid_dependency_wait();
   __shared__ Tile<A> tile;
   const int64_t tiles_p = (P + tile_pixels<A> - 1) / tile_pixels<A>, tiles_c = (Lx.C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {
@@ -252,6 +254,7 @@ template <typename X, typename D, typename A = Acc<D>>
 __global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_bwd_sums_tiled_kernel(const D* g, PlaneLayout Lg, const X* x, PlaneLayout Lx, const A* mean,
                                                  const A* rstd, ChannelSplit sp, A* part, bool training, D* dw, D* db,
                                                  A* coef) {
+  grid_dependency_wait();
   __shared__ Tile<A> tg, tx;
   __shared__ A scratch[kTileRows][kTile];
   const int64_t C = sp.C, tiles_c = (C + kTile - 1) / kTile;
@@ -290,6 +293,7 @@ template <typename X, typename D, typename O, typename A = Acc<D>>
 __global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_bwd_dx_tiled_kernel(const D* g, PlaneLayout Lg, const X* x, PlaneLayout Lx, const D* w,
                                                const A* mean, const A* rstd, const A* coef, O* dx, PlaneLayout Ldx,
                                                int64_t P) {
+  grid_dependency_wait();
   __shared__ Tile<A> tg, tx;
   const int64_t C = Lx.C, tiles_p = (P + tile_pixels<A> - 1) / tile_pixels<A>, tiles_c = (C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {

@@ -67,6 +67,7 @@ namespace {
 // elements; memory-bound, so the index division is free.
 template <typename D>
 __global__ void conv2d_fwd_bias_kernel(D* y, const D* bias, int64_t bias_stride, int64_t O, int64_t P, int64_t n) {
+  grid_dependency_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t o = (i / P) % O;
     y[i] = from_acc<D>(to_acc(y[i]) + to_acc(bias[o * bias_stride]));
@@ -79,8 +80,8 @@ void add_bias(const Tensor& y, const Tensor& bias, MemoryFormat format) {
   visit_float_dtype(y.dtype(), "conv2d", [&]<typename T>() {
     if constexpr (!std::is_same_v<T, int64_t>) {
       using D = Dev<T>;
-      conv2d_fwd_bias_kernel<D><<<blocks_for(n), 256, 0, stream_of(y)>>>(
-          static_cast<D*>(y.data_ptr()), static_cast<const D*>(bias.data_ptr()), bias.strides()[0], O, P, n);
+      launch_kernel(conv2d_fwd_bias_kernel<D>, blocks_for(n), 256, 0, stream_of(y), static_cast<D*>(y.data_ptr()),
+                    static_cast<const D*>(bias.data_ptr()), bias.strides()[0], O, P, n);
       REEL_CUDA_LAUNCH_CHECK();
     }
   });
@@ -378,6 +379,7 @@ template <typename T, int OP, int KP>
 __global__ void __launch_bounds__(kStemThreads)
     conv2d_stem_wgrad_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dw,
                              float* __restrict__ partials, StemGeom g) {
+  grid_dependency_wait();
   constexpr int kDyShare = OP / kStemRowThreads, kColShare = KP / kStemRowThreads;
   constexpr int kTilesK = KP / 16, kTiles = OP / 16 * kTilesK;
   __shared__ __align__(32) T sdy[kStemRows * OP];   // [row][o]
@@ -476,9 +478,12 @@ __global__ void __launch_bounds__(kStemThreads)
 template <typename D, int OP>
 void launch_stem_wgrad(int kp, int grid, cudaStream_t s, const D* x, const D* dy, D* dw, float* partials,
                        const StemGeom& g) {
-  if (kp == 16) conv2d_stem_wgrad_kernel<D, OP, 16><<<grid, kStemThreads, 0, s>>>(x, dy, dw, partials, g);
-  else if (kp == 32) conv2d_stem_wgrad_kernel<D, OP, 32><<<grid, kStemThreads, 0, s>>>(x, dy, dw, partials, g);
-  else conv2d_stem_wgrad_kernel<D, OP, 64><<<grid, kStemThreads, 0, s>>>(x, dy, dw, partials, g);
+  if (kp == 16)
+    launch_kernel(conv2d_stem_wgrad_kernel<D, OP, 16>, grid, kStemThreads, 0, s, x, dy, dw, partials, g);
+  else if (kp == 32)
+    launch_kernel(conv2d_stem_wgrad_kernel<D, OP, 32>, grid, kStemThreads, 0, s, x, dy, dw, partials, g);
+  else
+    launch_kernel(conv2d_stem_wgrad_kernel<D, OP, 64>, grid, kStemThreads, 0, s, x, dy, dw, partials, g);
   REEL_CUDA_LAUNCH_CHECK();
 }
 

@@ -38,6 +38,7 @@ constexpr int64_t kWarpRow = 1024;  // rows up to this long get one warp each
 template <typename D, bool kBlock>
 __global__ void cross_entropy_fwd_row_kernel(const D* logits, const int64_t* target, Acc<D>* lse, double* row_loss,
                                              int64_t N, int64_t C, int64_t ignore_index) {
+  grid_dependency_wait();
   using A = Acc<D>;
   using Team = RowTeam<kBlock>;
   for (int64_t n = Team::first_row(); n < N; n += Team::row_stride()) {
@@ -61,6 +62,7 @@ __global__ void cross_entropy_fwd_row_kernel(const D* logits, const int64_t* tar
 template <typename D>
 __global__ void cross_entropy_fwd_total_kernel(const double* row_loss, const int64_t* target, int64_t N,
                                                int64_t ignore_index, bool mean, D* loss) {
+  grid_dependency_wait();
   using A = Acc<D>;
   double total = 0;
   int64_t count = 0;
@@ -78,6 +80,7 @@ __global__ void cross_entropy_fwd_total_kernel(const double* row_loss, const int
 template <typename D>
 __global__ void cross_entropy_bwd_scale_kernel(const D* g, const int64_t* target, int64_t N, int64_t ignore_index,
                                                bool mean, Acc<D>* scale) {
+  grid_dependency_wait();
   using A = Acc<D>;
   int64_t count = 0;
   if (mean)
@@ -92,6 +95,7 @@ template <typename D, bool kBlock>
 __global__ void cross_entropy_bwd_row_kernel(const D* logits, const int64_t* target, const Acc<D>* lse,
                                              const Acc<D>* scale_at, D* dx, int64_t N, int64_t C,
                                              int64_t ignore_index) {
+  grid_dependency_wait();
   using A = Acc<D>;
   using Team = RowTeam<kBlock>;
   const A scale = *scale_at;
@@ -116,8 +120,10 @@ __global__ void cross_entropy_bwd_row_kernel(const D* logits, const int64_t* tar
 template <typename WarpKernel, typename BlockKernel, typename... Args>
 void launch_rows(WarpKernel warp_kernel, BlockKernel block_kernel, int64_t N, int64_t C, cudaStream_t st,
                  Args... args) {
-  if (C <= kWarpRow) warp_kernel<<<grid_for(ceil_div(N, kThreads / kWarp)), kThreads, 0, st>>>(args...);
-  else block_kernel<<<grid_for(N), kRowThreads, 0, st>>>(args...);
+  if (C <= kWarpRow)
+    launch_kernel(warp_kernel, grid_for(ceil_div(N, kThreads / kWarp)), kThreads, 0, st, args...);
+  else
+    launch_kernel(block_kernel, grid_for(N), kRowThreads, 0, st, args...);
   REEL_CUDA_LAUNCH_CHECK();
 }
 
@@ -144,8 +150,8 @@ void cross_entropy_kernel(const KernelCall& c) {
     if (a.N > 0)
       launch_rows(cross_entropy_fwd_row_kernel<D, false>, cross_entropy_fwd_row_kernel<D, true>, a.N, a.C, st,
                   in_ptr<D>(a.logits), target, out_ptr<A>(lse_out.buf), row_loss, a.N, a.C, a.ignore_index);
-    cross_entropy_fwd_total_kernel<D>
-        <<<1, kThreads, 0, st>>>(row_loss, target, a.N, a.ignore_index, a.mean, out_ptr<D>(loss_out.buf));
+    launch_kernel(cross_entropy_fwd_total_kernel<D>, 1, kThreads, 0, st, row_loss, target, a.N, a.ignore_index, a.mean,
+                  out_ptr<D>(loss_out.buf));
     REEL_CUDA_LAUNCH_CHECK();
   });
   loss_out.commit();
@@ -164,8 +170,8 @@ void cross_entropy_backward_kernel(const KernelCall& c) {
     using A = Acc<D>;
     Tensor ws = workspace(sizeof(A), a.logits.device());
     A* scale = static_cast<A*>(ws.data_ptr());
-    cross_entropy_bwd_scale_kernel<D>
-        <<<1, kThreads, 0, st>>>(static_cast<const D*>(g.data_ptr()), target, a.N, a.ignore_index, a.mean, scale);
+    launch_kernel(cross_entropy_bwd_scale_kernel<D>, 1, kThreads, 0, st, static_cast<const D*>(g.data_ptr()), target,
+                  a.N, a.ignore_index, a.mean, scale);
     REEL_CUDA_LAUNCH_CHECK();
     launch_rows(cross_entropy_bwd_row_kernel<D, false>, cross_entropy_bwd_row_kernel<D, true>, a.N, a.C, st,
                 in_ptr<D>(a.logits), target, in_ptr<A>(lse), static_cast<const A*>(scale), out_ptr<D>(out.buf), a.N,

@@ -5,6 +5,8 @@
 //   - it runs on cuda::current_stream() of its tensors' device; no kernel synchronises with the host;
 //   - temporary memory (workspaces) comes from the caching allocator as Tensors, never cudaMalloc;
 //   - 16-bit values are loaded to float (to_acc) and rounded back once (from_acc); f64 stays double;
+//   - it opens with grid_dependency_wait() and is launched by launch_kernel() (launch.cuh:
+//     programmatic dependent launch; tools/check_kernel_prologue.sh checks both);
 //   - after each launch REEL_CUDA_LAUNCH_CHECK() raises a launch error with file:line.
 #pragma once
 #include <cublasLt.h>
@@ -20,6 +22,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/dispatch.h"
 #include "kernels/loop_geometry.h"
 #include "tensor/cuda.h"

@@ -17,6 +17,7 @@ struct Event {
 
 // Keeps the stream busy for about `us` microseconds.
 __global__ void spin_kernel(int us) {
+  grid_dependency_wait();
   for (int i = 0; i < us; ++i) __nanosleep(1000);
 }
 
@@ -32,7 +33,7 @@ std::optional<float> mean_device_ms(Device device, int runs, const std::function
   const cudaStream_t s = stream_of(device);
   Event start, stop;
   if (!run()) return std::nullopt;
-  spin_kernel<<<1, 1, 0, s>>>(kSpinMicroseconds);
+  launch_kernel(spin_kernel, 1, 1, 0, s, kSpinMicroseconds);
   REEL_CUDA_LAUNCH_CHECK();
   REEL_CUDA_CHECK(cudaEventRecord(start.e, s));
   for (int i = 0; i < runs; ++i)

@@ -24,6 +24,7 @@ using namespace norm_detail;
 // (and y), the mask alone (dropout_mask).
 template <typename D, typename A = Acc<D>>
 __global__ void dropout_fwd_kernel(const D* x, D* y, D* mask, int64_t n, PhiloxArgs rng, float threshold, A keep) {
+  grid_dependency_wait();
   const int64_t groups = (n + 3) / 4;
   const uint64_t seed = rng.key(), offset = rng.start();
   for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < groups; q += int64_t(gridDim.x) * blockDim.x) {
@@ -51,8 +52,8 @@ void launch_dropout(const char* op, const KernelCall& c, size_t state_input, con
   const double keep = dropout_kept_value(mask.dtype(), p);
   visit_float(mask.dtype(), op, [&]<typename D>() {
     using A = Acc<D>;
-    dropout_fwd_kernel<D><<<blocks_for((n + 3) / 4), 256, 0, stream_of(mask)>>>(
-        x ? in_ptr<D>(*x) : nullptr, y ? out_ptr<D>(*y) : nullptr, out_ptr<D>(mask), n, rng, float(p), A(keep));
+    launch_kernel(dropout_fwd_kernel<D>, blocks_for((n + 3) / 4), 256, 0, stream_of(mask), x ? in_ptr<D>(*x) : nullptr,
+                  y ? out_ptr<D>(*y) : nullptr, out_ptr<D>(mask), n, rng, float(p), A(keep));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }

@@ -40,6 +40,7 @@ __device__ __forceinline__ I wrap(I i, const Periods<NIN>& per, int k) {
 
 template <typename D, int NIN, typename I, typename F>
 __global__ void map_contiguous_kernel(I base, I n, D* out, InPtrs<NIN> in, Periods<NIN> per, F f) {
+  grid_dependency_wait();
   for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < n; i += I(gridDim.x) * blockDim.x) {
     const I e = base + i;
     int64_t off[NIN];
@@ -62,6 +63,7 @@ struct alignas(16) Pack {
 // counted in Packs here.
 template <typename D, int NIN, typename I, typename F>
 __global__ void map_packed_kernel(I npack, D* out, InPtrs<NIN> in, Periods<NIN> per, F f) {
+  grid_dependency_wait();
   using P = Pack<D>;
   for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < npack; i += I(gridDim.x) * blockDim.x) {
     P src[NIN];
@@ -80,6 +82,7 @@ __global__ void map_packed_kernel(I npack, D* out, InPtrs<NIN> in, Periods<NIN> 
 
 template <typename D, int NIN, bool Index32, typename F>
 __global__ void map_strided_kernel(StridedOffsets<NIN + 1> geo, int64_t n, D* out, InPtrs<NIN> in, F f) {
+  grid_dependency_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[NIN + 1];
     if constexpr (Index32) geo.offsets32(uint32_t(i), off);
@@ -112,8 +115,11 @@ void launch_flat(int64_t n, D* po, const InPtrs<NIN>& ptrs, const Periods<NIN>& 
     per_pack.p[k] = per.p[k] / kPack;
   }
   const int64_t npack = packable ? n / kPack : 0, done = npack * kPack;
-  if (npack > 0) map_packed_kernel<D, NIN, I><<<blocks_for(npack), 256, 0, s>>>(I(npack), po, ptrs, per_pack, f);
-  if (done < n) map_contiguous_kernel<D, NIN, I><<<blocks_for(n - done), 256, 0, s>>>(I(done), I(n - done), po, ptrs, per, f);
+  if (npack > 0)
+    launch_kernel(map_packed_kernel<D, NIN, I, F>, blocks_for(npack), 256, 0, s, I(npack), po, ptrs, per_pack, f);
+  if (done < n)
+    launch_kernel(map_contiguous_kernel<D, NIN, I, F>, blocks_for(n - done), 256, 0, s, I(done), I(n - done), po, ptrs,
+                  per, f);
 }
 
 // out = f(inputs...), every input broadcast to out's shape; T is the host scalar type.
@@ -143,9 +149,9 @@ void launch_map(const Tensor& out, const std::array<Tensor, NIN>& ins, F f) {
   } else {
     auto geo = make_offsets(make_geometry<NIN + 1>(out.shape(), strides));
     if (n < (int64_t(1) << 31))
-      map_strided_kernel<D, NIN, true><<<blocks_for(n), 256, 0, s>>>(geo, n, po, ptrs, f);
+      launch_kernel(map_strided_kernel<D, NIN, true, F>, blocks_for(n), 256, 0, s, geo, n, po, ptrs, f);
     else
-      map_strided_kernel<D, NIN, false><<<blocks_for(n), 256, 0, s>>>(geo, n, po, ptrs, f);
+      launch_kernel(map_strided_kernel<D, NIN, false, F>, blocks_for(n), 256, 0, s, geo, n, po, ptrs, f);
   }
   REEL_CUDA_LAUNCH_CHECK();
 }

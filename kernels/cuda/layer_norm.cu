@@ -143,6 +143,7 @@ template <int K, typename O>
 __global__ void __launch_bounds__(256) layer_norm_fwd_vec_kernel(const float* x, const float* addend, float* sum_out,
                                                                  const float* w, const float* b, O* y, float* mean,
                                                                  float* rstd, int64_t rows, float eps, RowDropout drop) {
+  grid_dependency_wait();
   using Row = VecRow<K>;
   float4 wv[K], bv[K];
   if (w) Row::load(wv, w);
@@ -194,6 +195,7 @@ __global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g,
                                                                  const float* mean, const float* rstd,
                                                                  const float* residual, float* dx, O* dx16,
                                                                  float* part, int64_t rows, RowDropout drop) {
+  grid_dependency_wait();
   static_assert(kSums == 2 || (kSums == 3 && !std::is_same_v<O, float>), "the third sum is of the 16-bit copy");
   using Row = VecRow<K>;
   __shared__ float4 block_sums[kSums][K][32];  // dw, db (and the sums of dx16) of the block, in the lanes' layout
@@ -292,6 +294,7 @@ constexpr int kFinishCols = 8;
 template <int kSums = 2>
 __global__ void layer_norm_param_finish_kernel(const float* part, int64_t parts, int64_t cols, float* dw, float* db,
                                                float* ds = nullptr, bool accumulate = false) {
+  grid_dependency_wait();
   __shared__ float s[kSums][kFinishRows][kFinishCols + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t j = int64_t(blockIdx.x) * kFinishCols + tx;
@@ -349,6 +352,7 @@ using namespace norm_detail;
 template <bool kWarp, typename D, typename O = D, typename A = Acc<D>>
 __global__ void layer_norm_fwd_rows_kernel(const D* x, const D* addend, D* sum_out, const D* w, const D* b, O* y,
                                            A* mean, A* rstd, int64_t rows, int64_t cols, A eps, RowDropout drop) {
+  grid_dependency_wait();
   using Team = RowTeam<kWarp>;
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const D* xr = x + r * cols;
@@ -391,6 +395,7 @@ template <bool kWarp, typename D, typename O = D, typename A = Acc<D>>
 __global__ void layer_norm_bwd_dx_rows_kernel(const D* g, const D* x, const D* w, const A* mean, const A* rstd,
                                               const D* residual, D* dx, O* dx16, int64_t rows, int64_t cols,
                                               RowDropout drop) {
+  grid_dependency_wait();
   using Team = RowTeam<kWarp>;
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const D *gr = g + r * cols, *xr = x + r * cols;
@@ -425,6 +430,7 @@ template <typename D, typename A = Acc<D>>
 __global__ void layer_norm_bwd_param_kernel(const D* g, const D* x, const A* mean, const A* rstd, int64_t rows,
                                             int64_t cols, int64_t rows_per_chunk, A* dw_part, A* db_part, D* dw,
                                             D* db) {
+  grid_dependency_wait();
   __shared__ A s_dw[kColRowThreads][kColTile + 1], s_db[kColRowThreads][kColTile + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t j = int64_t(blockIdx.x) * kColTile + tx, chunk = blockIdx.y, chunks = gridDim.y;
@@ -474,9 +480,9 @@ void launch_rows(WarpKernel warp_kernel, BlockKernel block_kernel, int64_t rows,
                  Args... args) {
   if (cols <= kWarpRowMaxCols) {
     constexpr int rows_per_block = kRowsThreads / 32;
-    warp_kernel<<<grid_for((rows + rows_per_block - 1) / rows_per_block), kRowsThreads, 0, s>>>(args...);
+    launch_kernel(warp_kernel, grid_for((rows + rows_per_block - 1) / rows_per_block), kRowsThreads, 0, s, args...);
   } else {
-    block_kernel<<<grid_for(rows), kBlockRowThreads, 0, s>>>(args...);
+    launch_kernel(block_kernel, grid_for(rows), kBlockRowThreads, 0, s, args...);
   }
   REEL_CUDA_LAUNCH_CHECK();
 }
@@ -486,11 +492,12 @@ template <typename D, typename O, typename A = Acc<D>>
 void launch_layer_norm_fwd(const D* x, const D* addend, D* sum_out, const D* w, const D* b, O* y, A* mean, A* rstd,
                            int64_t rows, int64_t cols, A eps, cudaStream_t s, RowDropout drop = {}) {
   if constexpr (std::is_same_v<D, float>) {
-    const bool vec = rows > 0 && visit_vec_row(cols, {x, addend, sum_out, w, b, sizeof(O) == 4 ? y : nullptr},
-                                               sizeof(O) == 2 ? y : nullptr, [&]<int K>() {
-      layer_norm_fwd_vec_kernel<K, O><<<grid_for((rows + 7) / 8), 256, 0, s>>>(x, addend, sum_out, w, b, y, mean, rstd,
-                                                                              rows, eps, drop);
-    });
+    const bool vec =
+        rows > 0 && visit_vec_row(cols, {x, addend, sum_out, w, b, sizeof(O) == 4 ? y : nullptr},
+                                  sizeof(O) == 2 ? y : nullptr, [&]<int K>() {
+                                    launch_kernel(layer_norm_fwd_vec_kernel<K, O>, grid_for((rows + 7) / 8), 256, 0, s,
+                                                  x, addend, sum_out, w, b, y, mean, rstd, rows, eps, drop);
+                                  });
     if (vec) {
       REEL_CUDA_LAUNCH_CHECK();
       return;
@@ -541,13 +548,12 @@ bool layer_norm_bwd_vec(const float* pg, const float* px, const float* pw, const
         const int64_t blocks = std::min<int64_t>((rows + 7) / 8, int64_t(per_sm) * multiprocessor_count(dx.device().index));
         Tensor part = workspace(sizeof(float) * size_t(blocks * kSums * cols), dx.device());
         float* pp = out_ptr<float>(part);
-        layer_norm_bwd_vec_kernel<K, O, kSums><<<unsigned(blocks), 256, 0, s>>>(pg, px, pw, pm, pr, presidual, pdx,
-                                                                                p16, pp, rows, drop);
+        launch_kernel(layer_norm_bwd_vec_kernel<K, O, kSums>, unsigned(blocks), 256, 0, s, pg, px, pw, pm, pr,
+                      presidual, pdx, p16, pp, rows, drop);
         REEL_CUDA_LAUNCH_CHECK();
-        layer_norm_param_finish_kernel<kSums><<<unsigned((cols + kFinishCols - 1) / kFinishCols),
-                                                dim3(kFinishCols, kFinishRows), 0, s>>>(
-            pp, blocks, cols, out_ptr<float>(dw), out_ptr<float>(db), kSums == 3 ? out_ptr<float>(sums16) : nullptr,
-            accumulate);
+        launch_kernel(layer_norm_param_finish_kernel<kSums>, unsigned((cols + kFinishCols - 1) / kFinishCols),
+                      dim3(kFinishCols, kFinishRows), 0, s, pp, blocks, cols, out_ptr<float>(dw), out_ptr<float>(db),
+                      kSums == 3 ? out_ptr<float>(sums16) : nullptr, accumulate);
         REEL_CUDA_LAUNCH_CHECK();
       };
       if constexpr (std::is_same_v<O, float>) launch.template operator()<2>();
@@ -599,8 +605,8 @@ void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w
     A* pp = out_ptr<A>(part);
     const int64_t col_tiles = (cols + kColTile - 1) / kColTile;
     const dim3 grid{unsigned(col_tiles), unsigned(chunks)}, block{kColTile, kColRowThreads};
-    layer_norm_bwd_param_kernel<D><<<grid, block, 0, s>>>(pg, px, pm, pr, rows, cols, rows_per_chunk, pp,
-                                                          pp + chunks * cols, out_ptr<D>(dw), out_ptr<D>(db));
+    launch_kernel(layer_norm_bwd_param_kernel<D>, grid, block, 0, s, pg, px, pm, pr, rows, cols, rows_per_chunk, pp,
+                  pp + chunks * cols, out_ptr<D>(dw), out_ptr<D>(db));
     REEL_CUDA_LAUNCH_CHECK();
     // Outside the row-in-registers kernel, dx16's column sums are a launch of their own: over its
     // rows of cols normalised values, as that kernel sums them (the last dim alone when

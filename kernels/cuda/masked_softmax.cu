@@ -23,6 +23,7 @@ constexpr int64_t kWarpRow = 1024;
 template <typename H, bool kBlock>
 __global__ void masked_softmax_fwd_row_kernel(const float* x, const float* mask, int64_t mask_rows, float fill, float* y,
                                               H* y16, int64_t rows, int64_t C) {
+  grid_dependency_wait();
   using Team = RowTeam<kBlock>;
   for (int64_t row = Team::first_row(); row < rows; row += Team::row_stride()) {
     const float* xr = x + row * C;
@@ -42,6 +43,7 @@ __global__ void masked_softmax_fwd_row_kernel(const float* x, const float* mask,
 template <typename H, bool kBlock>
 __global__ void masked_softmax_bwd_row_kernel(const float* g, const float* y, const float* mask, int64_t mask_rows,
                                               float* dx, H* dx16, int64_t rows, int64_t C) {
+  grid_dependency_wait();
   using Team = RowTeam<kBlock>;
   for (int64_t row = Team::first_row(); row < rows; row += Team::row_stride()) {
     const int64_t off = row * C;
@@ -94,8 +96,9 @@ void masked_softmax_fwd(const Tensor& x, const Tensor& mask, double fill, const 
   cudaStream_t st = stream_of(x);
   dispatch_rows(y16, C, [&]<typename H, bool kBlock>() {
     const unsigned grid = kBlock ? grid_for(rows) : grid_for(ceil_div(rows, kThreads / kWarp));
-    masked_softmax_fwd_row_kernel<H, kBlock><<<grid, kBlock ? kRowThreads : kThreads, 0, st>>>(
-        in_ptr<float>(x), in_ptr<float>(mask), mask_rows, float(fill), opt_ptr<float>(y), opt_ptr<H>(y16), rows, C);
+    launch_kernel(masked_softmax_fwd_row_kernel<H, kBlock>, grid, kBlock ? kRowThreads : kThreads, 0, st,
+                  in_ptr<float>(x), in_ptr<float>(mask), mask_rows, float(fill), opt_ptr<float>(y), opt_ptr<H>(y16),
+                  rows, C);
     REEL_CUDA_LAUNCH_CHECK();
   });
 }
@@ -109,8 +112,9 @@ void masked_softmax_bwd(const Tensor& g, const Tensor& y, const Tensor& mask, co
   cudaStream_t st = stream_of(g);
   dispatch_rows(dx16, C, [&]<typename H, bool kBlock>() {
     const unsigned grid = kBlock ? grid_for(rows) : grid_for(ceil_div(rows, kThreads / kWarp));
-    masked_softmax_bwd_row_kernel<H, kBlock><<<grid, kBlock ? kRowThreads : kThreads, 0, st>>>(
-        in_ptr<float>(g), in_ptr<float>(y), in_ptr<float>(mask), mask_rows, opt_ptr<float>(dx), opt_ptr<H>(dx16), rows, C);
+    launch_kernel(masked_softmax_bwd_row_kernel<H, kBlock>, grid, kBlock ? kRowThreads : kThreads, 0, st,
+                  in_ptr<float>(g), in_ptr<float>(y), in_ptr<float>(mask), mask_rows, opt_ptr<float>(dx),
+                  opt_ptr<H>(dx16), rows, C);
     REEL_CUDA_LAUNCH_CHECK();
   });
 }

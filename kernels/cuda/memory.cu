@@ -24,6 +24,7 @@ namespace {
 
 template <typename D, typename S, bool Index32>
 __global__ void copy_cast_strided_kernel(StridedOffsets<2> geo, int64_t n, D* dst, const S* src) {
+  grid_dependency_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[2];
     if constexpr (Index32) geo.offsets32(uint32_t(i), off);
@@ -35,6 +36,7 @@ __global__ void copy_cast_strided_kernel(StridedOffsets<2> geo, int64_t n, D* ds
 // Both sides contiguous, same shape, dtypes differ (autocast's casts): no index arithmetic at all.
 template <typename D, typename S>
 __global__ void copy_cast_flat_kernel(uint32_t n, D* dst, const S* src) {
+  grid_dependency_wait();
   for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     dst[i] = from_acc<D>(to_acc(src[i]));
 }
@@ -50,6 +52,7 @@ constexpr int kTile = 32, kTileRows = 8;
 
 template <typename D, typename S>
 __global__ void transpose_cast_kernel(D* dst, const S* src, int64_t rows, int64_t cols) {
+  grid_dependency_wait();
   using Acc = decltype(to_acc(S{}));
   __shared__ Acc tile[kTile][kTile + 1];  // +1: a column read touches 32 different banks
   const int64_t base = int64_t(blockIdx.z) * rows * cols;
@@ -115,6 +118,7 @@ BatchedTranspose as_batched_transpose(const Tensor& dst, const Tensor& src) {
 
 template <typename D, typename F>
 __global__ void fill_indexed_kernel(StridedOffsets<1> geo, int64_t n, D* out, F f) {
+  grid_dependency_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[1];
     geo.offsets(i, off);
@@ -130,7 +134,8 @@ void fill_indexed(const Tensor& out, F f) {
   auto geo = make_offsets(make_geometry<1>(out.shape(), {out.strides()}));
   visit_dtype(out.dtype(), [&]<typename T>() {
     using D = Dev<T>;
-    fill_indexed_kernel<D><<<blocks_for(n), 256, 0, stream_of(out)>>>(geo, n, static_cast<D*>(out.data_ptr()), f);
+    launch_kernel(fill_indexed_kernel<D, F>, blocks_for(n), 256, 0, stream_of(out), geo, n,
+                  static_cast<D*>(out.data_ptr()), f);
     REEL_CUDA_LAUNCH_CHECK();
   });
 }
@@ -256,15 +261,15 @@ void copy_on_device(const Tensor& dst, const Tensor& src) {
       cudaStream_t s = stream_of(dst);
       const bool small = n < (int64_t(1) << 31);
       if (small && dst.shape() == src.shape() && dst.is_contiguous() && src.is_contiguous()) {
-        copy_cast_flat_kernel<D, S><<<blocks_for(n), 256, 0, s>>>(uint32_t(n), d, sp);
+        launch_kernel(copy_cast_flat_kernel<D, S>, blocks_for(n), 256, 0, s, uint32_t(n), d, sp);
       } else if (const BatchedTranspose t = as_batched_transpose(dst, src)) {
         const dim3 grid{unsigned((t.cols + kTile - 1) / kTile), unsigned((t.rows + kTile - 1) / kTile),
                         unsigned(t.batch)};
-        transpose_cast_kernel<D, S><<<grid, dim3{kTile, kTileRows}, 0, s>>>(d, sp, t.rows, t.cols);
+        launch_kernel(transpose_cast_kernel<D, S>, grid, dim3{kTile, kTileRows}, 0, s, d, sp, t.rows, t.cols);
       } else if (small)
-        copy_cast_strided_kernel<D, S, true><<<blocks_for(n), 256, 0, s>>>(geo, n, d, sp);
+        launch_kernel(copy_cast_strided_kernel<D, S, true>, blocks_for(n), 256, 0, s, geo, n, d, sp);
       else
-        copy_cast_strided_kernel<D, S, false><<<blocks_for(n), 256, 0, s>>>(geo, n, d, sp);
+        launch_kernel(copy_cast_strided_kernel<D, S, false>, blocks_for(n), 256, 0, s, geo, n, d, sp);
       REEL_CUDA_LAUNCH_CHECK();
     });
   });

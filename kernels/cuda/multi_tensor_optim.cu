@@ -53,6 +53,7 @@ __device__ __forceinline__ int tensor_of_block(const LaunchTable& t, int64_t b) 
 template <typename D, typename A = Acc<D>>
 __global__ void adamw_step_multi_tensor_kernel(const __grid_constant__ LaunchTable table, const float* found_inf,
                                                const double* lr, const double* step, AdamWHyper h) {
+  grid_dependency_wait();
   if (flag_set(found_inf)) return;
   const math::AdamWScalars<A> s = math::adamw_scalars<A>(h.beta1, h.beta2, h.eps, h.weight_decay, *lr, *step);
   const int64_t blocks = table.first_block[table.count];
@@ -78,6 +79,7 @@ __global__ void adamw_step_multi_tensor_kernel(const __grid_constant__ LaunchTab
 template <typename D, typename A = Acc<D>>
 __global__ void sgd_step_multi_tensor_kernel(const __grid_constant__ LaunchTable table, const float* found_inf,
                                              const double* lr, SgdHyper h) {
+  grid_dependency_wait();
   if (flag_set(found_inf)) return;
   const math::SgdScalars<A> s =
       math::sgd_scalars<A>(*lr, h.momentum, h.dampening, h.weight_decay, h.nesterov, h.first_step);
@@ -157,7 +159,7 @@ void MultiTensorList::adamw(const float* found_inf, const double* lr, const doub
   cudaStream_t stream = stream_of(Device::cuda(impl_->device));
   for (const Impl::Launch& l : impl_->launches) {
     visit_float(l.dtype, "adamw_step", [&]<typename D>() {
-      adamw_step_multi_tensor_kernel<D><<<l.grid, kThreads, 0, stream>>>(l.table, found_inf, lr, step, h);
+      launch_kernel(adamw_step_multi_tensor_kernel<D>, l.grid, kThreads, 0, stream, l.table, found_inf, lr, step, h);
       REEL_CUDA_LAUNCH_CHECK();
     });
   }
@@ -167,7 +169,7 @@ void MultiTensorList::sgd(const float* found_inf, const double* lr, const SgdHyp
   cudaStream_t stream = stream_of(Device::cuda(impl_->device));
   for (const Impl::Launch& l : impl_->launches) {
     visit_float(l.dtype, "sgd_step", [&]<typename D>() {
-      sgd_step_multi_tensor_kernel<D><<<l.grid, kThreads, 0, stream>>>(l.table, found_inf, lr, h);
+      launch_kernel(sgd_step_multi_tensor_kernel<D>, l.grid, kThreads, 0, stream, l.table, found_inf, lr, h);
       REEL_CUDA_LAUNCH_CHECK();
     });
   }

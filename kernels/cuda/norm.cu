@@ -31,6 +31,7 @@ constexpr int kSetThreads = 256;
 template <typename X, typename D, typename A = Acc<D>>
 __global__ void group_norm_fwd_kernel(const X* x, const D* w, const D* b, D* y, A* mean, A* rstd, int64_t sets,
                                       int64_t G, int64_t Cg, int64_t S, A eps) {
+  grid_dependency_wait();
   const int64_t len = Cg * S;
   for (int64_t set = blockIdx.x; set < sets; set += gridDim.x) {
     const X* xs = x + set * len;
@@ -63,6 +64,7 @@ __global__ void group_norm_fwd_kernel(const X* x, const D* w, const D* b, D* y, 
 template <typename X, typename D, typename A = Acc<D>>
 __global__ void group_norm_bwd_kernel(const D* g, const X* x, const D* w, const A* mean, const A* rstd, D* dx, A* ds,
                                       A* dbias, int64_t sets, int64_t G, int64_t Cg, int64_t S) {
+  grid_dependency_wait();
   const int64_t len = Cg * S;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   for (int64_t set = blockIdx.x; set < sets; set += gridDim.x) {
@@ -107,9 +109,9 @@ void group_norm_fwd(const KernelCall& c) {
   if (sets == 0) return;
   visit_norm_input(x.dtype(), y.dtype(), "group_norm", [&]<typename X, typename D>() {
     using A = Acc<D>;
-    group_norm_fwd_kernel<X, D><<<grid_for(sets), kSetThreads, 0, stream_of(x)>>>(
-        in_ptr<X>(x), in_ptr<D>(w), in_ptr<D>(b), out_ptr<D>(y), out_ptr<A>(mean), out_ptr<A>(rstd), sets, G, d.C / G,
-        d.S, A(c.attrs.f("eps")));
+    launch_kernel(group_norm_fwd_kernel<X, D>, grid_for(sets), kSetThreads, 0, stream_of(x), in_ptr<X>(x), in_ptr<D>(w),
+                  in_ptr<D>(b), out_ptr<D>(y), out_ptr<A>(mean), out_ptr<A>(rstd), sets, G, d.C / G, d.S,
+                  A(c.attrs.f("eps")));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }
@@ -128,12 +130,12 @@ void group_norm_bwd(const KernelCall& c) {
     Tensor part = Tensor::empty({2, N, C}, mean.dtype(), x.device());
     A* pp = out_ptr<A>(part);
     if (sets > 0) {
-      group_norm_bwd_kernel<X, D><<<grid_for(sets), kSetThreads, 0, s>>>(
-          in_ptr<D>(g), in_ptr<X>(x), in_ptr<D>(w), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(dx), pp, pp + N * C,
-          sets, G, C / G, S);
+      launch_kernel(group_norm_bwd_kernel<X, D>, grid_for(sets), kSetThreads, 0, s, in_ptr<D>(g), in_ptr<X>(x),
+                    in_ptr<D>(w), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(dx), pp, pp + N * C, sets, G, C / G, S);
       REEL_CUDA_LAUNCH_CHECK();
     }
-    norm_bwd_param_sum_kernel<D><<<blocks_for(C), 256, 0, s>>>(pp, pp + N * C, N, C, out_ptr<D>(dw), out_ptr<D>(db));
+    launch_kernel(norm_bwd_param_sum_kernel<D>, blocks_for(C), 256, 0, s, pp, pp + N * C, N, C, out_ptr<D>(dw),
+                  out_ptr<D>(db));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }

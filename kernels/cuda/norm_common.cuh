@@ -93,6 +93,7 @@ inline NCS ncs_of(const Tensor& x) {
 template <typename D, typename A = Acc<D>>
 __global__ void norm_bwd_param_sum_kernel(const A* dw_part, const A* db_part, int64_t parts, int64_t cols, D* dw,
                                           D* db) {
+  grid_dependency_wait();
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols; j += int64_t(gridDim.x) * blockDim.x) {
     A sw = 0, sb = 0;
     for (int64_t p = 0; p < parts; ++p) {

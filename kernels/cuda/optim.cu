@@ -35,6 +35,7 @@ template <typename D, typename A = Acc<D>>
 __global__ void adamw_step_kernel(D* p, const D* g, D* m, D* v, const float* found_inf, const double* lr_ptr,
                                   const double* step_ptr, int64_t n, double beta1, double beta2, double eps,
                                   double wd) {
+  grid_dependency_wait();
   if (flag_set(found_inf)) return;
   const math::AdamWScalars<A> s = math::adamw_scalars<A>(beta1, beta2, eps, wd, *lr_ptr, *step_ptr);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -50,6 +51,7 @@ __global__ void adamw_step_kernel(D* p, const D* g, D* m, D* v, const float* fou
 template <typename D, typename A = Acc<D>>
 __global__ void sgd_step_kernel(D* p, const D* g, D* buf, const float* found_inf, const double* lr_ptr, int64_t n,
                                 double mom, double damp, double wd, bool nesterov, bool first) {
+  grid_dependency_wait();
   if (flag_set(found_inf)) return;
   const math::SgdScalars<A> s = math::sgd_scalars<A>(*lr_ptr, mom, damp, wd, nesterov, first);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -77,6 +79,7 @@ static_assert(sizeof(UnscaleTable) + 64 <= 32764, "unscale table too large for t
 // g *= inv_scale in place, found_inf = 1 if any g was not finite; S: the inv_scale type (float or double).
 template <typename D, typename S, typename A = Acc<D>>
 __global__ void unscale_check_kernel(const __grid_constant__ UnscaleTable t, const S* inv_scale, float* found_inf) {
+  grid_dependency_wait();
   const A s = A(*inv_scale);
   bool bad = false;
   for (int64_t vb = blockIdx.x; vb < t.first_block[t.count]; vb += gridDim.x) {
@@ -96,6 +99,7 @@ __global__ void unscale_check_kernel(const __grid_constant__ UnscaleTable t, con
 template <typename Tr>
 __global__ void scaler_update_kernel(float* scale, Tr* tracker, const float* found_inf, double growth,
                                      double backoff, int64_t interval) {
+  grid_dependency_wait();
   if (*found_inf != 0.f) {
     *scale = float(*scale * backoff);
     *tracker = Tr(0);
@@ -113,12 +117,14 @@ __global__ void scaler_update_kernel(float* scale, Tr* tracker, const float* fou
 
 // One thread: lr = schedule(step), both 0-dim f64 (kernels/lr_schedule_math.h).
 __global__ void lr_schedule_kernel(const double* step, double* lr, math::LrScheduleParams schedule) {
+  grid_dependency_wait();
   *lr = math::scheduled_lr(schedule, *step);
 }
 
 // y (contiguous) = clamp(x) with x of any strides; NaN passes through.
 template <typename D, typename A = Acc<D>>
 __global__ void clamp_scalar_kernel(StridedOffsets<2> geo, int64_t n, D* y, const D* x, A lo, A hi) {
+  grid_dependency_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[2];
     geo.offsets(i, off);
@@ -136,10 +142,10 @@ void adamw_step(const KernelCall& c) {
   const int64_t n = c.in[0].numel();
   if (n == 0) return;
   visit_float(c.in[0].dtype(), "adamw_step", [&]<typename D>() {
-    adamw_step_kernel<D><<<blocks_for(n), 256, 0, stream_of(c.in[0])>>>(
-        static_cast<D*>(c.out[0].data_ptr()), static_cast<const D*>(c.in[1].data_ptr()),
-        static_cast<D*>(c.out[1].data_ptr()), static_cast<D*>(c.out[2].data_ptr()), flag_ptr(c.in[4]),
-        scalar_ptr(c.in[5]), scalar_ptr(c.in[6]), n, a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay"));
+    launch_kernel(adamw_step_kernel<D>, blocks_for(n), 256, 0, stream_of(c.in[0]), static_cast<D*>(c.out[0].data_ptr()),
+                  static_cast<const D*>(c.in[1].data_ptr()), static_cast<D*>(c.out[1].data_ptr()),
+                  static_cast<D*>(c.out[2].data_ptr()), flag_ptr(c.in[4]), scalar_ptr(c.in[5]), scalar_ptr(c.in[6]), n,
+                  a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay"));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }
@@ -151,10 +157,10 @@ void sgd_step(const KernelCall& c) {
   const int64_t n = c.in[0].numel();
   if (n == 0) return;
   visit_float(c.in[0].dtype(), "sgd_step", [&]<typename D>() {
-    sgd_step_kernel<D><<<blocks_for(n), 256, 0, stream_of(c.in[0])>>>(
-        static_cast<D*>(c.out[0].data_ptr()), static_cast<const D*>(c.in[1].data_ptr()),
-        has_buf ? static_cast<D*>(c.out[1].data_ptr()) : nullptr, flag_ptr(c.in[3]), scalar_ptr(c.in[4]), n, mom,
-        a.f("dampening"), a.f("weight_decay"), a.b("nesterov"), a.b("first_step"));
+    launch_kernel(sgd_step_kernel<D>, blocks_for(n), 256, 0, stream_of(c.in[0]), static_cast<D*>(c.out[0].data_ptr()),
+                  static_cast<const D*>(c.in[1].data_ptr()), has_buf ? static_cast<D*>(c.out[1].data_ptr()) : nullptr,
+                  flag_ptr(c.in[3]), scalar_ptr(c.in[4]), n, mom, a.f("dampening"), a.f("weight_decay"),
+                  a.b("nesterov"), a.b("first_step"));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }
@@ -173,9 +179,9 @@ void unscale_check(const KernelCall& c) {
         cudaStream_t s = stream_of(device);
         const unsigned grid = multi_tensor_grid(device.index, t.first_block[t.count]);
         if (inv.dtype() == DType::f64)
-          unscale_check_kernel<D, double><<<grid, kUnscaleThreads, 0, s>>>(t, inv.data<double>(), found);
+          launch_kernel(unscale_check_kernel<D, double>, grid, kUnscaleThreads, 0, s, t, inv.data<double>(), found);
         else
-          unscale_check_kernel<D, float><<<grid, kUnscaleThreads, 0, s>>>(t, inv.data<float>(), found);
+          launch_kernel(unscale_check_kernel<D, float>, grid, kUnscaleThreads, 0, s, t, inv.data<float>(), found);
         REEL_CUDA_LAUNCH_CHECK();
       });
       t = UnscaleTable{};
@@ -201,9 +207,11 @@ void scaler_update(const KernelCall& c) {
   const int64_t interval = a.i("growth_interval");
   cudaStream_t s = stream_of(c.in[0]);
   if (c.in[1].dtype() == DType::i64)
-    scaler_update_kernel<int64_t><<<1, 1, 0, s>>>(scale, c.out[1].data<int64_t>(), found, growth, backoff, interval);
+    launch_kernel(scaler_update_kernel<int64_t>, 1, 1, 0, s, scale, c.out[1].data<int64_t>(), found, growth, backoff,
+                  interval);
   else
-    scaler_update_kernel<float><<<1, 1, 0, s>>>(scale, c.out[1].data<float>(), found, growth, backoff, interval);
+    launch_kernel(scaler_update_kernel<float>, 1, 1, 0, s, scale, c.out[1].data<float>(), found, growth, backoff,
+                  interval);
   REEL_CUDA_LAUNCH_CHECK();
 }
 
@@ -217,15 +225,15 @@ void clamp_scalar(const KernelCall& c) {
   auto geo = make_offsets(make_geometry<2>(y.shape(), strides));
   visit_float(x.dtype(), "clamp_scalar", [&]<typename D>() {
     using A = Acc<D>;
-    clamp_scalar_kernel<D><<<blocks_for(n), 256, 0, stream_of(y)>>>(
-        geo, n, static_cast<D*>(y.data_ptr()), static_cast<const D*>(x.data_ptr()), A(lo), A(hi));
+    launch_kernel(clamp_scalar_kernel<D>, blocks_for(n), 256, 0, stream_of(y), geo, n, static_cast<D*>(y.data_ptr()),
+                  static_cast<const D*>(x.data_ptr()), A(lo), A(hi));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }
 
 void lr_schedule(const KernelCall& c) {
-  lr_schedule_kernel<<<1, 1, 0, stream_of(c.in[0])>>>(scalar_ptr(c.in[0]), c.out[0].data<double>(),
-                                                      math::lr_schedule_params(c.attrs));
+  launch_kernel(lr_schedule_kernel, 1, 1, 0, stream_of(c.in[0]), scalar_ptr(c.in[0]), c.out[0].data<double>(),
+                math::lr_schedule_params(c.attrs));
   REEL_CUDA_LAUNCH_CHECK();
 }
 

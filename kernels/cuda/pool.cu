@@ -183,6 +183,7 @@ __device__ __forceinline__ void split_index(I o, const Divider<I>& rows, const D
 template <typename D, typename I>
 __global__ void max_pool2d_fwd_window_kernel(PoolShape<I> p, Strides4 sx, int64_t n_out, const D* x, D* y,
                                              int64_t* idx) {
+  grid_dependency_wait();
   using A = Acc<D>;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_out; i += int64_t(gridDim.x) * blockDim.x) {
     I plane, oh, ow;
@@ -213,6 +214,7 @@ __global__ void max_pool2d_fwd_window_kernel(PoolShape<I> p, Strides4 sx, int64_
 // x: (N, C, H, W) any strides; y: (N, C, Ho, Wo) contiguous. One thread per output o.
 template <typename D, typename I>
 __global__ void avg_pool2d_fwd_window_kernel(PoolShape<I> p, Strides4 sx, int64_t n_out, const D* x, D* y) {
+  grid_dependency_wait();
   using A = Acc<D>;
   const A inv_area = A(1) / A(int64_t(p.kernel) * p.kernel);  // count_include_pad: always K^2
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_out; i += int64_t(gridDim.x) * blockDim.x) {
@@ -235,6 +237,7 @@ __global__ void avg_pool2d_fwd_window_kernel(PoolShape<I> p, Strides4 sx, int64_
 template <typename D, typename A, typename I>
 __global__ void max_pool2d_bwd_scatter_kernel(int64_t n_g, Divider<I> per_plane, int64_t HW, const D* g,
                                               const int64_t* idx, A* acc) {
+  grid_dependency_wait();
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n_g; j += int64_t(gridDim.x) * blockDim.x) {
     const int64_t k = idx[j];
     if (k < 0 || k >= HW) continue;
@@ -246,6 +249,7 @@ __global__ void max_pool2d_bwd_scatter_kernel(int64_t n_g, Divider<I> per_plane,
 // the windows that contain it in row-major (oh, ow) order.
 template <typename D, typename I>
 __global__ void avg_pool2d_bwd_gather_kernel(PoolShape<I> p, int64_t n_x, const D* g, D* dx) {
+  grid_dependency_wait();
   using A = Acc<D>;
   const A inv_area = A(1) / A(int64_t(p.kernel) * p.kernel);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_x; i += int64_t(gridDim.x) * blockDim.x) {
@@ -271,9 +275,9 @@ void max_pool2d_cuda(const KernelCall& c) {
   visit_floating(x.dtype(), "max_pool2d", [&]<typename T>() {
     visit_index(pool_largest_value(x.shape(), y.shape(), c.attrs), [&]<typename I>() {
       using D = Dev<T>;
-      max_pool2d_fwd_window_kernel<D, I><<<blocks_for(n_out, kThreads), kThreads, 0, stream_of(x)>>>(
-          pool_shape<I>(x.shape(), y.shape(), c.attrs), strides4(x), n_out, static_cast<const D*>(x.data_ptr()),
-          static_cast<D*>(y.data_ptr()), idx.data<int64_t>());
+      launch_kernel(max_pool2d_fwd_window_kernel<D, I>, blocks_for(n_out, kThreads), kThreads, 0, stream_of(x),
+                    pool_shape<I>(x.shape(), y.shape(), c.attrs), strides4(x), n_out,
+                    static_cast<const D*>(x.data_ptr()), static_cast<D*>(y.data_ptr()), idx.data<int64_t>());
       REEL_CUDA_LAUNCH_CHECK();
     });
   });
@@ -297,9 +301,9 @@ void max_pool2d_backward_cuda(const KernelCall& c) {
       visit_index(std::max(n_g, dx.numel()), [&]<typename I>() {
         using D = Dev<T>;
         using A = Acc<D>;
-        max_pool2d_bwd_scatter_kernel<D, A, I><<<blocks_for(n_g, kThreads), kThreads, 0, s>>>(
-            n_g, Divider<I>(per_plane), HW, static_cast<const D*>(g.data_ptr()), idx.data<int64_t>(),
-            static_cast<A*>(acc.data_ptr()));
+        launch_kernel(max_pool2d_bwd_scatter_kernel<D, A, I>, blocks_for(n_g, kThreads), kThreads, 0, s, n_g,
+                      Divider<I>(per_plane), HW, static_cast<const D*>(g.data_ptr()), idx.data<int64_t>(),
+                      static_cast<A*>(acc.data_ptr()));
         REEL_CUDA_LAUNCH_CHECK();
       });
     });
@@ -316,9 +320,9 @@ void avg_pool2d_cuda(const KernelCall& c) {
   visit_floating(x.dtype(), "avg_pool2d", [&]<typename T>() {
     visit_index(pool_largest_value(x.shape(), y.shape(), c.attrs), [&]<typename I>() {
       using D = Dev<T>;
-      avg_pool2d_fwd_window_kernel<D, I><<<blocks_for(n_out, kThreads), kThreads, 0, stream_of(x)>>>(
-          pool_shape<I>(x.shape(), y.shape(), c.attrs), strides4(x), n_out, static_cast<const D*>(x.data_ptr()),
-          static_cast<D*>(y.data_ptr()));
+      launch_kernel(avg_pool2d_fwd_window_kernel<D, I>, blocks_for(n_out, kThreads), kThreads, 0, stream_of(x),
+                    pool_shape<I>(x.shape(), y.shape(), c.attrs), strides4(x), n_out,
+                    static_cast<const D*>(x.data_ptr()), static_cast<D*>(y.data_ptr()));
       REEL_CUDA_LAUNCH_CHECK();
     });
   });
@@ -334,9 +338,9 @@ void avg_pool2d_backward_cuda(const KernelCall& c) {
   visit_floating(g.dtype(), "avg_pool2d_backward", [&]<typename T>() {
     visit_index(pool_largest_value(dx.shape(), g.shape(), c.attrs), [&]<typename I>() {
       using D = Dev<T>;
-      avg_pool2d_bwd_gather_kernel<D, I><<<blocks_for(n_x, kThreads), kThreads, 0, stream_of(dx)>>>(
-          pool_shape<I>(dx.shape(), g.shape(), c.attrs), n_x, static_cast<const D*>(g.data_ptr()),
-          static_cast<D*>(dx.data_ptr()));
+      launch_kernel(avg_pool2d_bwd_gather_kernel<D, I>, blocks_for(n_x, kThreads), kThreads, 0, stream_of(dx),
+                    pool_shape<I>(dx.shape(), g.shape(), c.attrs), n_x, static_cast<const D*>(g.data_ptr()),
+                    static_cast<D*>(dx.data_ptr()));
       REEL_CUDA_LAUNCH_CHECK();
     });
   });
@@ -351,6 +355,7 @@ void avg_pool2d_backward_cuda(const KernelCall& c) {
 template <typename U, typename I>
 __global__ void embedding_fwd_gather_kernel(int64_t n_y, Divider<I> width, int64_t V, int64_t s0, int64_t s1,
                                             const int64_t* idx, const U* weight, U* y) {
+  grid_dependency_wait();
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n_y; e += int64_t(gridDim.x) * blockDim.x) {
     const I i = width.div(I(e)), d = I(e) - i * width.d;
     const int64_t row = idx[i];
@@ -361,6 +366,7 @@ __global__ void embedding_fwd_gather_kernel(int64_t n_y, Divider<I> width, int64
 // idx: (n) contiguous -> keys, pos: (n) int32, the sort's input. An out-of-range row becomes key V,
 // a bucket that no output row reads.
 __global__ void embedding_bwd_keys_kernel(int32_t n, int32_t V, const int64_t* idx, int32_t* keys, int32_t* pos) {
+  grid_dependency_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = idx[i];
     keys[i] = row >= 0 && row < V ? int32_t(row) : V;
@@ -371,6 +377,7 @@ __global__ void embedding_bwd_keys_kernel(int32_t n, int32_t V, const int64_t* i
 // keys: (n) sorted ascending -> start: (V + 1), start[v] = the first k with keys[k] >= v (n if none),
 // so row v's positions are pos[start[v] .. start[v + 1]). One thread per v, a binary search each.
 __global__ void embedding_bwd_runs_kernel(int32_t n, int32_t V, const int32_t* keys, int32_t* start) {
+  grid_dependency_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i <= V; i += int64_t(gridDim.x) * blockDim.x) {
     const int32_t v = int32_t(i);
     int32_t lo = 0, hi = n;
@@ -389,6 +396,7 @@ __global__ void embedding_bwd_runs_kernel(int32_t n, int32_t V, const int32_t* k
 template <typename D>
 __global__ void embedding_bwd_segment_kernel(int64_t width, const int32_t* start, const int32_t* pos, const D* g,
                                              D* dw) {
+  grid_dependency_wait();
   using A = Acc<D>;
   const int32_t v = int32_t(blockIdx.x);
   const int64_t d = blockIdx.y * int64_t(blockDim.x) + threadIdx.x;
@@ -414,6 +422,7 @@ constexpr int64_t kScanMaxPositions = 8192;
 
 template <typename D>
 __global__ void embedding_bwd_scan_kernel(int32_t n, int64_t width, const int64_t* idx, const D* g, D* dw) {
+  grid_dependency_wait();
   using A = Acc<D>;
   __shared__ int32_t rows[kScanMaxPositions];
   __shared__ int32_t warp_count[kScanMaxThreads / 32];
@@ -455,9 +464,9 @@ void embedding_cuda(const KernelCall& c) {
   cudaStream_t s = stream_of(y);
   auto launch = [&]<typename U>() {
     visit_index(n_y, [&]<typename I>() {
-      embedding_fwd_gather_kernel<U, I><<<blocks_for(n_y, kThreads), kThreads, 0, s>>>(
-          n_y, Divider<I>(width), V, s0, s1, idx.data<int64_t>(), static_cast<const U*>(weight.data_ptr()),
-          static_cast<U*>(y.data_ptr()));
+      launch_kernel(embedding_fwd_gather_kernel<U, I>, blocks_for(n_y, kThreads), kThreads, 0, s, n_y,
+                    Divider<I>(width), V, s0, s1, idx.data<int64_t>(), static_cast<const U*>(weight.data_ptr()),
+                    static_cast<U*>(y.data_ptr()));
       REEL_CUDA_LAUNCH_CHECK();
     });
   };
@@ -503,9 +512,8 @@ void embedding_backward_cuda(const KernelCall& c) {
       const int scan_threads = int(std::min<int64_t>(kScanMaxThreads, (width + 31) / 32 * 32));
       const int64_t scan_tiles = (width + scan_threads - 1) / scan_threads;
       const dim3 grid{unsigned(V), unsigned(scan_tiles)};
-      embedding_bwd_scan_kernel<D><<<grid, scan_threads, 0, s>>>(int32_t(n), width, idx.data<int64_t>(),
-                                                                 static_cast<const D*>(g.data_ptr()),
-                                                                 static_cast<D*>(dw.data_ptr()));
+      launch_kernel(embedding_bwd_scan_kernel<D>, grid, scan_threads, 0, s, int32_t(n), width, idx.data<int64_t>(),
+                    static_cast<const D*>(g.data_ptr()), static_cast<D*>(dw.data_ptr()));
       REEL_CUDA_LAUNCH_CHECK();
     });
     finish_output(c.out[0], dw);
@@ -522,18 +530,19 @@ void embedding_backward_cuda(const KernelCall& c) {
   auto* p_out = static_cast<int32_t*>(pos.data_ptr());
   auto* runs = static_cast<int32_t*>(start.data_ptr());
   if (n > 0) {
-    embedding_bwd_keys_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(int32_t(n), int32_t(V),
-                                                                           idx.data<int64_t>(), k_in, p_in);
+    launch_kernel(embedding_bwd_keys_kernel, blocks_for(n, kThreads), kThreads, 0, s, int32_t(n), int32_t(V),
+                  idx.data<int64_t>(), k_in, p_in);
     REEL_CUDA_LAUNCH_CHECK();
     sort_rows(k_in, k_out, p_in, p_out, int32_t(n), int32_t(V), device, s);
   }
-  embedding_bwd_runs_kernel<<<blocks_for(V + 1, kThreads), kThreads, 0, s>>>(int32_t(n), int32_t(V), k_out, runs);
+  launch_kernel(embedding_bwd_runs_kernel, blocks_for(V + 1, kThreads), kThreads, 0, s, int32_t(n), int32_t(V), k_out,
+                runs);
   REEL_CUDA_LAUNCH_CHECK();
   visit_floating(g.dtype(), "embedding_backward", [&]<typename T>() {
     using D = Dev<T>;
     const dim3 grid{unsigned(V), unsigned(tiles)};
-    embedding_bwd_segment_kernel<D><<<grid, threads, 0, s>>>(width, runs, p_out, static_cast<const D*>(g.data_ptr()),
-                                                             static_cast<D*>(dw.data_ptr()));
+    launch_kernel(embedding_bwd_segment_kernel<D>, grid, threads, 0, s, width, runs, p_out,
+                  static_cast<const D*>(g.data_ptr()), static_cast<D*>(dw.data_ptr()));
     REEL_CUDA_LAUNCH_CHECK();
   });
   finish_output(c.out[0], dw);

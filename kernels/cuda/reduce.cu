@@ -100,6 +100,7 @@ __device__ __forceinline__ Out result(A acc, int64_t count, bool finish) {
 // x: (rows, R) contiguous; out: (rows). One warp per row, kThreads / 32 rows per block.
 template <typename Op, typename In, typename Out>
 __global__ void reduce_rows_warp_kernel(const In* x, Out* out, int64_t rows, int64_t R, int64_t count, bool finish) {
+  grid_dependency_wait();
   using A = Acc<In>;
   using Team = RowTeam<false>;
   for (int64_t row = Team::first_row(); row < rows; row += Team::row_stride()) {
@@ -116,6 +117,7 @@ __global__ void reduce_rows_warp_kernel(const In* x, Out* out, int64_t rows, int
 template <typename Op, typename In, typename Out>
 __global__ void reduce_rows_block_kernel(const In* x, Out* out, int64_t rows, int64_t R, int64_t splits, int64_t chunk,
                                          int64_t count, bool finish) {
+  grid_dependency_wait();
   using A = Acc<In>;
   for (int64_t item = blockIdx.x; item < rows * splits; item += gridDim.x) {
     const int64_t row = item / splits, s = item % splits;
@@ -134,6 +136,7 @@ __global__ void reduce_rows_block_kernel(const In* x, Out* out, int64_t rows, in
 template <typename Op, typename In, typename Out>
 __global__ void reduce_columns_kernel(const In* x, Out* out, int64_t outer, int64_t R, int64_t inner, int64_t chunk,
                                       int64_t count, bool finish) {
+  grid_dependency_wait();
   using A = Acc<In>;
   __shared__ A partial[kTileRows][kTileCols];
   const int64_t M = outer * inner, tiles = (M + kTileCols - 1) / kTileCols;
@@ -163,6 +166,7 @@ __global__ void reduce_columns_kernel(const In* x, Out* out, int64_t outer, int6
 template <typename Op, typename In, typename Out>
 __global__ void reduce_columns_split_kernel(const In* x, Acc<In>* partial, Out* out, int64_t outer, int64_t R,
                                             int64_t inner, int64_t chunk, int64_t count) {
+  grid_dependency_wait();
   using A = Acc<In>;
   __shared__ A part[kTileRows][kTileCols];
   const int64_t M = outer * inner, tile = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
@@ -211,6 +215,7 @@ template <typename Op, typename In>
 __global__ void __launch_bounds__(kThreads)
     column_sums_wide_load_kernel(const In* __restrict__ x, float* __restrict__ partial, float* __restrict__ out,
                                  int64_t R, int64_t N, int64_t chunk, int64_t count, bool accumulate) {
+  grid_dependency_wait();
   constexpr int kCols = kWideColumns<In>, kTile = kWideTileColumns<In>, kInFlight = kWideRowsInFlight<In>;
   __shared__ float part[kTileRows][kTile + 1];
   const int64_t tile = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
@@ -259,6 +264,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // out[i] += v[i] for i < n (column_sums_into's accumulation where the wide-load kernel does not apply).
 __global__ void add_into_kernel(float* __restrict__ out, const float* __restrict__ v, int64_t n) {
+  grid_dependency_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = out[i] + v[i];
 }
@@ -269,14 +275,15 @@ __global__ void add_into_kernel(float* __restrict__ out, const float* __restrict
 template <typename Op, typename In, typename Out>
 void reduce_direct(const In* x, Out* out, int64_t outer, int64_t R, int64_t inner, int64_t count, cudaStream_t st) {
   if (inner == 1 && R > kShortRow && R <= kWarpRow) {
-    reduce_rows_warp_kernel<Op, In, Out>
-        <<<grid_for(ceil_div(outer, kThreads / kWarp)), kThreads, 0, st>>>(x, out, outer, R, count, true);
+    launch_kernel(reduce_rows_warp_kernel<Op, In, Out>, grid_for(ceil_div(outer, kThreads / kWarp)), kThreads, 0, st, x,
+                  out, outer, R, count, true);
   } else if (inner == 1 && R > kWarpRow) {
-    reduce_rows_block_kernel<Op, In, Out><<<grid_for(outer), kThreads, 0, st>>>(x, out, outer, R, 1, R, count, true);
+    launch_kernel(reduce_rows_block_kernel<Op, In, Out>, grid_for(outer), kThreads, 0, st, x, out, outer, R, 1, R,
+                  count, true);
   } else {
     dim3 block(kTileCols, kTileRows);
-    reduce_columns_kernel<Op, In, Out>
-        <<<grid_for(ceil_div(outer * inner, kTileCols)), block, 0, st>>>(x, out, outer, R, inner, R, count, true);
+    launch_kernel(reduce_columns_kernel<Op, In, Out>, grid_for(ceil_div(outer * inner, kTileCols)), block, 0, st, x,
+                  out, outer, R, inner, R, count, true);
   }
   REEL_CUDA_LAUNCH_CHECK();
 }
@@ -304,8 +311,8 @@ void column_sums_wide_load(const In* x, float* out, int64_t R, int64_t N, Device
   const int64_t splits = ceil_div(R, chunk);  // every chunk non-empty
   Tensor ws = workspace(size_t(splits * N) * sizeof(float), dev);
   const dim3 grid{unsigned(tiles), unsigned(splits)}, block{kTileCols, kTileRows};
-  column_sums_wide_load_kernel<Op, In>
-      <<<grid, block, 0, st>>>(x, static_cast<float*>(ws.data_ptr()), out, R, N, chunk, R, accumulate);
+  launch_kernel(column_sums_wide_load_kernel<Op, In>, grid, block, 0, st, x, static_cast<float*>(ws.data_ptr()), out, R,
+                N, chunk, R, accumulate);
   REEL_CUDA_LAUNCH_CHECK();
 }
 
@@ -329,8 +336,8 @@ void reduce_into(const In* x, Out* out, int64_t outer, int64_t R, int64_t inner,
     const int64_t chunk = ceil_div(R, splits);
     Tensor ws = workspace(size_t(outer * splits) * sizeof(A), dev);
     A* partial = static_cast<A*>(ws.data_ptr());
-    reduce_rows_block_kernel<Op, In, A>
-        <<<grid_for(outer * splits), kThreads, 0, st>>>(x, partial, outer, R, splits, chunk, R, false);
+    launch_kernel(reduce_rows_block_kernel<Op, In, A>, grid_for(outer * splits), kThreads, 0, st, x, partial, outer, R,
+                  splits, chunk, R, false);
     REEL_CUDA_LAUNCH_CHECK();
     return reduce_direct<Op, A, Out>(partial, out, outer, splits, 1, R, st);
   }
@@ -349,7 +356,8 @@ void reduce_into(const In* x, Out* out, int64_t outer, int64_t R, int64_t inner,
   Tensor ws = workspace(size_t(splits * M) * sizeof(A), dev);
   A* partial = static_cast<A*>(ws.data_ptr());
   const dim3 grid{unsigned(tiles), unsigned(splits)}, block{kTileCols, kTileRows};
-  reduce_columns_split_kernel<Op, In, Out><<<grid, block, 0, st>>>(x, partial, out, outer, R, inner, chunk, R);
+  launch_kernel(reduce_columns_split_kernel<Op, In, Out>, grid, block, 0, st, x, partial, out, outer, R, inner, chunk,
+                R);
   REEL_CUDA_LAUNCH_CHECK();
 }
 
@@ -394,6 +402,7 @@ struct NormBatch {
 // (in Acc) of input k's elements b * blockDim.x + t, stepping by gridDim.x * blockDim.x.
 template <typename D>
 __global__ void global_norm_partial_kernel(NormBatch<D> batch, double* partial) {
+  grid_dependency_wait();
   using A = Acc<D>;
   const int k = blockIdx.y;
   const D* x = batch.x[k];
@@ -415,6 +424,7 @@ __global__ void global_norm_partial_kernel(NormBatch<D> batch, double* partial) 
 constexpr int kFinalLoads = 8;
 template <typename Out>
 __global__ void global_norm_final_kernel(const double* partial, int64_t n, Out* out) {
+  grid_dependency_wait();
   double acc = 0;
   for (int64_t i0 = threadIdx.x; i0 < n; i0 += int64_t(kFinalLoads) * blockDim.x) {
     double v[kFinalLoads];
@@ -452,16 +462,17 @@ void global_norm_kernel(const KernelCall& c) {
         batch.x[k] = in_ptr<D>(xs[k0 + size_t(k)]);
         batch.n[k] = xs[k0 + size_t(k)].numel();
       }
-      global_norm_partial_kernel<D>
-          <<<dim3(unsigned(blocks), unsigned(nb)), kThreads, 0, st>>>(batch, partial + int64_t(k0) * blocks);
+      launch_kernel(global_norm_partial_kernel<D>, dim3(unsigned(blocks), unsigned(nb)), kThreads, 0, st, batch,
+                    partial + int64_t(k0) * blocks);
       REEL_CUDA_LAUNCH_CHECK();
     }
   });
   const int64_t n = int64_t(xs.size()) * blocks;
   if (out.dtype() == DType::f64)
-    global_norm_final_kernel<double><<<1, kThreads, 0, st>>>(partial, n, static_cast<double*>(out.data_ptr()));
+    launch_kernel(global_norm_final_kernel<double>, 1, kThreads, 0, st, partial, n,
+                  static_cast<double*>(out.data_ptr()));
   else
-    global_norm_final_kernel<float><<<1, kThreads, 0, st>>>(partial, n, static_cast<float*>(out.data_ptr()));
+    launch_kernel(global_norm_final_kernel<float>, 1, kThreads, 0, st, partial, n, static_cast<float*>(out.data_ptr()));
   REEL_CUDA_LAUNCH_CHECK();
 }
 
@@ -488,7 +499,7 @@ void column_sums_into(const Tensor& x, const Tensor& out, bool accumulate) {
       Tensor sums = workspace(sizeof(float) * size_t(n), dev);
       float* ps = static_cast<float*>(sums.data_ptr());
       reduce_into<SumOp<float>, D, float>(px, ps, 1, R, n, dev, st);
-      add_into_kernel<<<blocks_for(n), 256, 0, st>>>(po, ps, n);
+      launch_kernel(add_into_kernel, blocks_for(n), 256, 0, st, po, ps, n);
       REEL_CUDA_LAUNCH_CHECK();
     } else {
       throw Error("column_sums_into: x is f64; expected f32, f16 or bf16");

@@ -41,6 +41,7 @@ struct SoftmaxOut {
 // x, y: (rows, C) contiguous. One team (warp or block) per row.
 template <typename D, bool kLog, bool kBlock>
 __global__ void softmax_fwd_row_kernel(const D* x, D* y, int64_t rows, int64_t C) {
+  grid_dependency_wait();
   using A = Acc<D>;
   using Team = RowTeam<kBlock>;
   for (int64_t row = Team::first_row(); row < rows; row += Team::row_stride()) {
@@ -57,6 +58,7 @@ __global__ void softmax_fwd_row_kernel(const D* x, D* y, int64_t rows, int64_t C
 // at (o * C + c) * inner + i.
 template <typename D, bool kLog>
 __global__ void softmax_fwd_column_kernel(const D* x, D* y, int64_t outer, int64_t C, int64_t inner) {
+  grid_dependency_wait();
   using A = Acc<D>;
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < outer * inner;
        j += int64_t(gridDim.x) * blockDim.x) {
@@ -84,6 +86,7 @@ __device__ __forceinline__ A bwd_out(A g, A y, A sum) {
 // g, y, dx: (rows, C) contiguous. One team (warp or block) per row.
 template <typename D, bool kLog, bool kBlock>
 __global__ void softmax_bwd_row_kernel(const D* g, const D* y, D* dx, int64_t rows, int64_t C) {
+  grid_dependency_wait();
   using A = Acc<D>;
   using Team = RowTeam<kBlock>;
   for (int64_t row = Team::first_row(); row < rows; row += Team::row_stride()) {
@@ -100,6 +103,7 @@ __global__ void softmax_bwd_row_kernel(const D* g, const D* y, D* dx, int64_t ro
 // g, y, dx: (outer, C, inner) contiguous. One thread per column (see softmax_fwd_column_kernel).
 template <typename D, bool kLog>
 __global__ void softmax_bwd_column_kernel(const D* g, const D* y, D* dx, int64_t outer, int64_t C, int64_t inner) {
+  grid_dependency_wait();
   using A = Acc<D>;
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < outer * inner;
        j += int64_t(gridDim.x) * blockDim.x) {
@@ -144,13 +148,13 @@ void softmax_kernel(const KernelCall& c) {
     const D* px = in_ptr<D>(x);
     D* py = out_ptr<D>(out.buf);
     if (L.inner > 1)
-      softmax_fwd_column_kernel<D, kLog><<<blocks_for(L.outer * L.inner, kThreads), kThreads, 0, st>>>(
-          px, py, L.outer, L.C, L.inner);
+      launch_kernel(softmax_fwd_column_kernel<D, kLog>, blocks_for(L.outer * L.inner, kThreads), kThreads, 0, st, px,
+                    py, L.outer, L.C, L.inner);
     else if (L.C <= kWarpRow)
-      softmax_fwd_row_kernel<D, kLog, false>
-          <<<grid_for(ceil_div(L.outer, kThreads / kWarp)), kThreads, 0, st>>>(px, py, L.outer, L.C);
+      launch_kernel(softmax_fwd_row_kernel<D, kLog, false>, grid_for(ceil_div(L.outer, kThreads / kWarp)), kThreads, 0,
+                    st, px, py, L.outer, L.C);
     else
-      softmax_fwd_row_kernel<D, kLog, true><<<grid_for(L.outer), kRowThreads, 0, st>>>(px, py, L.outer, L.C);
+      launch_kernel(softmax_fwd_row_kernel<D, kLog, true>, grid_for(L.outer), kRowThreads, 0, st, px, py, L.outer, L.C);
     REEL_CUDA_LAUNCH_CHECK();
   });
   out.commit();
@@ -168,13 +172,14 @@ void softmax_backward_kernel(const KernelCall& c) {
     const D *pg = in_ptr<D>(g), *py = in_ptr<D>(y);
     D* pdx = out_ptr<D>(out.buf);
     if (L.inner > 1)
-      softmax_bwd_column_kernel<D, kLog><<<blocks_for(L.outer * L.inner, kThreads), kThreads, 0, st>>>(
-          pg, py, pdx, L.outer, L.C, L.inner);
+      launch_kernel(softmax_bwd_column_kernel<D, kLog>, blocks_for(L.outer * L.inner, kThreads), kThreads, 0, st, pg,
+                    py, pdx, L.outer, L.C, L.inner);
     else if (L.C <= kWarpRow)
-      softmax_bwd_row_kernel<D, kLog, false>
-          <<<grid_for(ceil_div(L.outer, kThreads / kWarp)), kThreads, 0, st>>>(pg, py, pdx, L.outer, L.C);
+      launch_kernel(softmax_bwd_row_kernel<D, kLog, false>, grid_for(ceil_div(L.outer, kThreads / kWarp)), kThreads, 0,
+                    st, pg, py, pdx, L.outer, L.C);
     else
-      softmax_bwd_row_kernel<D, kLog, true><<<grid_for(L.outer), kRowThreads, 0, st>>>(pg, py, pdx, L.outer, L.C);
+      launch_kernel(softmax_bwd_row_kernel<D, kLog, true>, grid_for(L.outer), kRowThreads, 0, st, pg, py, pdx, L.outer,
+                    L.C);
     REEL_CUDA_LAUNCH_CHECK();
   });
   out.commit();

@@ -278,6 +278,9 @@ std::string cuda_fused_source(const FusedExpr& expr, const FusedLoop& loop, cons
   os << kPrelude << kNvrtcMathSource << "\n";
   const char* suffix = idx32 ? "u" : "LL";
   os << signature(expr) << " {\n";
+  // Programmatic dependent launch (kernels/cuda/launch.cuh): wait for the kernels before this one
+  // before touching memory.
+  os << "#if __CUDA_ARCH__ >= 900\n  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n#endif\n";
   os << "  typedef " << (idx32 ? "unsigned int" : "long long") << " index_t;\n";
   os << "  const index_t n = " << loop.numel << suffix << ";\n";
   os << "  index_t first = 0;\n";

@@ -1,7 +1,8 @@
 // The CUDA kernel of the fused_elementwise op: its program (kernels/fused_expr.h) turned into CUDA C
 // (kernels/jit/codegen_cuda.h), compiled at run time by NVRTC for the device's architecture, cached
 // (kernels/jit/kernel_cache.h), loaded with the CUDA runtime's library API (cudaLibraryLoadData /
-// cudaLibraryGetKernel) and launched with cudaLaunchKernel on reel's current stream of the device,
+// cudaLibraryGetKernel) and launched with cudaLaunchKernelExC on reel's current stream of the device
+// (with programmatic dependent launch, as reel's other kernels: kernels/cuda/launch.cuh),
 // so a captured CUDA graph records it like any other kernel. The build links cudart and nvrtc, not
 // libcuda: no driver API here. This is the op's kernel as cuBLAS is matmul's: it belongs with the
 // kernels, and eager dispatch of a fused_elementwise op on a GPU works like any other op.

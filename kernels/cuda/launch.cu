@@ -1,0 +1,61 @@
+// Programmatic dependent launch: the switch, and launch errors (launch.cuh).
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/programmatic_launch.h"
+#include "tensor/error.h"
+
+namespace reel::cuda {
+namespace {
+
+// -1: not asked yet; else 0 or 1. Read from REEL_PROGRAMMATIC_LAUNCH on first use.
+std::atomic<int> g_enabled{-1};
+
+bool enabled() {
+  int on = g_enabled.load(std::memory_order_relaxed);
+  if (on < 0) {
+    const char* env = std::getenv("REEL_PROGRAMMATIC_LAUNCH");
+    on = (env != nullptr && std::strcmp(env, "0") == 0) ? 0 : 1;
+    int expected = -1;
+    if (!g_enabled.compare_exchange_strong(expected, on)) on = expected;
+  }
+  return on != 0;
+}
+
+// Compute capability 9.0 or later, asked once per device.
+bool supports(int device) {
+  static std::atomic<int> known[64] = {};  // 0: not asked; 1: no; 2: yes
+  if (device < 0 || device >= 64) return false;
+  int k = known[device].load(std::memory_order_relaxed);
+  if (k == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+    k = major >= 9 ? 2 : 1;
+    known[device].store(k, std::memory_order_relaxed);
+  }
+  return k == 2;
+}
+
+}  // namespace
+
+bool programmatic_launch() {
+  if (!enabled()) return false;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  return supports(device);
+}
+
+void set_programmatic_launch(bool on) { g_enabled.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+void throw_launch_error(cudaError_t status, const void* kernel, dim3 grid, dim3 block, size_t smem) {
+  const char* name = nullptr;
+  if (cudaFuncGetName(&name, kernel) != cudaSuccess || name == nullptr) name = "(unnamed kernel)";
+  cudaGetLastError();  // the failed launch's status is raised here, not by the next check
+  throw Error(detail::cat("CUDA error ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ") launching ",
+                          name, " on grid (", grid.x, ", ", grid.y, ", ", grid.z, ") of blocks (", block.x, ", ",
+                          block.y, ", ", block.z, ") with ", smem, " bytes of shared memory"));
+}
+
+}  // namespace reel::cuda

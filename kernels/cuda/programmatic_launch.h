@@ -1,0 +1,14 @@
+// The switch of programmatic dependent launch (kernels/cuda/launch.cuh explains it), host code only:
+// the fused-elementwise kernels' launcher (kernels/jit/nvrtc.cpp) reads it as the .cu kernels do.
+#pragma once
+
+namespace reel::cuda {
+
+// Whether kernels launched now on the current device ask for programmatic dependent launch: devices
+// of compute capability 9.0 and later, unless turned off by set_programmatic_launch(false) or by the
+// environment variable REEL_PROGRAMMATIC_LAUNCH=0 (read once). Either way a kernel computes the same
+// values from the same inputs; a CUDA graph keeps what was asked when it was captured.
+bool programmatic_launch();
+void set_programmatic_launch(bool on);
+
+}  // namespace reel::cuda
