@@ -6,11 +6,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "compile/runtime/train_step.h"
+#include "nn/nn.h"
 #include "optim/optim.h"
 #include "reel.h"
 
@@ -51,6 +53,36 @@ inline std::vector<double> step_losses(optim::Optimizer& opt, const optim::LossF
     }
   }
   return losses;
+}
+
+// A benchmark model set up for a few training steps, as the compiled-step tests train it: its
+// micro-batches (micro_batch x ACCUM accum, on `device`), AdamW (lr 1e-3, weight decay 0.01) set for
+// ACCUM with clipping at 1.0, and the model's loss. Made under the caller's AutocastGuard, if any.
+struct SmallTraining {
+  nn::Workload w;
+  std::vector<optim::MicroBatch> micro;
+  std::unique_ptr<optim::AdamW> opt;
+  optim::LossFn loss;
+
+  // The model's parameters, then its buffers, as doubles.
+  std::vector<std::vector<double>> state() const {
+    std::vector<std::vector<double>> out;
+    for (const auto& [name, p] : w.model->named_parameters()) out.push_back(p.to_vector<double>());
+    for (const auto& [name, b] : w.model->named_buffers()) out.push_back(b.to_vector<double>());
+    return out;
+  }
+};
+
+inline SmallTraining small_training(const std::string& model, Device device, int64_t accum = 2,
+                                    int64_t micro_batch = 2) {
+  SmallTraining t;
+  t.w = nn::make_workload(model, device, accum, micro_batch);
+  for (const auto& [x, y] : t.w.micro) t.micro.push_back({x, y});
+  t.opt = std::make_unique<optim::AdamW>(t.w.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
+  t.opt->set_accum_steps(accum).set_max_grad_norm(1.0);
+  nn::Module* m = t.w.model.get();
+  t.loss = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
+  return t;
 }
 
 // Equal to the bit, NaN included (a planted overflow leaves NaN in losses or BatchNorm's running

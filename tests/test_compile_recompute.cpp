@@ -30,18 +30,12 @@ struct RecomputeRun {
 RecomputeRun run_steps(const std::string& model, const char* precision, size_t limit,
                        Device device = Device::cpu()) {
   AutocastGuard amp(PrecisionPolicy::parse(precision));
-  nn::Workload w = nn::make_workload(model, device, 2, 2);
-  std::vector<optim::MicroBatch> micro;
-  for (const auto& [x, y] : w.micro) micro.push_back({x, y});
-  optim::AdamW opt(w.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
-  opt.set_accum_steps(2).set_max_grad_norm(1.0);
-  nn::Module* m = w.model.get();
-  optim::LossFn loss = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
+  testing_util::SmallTraining t = testing_util::small_training(model, device);
   compile::CompileOptions options(device.is_cuda() ? compile::Mode::ReduceOverhead : compile::Mode::Default);
   options.memory_limit = limit;
-  compile::CompiledFunction step = compile::compile_train_step(opt, loss, options);
+  compile::CompiledFunction step = compile::compile_train_step(*t.opt, t.loss, options);
   RecomputeRun r;
-  r.losses = testing_util::step_losses(opt, loss, micro, 4, &step);
+  r.losses = testing_util::step_losses(*t.opt, t.loss, t.micro, 4, &step);
   const compile::Plan* plan = step.last_plan();
   EXPECT_NE(plan, nullptr);
   if (!plan) return r;
@@ -51,8 +45,7 @@ RecomputeRun run_steps(const std::string& model, const char* precision, size_t l
   const std::string listing = compile::plan_listing(*plan);
   for (size_t at = listing.find("(recomputed)"); at != std::string::npos; at = listing.find("(recomputed)", at + 1))
     ++r.listed;
-  for (const auto& [name, p] : w.model->named_parameters()) r.state.push_back(p.to_vector<double>());
-  for (const auto& [name, b] : w.model->named_buffers()) r.state.push_back(b.to_vector<double>());
+  r.state = t.state();
   return r;
 }
 

@@ -92,23 +92,16 @@ struct StepRun {
 StepRun run_steps(const std::string& model, const char* precision, bool compiled, bool programmatic) {
   ProgrammaticLaunch mode(programmatic);
   AutocastGuard amp(PrecisionPolicy::parse(precision));
-  nn::Workload w = nn::make_workload(model, Device::cuda(0), 2, 2);
-  std::vector<optim::MicroBatch> micro;
-  for (const auto& [x, y] : w.micro) micro.push_back({x, y});
-  optim::AdamW opt(w.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
-  opt.set_accum_steps(2).set_max_grad_norm(1.0);
-  nn::Module* m = w.model.get();
-  optim::LossFn loss = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
+  testing_util::SmallTraining t = testing_util::small_training(model, Device::cuda(0));
   StepRun r;
   if (compiled) {
     compile::CompiledFunction step =
-        compile::compile_train_step(opt, loss, compile::CompileOptions(compile::Mode::ReduceOverhead));
-    r.losses = testing_util::step_losses(opt, loss, micro, 3, &step);
+        compile::compile_train_step(*t.opt, t.loss, compile::CompileOptions(compile::Mode::ReduceOverhead));
+    r.losses = testing_util::step_losses(*t.opt, t.loss, t.micro, 3, &step);
   } else {
-    r.losses = testing_util::step_losses(opt, loss, micro, 3, nullptr);
+    r.losses = testing_util::step_losses(*t.opt, t.loss, t.micro, 3, nullptr);
   }
-  for (const auto& [name, p] : w.model->named_parameters()) r.state.push_back(p.to_vector<double>());
-  for (const auto& [name, b] : w.model->named_buffers()) r.state.push_back(b.to_vector<double>());
+  r.state = t.state();
   return r;
 }
 

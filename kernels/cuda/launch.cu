@@ -17,6 +17,9 @@ bool enabled() {
   int on = g_enabled.load(std::memory_order_relaxed);
   if (on < 0) {
     const char* env = std::getenv("REEL_PROGRAMMATIC_LAUNCH");
+    if (env != nullptr && std::strcmp(env, "0") != 0 && std::strcmp(env, "1") != 0)
+      throw Error(detail::cat("REEL_PROGRAMMATIC_LAUNCH: expected 0 (plain launches) or 1 (programmatic ",
+                              "dependent launch, the default), got '", env, "'"));
     on = (env != nullptr && std::strcmp(env, "0") == 0) ? 0 : 1;
     int expected = -1;
     if (!g_enabled.compare_exchange_strong(expected, on)) on = expected;

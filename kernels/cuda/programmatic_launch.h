@@ -6,8 +6,9 @@ namespace reel::cuda {
 
 // Whether kernels launched now on the current device ask for programmatic dependent launch: devices
 // of compute capability 9.0 and later, unless turned off by set_programmatic_launch(false) or by the
-// environment variable REEL_PROGRAMMATIC_LAUNCH=0 (read once). Either way a kernel computes the same
-// values from the same inputs; a CUDA graph keeps what was asked when it was captured.
+// environment variable REEL_PROGRAMMATIC_LAUNCH=0 (read once; 0 or 1, any other value is an error).
+// Either way a kernel computes the same values from the same inputs; a CUDA graph keeps what was
+// asked when it was captured.
 bool programmatic_launch();
 void set_programmatic_launch(bool on);
 
