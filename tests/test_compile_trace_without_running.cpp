@@ -132,8 +132,9 @@ TEST(CompileTraceWithoutRunning, Fp16WithTheGradScalerTrainsAsEager) {
     // within fp16's tolerance.
     TrainingRun eager = run(false), compiled = run(true);
     expect_same_training(eager, compiled, 4, !fuse);
-    if (fuse)
+    if (fuse) {
       for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_NEAR(compiled.losses[i], eager.losses[i], 1e-3);
+    }
   }
 }
 

@@ -402,7 +402,9 @@ void expect_recomputation_fits_as_planned(Device device, compile::Mode mode) {
     if (c.micro_batch == 16 && c.memory_limit > 0) recomputing = &c;
     EXPECT_GT(c.estimated_seconds, 0.0) << "micro-batch " << c.micro_batch;
     // Recomputation is tried only where the plain plan does not fit.
-    if (c.memory_limit > 0) EXPECT_GT(compile::plan_candidate(s.setup, c.micro_batch).peak(), budget);
+    if (c.memory_limit > 0) {
+      EXPECT_GT(compile::plan_candidate(s.setup, c.micro_batch).peak(), budget);
+    }
   }
   ASSERT_NE(recomputing, nullptr) << compile::budget_table(compile::pick_micro_batch(cands, 16, budget));
   EXPECT_LE(recomputing->peak(), budget);

@@ -13,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 files=$(find kernels -name '*.cu' -o -name '*.cuh' | sort)
+counts=$(mktemp)
 status=0
 for f in $files; do
   awk -v file="$f" '
@@ -44,6 +45,7 @@ for f in $files; do
         k++
       }
       if (!decl) {
+        kernels++
         body = substr(rest, k + 1, 200)
         sub(/^[ \t\n]+/, "", body)
         if (substr(body, 1, 23) != "grid_dependency_wait();") {
@@ -64,10 +66,15 @@ for f in $files; do
       offset += p + 2
       rest = substr(rest, p + 3)
     }
+    print kernels > "/dev/stderr"
     exit bad > 0
-  }' "$f" || status=1
+  }' "$f" 2>>"$counts" || status=1
 done
+total=$(awk '{ n += $1 } END { print n + 0 }' "$counts")
+rm -f "$counts"
 if [ $status -ne 0 ]; then
   echo "check_kernel_prologue: kernels that may run before the kernel they depend on (see kernels/cuda/launch.cuh)" >&2
+else
+  echo "check_kernel_prologue: $total kernels in $(echo "$files" | wc -l) files open with grid_dependency_wait(); no <<<>>> launch"
 fi
 exit $status

@@ -105,15 +105,14 @@ TEST(DistComm, TracedCollectiveIsRefused) {
   struct Observer : DispatchObserver {
     void on_dispatch(OpKind, const std::vector<Tensor>&, const std::vector<Tensor>&, const Attrs&, bool) override {}
   } observer;
-  DispatchObserver* previous = set_dispatch_observer(&observer);
   Tensor t = zeros({2});
+  ScopedDispatchObserver watching(&observer);  // restored on any exit, an unexpected exception included
   try {
     dist::world().all_reduce(t);
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cannot be recorded by the compiler"), std::string::npos) << e.what();
   }
-  set_dispatch_observer(previous);
 }
 
 }  // namespace
