@@ -248,17 +248,12 @@ void BM_CudaKernelChain(benchmark::State& state) {
     Tensor x = zeros({n}, TensorOptions{DType::f32, Device::cuda()});
     Tensor y = random_cuda({n}, DType::f32, 15);
     auto graph = std::make_shared<cuda::Graph>(0);
-    const bool was = cuda::programmatic_launch();
-    cuda::set_programmatic_launch(programmatic);
-    try {
+    {
+      cuda::ScopedProgrammaticLaunch mode(programmatic);
       graph->capture_begin();
       for (int k = 0; k < kChain; ++k) add_(x, y);
       graph->capture_end();
-    } catch (...) {
-      cuda::set_programmatic_launch(was);
-      throw;
     }
-    cuda::set_programmatic_launch(was);
     return [graph, x, y] { graph->replay(); };
 #else
     (void)n;

@@ -8,6 +8,6 @@ void register_cuda_backend() {}
 std::map<std::string, size_t> library_workspaces(Device) { return {}; }
 namespace cuda {
 bool programmatic_launch() { return false; }  // no CUDA kernels to launch
-void set_programmatic_launch(bool) {}
+bool set_programmatic_launch(bool) { return false; }
 }  // namespace cuda
 }  // namespace reel

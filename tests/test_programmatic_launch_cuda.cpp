@@ -23,27 +23,21 @@ namespace {
 
 using testing_util::same_bits;
 
-// Sets the switch for a scope and restores it.
-class ProgrammaticLaunch {
- public:
-  explicit ProgrammaticLaunch(bool on) : was_(cuda::programmatic_launch()) { cuda::set_programmatic_launch(on); }
-  ~ProgrammaticLaunch() { cuda::set_programmatic_launch(was_); }
-
- private:
-  bool was_;
-};
+using cuda::ScopedProgrammaticLaunch;
 
 bool device_supports_it() {
-  ProgrammaticLaunch on(true);
+  ScopedProgrammaticLaunch on(true);
   return cuda::programmatic_launch();
 }
 
 TEST(ProgrammaticLaunchCuda, TheSwitchTurnsItOffAndOnWhereTheDeviceHasIt) {
   REEL_REQUIRE_GPU();
+  const bool before = cuda::programmatic_launch();
   {
-    ProgrammaticLaunch off(false);
+    ScopedProgrammaticLaunch off(false);
     EXPECT_FALSE(cuda::programmatic_launch());
   }
+  EXPECT_EQ(cuda::programmatic_launch(), before);  // the scope put the switch back
 #ifdef REEL_CUDA
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
@@ -58,7 +52,7 @@ void expect_chain_adds_up(bool graphed) {
   constexpr int kChain = 1000;
   const int64_t n = int64_t(1) << 20;
   Tensor x = zeros({n}, f32), y = full({n}, 1.0, f32);
-  ProgrammaticLaunch on(true);
+  ScopedProgrammaticLaunch on(true);
   if (graphed) {
     cuda::Graph graph(0);
     graph.capture_begin();
@@ -90,7 +84,7 @@ struct StepRun {
 // Three training steps of `model` (micro-batch 2 x ACCUM 2, AdamW, clipping; fp16 with the scaler):
 // the compiled step in reduce-overhead mode (one CUDA graph) or eager, with the switch as given.
 StepRun run_steps(const std::string& model, const char* precision, bool compiled, bool programmatic) {
-  ProgrammaticLaunch mode(programmatic);
+  ScopedProgrammaticLaunch mode(programmatic);
   AutocastGuard amp(PrecisionPolicy::parse(precision));
   testing_util::SmallTraining t = testing_util::small_training(model, Device::cuda(0));
   StepRun r;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/launch_programmatic.h"
 #include "kernels/cuda/programmatic_launch.h"
 #include "tensor/error.h"
 
@@ -50,7 +51,26 @@ bool programmatic_launch() {
   return supports(device);
 }
 
-void set_programmatic_launch(bool on) { g_enabled.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool set_programmatic_launch(bool on) {
+  const bool was = enabled();  // reads the environment first if nothing has yet
+  g_enabled.store(on ? 1 : 0, std::memory_order_relaxed);
+  return was;
+}
+
+cudaError_t launch_programmatic(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                void** args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = programmatic_launch() ? 1 : 0;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelExC(&config, kernel, args);
+}
 
 void throw_launch_error(cudaError_t status, const void* kernel, dim3 grid, dim3 block, size_t smem) {
   const char* name = nullptr;

@@ -27,7 +27,7 @@
 
 #include <utility>
 
-#include "kernels/cuda/programmatic_launch.h"
+#include "kernels/cuda/launch_programmatic.h"
 
 namespace reel::cuda {
 
@@ -47,18 +47,12 @@ __device__ __forceinline__ void grid_dependency_wait() {
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = programmatic_launch() ? 1 : 0;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-  if (status != cudaSuccess) throw_launch_error(status, reinterpret_cast<const void*>(kernel), grid, block, smem);
+  [&](Params... converted) {
+    void* pointers[] = {&converted..., nullptr};  // the null keeps the array non-empty
+    const cudaError_t status =
+        launch_programmatic(reinterpret_cast<const void*>(kernel), grid, block, smem, stream, pointers);
+    if (status != cudaSuccess) throw_launch_error(status, reinterpret_cast<const void*>(kernel), grid, block, smem);
+  }(std::forward<Args>(args)...);
 }
 
 }  // namespace reel::cuda

@@ -10,6 +10,19 @@ namespace reel::cuda {
 // Either way a kernel computes the same values from the same inputs; a CUDA graph keeps what was
 // asked when it was captured.
 bool programmatic_launch();
-void set_programmatic_launch(bool on);
+// Sets the switch; returns it as it was (on by default). The device's support is not part of it.
+bool set_programmatic_launch(bool on);
+
+// Sets the switch for a scope and puts it back on any exit.
+class ScopedProgrammaticLaunch {
+ public:
+  explicit ScopedProgrammaticLaunch(bool on) : previous_(set_programmatic_launch(on)) {}
+  ~ScopedProgrammaticLaunch() { set_programmatic_launch(previous_); }
+  ScopedProgrammaticLaunch(const ScopedProgrammaticLaunch&) = delete;
+  ScopedProgrammaticLaunch& operator=(const ScopedProgrammaticLaunch&) = delete;
+
+ private:
+  bool previous_;
+};
 
 }  // namespace reel::cuda

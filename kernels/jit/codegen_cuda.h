@@ -5,7 +5,8 @@
 // The kernel (always named kFusedKernelName, one per program):
 //   extern "C" __global__ void fused_elementwise_kernel(const T0* in0, ..., U0* out0, ...)
 //   first waits for the kernels before it (griddepcontrol.wait: it is launched with programmatic
-//   dependent launch, kernels/cuda/launch.cuh), then a grid-stride loop over element e of the loop (kFusedBlockThreads threads a block):
+//   dependent launch, kernels/cuda/launch.cuh), then a grid-stride loop over element e of the loop
+//   (kFusedBlockThreads threads a block):
 //     the merged dims' indices from e by constant divisions (shapes and strides are specialised as
 //     constants: the index math compiles to multiply-shifts), each input read at sum_d i_d * stride_d
 //     (an input laid out like the outputs is read at e), the instructions as `const A rK = ...;`,

@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kernels/cuda/programmatic_launch.h"
+#include "kernels/cuda/launch_programmatic.h"
 #include "kernels/dispatch.h"
 #include "tensor/cuda.h"
 #include "tensor/cuda_check.h"
@@ -204,16 +204,8 @@ void fused_elementwise_kernel(const KernelCall& c) {
   for (size_t k = 0; k < ptrs.size(); ++k) args[k] = &ptrs[k];
   DeviceGuard guard(l->device);
   auto stream = static_cast<cudaStream_t>(cuda::current_stream(l->device));
-  cudaLaunchAttribute attribute{};  // programmatic dependent launch, as kernels/cuda/launch.cuh's launch_kernel
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = cuda::programmatic_launch() ? 1 : 0;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(l->grid);
-  config.blockDim = dim3(kFusedBlockThreads);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  REEL_CUDA_CHECK(cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(l->kernel->kernel), args.data()));
+  REEL_CUDA_CHECK(cuda::launch_programmatic(reinterpret_cast<const void*>(l->kernel->kernel), dim3(l->grid),
+                                            dim3(kFusedBlockThreads), 0, stream, args.data()));
 }
 
 void fused_elementwise_prepare(const KernelCall& c) { launch_for(c, /*fresh=*/true); }
