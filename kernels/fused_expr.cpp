@@ -251,9 +251,17 @@ Shape fused_shape_of(const Attrs& attrs) {
 }
 
 std::vector<Tensor> loaded_inputs(const FusedExpr& expr, const std::vector<Tensor>& in) {
-  REEL_ASSERT(in.size() == expr.inputs.size() + size_t(expr.states), "fused_elementwise: ", in.size(),
+  REEL_ASSERT(in.size() >= expr.inputs.size() + size_t(expr.states), "fused_elementwise: ", in.size(),
               " inputs for a program of ", expr.inputs.size(), " loads and ", expr.states, " Philox states");
   return std::vector<Tensor>(in.begin(), in.begin() + int64_t(expr.inputs.size()));
+}
+
+FusedColumnSums fused_column_sums_of(const Attrs& attrs) {
+  return {int(attrs.i("column_sums", -1)), attrs.b("accumulate", false)};
+}
+
+void set_fused_column_sums(Attrs& attrs, FusedColumnSums sums) {
+  attrs.set("column_sums", int64_t(sums.output)).set("accumulate", sums.accumulate);
 }
 
 FusedLoop fused_loop_of(const Shape& shape, const std::vector<Tensor>& inputs) {

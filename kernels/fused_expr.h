@@ -96,7 +96,8 @@ FusedLoop make_fused_loop(const Shape& shape, const std::vector<std::vector<int6
 // The loop of `inputs` (each broadcast to `shape`, read through its own strides) and the outputs
 // (contiguous, of `shape`): what the kernels of a fused_elementwise call iterate.
 FusedLoop fused_loop_of(const Shape& shape, const std::vector<Tensor>& inputs);
-// The loaded inputs of a call's inputs: its first expr.inputs.size() (the Philox states follow).
+// The loaded inputs of a call's inputs: its first expr.inputs.size() (the Philox states follow, then
+// the sums added to when the op's column sums accumulate).
 std::vector<Tensor> loaded_inputs(const FusedExpr& expr, const std::vector<Tensor>& in);
 
 // Runs `expr` over `loop` on CPU tensors (inputs in the geometry the loop was made for, outputs
@@ -115,5 +116,20 @@ void run_fused_cpu(const FusedExpr& expr, const FusedLoop& loop, const std::vect
 Attrs fused_elementwise_attrs(const FusedExpr& expr, const Shape& shape, Device device);
 FusedExpr fused_expr_of(const Attrs& attrs);
 Shape fused_shape_of(const Attrs& attrs);
+
+// The column sums a fused_elementwise op may also write (attrs column_sums, accumulate): the sums over
+// the rows of output `output` viewed as (rows, C), C the loop shape's last dim, of its stored values
+// (16-bit outputs as rounded), accumulated in f32 into one more output, sums (C) f32, written after
+// the program's outputs. With accumulate they are added to sums' values before the call, which come
+// in as one more input after the Philox states (the same memory as that output). A Linear's bias
+// gradient, summed by the kernel that computes the gradient it sums (the compiler's
+// compile/passes/fuse_elementwise_column_sums.cpp): the column_sums op's value, up to f32 rounding.
+struct FusedColumnSums {
+  int output = -1;  // which program output is summed; -1: none
+  bool accumulate = false;
+  bool on() const { return output >= 0; }
+};
+FusedColumnSums fused_column_sums_of(const Attrs& attrs);
+void set_fused_column_sums(Attrs& attrs, FusedColumnSums sums);
 
 }  // namespace reel

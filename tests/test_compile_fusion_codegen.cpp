@@ -338,6 +338,40 @@ TEST(Nvrtc, DropoutMasksDrawnInTheKernelCompileInBothLoops) {
   EXPECT_NO_THROW(jit::nvrtc_compile_cached(jit::cuda_fused_source(e, strided, "dropout"), "sm_90", "dropout"));
 }
 
+// Column sums in the kernel (a bias gradient summed where the gradient is written): the grid walks
+// (column tile, row chunk) blocks, each lane a pack of 8 columns, the summed output's stored 16-bit
+// values added per column, then the block's, chunks' and tile's sums in order; the kernel compiles
+// with a dropout mask in the program too. Loops it cannot take: strided, broadcast, rows not a
+// multiple of 8 columns.
+TEST(CudaCodegen, ColumnSumsWalkColumnTilesAndRowChunks) {
+  FusedExpr e;
+  const int g = e.cast(e.load(0, DType::bf16), DType::f32), z = e.cast(e.load(1, DType::bf16), DType::f32);
+  const int m = e.random(0, DType::f32, 0.1, 0, 3);
+  e.store(0, e.cast(e.op(OpKind::Mul, {e.op(OpKind::GeluBackward, {g, z}, DType::f32), m}, DType::f32), DType::bf16),
+          DType::bf16);
+  const FusedLoop rows = make_fused_loop({4, 128, 1024}, {{131072, 1024, 1}, {131072, 1024, 1}});
+  EXPECT_TRUE(jit::fused_column_sums_fit(rows));
+  const std::string src = jit::cuda_fused_source(e, rows, "copy x2 gelu_backward mul copy", {0, true});
+  for (const char* part : {"__device__ unsigned reel_column_counters[4096];",
+                           "unsigned short* out0, float* sums, float* partial, long long chunk)",
+                           "const index_t rows = 512u, cols = 1024u;",
+                           "const index_t c0 = index_t(blockIdx.x) * 256u + lane * 8u;",
+                           "for (index_t r = lo + row_in_step; r < hi; r += 8u) {",
+                           "const index_t p = (r * cols + c0) / 8u;",
+                           "for (int j = 0; j < 8; ++j) acc[j] += reel_load_bf16(s0.v[j]);",
+                           "acc[j] += reel_load_bf16(out0[e]);", "part[row_in_step][lane * 8 + j] = acc[j];",
+                           "atomicAdd(&reel_column_counters[blockIdx.x], 1u) + 1u == gridDim.y",
+                           "v += __ldcg(partial + index_t(s) * cols + col);", "sums[col] = sums[col] + v;"})
+    EXPECT_NE(src.find(part), std::string::npos) << part << "\n" << src;
+  EXPECT_NE(jit::cuda_fused_source(e, rows, "x", {0, false}).find("sums[col] = v;"), std::string::npos);
+  for (const FusedLoop& l : {make_fused_loop({16, 100}, {{100, 1}, {100, 1}}), make_fused_loop({16, 64}, {{1, 16}, {64, 1}}),
+                             make_fused_loop({16, 64}, {{0, 1}, {64, 1}})})
+    EXPECT_FALSE(jit::fused_column_sums_fit(l)) << shape_str(l.sizes);
+  if (!cuda::is_built()) GTEST_SKIP() << "reel was built without the CUDA backend (no NVRTC)";
+  TempCacheDir cache;
+  EXPECT_NO_THROW(jit::nvrtc_compile_cached(src, "sm_90", "column sums"));
+}
+
 // y = x * m + u * n in f32 (dropout's multiply and a product of draws, added): eager rounds each
 // product in its own kernel before the add, so the fused kernel must too. Its PTX multiplies and adds
 // with mul.rn / add.rn, which neither NVVM nor ptxas may contract into an fma (a plain mul.f32 +

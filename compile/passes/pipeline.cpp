@@ -36,6 +36,9 @@ const std::vector<Pass>& pipeline() {
       // Before elementwise: the counters it gathers at the end are fused there.
       {"sink_updates", S::Fusion, sink_state_updates, "in-place updates of step state (counters) moved to the end, to fuse"},
       {"elementwise", S::Fusion, fuse_elementwise, "runs of elementwise ops as one generated kernel"},
+      // After elementwise: it extends the kernels that pass made.
+      {"elementwise_column_sums", S::Fusion, fuse_elementwise_column_sums,
+       "bias gradients summed by the elementwise kernel that writes the gradient"},
       {"optimizer", S::Fusion, fuse_optimizer, "a run of per-parameter updates as one multi-tensor kernel"},
   };
   return passes;

@@ -30,6 +30,7 @@
 #include "compile/passes/passes.h"
 #include "compile/passes/pattern.h"
 #include "compile/passes/step_cost.h"
+#include "kernels/fused_expr.h"
 #include "tensor/error.h"
 #include "tensor/log.h"
 
@@ -43,6 +44,8 @@ enum class Cost { None, Cheap, Costly };
 
 Cost clone_cost(const Node& n) {
   if (n.in_place || is_random_op(n.op)) return Cost::None;
+  // A kernel that also writes column sums (a bias gradient): a clone would write them again.
+  if (n.op == OpKind::FusedElementwise && fused_column_sums_of(n.attrs).on()) return Cost::None;
   for (const std::string& f : n.fused)  // a fused kernel that draws random numbers (a dropout's mask)
     if (f.find("dropout") != std::string::npos || f.find("rand") != std::string::npos) return Cost::None;
   switch (n.op) {

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cpu/compose.h"
 #include "kernels/cpu/vector_math.h"
 #include "kernels/dispatch.h"
 #include "kernels/elementwise_math.h"
@@ -278,11 +279,22 @@ void run_fused_cpu(const FusedExpr& expr, const FusedLoop& loop, const std::vect
 }
 
 namespace {
+// The program over the loop, then (attrs column_sums) the column_sums op over the summed output:
+// the reference the CUDA kernel's one-pass sums are compared with.
 void fused_elementwise_kernel(const KernelCall& c) {
   const FusedExpr expr = fused_expr_of(c.attrs);
+  const FusedColumnSums sums = fused_column_sums_of(c.attrs);
   const std::vector<Tensor> loaded = loaded_inputs(expr, c.in);
-  const std::vector<Tensor> states(c.in.begin() + int64_t(loaded.size()), c.in.end());
-  run_fused_cpu(expr, fused_loop_of(fused_shape_of(c.attrs), loaded), loaded, c.out, states);
+  const auto states_end = c.in.begin() + int64_t(loaded.size()) + expr.states;
+  const std::vector<Tensor> states(c.in.begin() + int64_t(loaded.size()), states_end);
+  const std::vector<Tensor> outputs(c.out.begin(), c.out.begin() + int64_t(expr.outputs.size()));
+  run_fused_cpu(expr, fused_loop_of(fused_shape_of(c.attrs), loaded), loaded, outputs, states);
+  if (!sums.on()) return;
+  const Tensor& y = c.out[size_t(sums.output)];
+  const int64_t cols = c.out.back().numel();
+  std::vector<Tensor> in{Tensor::make_view(y, {y.numel() / std::max<int64_t>(cols, 1), cols}, {cols, 1}, y.offset())};
+  if (sums.accumulate) in.push_back(c.in.back());
+  cpu::run_op(OpKind::ColumnSums, in, {c.out.back()}, Attrs().set("accumulate", sums.accumulate));
 }
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "kernels/jit/nvrtc_math.h"
+#include "tensor/error.h"
 
 namespace reel::jit {
 
@@ -136,7 +137,9 @@ std::string offset_text(const FusedLoop& l, size_t k, const char* suffix) {
   return s.empty() ? "0" : s;
 }
 
-std::string signature(const FusedExpr& e) {
+// The kernel's parameters: the loaded inputs, the Philox states, the outputs; with column sums also
+// the sums, the chunks' partial sums (a workspace of (chunks, C) floats) and the rows of a chunk.
+std::string signature(const FusedExpr& e, bool column_sums) {
   std::string s = std::string("extern \"C\" __global__ void __launch_bounds__(") + std::to_string(kFusedBlockThreads) +
                   ") " + kFusedKernelName + "(";
   std::string sep;
@@ -145,6 +148,7 @@ std::string signature(const FusedExpr& e) {
   for (int k = 0; k < e.states; ++k, sep = ", ") s += sep + "const unsigned long long* st" + std::to_string(k);
   for (size_t k = 0; k < e.outputs.size(); ++k, sep = ", ")
     s += sep + std::string(storage_type(e.outputs[k])) + "* out" + std::to_string(k);
+  if (column_sums) s += sep + "float* sums, float* partial, long long chunk";
   return s + ")";
 }
 
@@ -209,23 +213,15 @@ void emit_scalar_body(std::ostringstream& os, const FusedExpr& e, const FusedLoo
       if ((e.code[r].kind == InstrKind::Load) == loads) emit_instr(os, e, r, "    ", load, store, random);
 }
 
-// The vector loop of a contiguous program: each thread reads kFusedVectorWidth elements of every
-// operand with 16-byte loads, computes them one by one exactly as the scalar loop would, and stores
-// them as packs; then the scalar loop takes the last numel % width elements. Only when every pointer
-// is 16-byte aligned (views may start anywhere): otherwise the scalar loop takes everything.
-void emit_vector_loop(std::ostringstream& os, const FusedExpr& e, const char* suffix) {
+// One pack of a contiguous program, `indent` deep: kFusedVectorWidth elements of every operand from
+// element p * width on, read with 16-byte loads into l<k>, computed one by one exactly as the scalar
+// loop would, and stored from s<k> as packs. Every pointer must be 16-byte aligned.
+void emit_pack_body(std::ostringstream& os, const FusedExpr& e, const std::string& indent, const char* suffix) {
   const int w = kFusedVectorWidth;
-  os << "  const unsigned long long addresses = 0ull";
-  for (size_t k = 0; k < e.inputs.size(); ++k) os << " | (unsigned long long)in" << k;
-  for (size_t k = 0; k < e.outputs.size(); ++k) os << " | (unsigned long long)out" << k;
-  os << ";\n  if ((addresses & 15ull) == 0) {\n";
-  os << "    const index_t packs = n / " << w << suffix << ";\n";
-  os << "    for (index_t p = index_t(blockIdx.x) * " << kFusedBlockThreads << suffix
-     << " + threadIdx.x; p < packs; p += index_t(gridDim.x) * " << kFusedBlockThreads << suffix << ") {\n";
   for (size_t k = 0; k < e.inputs.size(); ++k)
-    os << "      const " << pack_type(e.inputs[k]) << " l" << k << " = *reinterpret_cast<const " << pack_type(e.inputs[k])
-       << "*>(in" << k << " + p * " << w << suffix << ");\n";
-  for (size_t k = 0; k < e.outputs.size(); ++k) os << "      " << pack_type(e.outputs[k]) << " s" << k << ";\n";
+    os << indent << "const " << pack_type(e.inputs[k]) << " l" << k << " = *reinterpret_cast<const "
+       << pack_type(e.inputs[k]) << "*>(in" << k << " + p * " << w << suffix << ");\n";
+  for (size_t k = 0; k < e.outputs.size(); ++k) os << indent << pack_type(e.outputs[k]) << " s" << k << ";\n";
   // A random instruction's Philox blocks for the pack's elements p w .. p w + w - 1, drawn once each
   // (a block gives four consecutive elements their words) rather than once per element.
   static_assert(kFusedVectorWidth % 4 == 0, "a pack holds whole Philox blocks");
@@ -233,25 +229,101 @@ void emit_vector_loop(std::ostringstream& os, const FusedExpr& e, const char* su
     const Instr& i = e.code[r];
     if (i.kind != InstrKind::Random) continue;
     for (int b = 0; b < w / 4; ++b)
-      os << "      const philox_words ph" << r << "_" << b << " = philox4x32_10_words(" << random_key(i) << ", "
+      os << indent << "const philox_words ph" << r << "_" << b << " = philox4x32_10_words(" << random_key(i) << ", "
          << random_start(i) << " + (unsigned long long)p * " << w / 4 << "ull + " << b << "ull);\n";
   }
-  os << "#pragma unroll\n      for (int j = 0; j < " << w << "; ++j) {\n";
+  os << "#pragma unroll\n" << indent << "for (int j = 0; j < " << w << "; ++j) {\n";
   auto random = [&](int r) {
     std::string blocks = "ph" + std::to_string(r) + "_" + std::to_string(w / 4 - 1);
     for (int b = w / 4 - 2; b >= 0; --b)
       blocks = "(j < " + std::to_string(4 * (b + 1)) + " ? ph" + std::to_string(r) + "_" + std::to_string(b) + " : " + blocks + ")";
     return "dropout_mask_of(philox_word(" + blocks + ", (unsigned int)(j % 4)), " + random_args(e.code[size_t(r)]) + ")";
   };
+  const std::string inner = indent + "  ";
   for (size_t r = 0; r < e.code.size(); ++r)
     emit_instr(
-        os, e, r, "        ", [](int k) { return "l" + std::to_string(k) + ".v[j]"; },
+        os, e, r, inner.c_str(), [](int k) { return "l" + std::to_string(k) + ".v[j]"; },
         [](int k) { return "s" + std::to_string(k) + ".v[j]"; }, random);
-  os << "      }\n";
+  os << indent << "}\n";
   for (size_t k = 0; k < e.outputs.size(); ++k)
-    os << "      *reinterpret_cast<" << pack_type(e.outputs[k]) << "*>(out" << k << " + p * " << w << suffix << ") = s" << k
-       << ";\n";
-  os << "    }\n    first = packs * " << w << suffix << ";\n  }\n";
+    os << indent << "*reinterpret_cast<" << pack_type(e.outputs[k]) << "*>(out" << k << " + p * " << w << suffix
+       << ") = s" << k << ";\n";
+}
+
+// The OR of every operand's address, whose low four bits are zero when all are 16-byte aligned.
+void emit_addresses(std::ostringstream& os, const FusedExpr& e) {
+  os << "  const unsigned long long addresses = 0ull";
+  for (size_t k = 0; k < e.inputs.size(); ++k) os << " | (unsigned long long)in" << k;
+  for (size_t k = 0; k < e.outputs.size(); ++k) os << " | (unsigned long long)out" << k;
+  os << ";\n";
+}
+
+// The vector loop of a contiguous program: each thread takes packs of kFusedVectorWidth elements
+// (emit_pack_body); then the scalar loop takes the last numel % width elements. Only when every
+// pointer is 16-byte aligned (views may start anywhere): otherwise the scalar loop takes everything.
+void emit_vector_loop(std::ostringstream& os, const FusedExpr& e, const char* suffix) {
+  emit_addresses(os, e);
+  os << "  if ((addresses & 15ull) == 0) {\n";
+  os << "    const index_t packs = n / " << kFusedVectorWidth << suffix << ";\n";
+  os << "    for (index_t p = index_t(blockIdx.x) * " << kFusedBlockThreads << suffix
+     << " + threadIdx.x; p < packs; p += index_t(gridDim.x) * " << kFusedBlockThreads << suffix << ") {\n";
+  emit_pack_body(os, e, "      ", suffix);
+  os << "    }\n    first = packs * " << kFusedVectorWidth << suffix << ";\n  }\n";
+}
+
+// The column-sums build (codegen_cuda.h): a (column tile, row chunk) block's walk over its rows, the
+// packs of its 8 warps' rows computed and summed per column in f32, then the block's, the chunk's
+// and the tile's sums in a fixed order.
+void emit_column_sums_kernel(std::ostringstream& os, const FusedExpr& e, const FusedLoop& l, FusedColumnSums sums,
+                             const char* suffix) {
+  const int w = kFusedVectorWidth, lanes = kFusedColumnTile / w, warps = kFusedBlockThreads / lanes;
+  const int64_t cols = l.shape.back(), rows = l.numel / cols;
+  const DType summed = e.outputs[size_t(sums.output)];
+  os << "  const index_t rows = " << rows << suffix << ", cols = " << cols << suffix << ";\n";
+  os << "  const int lane = threadIdx.x % " << lanes << ", row_in_step = threadIdx.x / " << lanes << ";\n";
+  os << "  const index_t c0 = index_t(blockIdx.x) * " << kFusedColumnTile << suffix << " + lane * " << w << suffix
+     << ";\n";
+  os << "  const index_t lo = index_t(blockIdx.y) * index_t(chunk);\n";
+  os << "  const index_t hi = lo + index_t(chunk) < rows ? lo + index_t(chunk) : rows;\n";
+  os << "  float acc[" << w << "];\n#pragma unroll\n  for (int j = 0; j < " << w << "; ++j) acc[j] = 0.0f;\n";
+  emit_addresses(os, e);
+  os << "  if (c0 < cols) {\n";
+  os << "    for (index_t r = lo + row_in_step; r < hi; r += " << warps << suffix << ") {\n";
+  os << "      const index_t p = (r * cols + c0) / " << w << suffix << ";\n";
+  os << "      if ((addresses & 15ull) == 0) {\n";
+  emit_pack_body(os, e, "        ", suffix);
+  os << "#pragma unroll\n        for (int j = 0; j < " << w << "; ++j) acc[j] += "
+     << widen(summed, "s" + std::to_string(sums.output) + ".v[j]") << ";\n";
+  os << "      } else {\n";
+  os << "        for (int j = 0; j < " << w << "; ++j) {\n";
+  os << "          const index_t e = p * " << w << suffix << " + index_t(j);\n";
+  {
+    std::ostringstream body;
+    emit_scalar_body(body, e, l, suffix);
+    // emit_scalar_body indents by four; this loop sits six deeper.
+    std::string line;
+    std::istringstream in(body.str());
+    while (std::getline(in, line)) os << "      " << line << "\n";
+  }
+  os << "          acc[j] += " << widen(summed, "out" + std::to_string(sums.output) + "[e]") << ";\n";
+  os << "        }\n      }\n    }\n  }\n";
+  // The block's sums: its warps' per column, added in warp order through shared memory.
+  os << "  __shared__ float part[" << warps << "][" << kFusedColumnTile + 1 << "];\n";
+  os << "#pragma unroll\n  for (int j = 0; j < " << w << "; ++j) part[row_in_step][lane * " << w << " + j] = acc[j];\n";
+  os << "  __syncthreads();\n";
+  os << "  const index_t col = index_t(blockIdx.x) * " << kFusedColumnTile << suffix << " + threadIdx.x;\n";
+  os << "  const bool mine = threadIdx.x < " << kFusedColumnTile << " && col < cols;\n";
+  os << "  if (mine) {\n    float v = part[0][threadIdx.x];\n    for (int y = 1; y < " << warps
+     << "; ++y) v += part[y][threadIdx.x];\n    partial[index_t(blockIdx.y) * cols + col] = v;\n  }\n";
+  // The tile's last block to finish adds the chunks' sums in order (kernels/cuda/last_block.cuh's
+  // scheme: fence, count in, reset the counter for the next launch).
+  os << "  __shared__ bool is_last;\n  __threadfence();\n  __syncthreads();\n";
+  os << "  if (threadIdx.x == 0) {\n    is_last = atomicAdd(&reel_column_counters[blockIdx.x], 1u) + 1u == gridDim.y;\n"
+     << "    if (is_last) atomicExch(&reel_column_counters[blockIdx.x], 0u);\n  }\n";
+  os << "  __syncthreads();\n  if (!is_last) return;\n  __threadfence();\n";
+  os << "  if (mine) {\n    float v = __ldcg(partial + col);\n"
+     << "    for (unsigned s = 1; s < gridDim.y; ++s) v += __ldcg(partial + index_t(s) * cols + col);\n"
+     << "    sums[col] = " << (sums.accumulate ? "sums[col] + v" : "v") << ";\n  }\n";
 }
 
 }  // namespace
@@ -270,14 +342,20 @@ bool fused_loop_fits_32bit(const FusedLoop& loop) {
   return true;
 }
 
-std::string cuda_fused_source(const FusedExpr& expr, const FusedLoop& loop, const std::string& label) {
+std::string cuda_fused_source(const FusedExpr& expr, const FusedLoop& loop, const std::string& label,
+                              FusedColumnSums sums) {
+  REEL_ASSERT(!sums.on() || fused_column_sums_fit(loop),
+              "fused_elementwise: the column-sums kernel needs a contiguous loop of rows of a multiple of ",
+              kFusedVectorWidth, " columns (loop ", shape_str(loop.shape), ")");
   const bool idx32 = fused_loop_fits_32bit(loop);
   std::ostringstream os;
   os << "// reel fused elementwise kernel: " << label << "\n// loop " << shape_str(loop.shape) << " merged to "
-     << shape_str(loop.sizes) << ", " << (idx32 ? "32" : "64") << "-bit indices\n";
-  os << kPrelude << kNvrtcMathSource << "\n";
+     << shape_str(loop.sizes) << ", " << (idx32 ? "32" : "64") << "-bit indices";
+  if (sums.on()) os << "; column sums of output " << sums.output << (sums.accumulate ? ", added to" : "");
+  os << "\n" << kPrelude << kNvrtcMathSource << "\n";
   const char* suffix = idx32 ? "u" : "LL";
-  os << signature(expr) << " {\n";
+  if (sums.on()) os << "__device__ unsigned reel_column_counters[" << kFusedColumnCounters << "];\n";
+  os << signature(expr, sums.on()) << " {\n";
   // Programmatic dependent launch (kernels/cuda/launch.cuh): wait for the kernels before this one
   // before touching memory.
   os << "#if __CUDA_ARCH__ >= 900\n  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n#endif\n";
@@ -286,11 +364,22 @@ std::string cuda_fused_source(const FusedExpr& expr, const FusedLoop& loop, cons
   os << "  index_t first = 0;\n";
   for (int k = 0; k < expr.states; ++k)
     os << "  const unsigned long long key" << k << " = st" << k << "[0], base" << k << " = st" << k << "[1];\n";
+  if (sums.on()) {
+    emit_column_sums_kernel(os, expr, loop, sums, suffix);
+    os << "}\n";
+    return os.str();
+  }
   if (fused_vector_width(loop) > 1) emit_vector_loop(os, expr, suffix);
   emit_loop_head(os, loop, suffix);
   emit_scalar_body(os, expr, loop, suffix);
   os << "  }\n}\n";
   return os.str();
+}
+
+bool fused_column_sums_fit(const FusedLoop& loop) {
+  if (fused_vector_width(loop) != kFusedVectorWidth || loop.shape.empty()) return false;
+  const int64_t cols = loop.shape.back();
+  return cols > 0 && cols % kFusedVectorWidth == 0 && (cols + kFusedColumnTile - 1) / kFusedColumnTile <= kFusedColumnCounters;
 }
 
 int fused_vector_width(const FusedLoop& loop) {

@@ -22,6 +22,16 @@
 //   (16 bytes of a 16-bit one), computes them one after another with the same instructions, and
 //   stores 8 of each output; the grid-stride loop above then takes the remainder (or, misaligned,
 //   everything). The values are the scalar loop's: only the memory accesses are wider.
+// With column sums (kernels/fused_expr.h, FusedColumnSums; a contiguous loop whose rows of C columns
+// are a multiple of kFusedVectorWidth: fused_column_sums_fit) the kernel walks rows instead: block
+// (tile, chunk) of the grid (ceil(C / kFusedColumnTile), chunks) takes the tile's kFusedColumnTile
+// columns over rows [chunk * rows_per_chunk, ...), its 32 lanes a pack of 8 adjacent columns each
+// and its 8 warps every 8th row, computing each pack as the vector loop does (or element by element
+// when a pointer is misaligned) and adding the summed output's stored values per column in f32.
+// The warps' sums are added in warp order through shared memory and written as the chunk's partial;
+// the tile's last block to finish (kernels/cuda/last_block.cuh's scheme, the counters a module global
+// that starts at zero) adds the chunks' partials in order and writes (or adds to) the sums. One fixed
+// order for a given grid: the same bits on every run, no float atomics.
 // The device formulas are kernels/jit/nvrtc_math.h's text; 16-bit values are converted with the
 // cvt.f32.f16 / cvt.rn.f16.f32 PTX instructions and bf16's bit arithmetic (round to nearest even),
 // as cuda_fp16.h and the host's BFloat16 do, so the program needs no header at all.
@@ -51,7 +61,17 @@ int fused_vector_width(const FusedLoop& loop);
 // True when the loop's element count and every operand's offsets fit 32-bit index math.
 bool fused_loop_fits_32bit(const FusedLoop& loop);
 
-// The whole NVRTC program; `label` (the fused ops, say) becomes a comment at its top.
-std::string cuda_fused_source(const FusedExpr& expr, const FusedLoop& loop, const std::string& label);
+// Columns of a column-sums block (32 lanes of kFusedVectorWidth), and the column tiles a kernel's
+// counters cover.
+constexpr int kFusedColumnTile = 32 * kFusedVectorWidth;
+constexpr int kFusedColumnCounters = 4096;
+// Whether the column-sums kernel takes the loop: contiguous (the vector loop's condition), rows of a
+// multiple of kFusedVectorWidth columns, at most kFusedColumnCounters tiles of them.
+bool fused_column_sums_fit(const FusedLoop& loop);
+
+// The whole NVRTC program; `label` (the fused ops, say) becomes a comment at its top. With `sums` on,
+// the column-sums kernel (the loop must fit it).
+std::string cuda_fused_source(const FusedExpr& expr, const FusedLoop& loop, const std::string& label,
+                              FusedColumnSums sums = {});
 
 }  // namespace reel::jit

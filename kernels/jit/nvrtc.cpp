@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/cuda/column_sums.h"
 #include "kernels/cuda/launch_programmatic.h"
 #include "kernels/dispatch.h"
 #include "tensor/cuda.h"
@@ -118,17 +119,42 @@ std::shared_ptr<LoadedKernel> load_kernel(const std::string& code, int device) {
   return k;
 }
 
-// A loaded kernel and its launch geometry for one (program, loop, device).
+// A loaded kernel and its launch geometry for one (program, loop, column sums, device).
 struct FusedLaunch {
   std::shared_ptr<LoadedKernel> kernel;
   int device = 0;
-  unsigned grid = 1;
-  size_t inputs = 0, outputs = 0;
+  dim3 grid{1, 1, 1};
+  size_t inputs = 0, outputs = 0;  // the kernel's pointers: loaded inputs and states, program outputs
+  FusedColumnSums sums;
+  bool sums_in_kernel = false;     // the column-sums kernel; else column_sums_into after the kernel
+  int64_t rows = 0, cols = 0, chunk = 0;
 };
 
-std::shared_ptr<FusedLaunch> build_launch(const FusedExpr& expr, const FusedLoop& loop, int device) {
+// Column-sums blocks resident per SM the grid aims for, and the fewest rows of a chunk: a block's
+// 256 threads keep one row's packs in flight each, so more blocks than the column sums' two per SM
+// (kernels/cuda/reduce.cu) carry the elementwise reads; short chunks would make the last block's sum
+// of the chunks the longest part.
+constexpr int64_t kColumnBlocksPerSM = 4, kColumnMinRows = 32;
+
+// The column-sums grid of `launch` on `device`: ceil(C / tile) tiles, and chunks of rows enough for
+// about kColumnBlocksPerSM blocks per SM, each of at least kColumnMinRows rows. It depends on the
+// shape and the SM count only: the same bits on every run of a GPU.
+void size_column_grid(FusedLaunch& launch, const FusedLoop& loop, int device) {
+  int sms = 0;
+  REEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  launch.cols = loop.shape.back();
+  launch.rows = loop.numel / launch.cols;
+  const int64_t tiles = (launch.cols + kFusedColumnTile - 1) / kFusedColumnTile;
+  const int64_t want = (kColumnBlocksPerSM * sms + tiles - 1) / tiles;
+  const int64_t chunks = std::max<int64_t>(1, std::min({want, (launch.rows + kColumnMinRows - 1) / kColumnMinRows, int64_t(65535)}));
+  launch.chunk = (launch.rows + chunks - 1) / chunks;
+  launch.grid = dim3(unsigned(tiles), unsigned((launch.rows + launch.chunk - 1) / launch.chunk));
+}
+
+std::shared_ptr<FusedLaunch> build_launch(const FusedExpr& expr, const FusedLoop& loop, FusedColumnSums sums, int device) {
   const std::string label = fused_label(expr);
-  const std::string source = cuda_fused_source(expr, loop, label);
+  const bool sums_in_kernel = sums.on() && loop.numel > 0 && fused_column_sums_fit(loop);
+  const std::string source = cuda_fused_source(expr, loop, label, sums_in_kernel ? sums : FusedColumnSums{});
   const std::string arch = cuda_target_arch(device);
   const std::string key = std::to_string(device) + ":" + identity_of(source, arch);
   std::shared_ptr<LoadedKernel> k = std::static_pointer_cast<LoadedKernel>(kernel_memory_cache_find(key));
@@ -139,23 +165,34 @@ std::shared_ptr<FusedLaunch> build_launch(const FusedExpr& expr, const FusedLoop
   auto launch = std::make_shared<FusedLaunch>();
   launch->kernel = std::move(k);
   launch->device = device;
-  // A thread of the vector loop takes fused_vector_width elements: the grid covers numel / width threads.
-  const int64_t per_block = int64_t(kFusedBlockThreads) * fused_vector_width(loop);
-  launch->grid = unsigned(std::clamp<int64_t>((loop.numel + per_block - 1) / per_block, 1, 65535 * 8));
   launch->inputs = expr.inputs.size() + size_t(expr.states);  // the loaded inputs, then the Philox states
   launch->outputs = expr.outputs.size();
+  launch->sums = sums;
+  launch->sums_in_kernel = sums_in_kernel;
+  if (sums_in_kernel) {
+    size_column_grid(*launch, loop, device);
+  } else {
+    // A thread of the vector loop takes fused_vector_width elements: the grid covers numel / width threads.
+    const int64_t per_block = int64_t(kFusedBlockThreads) * fused_vector_width(loop);
+    launch->grid = dim3(unsigned(std::clamp<int64_t>((loop.numel + per_block - 1) / per_block, 1, 65535 * 8)));
+  }
   return launch;
 }
 
-// What decides a call's code: its program, its loop (sizes and every operand's strides) and device.
+// What decides a call's code: its program, its loop (sizes and every operand's strides), its column
+// sums and device.
 struct LaunchKey {
   std::vector<int64_t> program, sizes, strides;
+  int sums_output = -1;
+  bool sums_accumulate = false;
   int device = 0;
   bool operator==(const LaunchKey&) const = default;
 };
 
 LaunchKey key_of(const KernelCall& c, const FusedLoop& loop) {
-  LaunchKey k{c.attrs.ints("program"), loop.sizes, {}, c.out.empty() ? 0 : c.out[0].device().index};
+  const FusedColumnSums sums = fused_column_sums_of(c.attrs);
+  LaunchKey k{c.attrs.ints("program"), loop.sizes, {}, sums.output, sums.accumulate,
+              c.out.empty() ? 0 : c.out[0].device().index};
   for (const auto& s : loop.strides) k.strides.insert(k.strides.end(), s.begin(), s.end());
   k.strides.push_back(int64_t(c.in.size()));
   return k;
@@ -176,10 +213,10 @@ std::unordered_map<const Attrs*, CallSite>& call_sites() {
 // `fresh`: look the kernel up in the process's caches even when the call site knows it (a plan being
 // built counts its kernels as found in memory, not as a call site's repeat).
 std::shared_ptr<FusedLaunch> launch_for(const KernelCall& c, bool fresh = false) {
-  // The loop is the loaded inputs' (the Philox states after them are read whole, not iterated).
-  const size_t states = size_t(c.attrs.i("states", 0));
-  REEL_ASSERT(states <= c.in.size(), "fused_elementwise: ", states, " Philox states among ", c.in.size(), " inputs");
-  const std::vector<Tensor> loaded(c.in.begin(), c.in.end() - int64_t(states));
+  // The loop is the loaded inputs' (the Philox states and the sums after them are read whole, not iterated).
+  const size_t loads = c.attrs.ints("inputs").size();
+  REEL_ASSERT(loads <= c.in.size(), "fused_elementwise: ", loads, " loaded inputs among ", c.in.size(), " inputs");
+  const std::vector<Tensor> loaded(c.in.begin(), c.in.begin() + int64_t(loads));
   const FusedLoop loop = fused_loop_of(fused_shape_of(c.attrs), loaded);
   LaunchKey key = key_of(c, loop);
   if (!fresh) {
@@ -187,25 +224,45 @@ std::shared_ptr<FusedLaunch> launch_for(const KernelCall& c, bool fresh = false)
     auto it = call_sites().find(&c.attrs);
     if (it != call_sites().end() && it->second.key == key) return it->second.launch;
   }
-  std::shared_ptr<FusedLaunch> launch = build_launch(fused_expr_of(c.attrs), loop, key.device);
+  std::shared_ptr<FusedLaunch> launch = build_launch(fused_expr_of(c.attrs), loop, fused_column_sums_of(c.attrs), key.device);
   std::lock_guard<std::mutex> lock(sites_mu);
   call_sites()[&c.attrs] = CallSite{std::move(key), launch};
   return launch;
 }
 
-// Pointers of the call's inputs, then of its outputs, as the generated kernel's parameters.
+// Pointers of the call's loaded inputs and states, then of its program's outputs, as the generated
+// kernel's parameters; with the column sums in the kernel also the sums, a workspace for the chunks'
+// partials and the chunk's rows. Column sums the kernel cannot take (a strided or broadcast operand,
+// rows not a multiple of 8 columns) are the column_sums op's kernel run after it.
 void fused_elementwise_kernel(const KernelCall& c) {
   const std::shared_ptr<FusedLaunch> l = launch_for(c);
-  REEL_ASSERT(c.in.size() == l->inputs && c.out.size() == l->outputs, "fused_elementwise: ", c.in.size(),
-              " inputs and ", c.out.size(), " outputs for a program of ", l->inputs, " and ", l->outputs);
-  std::vector<void*> ptrs(l->inputs + l->outputs), args(ptrs.size());
+  const size_t sums_out = l->sums.on() ? 1 : 0, sums_in = l->sums.accumulate ? 1 : 0;
+  REEL_ASSERT(c.in.size() == l->inputs + sums_in && c.out.size() == l->outputs + sums_out, "fused_elementwise: ",
+              c.in.size(), " inputs and ", c.out.size(), " outputs for a program of ", l->inputs, " and ", l->outputs,
+              l->sums.on() ? " and its column sums" : "");
+  std::vector<void*> ptrs(l->inputs + l->outputs);
   for (size_t k = 0; k < l->inputs; ++k) ptrs[k] = c.in[k].data_ptr();
   for (size_t k = 0; k < l->outputs; ++k) ptrs[l->inputs + k] = c.out[k].data_ptr();
-  for (size_t k = 0; k < ptrs.size(); ++k) args[k] = &ptrs[k];
   DeviceGuard guard(l->device);
+  Tensor partial;
+  long long chunk = l->chunk;
+  if (l->sums_in_kernel) {
+    partial = Tensor::empty({int64_t(l->grid.y) * l->cols}, DType::f32, Device::cuda(l->device));
+    ptrs.push_back(c.out.back().data_ptr());
+    ptrs.push_back(partial.data_ptr());
+  }
+  std::vector<void*> args(ptrs.size());
+  for (size_t k = 0; k < ptrs.size(); ++k) args[k] = &ptrs[k];
+  if (l->sums_in_kernel) args.push_back(&chunk);  // the last parameter, by value
   auto stream = static_cast<cudaStream_t>(cuda::current_stream(l->device));
-  REEL_CUDA_CHECK(cuda::launch_programmatic(reinterpret_cast<const void*>(l->kernel->kernel), dim3(l->grid),
+  REEL_CUDA_CHECK(cuda::launch_programmatic(reinterpret_cast<const void*>(l->kernel->kernel), l->grid,
                                             dim3(kFusedBlockThreads), 0, stream, args.data()));
+  if (!l->sums.on() || l->sums_in_kernel) return;
+  const Tensor& y = c.out[size_t(l->sums.output)];
+  const int64_t cols = c.out.back().numel();
+  if (cols == 0) return;
+  cuda::column_sums_into(Tensor::make_view(y, {y.numel() / cols, cols}, {cols, 1}, y.offset()), c.out.back(),
+                         l->sums.accumulate);
 }
 
 void fused_elementwise_prepare(const KernelCall& c) { launch_for(c, /*fresh=*/true); }

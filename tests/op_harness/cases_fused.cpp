@@ -38,8 +38,9 @@ Expected values_of(const std::vector<Tensor>& ts) {
 
 // A layer_norm_backward_add call that adds its column sums to `sums`: that tensor is an input and the
 // same tensor as the last output (params +=); the other outputs are fresh.
-OpCall adding_into_sums(const Inputs& in, const Attrs& a, const Tensor& sums) {
-  std::vector<TensorMeta> m = infer_outputs(OpKind::LayerNormBackwardAdd, in, a);
+// A call of op whose last output, its column sums, is added to: that output is `sums` itself.
+OpCall adding_into_sums(const Inputs& in, const Attrs& a, const Tensor& sums, OpKind op = OpKind::LayerNormBackwardAdd) {
+  std::vector<TensorMeta> m = infer_outputs(op, in, a);
   std::vector<Tensor> out;
   for (size_t k = 0; k + 1 < m.size(); ++k) out.push_back(Tensor::empty(m[k].shape, m[k].dtype));
   out.push_back(sums);
@@ -484,7 +485,60 @@ Attrs dropout_add_attrs(DType t) {
   return fused_elementwise_attrs(e, {4, 37}, Device::cpu());
 }
 
+// GELU's backward as a GPT's MLP has it, with the column sums of its 16-bit result (fc's bias
+// gradient): dx = t(gelu_backward(f32(g), f32(z))) for g, z of dtype t; sums (C) [+]= sum over the
+// rows of dx.
+Attrs gelu_backward_sums_attrs(DType t, const Shape& shape, bool accumulate) {
+  FusedExpr e;
+  const int g = e.cast(e.load(0, t), DType::f32), z = e.cast(e.load(1, t), DType::f32);
+  e.store(0, e.cast(e.op(OpKind::GeluBackward, {g, z}, DType::f32), t), t);
+  Attrs a = fused_elementwise_attrs(e, shape, Device::cpu());
+  set_fused_column_sums(a, {0, accumulate});
+  return a;
+}
+
+void add_fused_elementwise_column_sums_cases(std::vector<OpTestCase>& cases) {
+  struct Variant {
+    Shape shape;
+    bool accumulate;
+    const char* what;  // which CUDA build the shape takes
+  };
+  // (70, 520): the column-sums kernel, three column tiles (the last of 8 columns), chunks of rows;
+  // (3, 4, 64) the same with the rows in two dims; (5, 36): rows of 36 columns, not a multiple of 8,
+  // so the elementwise kernel and then the column_sums op's.
+  for (const Variant& v : {Variant{{70, 520}, false, "tiles_"}, Variant{{70, 520}, true, "tiles_accumulate_"},
+                           Variant{{3, 4, 64}, true, "batched_accumulate_"}, Variant{{5, 36}, false, "rows_of_36_"},
+                           Variant{{5, 36}, true, "rows_of_36_accumulate_"}}) {
+    std::string dims;
+    for (int64_t d : v.shape) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+    cases.push_back(
+        {.op = OpKind::FusedElementwise,
+         .name = std::string("fused_elementwise_gelu_backward_column_sums_") + v.what + dims,
+         .dtypes = k16Bit,
+         .make =
+             [v](Device, DType t) {
+               Inputs in{randn_input(v.shape, t, 311), randn_input(v.shape, t, 312)};
+               const Attrs a = gelu_backward_sums_attrs(t, v.shape, v.accumulate);
+               if (!v.accumulate) return OpCall{in, a};
+               Tensor sums = randn_input({v.shape.back()}, DType::f32, 313);
+               in.push_back(sums);
+               return adding_into_sums(in, a, sums, OpKind::FusedElementwise);
+             },
+         .reference =
+             [v](const OpCall& c) {
+               const DType t = c.inputs[0].dtype();
+               const Tensor dx = cast(run1(OpKind::GeluBackward, {cast(c.inputs[0], DType::f32), cast(c.inputs[1], DType::f32)}), t);
+               std::vector<int64_t> rows;
+               for (size_t d = 0; d + 1 < v.shape.size(); ++d) rows.push_back(int64_t(d));
+               Tensor s = run1(OpKind::Sum, {cast(dx, DType::f32)}, Attrs().set("dims", rows));
+               if (v.accumulate) s = run1(OpKind::Add, {copy_of(c.inputs[2]), s});
+               return Expected{host_values(dx), host_values(s)};
+             }});
+  }
+}
+
 void add_fused_elementwise_cases(std::vector<OpTestCase>& cases) {
+  add_fused_elementwise_column_sums_cases(cases);
   cases.push_back({.op = OpKind::FusedElementwise,
                    .name = "fused_elementwise_dropout_masks_drawn_in_the_kernel_4x37",
                    .dtypes = kFloatTypes,
