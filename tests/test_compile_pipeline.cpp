@@ -90,7 +90,43 @@ TEST(PassPipeline, APassTurnedOffByNameLeavesItsPatternAlone) {
   std::vector<std::string> ran;
   for (const auto& [name, nodes] : off.plan->stats().after) ran.push_back(name);
   EXPECT_EQ(std::count(ran.begin(), ran.end(), "gemm_epilogue"), 0);
-  EXPECT_EQ(ran.size(), compile::pipeline().size() - 2);
+  const auto& p = compile::pipeline();
+  const size_t on_by_default = size_t(std::count_if(p.begin(), p.end(), [](const compile::Pass& x) { return x.on_by_default; }));
+  EXPECT_EQ(ran.size(), on_by_default - 2);
+}
+
+TEST(PassPipeline, APassOffByDefaultRunsOnlyWhenNamed) {
+  const auto& p = compile::pipeline();
+  const auto off = std::find_if(p.begin(), p.end(), [](const compile::Pass& x) { return !x.on_by_default; });
+  ASSERT_NE(off, p.end()) << "no pass is off by default: this test has nothing to check";
+  const std::string name = off->name;
+  auto ran = [&](const compile::Plan& plan) {
+    for (const auto& [pass, nodes] : plan.stats().after)
+      if (pass == name) return true;
+    return false;
+  };
+  GptPlan plain = gpt_plan({compile::Mode::Default});
+  ASSERT_NE(plain.plan, nullptr);
+  EXPECT_FALSE(ran(*plain.plan));
+  compile::CompileOptions o(compile::Mode::Default);
+  o.enabled_passes = {name};
+  GptPlan on = gpt_plan(o);
+  ASSERT_NE(on.plan, nullptr);
+  EXPECT_TRUE(ran(*on.plan));
+  {
+    ScopedEnv env("REEL_PASSES", ("+" + name).c_str());
+    GptPlan by_env = gpt_plan({compile::Mode::Default});
+    ASSERT_NE(by_env.plan, nullptr);
+    EXPECT_TRUE(ran(*by_env.plan));
+  }
+  {
+    ScopedEnv env("REEL_PASSES", ("+" + name + ",-" + name).c_str());  // off wins
+    GptPlan both = gpt_plan({compile::Mode::Default});
+    ASSERT_NE(both.plan, nullptr);
+    EXPECT_FALSE(ran(*both.plan));
+  }
+  ScopedEnv env("REEL_PASSES", "gemm_epilogue");
+  EXPECT_THROW(compile::passes_enabled_by_env(), Error) << "an item needs its sign";
 }
 
 TEST(PassPipeline, ReelPassesTurnsPassesOffAndRefusesUnknownNames) {

@@ -36,9 +36,11 @@ const std::vector<Pass>& pipeline() {
       // Before elementwise: the counters it gathers at the end are fused there.
       {"sink_updates", S::Fusion, sink_state_updates, "in-place updates of step state (counters) moved to the end, to fuse"},
       {"elementwise", S::Fusion, fuse_elementwise, "runs of elementwise ops as one generated kernel"},
-      // After elementwise: it extends the kernels that pass made.
+      // After elementwise: it extends the kernels that pass made. Off by default: on the H200 it
+      // made gpt-small's step 3-4% slower than the elementwise kernel and the column-sum kernel it
+      // replaces (bench/RESULTS.md, "column sums in the elementwise kernel").
       {"elementwise_column_sums", S::Fusion, fuse_elementwise_column_sums,
-       "bias gradients summed by the elementwise kernel that writes the gradient"},
+       "bias gradients summed by the elementwise kernel that writes the gradient", /*on_by_default=*/false},
       {"optimizer", S::Fusion, fuse_optimizer, "a run of per-parameter updates as one multi-tensor kernel"},
   };
   return passes;
@@ -53,38 +55,49 @@ bool is_pass(const std::string& name) {
 
 std::string pass_names() {
   std::string out;
-  for (const Pass& p : pipeline()) out += (out.empty() ? "" : ", ") + std::string(p.name);
+  for (const Pass& p : pipeline()) out += (out.empty() ? "" : ", ") + std::string(p.name) + (p.on_by_default ? "" : " (off by default)");
   return out;
 }
 
-}  // namespace
-
-std::vector<std::string> passes_disabled_by_env() {
+// The names after `sign` in REEL_PASSES ("-a,+b,-c" with '-': {"a", "c"}); every item must be
+// -name or +name of a pass.
+std::vector<std::string> passes_in_env(char sign) {
   const char* env = std::getenv("REEL_PASSES");
   std::vector<std::string> out;
   std::stringstream ss(env ? env : "");
   for (std::string item; std::getline(ss, item, ',');) {
     if (item.empty()) continue;
-    REEL_CHECK(item[0] == '-' && item.size() > 1, "REEL_PASSES: '", item,
-               "' must be -name, a pass to turn off (passes: ", pass_names(), ")");
+    REEL_CHECK((item[0] == '-' || item[0] == '+') && item.size() > 1, "REEL_PASSES: '", item,
+               "' must be -name, a pass to turn off, or +name, a pass off by default to turn on (passes: ",
+               pass_names(), ")");
     const std::string name = item.substr(1);
     REEL_CHECK(is_pass(name), "REEL_PASSES: no pass is called '", name, "' (passes: ", pass_names(), ")");
-    out.push_back(name);
+    if (item[0] == sign) out.push_back(name);
   }
   return out;
 }
 
+}  // namespace
+
+std::vector<std::string> passes_disabled_by_env() { return passes_in_env('-'); }
+std::vector<std::string> passes_enabled_by_env() { return passes_in_env('+'); }
+
 Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats) {
   stats.traced = g.nodes.size();
-  std::vector<std::string> off = options.disabled;
-  for (const std::string& name : off)
-    REEL_CHECK(is_pass(name), "compile: no pass is called '", name, "' (passes: ", pass_names(), ")");
-  const std::vector<std::string> env = passes_disabled_by_env();
-  off.insert(off.end(), env.begin(), env.end());
+  std::vector<std::string> off = options.disabled, on = options.enabled;
+  for (const auto* names : {&off, &on})
+    for (const std::string& name : *names)
+      REEL_CHECK(is_pass(name), "compile: no pass is called '", name, "' (passes: ", pass_names(), ")");
+  const std::vector<std::string> env_off = passes_disabled_by_env(), env_on = passes_enabled_by_env();
+  off.insert(off.end(), env_off.begin(), env_off.end());
+  on.insert(on.end(), env_on.begin(), env_on.end());
+  auto named = [](const std::vector<std::string>& names, const char* name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
   for (const Pass& p : pipeline()) {
     if (p.stage == PassStage::Fusion && !options.fuse) continue;
-    if (std::find(off.begin(), off.end(), p.name) != off.end()) {
-      log_line("passes", std::string(p.name) + ": off");
+    if (named(off, p.name) || (!p.on_by_default && !named(on, p.name))) {
+      log_line("passes", std::string(p.name) + (named(off, p.name) ? ": off" : ": off by default"));
       continue;
     }
     const size_t before = g.nodes.size();

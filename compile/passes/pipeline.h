@@ -11,8 +11,10 @@
 //
 // Turning passes off, for study and for bisecting a wrong result: PassOptions::disabled (from
 // CompileOptions::disabled_passes) and the environment, REEL_PASSES=-name,-name (every name in
-// pipeline(); a name not there is an error that lists them). PassOptions::fuse = false turns the
-// whole fusion stage off: the plan then runs eager's own kernels, bit for bit.
+// pipeline(); a name not there is an error that lists them). A pass off by default
+// (Pass::on_by_default) runs when named in PassOptions::enabled (CompileOptions::enabled_passes) or
+// as REEL_PASSES=+name; off wins over on. PassOptions::fuse = false turns the whole fusion stage
+// off: the plan then runs eager's own kernels, bit for bit.
 #pragma once
 #include <string>
 #include <vector>
@@ -29,6 +31,10 @@ struct Pass {
   PassStage stage;
   void (*run)(Graph& g, PassStats& stats);
   const char* what;  // one line for listings
+  // Off unless asked for by name (PassOptions::enabled, REEL_PASSES=+name): a pass that computes the
+  // right values but measured slower than the kernels it replaces, kept for study and for the work
+  // that makes it pay (pipeline.cpp says where it was measured).
+  bool on_by_default = true;
 };
 
 // Every pass, in the order the pipeline runs them.
@@ -37,6 +43,7 @@ const std::vector<Pass>& pipeline();
 struct PassOptions {
   bool fuse = true;                   // the fusion stage at all
   std::vector<std::string> disabled;  // passes turned off by name
+  std::vector<std::string> enabled;   // passes off by default turned on by name
   // Bytes of live step memory per device above which, after the other passes, recompute_to_fit
   // (recompute.cpp) clones nodes into the backward; 0: no recomputation.
   size_t memory_limit = 0;
@@ -49,8 +56,10 @@ struct PassOptions {
 // after. Under REEL_LOG=passes each pass logs the nodes it left.
 Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats);
 
-// The names REEL_PASSES turns off ("-elementwise,-optimizer" -> {"elementwise", "optimizer"}); a
-// name that is no pass is a reel::Error listing the passes. Read from the environment on each call.
+// The names REEL_PASSES turns off ("-elementwise,-optimizer" -> {"elementwise", "optimizer"}) and
+// on ("+elementwise_column_sums"); a name that is no pass, or an item without its sign, is a
+// reel::Error listing the passes. Read from the environment on each call.
 std::vector<std::string> passes_disabled_by_env();
+std::vector<std::string> passes_enabled_by_env();
 
 }  // namespace reel::compile

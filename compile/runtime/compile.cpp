@@ -14,6 +14,13 @@ namespace reel::compile {
 
 namespace {
 
+// The pass pipeline's options of a compiled function.
+PassOptions pass_options(const CompileOptions& o) {
+  PassOptions p(o.fuse, o.disabled_passes, o.memory_limit);
+  p.enabled = o.enabled_passes;
+  return p;
+}
+
 struct InputMeta {
   Shape shape;
   DType dtype;
@@ -156,7 +163,7 @@ struct CompiledFunction::State {
   // The entry's plan from a traced graph, in the function's shared arena; its host nodes reported.
   void build_plan(Entry& e, Graph g) {
     e.plan = std::make_unique<Plan>(std::move(g), options.mode,
-                                    PassOptions{options.fuse, options.disabled_passes, options.memory_limit}, arenas);
+                                    pass_options(options), arenas);
     for (const GraphBreak& b : e.plan->host_nodes()) breaks.push_back(b);
     if (log_enabled("plan")) log_line("plan", plan_summary(*e.plan));
     if (log_enabled("memory")) log_line("memory", memory_summary(*e.plan));

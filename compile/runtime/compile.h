@@ -65,8 +65,9 @@ struct CompileOptions {
   Mode mode = Mode::Default;
   int cache_limit = 8;  // plans kept per function (one per input signature)
   bool fuse = true;     // fusion passes (off: the plan runs eager's kernels, bit for bit)
-  // Passes turned off by name (compile/passes/pipeline.cpp lists them; REEL_PASSES=-name adds more).
-  std::vector<std::string> disabled_passes;
+  // Passes turned off by name (compile/passes/pipeline.cpp lists them; REEL_PASSES=-name adds more),
+  // and passes off by default turned on (REEL_PASSES=+name adds more).
+  std::vector<std::string> disabled_passes, enabled_passes;
   // Bytes the step's own memory (activations, gradients, temporaries: the arena) may take per
   // device; above it the planner recomputes activations in the backward instead of keeping them
   // (compile/passes/recompute.cpp), the same bits either way. 0: no limit.

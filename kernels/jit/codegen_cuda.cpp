@@ -213,15 +213,28 @@ void emit_scalar_body(std::ostringstream& os, const FusedExpr& e, const FusedLoo
       if ((e.code[r].kind == InstrKind::Load) == loads) emit_instr(os, e, r, "    ", load, store, random);
 }
 
-// One pack of a contiguous program, `indent` deep: kFusedVectorWidth elements of every operand from
-// element p * width on, read with 16-byte loads into l<k>, computed one by one exactly as the scalar
-// loop would, and stored from s<k> as packs. Every pointer must be 16-byte aligned.
-void emit_pack_body(std::ostringstream& os, const FusedExpr& e, const std::string& indent, const char* suffix) {
-  const int w = kFusedVectorWidth;
+// One pack of a contiguous program, `indent` deep, in two parts: the loads of kFusedVectorWidth
+// elements of every input from element pack * width on, with 16-byte loads into l<k><tag>; then the
+// elements computed one by one exactly as the scalar loop would, and stored from s<k><tag> as packs.
+// Every pointer must be 16-byte aligned. Several packs' loads may come before the first's compute
+// (the column-sums kernel's rows in flight): a program reads a buffer it writes only at the element
+// it writes (compile/passes/fuse_elementwise.cpp), so no load can see another pack's store.
+// `pack` as a factor: an expression in parentheses, a plain name as it is.
+std::string factor(const std::string& pack) {
+  return pack.find(' ') == std::string::npos ? pack : "(" + pack + ")";
+}
+
+void emit_pack_loads(std::ostringstream& os, const FusedExpr& e, const std::string& indent, const char* suffix,
+                     const std::string& tag, const std::string& pack) {
   for (size_t k = 0; k < e.inputs.size(); ++k)
-    os << indent << "const " << pack_type(e.inputs[k]) << " l" << k << " = *reinterpret_cast<const "
-       << pack_type(e.inputs[k]) << "*>(in" << k << " + p * " << w << suffix << ");\n";
-  for (size_t k = 0; k < e.outputs.size(); ++k) os << indent << pack_type(e.outputs[k]) << " s" << k << ";\n";
+    os << indent << "const " << pack_type(e.inputs[k]) << " l" << k << tag << " = *reinterpret_cast<const "
+       << pack_type(e.inputs[k]) << "*>(in" << k << " + " << factor(pack) << " * " << kFusedVectorWidth << suffix << ");\n";
+}
+
+void emit_pack_compute(std::ostringstream& os, const FusedExpr& e, const std::string& indent, const char* suffix,
+                       const std::string& tag, const std::string& pack) {
+  const int w = kFusedVectorWidth;
+  for (size_t k = 0; k < e.outputs.size(); ++k) os << indent << pack_type(e.outputs[k]) << " s" << k << tag << ";\n";
   // A random instruction's Philox blocks for the pack's elements p w .. p w + w - 1, drawn once each
   // (a block gives four consecutive elements their words) rather than once per element.
   static_assert(kFusedVectorWidth % 4 == 0, "a pack holds whole Philox blocks");
@@ -229,25 +242,31 @@ void emit_pack_body(std::ostringstream& os, const FusedExpr& e, const std::strin
     const Instr& i = e.code[r];
     if (i.kind != InstrKind::Random) continue;
     for (int b = 0; b < w / 4; ++b)
-      os << indent << "const philox_words ph" << r << "_" << b << " = philox4x32_10_words(" << random_key(i) << ", "
-         << random_start(i) << " + (unsigned long long)p * " << w / 4 << "ull + " << b << "ull);\n";
+      os << indent << "const philox_words ph" << r << "_" << b << tag << " = philox4x32_10_words(" << random_key(i)
+         << ", " << random_start(i) << " + (unsigned long long)" << factor(pack) << " * " << w / 4 << "ull + " << b << "ull);\n";
   }
   os << "#pragma unroll\n" << indent << "for (int j = 0; j < " << w << "; ++j) {\n";
   auto random = [&](int r) {
-    std::string blocks = "ph" + std::to_string(r) + "_" + std::to_string(w / 4 - 1);
+    const std::string ph = "ph" + std::to_string(r) + "_";
+    std::string blocks = ph + std::to_string(w / 4 - 1) + tag;
     for (int b = w / 4 - 2; b >= 0; --b)
-      blocks = "(j < " + std::to_string(4 * (b + 1)) + " ? ph" + std::to_string(r) + "_" + std::to_string(b) + " : " + blocks + ")";
+      blocks = "(j < " + std::to_string(4 * (b + 1)) + " ? " + ph + std::to_string(b) + tag + " : " + blocks + ")";
     return "dropout_mask_of(philox_word(" + blocks + ", (unsigned int)(j % 4)), " + random_args(e.code[size_t(r)]) + ")";
   };
   const std::string inner = indent + "  ";
   for (size_t r = 0; r < e.code.size(); ++r)
     emit_instr(
-        os, e, r, inner.c_str(), [](int k) { return "l" + std::to_string(k) + ".v[j]"; },
-        [](int k) { return "s" + std::to_string(k) + ".v[j]"; }, random);
+        os, e, r, inner.c_str(), [&](int k) { return "l" + std::to_string(k) + tag + ".v[j]"; },
+        [&](int k) { return "s" + std::to_string(k) + tag + ".v[j]"; }, random);
   os << indent << "}\n";
   for (size_t k = 0; k < e.outputs.size(); ++k)
-    os << indent << "*reinterpret_cast<" << pack_type(e.outputs[k]) << "*>(out" << k << " + p * " << w << suffix
-       << ") = s" << k << ";\n";
+    os << indent << "*reinterpret_cast<" << pack_type(e.outputs[k]) << "*>(out" << k << " + " << factor(pack) << " * " << w
+       << suffix << ") = s" << k << tag << ";\n";
+}
+
+void emit_pack_body(std::ostringstream& os, const FusedExpr& e, const std::string& indent, const char* suffix) {
+  emit_pack_loads(os, e, indent, suffix, "", "p");
+  emit_pack_compute(os, e, indent, suffix, "", "p");
 }
 
 // The OR of every operand's address, whose low four bits are zero when all are 16-byte aligned.
@@ -271,6 +290,11 @@ void emit_vector_loop(std::ostringstream& os, const FusedExpr& e, const char* su
   os << "    }\n    first = packs * " << kFusedVectorWidth << suffix << ";\n  }\n";
 }
 
+// Rows whose packs a thread of the column-sums kernel loads before it computes the first: a block
+// there walks its rows in a loop, so one pack at a time would leave each thread a single load in
+// flight (the vector loop's threads have their one pack each, all at once).
+constexpr int kColumnRowsInFlight = 4;
+
 // The column-sums build (codegen_cuda.h): a (column tile, row chunk) block's walk over its rows, the
 // packs of its 8 warps' rows computed and summed per column in f32, then the block's, the chunk's
 // and the tile's sums in a fixed order.
@@ -287,26 +311,46 @@ void emit_column_sums_kernel(std::ostringstream& os, const FusedExpr& e, const F
   os << "  const index_t hi = lo + index_t(chunk) < rows ? lo + index_t(chunk) : rows;\n";
   os << "  float acc[" << w << "];\n#pragma unroll\n  for (int j = 0; j < " << w << "; ++j) acc[j] = 0.0f;\n";
   emit_addresses(os, e);
-  os << "  if (c0 < cols) {\n";
-  os << "    for (index_t r = lo + row_in_step; r < hi; r += " << warps << suffix << ") {\n";
+  const std::string summed_out = std::to_string(sums.output);
+  // Aligned: kColumnRowsInFlight rows' packs loaded before the first is computed, then the rows left
+  // one at a time; misaligned: element by element through the scalar body.
+  os << "  if (c0 < cols && (addresses & 15ull) == 0) {\n";
+  os << "    index_t r = lo + row_in_step;\n";
+  os << "    for (; r + " << (kColumnRowsInFlight - 1) * warps << suffix << " < hi; r += " << kColumnRowsInFlight * warps
+     << suffix << ") {\n";
   os << "      const index_t p = (r * cols + c0) / " << w << suffix << ";\n";
-  os << "      if ((addresses & 15ull) == 0) {\n";
-  emit_pack_body(os, e, "        ", suffix);
-  os << "#pragma unroll\n        for (int j = 0; j < " << w << "; ++j) acc[j] += "
-     << widen(summed, "s" + std::to_string(sums.output) + ".v[j]") << ";\n";
-  os << "      } else {\n";
-  os << "        for (int j = 0; j < " << w << "; ++j) {\n";
-  os << "          const index_t e = p * " << w << suffix << " + index_t(j);\n";
+  // Row r + warps u starts u * warps * cols / w packs after row r.
+  auto pack_of = [&](int u) {
+    return u == 0 ? std::string("p") : "p + " + std::to_string(u * warps) + suffix + " * (cols / " + std::to_string(w) + suffix + ")";
+  };
+  for (int u = 0; u < kColumnRowsInFlight; ++u) emit_pack_loads(os, e, "      ", suffix, "_" + std::to_string(u), pack_of(u));
+  for (int u = 0; u < kColumnRowsInFlight; ++u) {
+    const std::string tag = "_" + std::to_string(u);
+    emit_pack_compute(os, e, "      ", suffix, tag, pack_of(u));
+    os << "#pragma unroll\n      for (int j = 0; j < " << w << "; ++j) acc[j] += "
+       << widen(summed, "s" + summed_out + tag + ".v[j]") << ";\n";
+  }
+  os << "    }\n";
+  os << "    for (; r < hi; r += " << warps << suffix << ") {\n";
+  os << "      const index_t p = (r * cols + c0) / " << w << suffix << ";\n";
+  emit_pack_body(os, e, "      ", suffix);
+  os << "#pragma unroll\n      for (int j = 0; j < " << w << "; ++j) acc[j] += " << widen(summed, "s" + summed_out + ".v[j]")
+     << ";\n";
+  os << "    }\n";
+  os << "  } else if (c0 < cols) {\n";
+  os << "    for (index_t r = lo + row_in_step; r < hi; r += " << warps << suffix << ") {\n";
+  os << "      for (int j = 0; j < " << w << "; ++j) {\n";
+  os << "        const index_t e = r * cols + c0 + index_t(j);\n";
   {
     std::ostringstream body;
     emit_scalar_body(body, e, l, suffix);
-    // emit_scalar_body indents by four; this loop sits six deeper.
+    // emit_scalar_body indents by four; this loop sits four deeper.
     std::string line;
     std::istringstream in(body.str());
-    while (std::getline(in, line)) os << "      " << line << "\n";
+    while (std::getline(in, line)) os << "    " << line << "\n";
   }
-  os << "          acc[j] += " << widen(summed, "out" + std::to_string(sums.output) + "[e]") << ";\n";
-  os << "        }\n      }\n    }\n  }\n";
+  os << "        acc[j] += " << widen(summed, "out" + summed_out + "[e]") << ";\n";
+  os << "      }\n    }\n  }\n";
   // The block's sums: its warps' per column, added in warp order through shared memory.
   os << "  __shared__ float part[" << warps << "][" << kFusedColumnTile + 1 << "];\n";
   os << "#pragma unroll\n  for (int j = 0; j < " << w << "; ++j) part[row_in_step][lane * " << w << " + j] = acc[j];\n";
@@ -316,13 +360,14 @@ void emit_column_sums_kernel(std::ostringstream& os, const FusedExpr& e, const F
   os << "  if (mine) {\n    float v = part[0][threadIdx.x];\n    for (int y = 1; y < " << warps
      << "; ++y) v += part[y][threadIdx.x];\n    partial[index_t(blockIdx.y) * cols + col] = v;\n  }\n";
   // The tile's last block to finish adds the chunks' sums in order (kernels/cuda/last_block.cuh's
-  // scheme: fence, count in, reset the counter for the next launch).
+  // scheme: fence, count in, reset the counter for the next launch), 32 partials' loads in flight at
+  // once: they come from L2, and one at a time would put a chunk count of L2 round trips at the end.
   os << "  __shared__ bool is_last;\n  __threadfence();\n  __syncthreads();\n";
   os << "  if (threadIdx.x == 0) {\n    is_last = atomicAdd(&reel_column_counters[blockIdx.x], 1u) + 1u == gridDim.y;\n"
      << "    if (is_last) atomicExch(&reel_column_counters[blockIdx.x], 0u);\n  }\n";
   os << "  __syncthreads();\n  if (!is_last) return;\n  __threadfence();\n";
   os << "  if (mine) {\n    float v = __ldcg(partial + col);\n"
-     << "    for (unsigned s = 1; s < gridDim.y; ++s) v += __ldcg(partial + index_t(s) * cols + col);\n"
+     << "#pragma unroll 32\n    for (unsigned s = 1; s < gridDim.y; ++s) v += __ldcg(partial + index_t(s) * cols + col);\n"
      << "    sums[col] = " << (sums.accumulate ? "sums[col] + v" : "v") << ";\n  }\n";
 }
 
