@@ -114,8 +114,10 @@ void expect_error(const std::vector<Tensor>& in, const Attrs& a, const std::vect
 
 TEST(ElementwiseColumnSumsPass, BadColumnSumAttrsAreErrorsThatShowTheCall) {
   const Tensor x = testing_util::random({4, 8}, 7, DType::f32);
-  expect_error({x}, doubling(DType::f32, DType::f32, {4, 8}, {3, false}), {"fused_elementwise", "output 3", "1 outputs"});
-  expect_error({x.to(DType::f64)}, doubling(DType::f64, DType::f64, {4, 8}, {0, false}), {"fused_elementwise", "f64", "(4, 8)"});
+  expect_error({x}, doubling(DType::f32, DType::f32, {4, 8}, {3, false}),
+               {"fused_elementwise", "output 3", "1 outputs"});
+  expect_error({x.to(DType::f64)}, doubling(DType::f64, DType::f64, {4, 8}, {0, false}),
+               {"fused_elementwise", "f64", "(4, 8)"});
   const Tensor wrong = testing_util::random({4}, 8, DType::f32);
   expect_error({x, wrong}, doubling(DType::f32, DType::f32, {4, 8}, {0, true}), {"fused_elementwise", "(4,)", "(8,)"});
 }

@@ -352,20 +352,20 @@ TEST(CudaCodegen, ColumnSumsWalkColumnTilesAndRowChunks) {
   const FusedLoop rows = make_fused_loop({4, 128, 1024}, {{131072, 1024, 1}, {131072, 1024, 1}});
   EXPECT_TRUE(jit::fused_column_sums_fit(rows));
   const std::string src = jit::cuda_fused_source(e, rows, "copy x2 gelu_backward mul copy", {0, true});
-  for (const char* part : {"__device__ unsigned reel_column_counters[4096];",
-                           "unsigned short* out0, float* sums, float* partial, long long chunk)",
-                           "const index_t rows = 512u, cols = 1024u;",
-                           "const index_t c0 = index_t(blockIdx.x) * 256u + lane * 8u;",
-                           "for (index_t r = lo + row_in_step; r < hi; r += 8u) {",
-                           "const index_t p = (r * cols + c0) / 8u;",
-                           "for (int j = 0; j < 8; ++j) acc[j] += reel_load_bf16(s0.v[j]);",
-                           "acc[j] += reel_load_bf16(out0[e]);", "part[row_in_step][lane * 8 + j] = acc[j];",
-                           "atomicAdd(&reel_column_counters[blockIdx.x], 1u) + 1u == gridDim.y",
-                           "v += __ldcg(partial + index_t(s) * cols + col);", "sums[col] = sums[col] + v;"})
+  for (const char* part :
+       {"__device__ unsigned reel_column_counters[4096];",
+        "unsigned short* out0, float* sums, float* partial, long long chunk)",
+        "const index_t rows = 512u, cols = 1024u;", "const index_t c0 = index_t(blockIdx.x) * 256u + lane * 8u;",
+        "for (index_t r = lo + row_in_step; r < hi; r += 8u) {", "const index_t p = (r * cols + c0) / 8u;",
+        "for (int j = 0; j < 8; ++j) acc[j] += reel_load_bf16(s0.v[j]);", "acc[j] += reel_load_bf16(out0[e]);",
+        "part[row_in_step][lane * 8 + j] = acc[j];",
+        "atomicAdd(&reel_column_counters[blockIdx.x], 1u) + 1u == gridDim.y",
+        "v += __ldcg(partial + index_t(s) * cols + col);", "sums[col] = sums[col] + v;"})
     EXPECT_NE(src.find(part), std::string::npos) << part << "\n" << src;
   EXPECT_NE(jit::cuda_fused_source(e, rows, "x", {0, false}).find("sums[col] = v;"), std::string::npos);
-  for (const FusedLoop& l : {make_fused_loop({16, 100}, {{100, 1}, {100, 1}}), make_fused_loop({16, 64}, {{1, 16}, {64, 1}}),
-                             make_fused_loop({16, 64}, {{0, 1}, {64, 1}})})
+  for (const FusedLoop& l :
+       {make_fused_loop({16, 100}, {{100, 1}, {100, 1}}), make_fused_loop({16, 64}, {{1, 16}, {64, 1}}),
+        make_fused_loop({16, 64}, {{0, 1}, {64, 1}})})
     EXPECT_FALSE(jit::fused_column_sums_fit(l)) << shape_str(l.sizes);
   if (!cuda::is_built()) GTEST_SKIP() << "reel was built without the CUDA backend (no NVRTC)";
   TempCacheDir cache;

@@ -91,7 +91,8 @@ TEST(PassPipeline, APassTurnedOffByNameLeavesItsPatternAlone) {
   for (const auto& [name, nodes] : off.plan->stats().after) ran.push_back(name);
   EXPECT_EQ(std::count(ran.begin(), ran.end(), "gemm_epilogue"), 0);
   const auto& p = compile::pipeline();
-  const size_t on_by_default = size_t(std::count_if(p.begin(), p.end(), [](const compile::Pass& x) { return x.on_by_default; }));
+  const size_t on_by_default =
+      size_t(std::count_if(p.begin(), p.end(), [](const compile::Pass& x) { return x.on_by_default; }));
   EXPECT_EQ(ran.size(), on_by_default - 2);
 }
 

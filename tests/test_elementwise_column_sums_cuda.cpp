@@ -48,14 +48,15 @@ double rel_l2(const std::vector<double>& x, const std::vector<double>& y) {
 // The op on the GPU and on the CPU, for operands `skip` elements into their storage (skip 1: no
 // 16-byte alignment, the column-sums kernel's element-by-element path), added to the same sums.
 void expect_matches_cpu(int64_t rows, int64_t cols, int64_t skip, DType t) {
-  SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " skip " + std::to_string(skip) + " " + dtype_name(t));
+  SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " skip " + std::to_string(skip) + " " +
+               dtype_name(t));
   const Attrs a = gelu_backward_sums(t, {rows, cols}, true);
   std::vector<Tensor> out;
   for (Device d : {Device::cuda(0), Device::cpu()}) {
     const Tensor sums = testing_util::random({cols}, 9, DType::f32).to(d);
     Tensor dx = Tensor::empty({rows, cols}, t, d);
-    dispatch_out(OpKind::FusedElementwise, {values_at(rows, cols, skip, t, 1, d), values_at(rows, cols, skip, t, 2, d), sums},
-                 {dx, sums}, a);
+    dispatch_out(OpKind::FusedElementwise,
+                 {values_at(rows, cols, skip, t, 1, d), values_at(rows, cols, skip, t, 2, d), sums}, {dx, sums}, a);
     out.push_back(dx.to(Device::cpu()));
     out.push_back(sums.to(Device::cpu()));
   }
@@ -124,7 +125,8 @@ TEST(ElementwiseColumnSumsCuda, AGptStepWithThePassFollowsTheStepWithout) {
   REEL_REQUIRE_GPU();
   for (const char* precision : {"bf16", "fp16"}) {
     SCOPED_TRACE(precision);
-    const StepRun off = run_steps(precision, false), on = run_steps(precision, true), again = run_steps(precision, true);
+    const StepRun off = run_steps(precision, false), on = run_steps(precision, true),
+                  again = run_steps(precision, true);
     EXPECT_EQ(off.kernels_with_sums, 0u);
     // gpt-tiny's 4 layers, ACCUM 2: an fc bias gradient per layer and micro-batch.
     EXPECT_GE(on.kernels_with_sums, 8u);
@@ -133,7 +135,8 @@ TEST(ElementwiseColumnSumsCuda, AGptStepWithThePassFollowsTheStepWithout) {
       EXPECT_LT(rel_l2(on.state[i], off.state[i]), 1e-5) << "tensor " << i;
       EXPECT_TRUE(same_bits(on.state[i], again.state[i])) << "tensor " << i << ": not the same bits run to run";
     }
-    for (size_t k = 0; k < off.losses.size(); ++k) EXPECT_NEAR(on.losses[k], off.losses[k], 1e-4 * std::abs(off.losses[k]));
+    for (size_t k = 0; k < off.losses.size(); ++k)
+      EXPECT_NEAR(on.losses[k], off.losses[k], 1e-4 * std::abs(off.losses[k]));
   }
 }
 

@@ -15,7 +15,6 @@
 // last dim, and the device runs fused_elementwise; runs after elementwise fusion, which makes the
 // kernels it extends.
 #include "compile/passes/passes.h"
-
 #include "kernels/fused_expr.h"
 
 namespace reel::compile {
@@ -94,9 +93,12 @@ void fuse_elementwise_column_sums(Graph& g, PassStats& stats) {
     fused.outputs.push_back(sums.outputs[0]);
     if (add) fused.inputs.push_back(sums.outputs[0]);
     fused.in_place = fused.in_place || add;
-    if (sums.fused.empty()) fused.fused.push_back("column_sums");
-    else fused.fused.insert(fused.fused.end(), sums.fused.begin(), sums.fused.end());
-    if (!call_supported(g, fused)) return why_not(kPass, g, i, "column sums", "the device's kernel does not take the call");
+    if (sums.fused.empty())
+      fused.fused.push_back("column_sums");
+    else
+      fused.fused.insert(fused.fused.end(), sums.fused.begin(), sums.fused.end());
+    if (!call_supported(g, fused))
+      return why_not(kPass, g, i, "column sums", "the device's kernel does not take the call");
     g.nodes[i] = std::move(fused);
     drop[size_t(s)] = true;
     stats.fused += 1;

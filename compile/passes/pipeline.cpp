@@ -55,7 +55,8 @@ bool is_pass(const std::string& name) {
 
 std::string pass_names() {
   std::string out;
-  for (const Pass& p : pipeline()) out += (out.empty() ? "" : ", ") + std::string(p.name) + (p.on_by_default ? "" : " (off by default)");
+  for (const Pass& p : pipeline())
+    out += (out.empty() ? "" : ", ") + std::string(p.name) + (p.on_by_default ? "" : " (off by default)");
   return out;
 }
 
@@ -67,9 +68,9 @@ std::vector<std::string> passes_in_env(char sign) {
   std::stringstream ss(env ? env : "");
   for (std::string item; std::getline(ss, item, ',');) {
     if (item.empty()) continue;
-    REEL_CHECK((item[0] == '-' || item[0] == '+') && item.size() > 1, "REEL_PASSES: '", item,
-               "' must be -name, a pass to turn off, or +name, a pass off by default to turn on (passes: ",
-               pass_names(), ")");
+    REEL_CHECK(
+        (item[0] == '-' || item[0] == '+') && item.size() > 1, "REEL_PASSES: '", item,
+        "' must be -name, a pass to turn off, or +name, a pass off by default to turn on (passes: ", pass_names(), ")");
     const std::string name = item.substr(1);
     REEL_CHECK(is_pass(name), "REEL_PASSES: no pass is called '", name, "' (passes: ", pass_names(), ")");
     if (item[0] == sign) out.push_back(name);

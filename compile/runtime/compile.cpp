@@ -162,8 +162,7 @@ struct CompiledFunction::State {
 
   // The entry's plan from a traced graph, in the function's shared arena; its host nodes reported.
   void build_plan(Entry& e, Graph g) {
-    e.plan = std::make_unique<Plan>(std::move(g), options.mode,
-                                    pass_options(options), arenas);
+    e.plan = std::make_unique<Plan>(std::move(g), options.mode, pass_options(options), arenas);
     for (const GraphBreak& b : e.plan->host_nodes()) breaks.push_back(b);
     if (log_enabled("plan")) log_line("plan", plan_summary(*e.plan));
     if (log_enabled("memory")) log_line("memory", memory_summary(*e.plan));

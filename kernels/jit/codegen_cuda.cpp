@@ -220,15 +220,14 @@ void emit_scalar_body(std::ostringstream& os, const FusedExpr& e, const FusedLoo
 // (the column-sums kernel's rows in flight): a program reads a buffer it writes only at the element
 // it writes (compile/passes/fuse_elementwise.cpp), so no load can see another pack's store.
 // `pack` as a factor: an expression in parentheses, a plain name as it is.
-std::string factor(const std::string& pack) {
-  return pack.find(' ') == std::string::npos ? pack : "(" + pack + ")";
-}
+std::string factor(const std::string& pack) { return pack.find(' ') == std::string::npos ? pack : "(" + pack + ")"; }
 
 void emit_pack_loads(std::ostringstream& os, const FusedExpr& e, const std::string& indent, const char* suffix,
                      const std::string& tag, const std::string& pack) {
   for (size_t k = 0; k < e.inputs.size(); ++k)
     os << indent << "const " << pack_type(e.inputs[k]) << " l" << k << tag << " = *reinterpret_cast<const "
-       << pack_type(e.inputs[k]) << "*>(in" << k << " + " << factor(pack) << " * " << kFusedVectorWidth << suffix << ");\n";
+       << pack_type(e.inputs[k]) << "*>(in" << k << " + " << factor(pack) << " * " << kFusedVectorWidth << suffix
+       << ");\n";
 }
 
 void emit_pack_compute(std::ostringstream& os, const FusedExpr& e, const std::string& indent, const char* suffix,
@@ -243,7 +242,8 @@ void emit_pack_compute(std::ostringstream& os, const FusedExpr& e, const std::st
     if (i.kind != InstrKind::Random) continue;
     for (int b = 0; b < w / 4; ++b)
       os << indent << "const philox_words ph" << r << "_" << b << tag << " = philox4x32_10_words(" << random_key(i)
-         << ", " << random_start(i) << " + (unsigned long long)" << factor(pack) << " * " << w / 4 << "ull + " << b << "ull);\n";
+         << ", " << random_start(i) << " + (unsigned long long)" << factor(pack) << " * " << w / 4 << "ull + " << b
+         << "ull);\n";
   }
   os << "#pragma unroll\n" << indent << "for (int j = 0; j < " << w << "; ++j) {\n";
   auto random = [&](int r) {
@@ -260,8 +260,8 @@ void emit_pack_compute(std::ostringstream& os, const FusedExpr& e, const std::st
         [&](int k) { return "s" + std::to_string(k) + tag + ".v[j]"; }, random);
   os << indent << "}\n";
   for (size_t k = 0; k < e.outputs.size(); ++k)
-    os << indent << "*reinterpret_cast<" << pack_type(e.outputs[k]) << "*>(out" << k << " + " << factor(pack) << " * " << w
-       << suffix << ") = s" << k << tag << ";\n";
+    os << indent << "*reinterpret_cast<" << pack_type(e.outputs[k]) << "*>(out" << k << " + " << factor(pack) << " * "
+       << w << suffix << ") = s" << k << tag << ";\n";
 }
 
 void emit_pack_body(std::ostringstream& os, const FusedExpr& e, const std::string& indent, const char* suffix) {
@@ -316,26 +316,28 @@ void emit_column_sums_kernel(std::ostringstream& os, const FusedExpr& e, const F
   // one at a time; misaligned: element by element through the scalar body.
   os << "  if (c0 < cols && (addresses & 15ull) == 0) {\n";
   os << "    index_t r = lo + row_in_step;\n";
-  os << "    for (; r + " << (kColumnRowsInFlight - 1) * warps << suffix << " < hi; r += " << kColumnRowsInFlight * warps
-     << suffix << ") {\n";
+  os << "    for (; r + " << (kColumnRowsInFlight - 1) * warps << suffix
+     << " < hi; r += " << kColumnRowsInFlight * warps << suffix << ") {\n";
   os << "      const index_t p = (r * cols + c0) / " << w << suffix << ";\n";
   // Row r + warps u starts u * warps * cols / w packs after row r.
   auto pack_of = [&](int u) {
-    return u == 0 ? std::string("p") : "p + " + std::to_string(u * warps) + suffix + " * (cols / " + std::to_string(w) + suffix + ")";
+    return u == 0 ? std::string("p")
+                  : "p + " + std::to_string(u * warps) + suffix + " * (cols / " + std::to_string(w) + suffix + ")";
   };
-  for (int u = 0; u < kColumnRowsInFlight; ++u) emit_pack_loads(os, e, "      ", suffix, "_" + std::to_string(u), pack_of(u));
+  for (int u = 0; u < kColumnRowsInFlight; ++u)
+    emit_pack_loads(os, e, "      ", suffix, "_" + std::to_string(u), pack_of(u));
   for (int u = 0; u < kColumnRowsInFlight; ++u) {
     const std::string tag = "_" + std::to_string(u);
     emit_pack_compute(os, e, "      ", suffix, tag, pack_of(u));
-    os << "#pragma unroll\n      for (int j = 0; j < " << w << "; ++j) acc[j] += "
-       << widen(summed, "s" + summed_out + tag + ".v[j]") << ";\n";
+    os << "#pragma unroll\n      for (int j = 0; j < " << w
+       << "; ++j) acc[j] += " << widen(summed, "s" + summed_out + tag + ".v[j]") << ";\n";
   }
   os << "    }\n";
   os << "    for (; r < hi; r += " << warps << suffix << ") {\n";
   os << "      const index_t p = (r * cols + c0) / " << w << suffix << ";\n";
   emit_pack_body(os, e, "      ", suffix);
-  os << "#pragma unroll\n      for (int j = 0; j < " << w << "; ++j) acc[j] += " << widen(summed, "s" + summed_out + ".v[j]")
-     << ";\n";
+  os << "#pragma unroll\n      for (int j = 0; j < " << w
+     << "; ++j) acc[j] += " << widen(summed, "s" + summed_out + ".v[j]") << ";\n";
   os << "    }\n";
   os << "  } else if (c0 < cols) {\n";
   os << "    for (index_t r = lo + row_in_step; r < hi; r += " << warps << suffix << ") {\n";
@@ -367,7 +369,8 @@ void emit_column_sums_kernel(std::ostringstream& os, const FusedExpr& e, const F
      << "    if (is_last) atomicExch(&reel_column_counters[blockIdx.x], 0u);\n  }\n";
   os << "  __syncthreads();\n  if (!is_last) return;\n  __threadfence();\n";
   os << "  if (mine) {\n    float v = __ldcg(partial + col);\n"
-     << "#pragma unroll 32\n    for (unsigned s = 1; s < gridDim.y; ++s) v += __ldcg(partial + index_t(s) * cols + col);\n"
+     << "#pragma unroll 32\n    for (unsigned s = 1; s < gridDim.y; ++s) v += __ldcg(partial + index_t(s) * cols + "
+        "col);\n"
      << "    sums[col] = " << (sums.accumulate ? "sums[col] + v" : "v") << ";\n  }\n";
 }
 
@@ -424,7 +427,8 @@ std::string cuda_fused_source(const FusedExpr& expr, const FusedLoop& loop, cons
 bool fused_column_sums_fit(const FusedLoop& loop) {
   if (fused_vector_width(loop) != kFusedVectorWidth || loop.shape.empty()) return false;
   const int64_t cols = loop.shape.back();
-  return cols > 0 && cols % kFusedVectorWidth == 0 && (cols + kFusedColumnTile - 1) / kFusedColumnTile <= kFusedColumnCounters;
+  return cols > 0 && cols % kFusedVectorWidth == 0 &&
+         (cols + kFusedColumnTile - 1) / kFusedColumnTile <= kFusedColumnCounters;
 }
 
 int fused_vector_width(const FusedLoop& loop) {

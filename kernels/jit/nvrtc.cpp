@@ -126,7 +126,7 @@ struct FusedLaunch {
   dim3 grid{1, 1, 1};
   size_t inputs = 0, outputs = 0;  // the kernel's pointers: loaded inputs and states, program outputs
   FusedColumnSums sums;
-  bool sums_in_kernel = false;     // the column-sums kernel; else column_sums_into after the kernel
+  bool sums_in_kernel = false;  // the column-sums kernel; else column_sums_into after the kernel
   int64_t rows = 0, cols = 0, chunk = 0;
 };
 
@@ -147,12 +147,14 @@ void size_column_grid(FusedLaunch& launch, const FusedLoop& loop, int device) {
   launch.rows = loop.numel / launch.cols;
   const int64_t tiles = (launch.cols + kFusedColumnTile - 1) / kFusedColumnTile;
   const int64_t want = (kColumnBlocksPerSM * sms + tiles - 1) / tiles;
-  const int64_t chunks = std::max<int64_t>(1, std::min({want, (launch.rows + kColumnMinRows - 1) / kColumnMinRows, int64_t(65535)}));
+  const int64_t chunks =
+      std::max<int64_t>(1, std::min({want, (launch.rows + kColumnMinRows - 1) / kColumnMinRows, int64_t(65535)}));
   launch.chunk = (launch.rows + chunks - 1) / chunks;
   launch.grid = dim3(unsigned(tiles), unsigned((launch.rows + launch.chunk - 1) / launch.chunk));
 }
 
-std::shared_ptr<FusedLaunch> build_launch(const FusedExpr& expr, const FusedLoop& loop, FusedColumnSums sums, int device) {
+std::shared_ptr<FusedLaunch> build_launch(const FusedExpr& expr, const FusedLoop& loop, FusedColumnSums sums,
+                                          int device) {
   const std::string label = fused_label(expr);
   const bool sums_in_kernel = sums.on() && loop.numel > 0 && fused_column_sums_fit(loop);
   const std::string source = cuda_fused_source(expr, loop, label, sums_in_kernel ? sums : FusedColumnSums{});
@@ -192,7 +194,11 @@ struct LaunchKey {
 
 LaunchKey key_of(const KernelCall& c, const FusedLoop& loop) {
   const FusedColumnSums sums = fused_column_sums_of(c.attrs);
-  LaunchKey k{c.attrs.ints("program"), loop.sizes, {}, sums.output, sums.accumulate,
+  LaunchKey k{c.attrs.ints("program"),
+              loop.sizes,
+              {},
+              sums.output,
+              sums.accumulate,
               c.out.empty() ? 0 : c.out[0].device().index};
   for (const auto& s : loop.strides) k.strides.insert(k.strides.end(), s.begin(), s.end());
   k.strides.push_back(int64_t(c.in.size()));
@@ -225,7 +231,8 @@ std::shared_ptr<FusedLaunch> launch_for(const KernelCall& c, bool fresh = false)
     auto it = call_sites().find(&c.attrs);
     if (it != call_sites().end() && it->second.key == key) return it->second.launch;
   }
-  std::shared_ptr<FusedLaunch> launch = build_launch(fused_expr_of(c.attrs), loop, fused_column_sums_of(c.attrs), key.device);
+  std::shared_ptr<FusedLaunch> launch =
+      build_launch(fused_expr_of(c.attrs), loop, fused_column_sums_of(c.attrs), key.device);
   std::lock_guard<std::mutex> lock(sites_mu);
   call_sites()[&c.attrs] = CallSite{std::move(key), launch};
   return launch;
@@ -238,9 +245,9 @@ std::shared_ptr<FusedLaunch> launch_for(const KernelCall& c, bool fresh = false)
 void fused_elementwise_kernel(const KernelCall& c) {
   const std::shared_ptr<FusedLaunch> l = launch_for(c);
   const size_t sums_out = l->sums.on() ? 1 : 0, sums_in = l->sums.accumulate ? 1 : 0;
-  REEL_ASSERT(c.in.size() == l->inputs + sums_in && c.out.size() == l->outputs + sums_out, "fused_elementwise: ",
-              c.in.size(), " inputs and ", c.out.size(), " outputs for a program of ", l->inputs, " and ", l->outputs,
-              l->sums.on() ? " and its column sums" : "");
+  REEL_ASSERT(c.in.size() == l->inputs + sums_in && c.out.size() == l->outputs + sums_out,
+              "fused_elementwise: ", c.in.size(), " inputs and ", c.out.size(), " outputs for a program of ", l->inputs,
+              " and ", l->outputs, l->sums.on() ? " and its column sums" : "");
   std::vector<void*> ptrs(l->inputs + l->outputs);
   for (size_t k = 0; k < l->inputs; ++k) ptrs[k] = c.in[k].data_ptr();
   for (size_t k = 0; k < l->outputs; ++k) ptrs[l->inputs + k] = c.out[k].data_ptr();

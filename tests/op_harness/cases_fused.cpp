@@ -39,7 +39,8 @@ Expected values_of(const std::vector<Tensor>& ts) {
 // A layer_norm_backward_add call that adds its column sums to `sums`: that tensor is an input and the
 // same tensor as the last output (params +=); the other outputs are fresh.
 // A call of op whose last output, its column sums, is added to: that output is `sums` itself.
-OpCall adding_into_sums(const Inputs& in, const Attrs& a, const Tensor& sums, OpKind op = OpKind::LayerNormBackwardAdd) {
+OpCall adding_into_sums(const Inputs& in, const Attrs& a, const Tensor& sums,
+                        OpKind op = OpKind::LayerNormBackwardAdd) {
   std::vector<TensorMeta> m = infer_outputs(op, in, a);
   std::vector<Tensor> out;
   for (size_t k = 0; k + 1 < m.size(); ++k) out.push_back(Tensor::empty(m[k].shape, m[k].dtype));
@@ -527,7 +528,8 @@ void add_fused_elementwise_column_sums_cases(std::vector<OpTestCase>& cases) {
          .reference =
              [v](const OpCall& c) {
                const DType t = c.inputs[0].dtype();
-               const Tensor dx = cast(run1(OpKind::GeluBackward, {cast(c.inputs[0], DType::f32), cast(c.inputs[1], DType::f32)}), t);
+               const Tensor dx =
+                   cast(run1(OpKind::GeluBackward, {cast(c.inputs[0], DType::f32), cast(c.inputs[1], DType::f32)}), t);
                std::vector<int64_t> rows;
                for (size_t d = 0; d + 1 < v.shape.size(); ++d) rows.push_back(int64_t(d));
                Tensor s = run1(OpKind::Sum, {cast(dx, DType::f32)}, Attrs().set("dims", rows));
