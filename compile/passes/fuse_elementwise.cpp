@@ -142,14 +142,6 @@ class GroupState {
 // 208.1 MiB on the CPU). The window bounds the pass's cost (each move rescans the nodes before it).
 constexpr size_t kMaxHoist = 1024;
 
-bool refers_to(const Node& n, int buffer) {
-  for (const auto& r : n.inputs)
-    if (r && r->buffer == buffer) return true;
-  for (const TensorRef& r : n.outputs)
-    if (r.buffer == buffer) return true;
-  return false;
-}
-
 // A contiguous ref of `r`'s buffer, offset and dtype in `shape`.
 TensorRef reshaped(const TensorRef& r, const Shape& shape) {
   return TensorRef{r.buffer, shape, contiguous_strides(shape), r.offset, r.dtype};

@@ -37,15 +37,6 @@ bool sums_all_of(const Node& s, const TensorRef& y, Why& why) {
              "the sums are not one f32 value per column");
 }
 
-// Whether the node reads or writes buffer b.
-bool refers_to(const Node& n, int b) {
-  for (const auto& r : n.inputs)
-    if (r && r->buffer == b) return true;
-  for (const TensorRef& r : n.outputs)
-    if (r.buffer == b) return true;
-  return false;
-}
-
 // The column-sums node that can move into fused node i, summing its output `out` (set): its index,
 // or -1 with the reason in `why`.
 int column_sums_of(const Graph& g, const BufferUses& u, size_t i, int& out, Why& why) {

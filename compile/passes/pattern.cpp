@@ -47,6 +47,14 @@ void drop_nodes(Graph& g, const std::vector<bool>& drop) {
   g.nodes = std::move(kept);
 }
 
+bool refers_to(const Node& n, int buffer) {
+  for (const auto& r : n.inputs)
+    if (r && r->buffer == buffer) return true;
+  for (const TensorRef& r : n.outputs)
+    if (r.buffer == buffer) return true;
+  return false;
+}
+
 bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r) {
   return g.buffers[r.buffer].kind == BufferKind::Internal && u.writers[r.buffer].size() == 1;
 }

@@ -43,6 +43,8 @@ void fuse_each(Graph& g, Visit visit) {
 template <typename IsAnchor, typename Match, typename Rewrite>
 void fuse_partners(Graph& g, const char* pass, const char* with, IsAnchor is_anchor, Match match, Rewrite rewrite);
 
+// Whether node n reads or writes the buffer.
+bool refers_to(const Node& n, int buffer);
 // An Internal buffer written by exactly one node.
 bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r);
 // bf16 or f16: the compute dtypes of autocast.
