@@ -370,6 +370,14 @@ TEST(CudaCodegen, ColumnSumsWalkColumnTilesAndRowChunks) {
   if (!cuda::is_built()) GTEST_SKIP() << "reel was built without the CUDA backend (no NVRTC)";
   TempCacheDir cache;
   EXPECT_NO_THROW(jit::nvrtc_compile_cached(src, "sm_90", "column sums"));
+  // Every dtype the column_sums op sums (f32, f16, bf16), in 32- and 64-bit index math.
+  for (DType t : {DType::f32, DType::f16, DType::bf16})
+    for (int64_t rows : {int64_t(512), int64_t(1) << 22}) {
+      FusedExpr y;
+      y.store(0, y.op(OpKind::Neg, {y.load(0, t)}, t), t);
+      const std::string s = jit::cuda_fused_source(y, make_fused_loop({rows, 1024}, {{1024, 1}}), "neg", {0, false});
+      EXPECT_NO_THROW(jit::nvrtc_compile_cached(s, "sm_90", "neg with column sums")) << dtype_name(t) << " " << rows;
+    }
 }
 
 // y = x * m + u * n in f32 (dropout's multiply and a product of draws, added): eager rounds each
