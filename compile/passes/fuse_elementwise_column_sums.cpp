@@ -13,7 +13,8 @@
 // Equal to the column_sums op up to f32 rounding (the sums are added in another fixed order: the
 // same bits on every run). Applies when the column sums read all of y, one sum per column of y's
 // last dim, and the device runs fused_elementwise; runs after elementwise fusion, which makes the
-// kernels it extends.
+// kernels it extends. Off by default (REEL_PASSES=+elementwise_column_sums): on the H200 the step
+// was slower with it than with the two kernels it joins (bench/RESULTS.md).
 #include "compile/passes/passes.h"
 #include "kernels/fused_expr.h"
 
