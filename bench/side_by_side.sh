@@ -30,6 +30,10 @@
 #             per line), micro-batch 16 x ACCUM 4: reel train --items lines --compile reduce-overhead
 #             (each micro-batch in its own length bucket) beside PyTorch's dynamic, mark_dynamic and
 #             padded whole-step graph (bench/peer_variable_length.py)
+#   ab        this build against itself with a change named by the environment, AB="VAR=value ..." (say
+#             AB="REEL_PASSES=+elementwise_column_sums", or REEL_PROGRAMMATIC_LAUNCH=0 with it): ROUNDS
+#             rounds (default 2) alternating, the three models in bf16 and fp16, reduce-overhead;
+#             bench/ab_table.py joins them
 #   memory    micro-batch 1..128 (powers of two), bf16: reel's planned peak (--plan-memory) beside its
 #             measured one, eager (every B) and reduce-overhead (B 1, 8, 64: each costs a compilation),
 #             and torch eager's measured peak (bench/memory_table.py joins them)
@@ -198,6 +202,18 @@ for phase in "$@"; do
       "$reel" bench --models "$models" --precisions bf16 --compile reduce-overhead,max-autotune \
         --json "$out/reel.jsonl" > "$out/reel.txt" 2>&1
       grep -E "^(cnn|gpt)" "$out/reel.txt" >> "$out/joined.md" ;;
+    ab)
+      read -r -a change <<< "${AB:?the ab phase needs AB=\"VAR=value ...\", the change to measure}"
+      echo "${AB}" > "$out/change.txt"
+      for r in $(seq 1 "${ROUNDS:-2}"); do
+        for side in base test; do
+          env_args=()
+          [ "$side" = test ] && env_args=("${change[@]}")
+          env "${env_args[@]}" "$reel" bench --models "$models" --precisions bf16,fp16 --compile reduce-overhead \
+            --json "$out/$side.r$r.jsonl" > "$out/$side.r$r.txt" 2>&1
+        done
+      done
+      python3 bench/ab_table.py "$out" > "$out/joined.md" ;;
     memory)
       : > "$out/reel.jsonl"; : > "$out/torch_eager.jsonl"
       for b in 1 2 4 8 16 32 64 128; do
@@ -210,7 +226,7 @@ for phase in "$@"; do
           2>> "$out/torch_eager.err"
       done
       python3 bench/memory_table.py "$out/reel.jsonl" "$out/torch_eager.jsonl" > "$out/joined.md" ;;
-    *) echo "unknown phase $phase (eager, compiled, families, graph-memory, frontier, frontier-peer, limits, eager-memory, variable, scaling, cpu, cpu-threads, profile, memory)" >&2
+    *) echo "unknown phase $phase (eager, compiled, families, graph-memory, frontier, frontier-peer, limits, eager-memory, variable, scaling, cpu, cpu-threads, profile, ab, memory)" >&2
        exit 2 ;;
   esac
 done
