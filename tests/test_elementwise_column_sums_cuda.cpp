@@ -21,6 +21,7 @@
 namespace reel {
 namespace {
 
+using testing_util::rel_l2;
 using testing_util::same_bits;
 
 // dx = t(gelu_backward(f32(g), f32(z))) with the column sums of dx, as a GPT's MLP backward has it.
@@ -37,12 +38,6 @@ Attrs gelu_backward_sums(DType t, const Shape& shape, bool accumulate) {
 Tensor values_at(int64_t rows, int64_t cols, int64_t skip, DType t, uint64_t seed, Device d) {
   Tensor base = testing_util::random({rows * cols + skip}, seed, DType::f32).to(t).to(d);
   return Tensor::make_view(base, {rows, cols}, {cols, 1}, skip);
-}
-
-double rel_l2(const std::vector<double>& x, const std::vector<double>& y) {
-  double num = 0, den = 0;
-  for (size_t k = 0; k < x.size(); ++k) num += (x[k] - y[k]) * (x[k] - y[k]), den += y[k] * y[k];
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 // The op on the GPU and on the CPU, for operands `skip` elements into their storage (skip 1: no

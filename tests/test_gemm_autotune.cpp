@@ -20,6 +20,8 @@ using namespace reel;
 
 namespace {
 
+using testing_util::rel_l2;
+
 const Device kGpu = Device::cuda(0);
 
 // Problems timed so far (0 in a build without CUDA, where every test skips).
@@ -32,17 +34,6 @@ int64_t tunings() {
 }
 
 // ||a - b|| / ||b|| (NaN anywhere fails).
-double rel_l2(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
 // Tuned vs untuned: f32 differs by summation order only; bf16 by its output rounding as well.
 double tuned_tolerance(DType dt) { return dt == DType::f32 ? 1e-5 : 1e-2; }
 // GPU vs CPU (as tests/test_cuda.cpp).

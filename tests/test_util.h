@@ -92,6 +92,19 @@ inline double max_rel_diff(const Tensor& a, const Tensor& b) {
   return x.size() == y.size() ? err / scale : INFINITY;
 }
 
+// The relative L2 distance |a - b| / |b| (|a - b| when b is all zeros); infinite when the sizes
+// differ or either holds a NaN.
+inline double rel_l2(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
 // Values ~ N(0, 1) from a generator seeded by `seed`, in `dtype`.
 inline Tensor random(const Shape& shape, uint64_t seed, DType dtype = DType::f64) {
   Generator gen(seed);

@@ -290,9 +290,7 @@ void fused_elementwise_kernel(const KernelCall& c) {
   const std::vector<Tensor> outputs(c.out.begin(), c.out.begin() + int64_t(expr.outputs.size()));
   run_fused_cpu(expr, fused_loop_of(fused_shape_of(c.attrs), loaded), loaded, outputs, states);
   if (!sums.on()) return;
-  const Tensor& y = c.out[size_t(sums.output)];
-  const int64_t cols = c.out.back().numel();
-  std::vector<Tensor> in{Tensor::make_view(y, {y.numel() / std::max<int64_t>(cols, 1), cols}, {cols, 1}, y.offset())};
+  std::vector<Tensor> in{c.out[size_t(sums.output)]};  // (..., C): the op sums over every dim but the last
   if (sums.accumulate) in.push_back(c.in.back());
   cpu::run_op(OpKind::ColumnSums, in, {c.out.back()}, Attrs().set("accumulate", sums.accumulate));
 }

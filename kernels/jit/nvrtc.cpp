@@ -127,7 +127,7 @@ struct FusedLaunch {
   size_t inputs = 0, outputs = 0;  // the kernel's pointers: loaded inputs and states, program outputs
   FusedColumnSums sums;
   bool sums_in_kernel = false;  // the column-sums kernel; else column_sums_into after the kernel
-  int64_t rows = 0, cols = 0, chunk = 0;
+  int64_t cols = 0, chunk = 0;  // the column-sums kernel: columns (C), and rows of a chunk
 };
 
 // Column-sums blocks per SM the grid aims for, and the fewest rows of a chunk (a thread then takes
@@ -144,13 +144,12 @@ void size_column_grid(FusedLaunch& launch, const FusedLoop& loop, int device) {
   int sms = 0;
   REEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   launch.cols = loop.shape.back();
-  launch.rows = loop.numel / launch.cols;
+  const int64_t rows = loop.numel / launch.cols;
   const int64_t tiles = (launch.cols + kFusedColumnTile - 1) / kFusedColumnTile;
   const int64_t want = (kColumnBlocksPerSM * sms + tiles - 1) / tiles;
-  const int64_t chunks =
-      std::max<int64_t>(1, std::min({want, (launch.rows + kColumnMinRows - 1) / kColumnMinRows, int64_t(65535)}));
-  launch.chunk = (launch.rows + chunks - 1) / chunks;
-  launch.grid = dim3(unsigned(tiles), unsigned((launch.rows + launch.chunk - 1) / launch.chunk));
+  const int64_t chunks = std::max<int64_t>(1, std::min({want, (rows + kColumnMinRows - 1) / kColumnMinRows, int64_t(65535)}));
+  launch.chunk = (rows + chunks - 1) / chunks;
+  launch.grid = dim3(unsigned(tiles), unsigned((rows + launch.chunk - 1) / launch.chunk));
 }
 
 std::shared_ptr<FusedLaunch> build_launch(const FusedExpr& expr, const FusedLoop& loop, FusedColumnSums sums,
@@ -266,11 +265,8 @@ void fused_elementwise_kernel(const KernelCall& c) {
   REEL_CUDA_CHECK(cuda::launch_programmatic(reinterpret_cast<const void*>(l->kernel->kernel), l->grid,
                                             dim3(kFusedBlockThreads), 0, stream, args.data()));
   if (!l->sums.on() || l->sums_in_kernel) return;
-  const Tensor& y = c.out[size_t(l->sums.output)];
-  const int64_t cols = c.out.back().numel();
-  if (cols == 0) return;
-  cuda::column_sums_into(Tensor::make_view(y, {y.numel() / cols, cols}, {cols, 1}, y.offset()), c.out.back(),
-                         l->sums.accumulate);
+  if (c.out.back().numel() == 0) return;  // no columns: nothing to sum
+  cuda::column_sums_into(c.out[size_t(l->sums.output)], c.out.back(), l->sums.accumulate);
 }
 
 void fused_elementwise_prepare(const KernelCall& c) { launch_for(c, /*fresh=*/true); }
