@@ -216,7 +216,8 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
     if (std::string(prec) == "bf16") {  // and write, or add, into the biases' gradients themselves
       int into_grad = 0, added = 0, in_norm = 0;
       for (const compile::Node& n : step.last_plan()->graph().nodes) {
-        const bool sums = n.op == OpKind::ColumnSums && n.fused.size() == 2 && n.fused[0] == "sum";
+        const bool sums = n.op == OpKind::ColumnSums && n.fused.size() == 2 && n.fused[0] == "sum" &&
+                          n.inputs[0]->dtype == DType::bf16;  // the position table's f32 sums: below
         into_grad += sums && (n.fused[1] == "copy" || n.fused[1] == "add");
         added += sums && n.fused[1] == "add" && n.in_place;
         // summed by a layer-norm backward's pass over the rows (compile/passes/fuse_norm_backward_add.cpp)
@@ -230,6 +231,19 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
       EXPECT_EQ(in_norm, 3 * 3);
       EXPECT_GE(added, 8 * 2) << "the later micro-batches add to the gradient";
     }
+    // The position table (16 rows, T = 16) read in place by the forward (compile/passes/identity_gathers.cpp)
+    // and its gradient summed over the batch straight into it (compile/passes/write_sums_into_grads.cpp):
+    // one lookup and one scatter a micro-batch, the tokens', and one f32 column-sums over (B, T * d).
+    int lookups = 0, scatters = 0, position_sums = 0;
+    for (const compile::Node& n : step.last_plan()->graph().nodes) {
+      lookups += n.op == OpKind::Embedding;
+      scatters += n.op == OpKind::EmbeddingBackward;
+      position_sums +=
+          n.op == OpKind::ColumnSums && n.inputs[0]->dtype == DType::f32 && n.inputs[0]->shape == Shape{4, 16 * 32};
+    }
+    EXPECT_EQ(lookups, 3) << prec;
+    EXPECT_EQ(scatters, 3) << prec;
+    EXPECT_EQ(position_sums, 3) << prec;
     if (std::string(prec) == "bf16") {
       bool cast_in_gemm = false;  // a GEMM writing f32 straight from bf16 operands (attention, backward)
       for (const compile::Node& n : step.last_plan()->graph().nodes)

@@ -65,8 +65,10 @@ int plan_command(int argc, char** argv) {
               device.str().c_str(), (long long)w.micro[0].first.size(0), (long long)accum);
   std::printf("%s\n", compile::plan_summary(*plan).c_str());
   const compile::PassStats& st = plan->stats();
-  std::printf("kernels per step: %zu traced -> %zu (dead code %zu, constants folded %zu, repeats %zu, fused away %zu)\n",
-              st.traced, plan->kernels(), st.dead, st.folded, st.deduplicated, st.fused);
+  std::printf(
+      "kernels per step: %zu traced -> %zu (gathers read in place %zu, dead code %zu, constants folded %zu, repeats "
+      "%zu, fused away %zu)\n",
+      st.traced, plan->kernels(), st.in_place, st.dead, st.folded, st.deduplicated, st.fused);
   std::printf("passes (compile/passes/pipeline.cpp), nodes after each:");
   for (const auto& [name, nodes] : st.after) std::printf(" %s %zu", name.c_str(), nodes);
   std::printf("\n");

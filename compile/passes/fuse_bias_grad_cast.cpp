@@ -10,60 +10,12 @@
 // of each summand (relative 2^-9 in bf16, averaging out over the rows): within the dtype tolerance of
 // the compiled-against-eager parity tests, not equal to the bit. Applies on the GPU, when g is f32,
 // contiguous and written once, and the cast is to a contiguous 16-bit buffer of g's shape.
-// Then the parameter's gradient takes the sums directly: AccumulateGrad's copy of db into the
-// gradient (the first micro-batch) or its in-place add (params +=, the later ones) goes, and the
-// column-sum kernel writes, or adds to, the gradient in its last step: one launch fewer per bias
-// and micro-batch, equal to the bit to the sum and then the add. Applies when db is read by that
-// copy or add alone and nothing touches the gradient between the two.
+// The sums then write the parameter's gradient themselves: compile/passes/write_sums_into_grads.cpp.
 #include "compile/passes/passes.h"
 
 namespace reel::compile {
 
 namespace {
-
-// Node j as AccumulateGrad's write of a bias sum's result into the parameter's gradient: the copy
-// that creates the gradient (first micro-batch) or the in-place add (params +=, later ones), reading
-// all of db, which nothing else reads, from a column-sums node i. Returns i, or -1.
-int bias_sum_written_to_grad(const Graph& g, const BufferUses& u, size_t j) {
-  const Node& c = g.nodes[j];
-  const std::optional<GradientWrite> write = gradient_write(c);
-  if (!write) return -1;
-  const TensorRef &r = *write->source, &z = c.outputs[0];
-  const int i = u.producer(r.buffer);
-  if (i < 0 || i >= int(j)) return -1;
-  const Node& sum = g.nodes[size_t(i)];
-  if (sum.op != OpKind::ColumnSums || sum.in_place || sum.attrs.b("accumulate", false)) return -1;
-  const TensorRef& db = sum.outputs[0];
-  const int64_t n = numel_of(db.shape);
-  if (r.buffer != db.buffer || r.offset != 0 || r.dtype != DType::f32 || numel_of(r.shape) != n || !is_contiguous(r) ||
-      !internal_once(g, u, db) || u.readers[db.buffer].size() != 1)
-    return -1;
-  if (z.dtype != DType::f32 || z.shape != db.shape || !is_contiguous(z) || !may_write_gradient_early(u, z, i, int(j), write->add))
-    return -1;
-  return i;
-}
-
-// The column sums write (or add) straight into the parameter's gradient, and the copy or add goes:
-// one launch fewer per bias and micro-batch, and the same bits (an f32 add of the same sums).
-void write_bias_sums_into_grads(Graph& g, PassStats& stats) {
-  const BufferUses u = buffer_uses(g);
-  std::vector<bool> drop(g.nodes.size(), false);
-  for (size_t j = 0; j < g.nodes.size(); ++j) {
-    const int i = bias_sum_written_to_grad(g, u, j);
-    if (i < 0 || drop[size_t(i)]) continue;
-    Node& sum = g.nodes[size_t(i)];
-    const Node& c = g.nodes[j];
-    const bool add = gradient_write(c)->add;
-    const TensorRef z = c.outputs[0];  // the gradient (N), db's shape
-    Node into{OpKind::ColumnSums, Attrs().set("accumulate", add), sum.inputs, {z}, add, {"sum", add ? "add" : "copy"}};
-    if (add) into.inputs.push_back(z);
-    if (!call_supported(g, into)) continue;
-    sum = std::move(into);
-    drop[j] = true;
-    ++stats.fused;
-  }
-  drop_nodes(g, drop);
-}
 
 // The columns a bias sum sums into: its input's last dim.
 int64_t x_cols(const Node& n) { return n.inputs[0]->shape.back(); }
@@ -101,9 +53,9 @@ int cast_of_input(const Graph& g, const BufferUses& u, size_t s) {
 
 }  // namespace
 
-void fuse_bias_grad_cast(Graph& g, PassStats& stats) {
+void fuse_bias_grad_cast(Graph& g, PassStats& /*stats*/) {
   // The sums themselves drop no node; elementwise fusion later drops the f32 write that lost its
-  // reader, and write_bias_sums_into_grads the copies and adds into the gradients.
+  // reader, and sums_into_grads (next) the copies and adds into the gradients.
   const BufferUses u = buffer_uses(g);
   std::vector<std::vector<size_t>> after(g.nodes.size());  // sums that move to just after node i
   std::vector<bool> moved(g.nodes.size(), false);
@@ -138,7 +90,6 @@ void fuse_bias_grad_cast(Graph& g, PassStats& stats) {
     for (size_t s : after[i]) order.push_back(std::move(g.nodes[s]));
   }
   g.nodes = std::move(order);
-  write_bias_sums_into_grads(g, stats);
 }
 
 }  // namespace reel::compile

@@ -17,6 +17,7 @@ struct PassStats {
   size_t dead = 0;          // removed by dead-code elimination
   size_t folded = 0;        // run once at build time
   size_t deduplicated = 0;  // common subexpressions removed
+  size_t in_place = 0;      // identity gathers whose readers read the rows where they lie
   size_t fused = 0;         // nodes merged into fused ops (a chain of k nodes counts k - 1)
   size_t kernels = 0;       // nodes left: kernels per replay
   // Each pass that ran, in pipeline order, and the nodes it left (`reel plan` prints them).
@@ -30,12 +31,14 @@ struct PassStats {
 };
 
 // ---- cleanup ----
+void read_identity_gathers(Graph& g, PassStats& stats);           // identity_gathers.cpp
 void eliminate_dead_code(Graph& g, PassStats& stats);             // eliminate_dead_code.cpp
 void fold_constants(Graph& g, PassStats& stats);                  // fold_constants.cpp
 void eliminate_common_subexpressions(Graph& g, PassStats& stats); // eliminate_common_subexpressions.cpp
 
 // ---- fusion: each rewrites node chains into a fused op of kernels/ops.def ----
 void fuse_bias_grad_cast(Graph& g, PassStats& stats);     // column_sums
+void write_sums_into_grads(Graph& g, PassStats& stats);   // column_sums (into a gradient)
 void fuse_gemm_epilogue(Graph& g, PassStats& stats);      // gemm_epilogue
 void fuse_matmul_cast(Graph& g, PassStats& stats);        // matmul_into (f32 result)
 void fuse_matmul_accumulate(Graph& g, PassStats& stats);  // matmul_into (into a gradient)

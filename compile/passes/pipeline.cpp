@@ -12,6 +12,8 @@ namespace reel::compile {
 const std::vector<Pass>& pipeline() {
   using S = PassStage;
   static const std::vector<Pass> passes = {
+      // Before dead code: the arange nodes whose ids it stops reading go there.
+      {"identity_gathers", S::Cleanup, read_identity_gathers, "lookups of ids 0..n-1 read the table's rows in place"},
       {"dead_code", S::Cleanup, eliminate_dead_code, "nodes whose results nothing reads"},
       {"constants", S::Cleanup, fold_constants, "nodes of constants only, run once at build time"},
       {"common_subexpressions", S::Cleanup, eliminate_common_subexpressions, "a node repeating an earlier one"},
@@ -19,6 +21,8 @@ const std::vector<Pass>& pipeline() {
       {"dropout_masks", S::Fusion, redraw_dropout_masks, "dropout's mask drawn again where it is read, not stored"},
       // Before any cast is folded: the bias sums read the 16-bit gradient the casts make.
       {"bias_grad_cast", S::Fusion, fuse_bias_grad_cast, "bias gradients summed from the 16-bit gradient"},
+      {"sums_into_grads", S::Fusion, write_sums_into_grads,
+       "gradients summed over leading dims written or added by the sum"},
       // Before elementwise fusion would take the add after a GEMM.
       {"gemm_epilogue", S::Fusion, fuse_gemm_epilogue, "a GEMM's bias add (and cast) in its epilogue"},
       {"matmul_cast", S::Fusion, fuse_matmul_cast, "a 16-bit GEMM writing its f32 result directly"},

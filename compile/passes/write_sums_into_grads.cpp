@@ -1,0 +1,102 @@
+// Sums written into gradients: a parameter's gradient that is a sum over the leading dims of another
+// tensor (a bias's over the rows of its output's gradient, a position table's over the batch),
+//   s = column_sums(x16)  or  s = sum(x, dims 0..k-1)      x (R..., C...) f32, contiguous
+//   grad = copy(s)  (the first micro-batch: AccumulateGrad creates the gradient)
+//   grad += s       (the later ones)
+// becomes one column_sums node that writes, or adds to, the gradient in its last step:
+//   column_sums(x as (R, C)) -> grad as (C)   [accumulate: grad (C) is also its last input]
+// One launch fewer per parameter and micro-batch, equal to the bit to the sum and then the copy or
+// add: column_sums of an f32 x is the sum op's reduction of the same (1, R, C) layout (CPU and CUDA),
+// and its accumulation adds the finished sums to the gradient in f32, as the add did.
+// Applies when s is written once, read by that copy or add alone and wholly, and nothing touches the
+// gradient between the sum and the write (a copy must be what creates it). The sum's reduced dims of
+// size > 1 must all come before its kept ones, so that x is rows of C contiguous columns.
+#include "compile/passes/passes.h"
+
+namespace reel::compile {
+
+namespace {
+
+// The (R, C) view of x that sum node n reduces over its rows, when n is a sum of a contiguous f32 x
+// over leading dims into f32; nullopt otherwise.
+std::optional<TensorRef> leading_sum_rows(const Node& n) {
+  if (n.op != OpKind::Sum || n.in_place || n.inputs.size() != 1 || !n.inputs[0] || n.outputs.size() != 1 ||
+      !n.attrs.has("dims"))
+    return std::nullopt;
+  const TensorRef& x = *n.inputs[0];
+  const int64_t nd = int64_t(x.shape.size());
+  if (nd == 0 || x.dtype != DType::f32 || n.outputs[0].dtype != DType::f32 || !is_contiguous(x)) return std::nullopt;
+  std::vector<bool> reduced(size_t(nd), false);
+  for (int64_t d : wrap_dims(n.attrs.ints("dims"), nd, "sum")) reduced[size_t(d)] = true;
+  int64_t rows = 1;
+  bool kept_seen = false;
+  for (int64_t d = 0; d < nd; ++d) {
+    if (x.shape[size_t(d)] == 1) continue;
+    if (!reduced[size_t(d)])
+      kept_seen = true;
+    else if (kept_seen)
+      return std::nullopt;  // a reduced dim after a kept one: not rows of columns
+    else
+      rows *= x.shape[size_t(d)];
+  }
+  const int64_t cols = rows == 0 ? 0 : numel_of(x.shape) / rows;
+  if (rows == 0 || cols == 0 || numel_of(n.outputs[0].shape) != cols) return std::nullopt;
+  return TensorRef{x.buffer, {rows, cols}, {cols, 1}, x.offset, x.dtype};
+}
+
+// Node j as AccumulateGrad's write of a sum's result into the parameter's gradient: the copy that
+// creates the gradient (first micro-batch) or the in-place add (params +=, later ones), reading all
+// of s, which nothing else reads, from a column-sums node or a leading-dims sum i. Returns i, or -1.
+int sum_written_to_grad(const Graph& g, const BufferUses& u, size_t j) {
+  const Node& c = g.nodes[j];
+  const std::optional<GradientWrite> write = gradient_write(c);
+  if (!write) return -1;
+  const TensorRef &r = *write->source, &z = c.outputs[0];
+  const int i = u.producer(r.buffer);
+  if (i < 0 || i >= int(j)) return -1;
+  const Node& sum = g.nodes[size_t(i)];
+  const bool column_sums = sum.op == OpKind::ColumnSums && !sum.in_place && !sum.attrs.b("accumulate", false);
+  if (!column_sums && !leading_sum_rows(sum)) return -1;
+  const TensorRef& s = sum.outputs[0];
+  const int64_t n = numel_of(s.shape);
+  if (r.buffer != s.buffer || r.offset != s.offset || r.dtype != DType::f32 || numel_of(r.shape) != n ||
+      !is_contiguous(r) || !is_contiguous(s) || !internal_once(g, u, s) || u.readers[s.buffer].size() != 1)
+    return -1;
+  if (z.dtype != DType::f32 || numel_of(z.shape) != n || !is_contiguous(z) ||
+      !may_write_gradient_early(u, z, i, int(j), write->add))
+    return -1;
+  return i;
+}
+
+}  // namespace
+
+void write_sums_into_grads(Graph& g, PassStats& stats) {
+  const BufferUses u = buffer_uses(g);
+  std::vector<bool> drop(g.nodes.size(), false);
+  for (size_t j = 0; j < g.nodes.size(); ++j) {
+    const int i = sum_written_to_grad(g, u, j);
+    if (i < 0 || drop[size_t(i)]) continue;
+    Node& sum = g.nodes[size_t(i)];
+    const Node& c = g.nodes[j];
+    const bool add = gradient_write(c)->add;
+    // The gradient as the column sums write it: (C), the same memory, whatever shape it has.
+    const TensorRef& z = c.outputs[0];
+    const int64_t cols = numel_of(z.shape);
+    const TensorRef into_z{z.buffer, {cols}, {1}, z.offset, z.dtype};
+    const TensorRef x = sum.op == OpKind::ColumnSums ? *sum.inputs[0] : *leading_sum_rows(sum);
+    Node into{OpKind::ColumnSums, Attrs().set("accumulate", add), {x}, {into_z}, add, {"sum", add ? "add" : "copy"}};
+    if (add) into.inputs.push_back(into_z);
+    into.phase = sum.phase;
+    if (!call_supported(g, into)) {
+      why_not("sums_into_grads", g, size_t(i), "the gradient's write",
+              "the device's column_sums does not take the call");
+      continue;
+    }
+    sum = std::move(into);
+    drop[j] = true;
+    ++stats.fused;
+  }
+  drop_nodes(g, drop);
+}
+
+}  // namespace reel::compile

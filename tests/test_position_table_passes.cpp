@@ -1,0 +1,99 @@
+// The position table's kernels dropped by two passes (compile/passes/identity_gathers.cpp reads the
+// table's rows in place and makes its gradient the batch sum; compile/passes/write_sums_into_grads.cpp
+// has that sum, and every bias's, write the gradient itself), on every device:
+//   - gpt-tiny's compiled step (ACCUM 2) with the two passes on follows the step with them off to
+//     the bit, in fp32, bf16 and fp16, with fewer kernels (the CPU always; the GPU where visible);
+//   - on the GPU, the column_sums kernel over the (rows, columns) view of an f32 tensor, written or
+//     added into a gradient, equals the sum op over its leading dims and then the add, to the bit:
+//     what the second pass's rewrite rests on.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "compile/runtime/compile.h"
+#include "compile/runtime/train_step.h"
+#include "compile_test_util.h"
+#include "kernels/cuda/column_sums.h"
+#include "test_util.h"
+
+namespace reel {
+namespace {
+
+using testing_util::same_bits;
+
+struct StepRun {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> state;
+  size_t kernels = 0;
+};
+
+StepRun run_steps(Device device, const char* precision, bool passes_on) {
+  AutocastGuard amp(PrecisionPolicy::parse(precision));
+  testing_util::SmallTraining t = testing_util::small_training("gpt-tiny", device);
+  compile::CompileOptions o(device.is_cuda() ? compile::Mode::ReduceOverhead : compile::Mode::Default);
+  if (!passes_on) o.disabled_passes = {"identity_gathers", "sums_into_grads"};
+  compile::CompiledFunction step = compile::compile_train_step(*t.opt, t.loss, o);
+  StepRun r;
+  r.losses = testing_util::step_losses(*t.opt, t.loss, t.micro, 3, &step);
+  r.state = t.state();
+  if (step.last_plan()) r.kernels = step.last_plan()->kernels();
+  return r;
+}
+
+void expect_passes_keep_the_bits(Device device) {
+  for (const char* precision : {"fp32", "bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    const StepRun off = run_steps(device, precision, false), on = run_steps(device, precision, true);
+    ASSERT_GT(off.kernels, 0u);
+    // Per micro-batch at least the position lookup, its scatter and the gradient's add.
+    EXPECT_LE(on.kernels + 3 * 2, off.kernels);
+    EXPECT_TRUE(same_bits(on.losses, off.losses));
+    ASSERT_EQ(on.state.size(), off.state.size());
+    for (size_t i = 0; i < off.state.size(); ++i) EXPECT_TRUE(same_bits(on.state[i], off.state[i])) << "tensor " << i;
+  }
+}
+
+TEST(PositionTablePasses, GptTinyFollowsTheStepWithoutThemToTheBitOnTheCpu) {
+  expect_passes_keep_the_bits(Device::cpu());
+}
+
+TEST(PositionTablePasses, GptTinyFollowsTheStepWithoutThemToTheBitOnTheGpu) {
+  REEL_REQUIRE_GPU();
+  expect_passes_keep_the_bits(Device::cuda(0));
+}
+
+#ifdef REEL_CUDA
+TEST(PositionTablePasses, ColumnSumsIntoAGradientAreTheSumAndTheAddOnTheGpu) {
+  REEL_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Generator gen(61);
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> dims;
+  };
+  // gpt-small's and gpt-tiny's position gradients, vit-tiny's, a bias's (dims 0 and 1), columns that
+  // are no multiple of 4 (not the wide loads), few columns of many rows.
+  for (const Case& c :
+       {Case{{16, 256, 512}, {0}}, Case{{16, 128, 256}, {0}}, Case{{32, 65, 192}, {0}}, Case{{4, 50, 96}, {0, 1}},
+        Case{{3, 7, 5}, {0}}, Case{{2, 3, 600}, {0, 1}}, Case{{4096, 2, 4}, {0}}}) {
+    SCOPED_TRACE(shape_str(c.shape));
+    Tensor x = randn(c.shape, {}, &gen).to(gpu);
+    int64_t rows = 1;
+    for (int64_t d : c.dims) rows *= c.shape[size_t(d)];
+    const int64_t cols = x.numel() / rows;
+    const Tensor start = randn({cols}, {}, &gen).to(gpu);
+    const Tensor s = sum(x, c.dims).reshape({cols});
+    const Tensor added = start + s;
+    Tensor written = Tensor::empty({cols}, DType::f32, gpu), accumulated = clone(start);
+    cuda::column_sums_into(x.reshape({rows, cols}), written);
+    cuda::column_sums_into(x.reshape({rows, cols}), accumulated, true);
+    EXPECT_TRUE(same_bits(written.to_vector<double>(), s.to_vector<double>()));
+    EXPECT_TRUE(same_bits(accumulated.to_vector<double>(), added.to_vector<double>()));
+  }
+}
+#endif  // REEL_CUDA
+
+}  // namespace
+}  // namespace reel
