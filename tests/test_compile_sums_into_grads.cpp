@@ -1,8 +1,9 @@
 // Sums written into gradients (compile/passes/write_sums_into_grads.cpp), on the CPU:
 //   - on hand-made graphs: a sum over leading dims copied (or added) into a gradient becomes one
 //     column_sums node over the (rows, columns) view of its input that writes (adds to) the
-//     gradient; sums over other dims, of strided inputs, read twice, or of a gradient something
-//     touches in between stay as they are;
+//     gradient, and an embedding backward writes (adds to) the table's gradient itself; sums over
+//     other dims, of strided inputs, read twice, or of a gradient something touches in between stay
+//     as they are;
 //   - a compiled f32 training step (ACCUM 3) whose position table is added with a broadcast and whose
 //     Linear has a bias: each gradient's sum writes it, one kernel fewer per parameter and
 //     micro-batch, and the losses, parameters and optimizer state are eager's to the bit.
@@ -103,6 +104,36 @@ TEST(SumsIntoGrads, ALeadingDimsSumWritesTheGradientItself) {
   EXPECT_EQ(run_pass(t.g), 1u);
   ASSERT_EQ(t.g.nodes.size(), 2u);
   EXPECT_TRUE(compile::same_ref(*t.g.nodes[1].inputs[0], TensorRef{t.x, {6, 4}, {4, 1}, 0, DType::f32}));
+}
+
+TEST(SumsIntoGrads, AnEmbeddingBackwardWritesTheTablesGradientItself) {
+  for (bool add : {false, true}) {
+    SCOPED_TRACE(add ? "grad += dW" : "grad = dW");
+    Graph g;
+    const int gy = add_buffer(g, BufferKind::Input, {2, 3, 4});
+    const int ids = add_buffer(g, BufferKind::Input, {2, 3});
+    const int dw = add_buffer(g, BufferKind::Internal, {5, 4});
+    const int grad = add_buffer(g, BufferKind::External, {5, 4});
+    TensorRef ids_ref = ref(ids, {2, 3});
+    ids_ref.dtype = DType::i64;
+    Node scatter = node(OpKind::EmbeddingBackward, {ref(gy, {2, 3, 4}), ids_ref}, ref(dw, {5, 4}));
+    scatter.attrs.set("num_weights", 5);
+    g.nodes.push_back(scatter);
+    if (add)
+      g.nodes.push_back(node(OpKind::Add, {ref(grad, {5, 4}), ref(dw, {5, 4})}, ref(grad, {5, 4}), true));
+    else
+      g.nodes.push_back(node(OpKind::Copy, {ref(dw, {5, 4})}, ref(grad, {5, 4})));
+    EXPECT_EQ(run_pass(g), 1u);
+    ASSERT_EQ(g.nodes.size(), 1u) << g.str();
+    const Node& n = g.nodes[0];
+    EXPECT_EQ(n.op, OpKind::EmbeddingBackward);
+    EXPECT_EQ(n.attrs.i("num_weights"), 5);
+    EXPECT_EQ(n.attrs.b("accumulate"), add);
+    EXPECT_EQ(n.in_place, add);
+    EXPECT_TRUE(compile::same_ref(n.outputs[0], ref(grad, {5, 4}))) << g.str();
+    ASSERT_EQ(n.inputs.size(), add ? 3u : 2u);
+    if (add) EXPECT_TRUE(compile::same_ref(*n.inputs[2], ref(grad, {5, 4})));
+  }
 }
 
 TEST(SumsIntoGrads, SumsThatAreNotRowsOfColumnsOrNotTheGradientsAloneStay) {

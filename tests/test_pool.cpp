@@ -329,4 +329,22 @@ TEST(PoolErrors, EmbeddingMessages) {
                {"embedding_backward", "index 5", "position (1,)", "V = 5"});
   expect_error([&] { dispatch(OpKind::EmbeddingBackward, {zeros({3, 3}), tensor_i64({0, 1}, {2})}, a); },
                {"embedding_backward", "(3, 3)", "(2,)"});
+  // Accumulating: the gradient to add to must be dweight's shape and g's dtype.
+  Attrs acc = Attrs().set("num_weights", 5).set("accumulate", true);
+  expect_error(
+      [&] {
+        dispatch(OpKind::EmbeddingBackward, {zeros({2, 3}), tensor_i64({0, 1}, {2}), zeros({4, 3})}, acc);
+      },
+      {"embedding_backward", "(4, 3) f32", "(5, 3)"});
+  expect_error(
+      [&] {
+        dispatch(OpKind::EmbeddingBackward, {zeros({2, 3}), tensor_i64({0, 1}, {2}), zeros({5, 3}).to(DType::f64)},
+                 acc);
+      },
+      {"embedding_backward", "(5, 3) f64", "must be f32"});
+  expect_error(
+      [&] {
+        dispatch(OpKind::EmbeddingBackward, {zeros({2, 3}), tensor_i64({0, 1}, {2})}, acc);
+      },
+      {"embedding_backward", "third input", "got 2 inputs"});
 }

@@ -1,6 +1,6 @@
-// The position table's kernels dropped by two passes (compile/passes/identity_gathers.cpp reads the
-// table's rows in place and makes its gradient the batch sum; compile/passes/write_sums_into_grads.cpp
-// has that sum, and every bias's, write the gradient itself), on every device:
+// The embedding tables' kernels dropped by two passes (compile/passes/identity_gathers.cpp reads the
+// position table's rows in place and makes its gradient the batch sum; compile/passes/write_sums_into_grads.cpp
+// has that sum, every bias's and the token table's scatter write the gradient itself), on every device:
 //   - gpt-tiny's compiled step (ACCUM 2) with the two passes on follows the step with them off to
 //     the bit, in fp32, bf16 and fp16, with fewer kernels (the CPU always; the GPU where visible);
 //   - on the GPU, the column_sums kernel over the (rows, columns) view of an f32 tensor, written or
@@ -27,6 +27,7 @@ struct StepRun {
   std::vector<double> losses;
   std::vector<std::vector<double>> state;
   size_t kernels = 0;
+  size_t scatters_written = 0, scatters_added = 0;  // embedding backwards writing their gradient
 };
 
 StepRun run_steps(Device device, const char* precision, bool passes_on) {
@@ -38,7 +39,13 @@ StepRun run_steps(Device device, const char* precision, bool passes_on) {
   StepRun r;
   r.losses = testing_util::step_losses(*t.opt, t.loss, t.micro, 3, &step);
   r.state = t.state();
-  if (step.last_plan()) r.kernels = step.last_plan()->kernels();
+  if (!step.last_plan()) return r;
+  r.kernels = step.last_plan()->kernels();
+  for (const compile::Node& n : step.last_plan()->graph().nodes) {
+    const bool into_grad = n.op == OpKind::EmbeddingBackward && n.fused.size() == 2;
+    r.scatters_written += into_grad && n.fused[1] == "copy";
+    r.scatters_added += into_grad && n.fused[1] == "add" && n.attrs.b("accumulate");
+  }
   return r;
 }
 
@@ -47,8 +54,13 @@ void expect_passes_keep_the_bits(Device device) {
     SCOPED_TRACE(precision);
     const StepRun off = run_steps(device, precision, false), on = run_steps(device, precision, true);
     ASSERT_GT(off.kernels, 0u);
-    // Per micro-batch at least the position lookup, its scatter and the gradient's add.
-    EXPECT_LE(on.kernels + 3 * 2, off.kernels);
+    // Per micro-batch at least the position lookup, its scatter and the gradient's add, and the
+    // token table's copy or add: the tokens' scatter writes the gradient (the first micro-batch) and
+    // adds to it (the second).
+    EXPECT_LE(on.kernels + 4 * 2, off.kernels);
+    EXPECT_EQ(on.scatters_written, 1u);
+    EXPECT_EQ(on.scatters_added, 1u);
+    EXPECT_EQ(off.scatters_written + off.scatters_added, 0u);
     EXPECT_TRUE(same_bits(on.losses, off.losses));
     ASSERT_EQ(on.state.size(), off.state.size());
     for (size_t i = 0; i < off.state.size(); ++i) EXPECT_TRUE(same_bits(on.state[i], off.state[i])) << "tensor " << i;

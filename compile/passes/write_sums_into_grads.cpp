@@ -1,13 +1,17 @@
-// Sums written into gradients: a parameter's gradient that is a sum over the leading dims of another
-// tensor (a bias's over the rows of its output's gradient, a position table's over the batch),
+// Sums written into gradients: a parameter's gradient that is a sum of another tensor's rows, over
+// its leading dims (a bias's, over the rows of its output's gradient; a position table's, over the
+// batch) or scattered by ids (an embedding table's),
 //   s = column_sums(x16)  or  s = sum(x, dims 0..k-1)      x (R..., C...) f32, contiguous
+//   s = embedding_backward(g, ids)                         s (V, D), g's dtype
 //   grad = copy(s)  (the first micro-batch: AccumulateGrad creates the gradient)
 //   grad += s       (the later ones)
-// becomes one column_sums node that writes, or adds to, the gradient in its last step:
-//   column_sums(x as (R, C)) -> grad as (C)   [accumulate: grad (C) is also its last input]
+// becomes one node that writes, or adds to, the gradient in its last step:
+//   column_sums(x as (R, C)) -> grad as (C)            [accumulate: grad (C) is also its last input]
+//   embedding_backward(g, ids) -> grad (V, D)          [accumulate: likewise]
 // One launch fewer per parameter and micro-batch, equal to the bit to the sum and then the copy or
 // add: column_sums of an f32 x is the sum op's reduction of the same (1, R, C) layout (CPU and CUDA),
-// and its accumulation adds the finished sums to the gradient in f32, as the add did.
+// and both kernels' accumulation adds each finished sum (rounded to the gradient's dtype) to the
+// gradient as the add op does (kernels/cpu/pool.cpp, kernels/cuda/pool.cu, kernels/cuda/reduce.cu).
 // Applies when s is written once, read by that copy or add alone and wholly, and nothing touches the
 // gradient between the sum and the write (a copy must be what creates it). The sum's reduced dims of
 // size > 1 must all come before its kept ones, so that x is rows of C contiguous columns.
@@ -44,28 +48,55 @@ std::optional<TensorRef> leading_sum_rows(const Node& n) {
   return TensorRef{x.buffer, {rows, cols}, {cols, 1}, x.offset, x.dtype};
 }
 
+// Whether node n is a sum the pass can have write a gradient: a column-sums node or a leading-dims
+// sum (f32), or an embedding backward, none of them accumulating already.
+bool is_rewritable_sum(const Node& n) {
+  if (n.in_place || n.attrs.b("accumulate", false) || n.outputs.size() != 1) return false;
+  if (n.op == OpKind::ColumnSums || n.op == OpKind::EmbeddingBackward) return true;
+  return leading_sum_rows(n).has_value();
+}
+
 // Node j as AccumulateGrad's write of a sum's result into the parameter's gradient: the copy that
 // creates the gradient (first micro-batch) or the in-place add (params +=, later ones), reading all
-// of s, which nothing else reads, from a column-sums node or a leading-dims sum i. Returns i, or -1.
+// of s, which nothing else reads, from a sum node i (is_rewritable_sum). Returns i, or -1.
 int sum_written_to_grad(const Graph& g, const BufferUses& u, size_t j) {
   const Node& c = g.nodes[j];
   const std::optional<GradientWrite> write = gradient_write(c);
   if (!write) return -1;
   const TensorRef &r = *write->source, &z = c.outputs[0];
   const int i = u.producer(r.buffer);
-  if (i < 0 || i >= int(j)) return -1;
+  if (i < 0 || i >= int(j) || !is_rewritable_sum(g.nodes[size_t(i)])) return -1;
   const Node& sum = g.nodes[size_t(i)];
-  const bool column_sums = sum.op == OpKind::ColumnSums && !sum.in_place && !sum.attrs.b("accumulate", false);
-  if (!column_sums && !leading_sum_rows(sum)) return -1;
   const TensorRef& s = sum.outputs[0];
   const int64_t n = numel_of(s.shape);
-  if (r.buffer != s.buffer || r.offset != s.offset || r.dtype != DType::f32 || numel_of(r.shape) != n ||
+  if (r.buffer != s.buffer || r.offset != s.offset || r.dtype != s.dtype || numel_of(r.shape) != n ||
       !is_contiguous(r) || !is_contiguous(s) || !internal_once(g, u, s) || u.readers[s.buffer].size() != 1)
     return -1;
-  if (z.dtype != DType::f32 || numel_of(z.shape) != n || !is_contiguous(z) ||
+  // The column sums write f32 (C) whatever the gradient's shape; the embedding backward, (V, D).
+  const bool geometry = sum.op == OpKind::EmbeddingBackward ? z.shape == s.shape : s.dtype == DType::f32;
+  if (!geometry || z.dtype != s.dtype || numel_of(z.shape) != n || !is_contiguous(z) ||
       !may_write_gradient_early(u, z, i, int(j), write->add))
     return -1;
   return i;
+}
+
+// Sum node `sum` rewritten to write (add to, with `add`) the gradient z itself.
+Node written_into(const Node& sum, const TensorRef& z, bool add) {
+  Node into = sum;  // its inputs, attrs and phase
+  into.attrs.set("accumulate", add);
+  into.in_place = add;
+  into.fused = {sum.op == OpKind::EmbeddingBackward ? "embedding_backward" : "sum", add ? "add" : "copy"};
+  if (sum.op == OpKind::EmbeddingBackward) {
+    into.outputs = {z};
+  } else {
+    // The gradient as the column sums write it: (C), the same memory, whatever shape it has.
+    into.op = OpKind::ColumnSums;
+    into.attrs = Attrs().set("accumulate", add);
+    if (sum.op == OpKind::Sum) into.inputs = {*leading_sum_rows(sum)};
+    into.outputs = {TensorRef{z.buffer, {numel_of(z.shape)}, {1}, z.offset, z.dtype}};
+  }
+  if (add) into.inputs.push_back(into.outputs[0]);
+  return into;
 }
 
 }  // namespace
@@ -78,18 +109,9 @@ void write_sums_into_grads(Graph& g, PassStats& stats) {
     if (i < 0 || drop[size_t(i)]) continue;
     Node& sum = g.nodes[size_t(i)];
     const Node& c = g.nodes[j];
-    const bool add = gradient_write(c)->add;
-    // The gradient as the column sums write it: (C), the same memory, whatever shape it has.
-    const TensorRef& z = c.outputs[0];
-    const int64_t cols = numel_of(z.shape);
-    const TensorRef into_z{z.buffer, {cols}, {1}, z.offset, z.dtype};
-    const TensorRef x = sum.op == OpKind::ColumnSums ? *sum.inputs[0] : *leading_sum_rows(sum);
-    Node into{OpKind::ColumnSums, Attrs().set("accumulate", add), {x}, {into_z}, add, {"sum", add ? "add" : "copy"}};
-    if (add) into.inputs.push_back(into_z);
-    into.phase = sum.phase;
+    Node into = written_into(sum, c.outputs[0], gradient_write(c)->add);
     if (!call_supported(g, into)) {
-      why_not("sums_into_grads", g, size_t(i), "the gradient's write",
-              "the device's column_sums does not take the call");
+      why_not("sums_into_grads", g, size_t(i), "the gradient's write", "the device's kernel does not take the call");
       continue;
     }
     sum = std::move(into);

@@ -15,6 +15,9 @@
 //   embedding bwd    dweight[v, :] = sum of g[i, :] over positions i with indices[i] == v: positions
 //                    are bucketed by row first (a counting sort), then each row is summed by one
 //                    thread in position order, so the result is race-free and deterministic.
+//                    With accumulate, dweight = c + those sums (c the third input, dweight itself):
+//                    each row's sums rounded to T first, then added as the add op adds, so the bits
+//                    are those of the backward and then the add.
 // All accumulation happens in AccType (f32 for f16/bf16, f64 for f64). Inputs may have any strides:
 // pooling forward reads x through its strides; the other kernels read dense copies of g/indices.
 #include <algorithm>
@@ -232,6 +235,8 @@ void embedding_fwd_kernel(const KernelCall& c) {
 // g: indices.shape + (D), indices: any shape -> dweight: (V, D).
 void embedding_bwd_bucket_kernel(const KernelCall& c) {
   Tensor g = dense(c.in[0]), idx = dense(c.in[1]);
+  const bool accumulate = c.attrs.b("accumulate", false);
+  const Tensor before = accumulate ? dense(c.in[2]) : Tensor();  // dw's values to add to (dw itself)
   const Tensor& dw = c.out[0];
   const int64_t V = dw.shape()[0], D = dw.shape()[1], n = idx.numel();
   check_rows("embedding_backward", idx, c.in[1].shape(), V, dw.shape());
@@ -245,6 +250,7 @@ void embedding_bwd_bucket_kernel(const KernelCall& c) {
   visit_float_dtype(g.dtype(), "embedding_backward", [&]<typename T>() {
     using A = AccType<T>;
     const T* pg = g.data<T>();
+    const T* pbefore = accumulate ? before.data<T>() : nullptr;
     T* pdw = dw.data<T>();
 #pragma omp parallel if ((n + V) * D >= cpu::kParallelGrain)
     {
@@ -257,7 +263,11 @@ void embedding_bwd_bucket_kernel(const KernelCall& c) {
           const T* row = pg + order[size_t(k)] * D;
           for (int64_t d = 0; d < D; ++d) acc[size_t(d)] += load(row[d]);
         }
-        for (int64_t d = 0; d < D; ++d) pdw[v * D + d] = store<T>(acc[size_t(d)]);
+        if (pbefore)
+          for (int64_t d = 0; d < D; ++d)
+            pdw[v * D + d] = store<T>(load(pbefore[v * D + d]) + load(store<T>(acc[size_t(d)])));
+        else
+          for (int64_t d = 0; d < D; ++d) pdw[v * D + d] = store<T>(acc[size_t(d)]);
       }
     }
   });

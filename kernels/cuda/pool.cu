@@ -32,6 +32,9 @@
 //                   Short index lists and small tables (n <= 8192, n V <= 2^24: a GPT's token and
 //                   position ids) skip the sort: each block scans the ids for its row's positions in
 //                   order (embedding_bwd_scan_kernel), one launch instead of four or more, same sums.
+//                   With accumulate (attr; c, dweight itself, the third input): dweight = c + the
+//                   row's sums rounded to D, added in Acc<D> and rounded as the add op does: the
+//                   bits of the backward and then the add, one launch and one pass over dweight fewer.
 //
 // All accumulation is in Acc<D>: f32 for f16/bf16/f32, f64 for f64. Flat indices are split into
 // coordinates with 32-bit multiply-shift division whenever the tensors allow (Divider below).
@@ -390,12 +393,19 @@ __global__ void embedding_bwd_runs_kernel(int32_t n, int32_t V, const int32_t* k
   }
 }
 
+// dw[i] = the sum rounded to D, or (accumulating) before[i] + that, added as the add op adds.
+template <typename D>
+__device__ __forceinline__ void write_row_sum(D* dw, const D* before, int64_t i, Acc<D> sum) {
+  const D rounded = from_acc<D>(sum);
+  dw[i] = before ? from_acc<D>(to_acc(before[i]) + to_acc(rounded)) : rounded;
+}
+
 // pos: (n) positions grouped by row, ascending within a row; start: (V + 1) the runs; g: (n, D)
 // contiguous; dw: (V, D) contiguous. Grid (V, ceil(D / blockDim.x)): block (v, tile) owns row v's
 // columns [tile*blockDim.x, (tile+1)*blockDim.x), one thread per column, summing v's run in order.
 template <typename D>
 __global__ void embedding_bwd_segment_kernel(int64_t width, const int32_t* start, const int32_t* pos, const D* g,
-                                             D* dw) {
+                                             const D* before, D* dw) {
   grid_dependency_wait();
   using A = Acc<D>;
   const int32_t v = int32_t(blockIdx.x);
@@ -407,7 +417,7 @@ __global__ void embedding_bwd_segment_kernel(int64_t width, const int32_t* start
   // the additions still happen one by one, in position order.
 #pragma unroll 8
   for (int32_t k = lo; k < hi; ++k) acc += to_acc(g[int64_t(pos[k]) * width + d]);  // coalesced over d
-  dw[int64_t(v) * width + d] = from_acc<D>(acc);
+  write_row_sum(dw, before, int64_t(v) * width + d, acc);
 }
 
 // The backward for short index lists (n <= kScanMaxPositions), in one launch: block (v, tile) scans
@@ -421,7 +431,8 @@ constexpr int kScanMaxThreads = 1024;
 constexpr int64_t kScanMaxPositions = 8192;
 
 template <typename D>
-__global__ void embedding_bwd_scan_kernel(int32_t n, int64_t width, const int64_t* idx, const D* g, D* dw) {
+__global__ void embedding_bwd_scan_kernel(int32_t n, int64_t width, const int64_t* idx, const D* g, const D* before,
+                                          D* dw) {
   grid_dependency_wait();
   using A = Acc<D>;
   __shared__ int32_t rows[kScanMaxPositions];
@@ -449,7 +460,13 @@ __global__ void embedding_bwd_scan_kernel(int32_t n, int64_t width, const int64_
   if (d >= width) return;
   A acc = 0;
   for (int32_t j = 0; j < found; ++j) acc += to_acc(g[int64_t(rows[j]) * width + d]);
-  dw[v * width + d] = from_acc<D>(acc);
+  write_row_sum(dw, before, v * width + d, acc);
+}
+
+// The values an accumulating backward adds to, or nullptr (write_row_sum's `before`).
+template <typename D>
+const D* rows_before(const Tensor& before) {
+  return before.defined() ? static_cast<const D*>(before.data_ptr()) : nullptr;
 }
 
 // in: weight (V, D) any dtype, indices (any shape) i64; out: y indices.shape + (D).
@@ -498,6 +515,8 @@ void embedding_backward_cuda(const KernelCall& c) {
   const int64_t V = dw.shape()[0], width = dw.shape()[1];
   if (dw.numel() == 0) return;
   Tensor g = contiguous_on_device(c.in[0]), idx = contiguous_on_device(c.in[1]);
+  // dw's values to add to (dw itself when dense; read before any block writes its row)
+  const Tensor before = c.attrs.b("accumulate", false) ? contiguous_on_device(c.in[2]) : Tensor();
   const int64_t n = idx.numel();
   const int threads = int(std::min<int64_t>(128, (width + 31) / 32 * 32));
   const int64_t tiles = (width + threads - 1) / threads;
@@ -513,7 +532,7 @@ void embedding_backward_cuda(const KernelCall& c) {
       const int64_t scan_tiles = (width + scan_threads - 1) / scan_threads;
       const dim3 grid{unsigned(V), unsigned(scan_tiles)};
       launch_kernel(embedding_bwd_scan_kernel<D>, grid, scan_threads, 0, s, int32_t(n), width, idx.data<int64_t>(),
-                    static_cast<const D*>(g.data_ptr()), static_cast<D*>(dw.data_ptr()));
+                    static_cast<const D*>(g.data_ptr()), rows_before<D>(before), static_cast<D*>(dw.data_ptr()));
       REEL_CUDA_LAUNCH_CHECK();
     });
     finish_output(c.out[0], dw);
@@ -542,7 +561,7 @@ void embedding_backward_cuda(const KernelCall& c) {
     using D = Dev<T>;
     const dim3 grid{unsigned(V), unsigned(tiles)};
     launch_kernel(embedding_bwd_segment_kernel<D>, grid, threads, 0, s, width, runs, p_out,
-                  static_cast<const D*>(g.data_ptr()), static_cast<D*>(dw.data_ptr()));
+                  static_cast<const D*>(g.data_ptr()), rows_before<D>(before), static_cast<D*>(dw.data_ptr()));
     REEL_CUDA_LAUNCH_CHECK();
   });
   finish_output(c.out[0], dw);

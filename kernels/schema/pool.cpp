@@ -14,7 +14,9 @@
 //   embedding (weight, indices)    weight (V, D), indices i64 of any shape -> indices.shape + (D)
 //                                  (index values are range-checked by the kernel: they live on the
 //                                  device, and a schema never reads tensor data)
-//   embedding_backward (g, indices)    g indices.shape + (D); attr num_weights V -> dweight (V, D)
+//   embedding_backward (g, indices[, c])    g indices.shape + (D); attrs num_weights V, accumulate
+//                                  (0/1) -> dweight (V, D), g's dtype; with accumulate, dweight = c +
+//                                  the sums, c (V, D) being dweight itself (a gradient over micro-batches)
 //
 // The public functions (autograd/ops.h) turn stride -1 into stride = kernel before dispatch; the
 // schemas take explicit values only.
@@ -119,7 +121,10 @@ std::vector<TensorMeta> infer_embedding(const std::vector<Tensor>& in, const Att
 
 std::vector<TensorMeta> infer_embedding_backward(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::EmbeddingBackward;
-  schema::expect_inputs(op, in, 2);
+  const bool accumulate = a.b("accumulate", false);
+  REEL_CHECK(!accumulate || in.size() == 3, "embedding_backward: accumulate adds to the gradient given as a third ",
+             "input (g, indices, dweight); got ", in.size(), " inputs");
+  schema::expect_inputs(op, in, accumulate ? 3 : 2);
   schema::expect_defined(op, in[0], "gradient");
   schema::expect_defined(op, in[1], "indices");
   schema::expect_float(op, in[0], "gradient");
@@ -130,7 +135,12 @@ std::vector<TensorMeta> infer_embedding_backward(const std::vector<Tensor>& in, 
   Shape lead(g.begin(), g.end() - (g.empty() ? 0 : 1));
   REEL_CHECK(!g.empty() && lead == in[1].shape(), "embedding_backward: gradient ", shape_str(g),
              " must be indices.shape + (D) for indices ", shape_str(in[1].shape()));
-  return {{{v, g.back()}, in[0].dtype(), in[0].device()}};
+  const Shape dweight{v, g.back()};
+  if (accumulate)
+    REEL_CHECK(in[2].defined() && in[2].shape() == dweight && in[2].dtype() == in[0].dtype(),
+               "embedding_backward: the gradient to add to ", in[2].defined() ? schema::desc(in[2]) : "(undefined)",
+               " must be ", dtype_name(in[0].dtype()), " of shape ", shape_str(dweight));
+  return {{dweight, in[0].dtype(), in[0].device()}};
 }
 
 }  // namespace

@@ -173,6 +173,39 @@ void add_embedding_cases(std::vector<OpTestCase>& cases) {
             },
     });
   }
+  // Accumulating into a gradient that already holds values (the later micro-batches): dweight =
+  // before + the sums, rows no index touches keeping theirs; the sort path (positions > 8192 on CUDA)
+  // beside the scan path.
+  struct Accumulating {
+    const char* name;
+    Shape indices;
+    int64_t V, D, index_range;
+  };
+  for (const Accumulating& e : {Accumulating{"accumulate_12x5_indices_3x7", {3, 7}, 12, 5, 9},
+                                Accumulating{"accumulate_sorted_16x8_indices_9000", {9000}, 16, 8, 16}}) {
+    Shape g_shape = e.indices;
+    g_shape.push_back(e.D);
+    cases.push_back({
+        .op = OpKind::EmbeddingBackward,
+        .name = std::string("embedding_backward_") + e.name,
+        .dtypes = kFloatTypes,
+        .make =
+            [e, g_shape](Device, DType t) {
+              Tensor before = randn_input({e.V, e.D}, t, 108);
+              return OpCall{{randn_input(g_shape, t, 107), index_input(e.indices, e.index_range, 109), before},
+                            Attrs().set("num_weights", e.V).set("accumulate", true),
+                            {before}};
+            },
+        .reference =
+            [e](const OpCall& c) {
+              std::vector<double> g = host_values(c.inputs[0]), idx = host_values(c.inputs[1]);
+              std::vector<double> dw = host_values(c.inputs[2]);
+              for (size_t p = 0; p < idx.size(); ++p)
+                for (int64_t d = 0; d < e.D; ++d) dw[int64_t(idx[p]) * e.D + d] += g[p * e.D + d];
+              return Expected{dw};
+            },
+    });
+  }
 }
 
 }  // namespace
