@@ -198,6 +198,45 @@ TEST(FusionPass, AConsumerMovesUpToItsProducerAcrossUnrelatedNodes) {
   }
 }
 
+// A micro-batch's end as autograd leaves it: each norm's weight gradient added into its accumulated
+// gradient, widths interleaved (32, 64, 32), none reading another's result. The second 32-wide add
+// moves up to the first: two kernels, not three. Not across a node that reads what it writes or
+// writes what it reads, nor when it would make a buffer earlier.
+TEST(FusionPass, IndependentUpdatesOfOneShapeGatherAcrossOtherShapes) {
+  enum Case { kFree, kGradReadBetween, kInputWrittenBetween, kMakesABuffer };
+  for (Case c : {kFree, kGradReadBetween, kInputWrittenBetween, kMakesABuffer}) {
+    SCOPED_TRACE(int(c));
+    Graph g;
+    const int ga = add_buffer(g, BufferKind::External, 32), gb = add_buffer(g, BufferKind::External, 64),
+              gc = add_buffer(g, BufferKind::External, 32), da = add_buffer(g, BufferKind::Input, 32),
+              db = add_buffer(g, BufferKind::Input, 64), dc = add_buffer(g, BufferKind::Internal, 32),
+              s = add_buffer(g, BufferKind::External, 1), made = add_buffer(g, BufferKind::Internal, 32);
+    g.nodes = {node(OpKind::Sum, {ref(db, {64})}, ref(dc, {32})),  // dc made by a node of another kind
+               node(OpKind::Add, {ref(ga, {32}), ref(da, {32})}, ref(ga, {32}), true),
+               node(OpKind::Add, {ref(gb, {64}), ref(db, {64})}, ref(gb, {64}), true)};
+    if (c == kGradReadBetween) g.nodes.push_back(node(OpKind::Sum, {ref(gc, {32})}, ref(s, {})));
+    if (c == kInputWrittenBetween) g.nodes.push_back(node(OpKind::Sum, {ref(db, {64})}, ref(dc, {32})));
+    if (c == kMakesABuffer) {
+      g.nodes.push_back(node(OpKind::MulScalar, {ref(da, {32})}, ref(made, {32})));
+      g.nodes.back().attrs.set("value", 2.0);
+    } else {
+      g.nodes.push_back(node(OpKind::Add, {ref(gc, {32}), ref(dc, {32})}, ref(gc, {32}), true));
+    }
+    g.outputs = {ref(s, {}), ref(made, {32})};
+    const size_t fused = fuse(g);
+    std::vector<std::string> listing;
+    for (const Node& n : g.nodes) listing.push_back(n.op == OpKind::FusedElementwise ? "fused" : op_name(n.op));
+    if (c == kFree) {
+      EXPECT_EQ(fused, 1u);
+      EXPECT_EQ(listing, (std::vector<std::string>{"sum", "fused", "add"})) << g.str();
+      EXPECT_EQ(g.nodes[1].outputs.size(), 2u) << "ga and gc";
+    } else {
+      EXPECT_EQ(fused, 0u) << g.str();
+      EXPECT_EQ(listing.back(), c == kMakesABuffer ? "mul_scalar" : "add") << g.str();
+    }
+  }
+}
+
 TEST(FusionPass, InPlaceUpdatesOfOneGeometryFuseAndKeepTheirOutputs) {
   // Gradient accumulation: g1 += a; g2 += b, both External and updated through the same ref.
   Graph g;

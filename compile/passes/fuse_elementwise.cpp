@@ -5,9 +5,13 @@
 //
 // First, an elementwise node over contiguous tensors of one size that reads a fusable producer's
 // output traced in another shape (a reshape between them) is rewritten in the producer's shape (same
-// bytes, same linear order). Then each fusable node moves up (at most 1024 places) to just after the last writer of its inputs
-// when that writer is a fusable node of its shape and nothing in between touches its outputs: a chain
-// split by unrelated nodes (attention scales q, copies k, then casts q) becomes consecutive.
+// bytes, same linear order). Then each fusable node moves up (at most 1024 places) to just after the
+// last writer of its inputs when that writer is a fusable node of its shape and nothing in between
+// touches its outputs: a chain split by unrelated nodes (attention scales q, copies k, then casts q)
+// becomes consecutive. Then a node that reads its operands contiguously and writes memory that
+// exists already moves up to the nearest earlier fusable node of its shape that reads contiguously
+// too, when independent of what lies between: the gradient updates of norms of several widths,
+// interleaved, group by width.
 // A group is a maximal run of consecutive nodes (graph order; consecutive is what makes the rewrite
 // safe: nothing runs between its members) where every node
 //   - is an op of kernels/ops.def's elementwise family, clamp_scalar, a copy between two tensors
@@ -204,6 +208,55 @@ void hoist_consumers(Graph& g) {
   }
 }
 
+// Whether every operand of n is read in its own contiguous layout (or broadcast from one): the nodes
+// hoist_siblings gathers. A transposed read (autocast's cast of a weight through W^T) keeps its own
+// kernel, whose tiles read and write both sides coalesced.
+bool reads_contiguously(const Node& n) {
+  for (const auto& r : n.inputs)
+    if (r && !is_contiguous(*r) && numel_of(r->shape) == numel_of(n.outputs[0].shape)) return false;
+  return true;
+}
+
+// Moves each fusable node that reads contiguously and writes memory that already exists (an in-place
+// update, a parameter's state) up to just after the nearest earlier fusable node of its shape on its
+// device that reads contiguously too, when nothing in between writes its inputs or touches its
+// outputs: the independent small updates a micro-batch ends with (each norm's weight and bias
+// gradients added into the accumulated ones, in the order autograd reached them, their shapes
+// interleaved) become one kernel per shape instead of one per run. Legal for the same reason as hoist_consumers; a chain
+// follows its first node (the next link's last writer is then the moved node, of its shape).
+void hoist_siblings(Graph& g) {
+  for (size_t j = 1; j < g.nodes.size(); ++j) {
+    const Node& n = g.nodes[j];
+    if (!fusable_node(g, n) || !reads_contiguously(n)) continue;
+    const Device device = g.buffers[n.outputs[0].buffer].device;
+    int p = -1;
+    for (size_t k = j; k-- > 0 && j - k <= kMaxHoist;) {
+      const Node& m = g.nodes[k];
+      bool barrier = false;
+      for (const TensorRef& w : m.outputs)
+        for (const auto& r : n.inputs) barrier = barrier || (r && r->buffer == w.buffer);
+      for (const TensorRef& out : n.outputs) barrier = barrier || refers_to(m, out.buffer);
+      if (barrier) break;
+      if (fusable_node(g, m) && reads_contiguously(m) && m.outputs[0].shape == n.outputs[0].shape &&
+          g.buffers[m.outputs[0].buffer].device == device) {
+        p = int(k);
+        break;
+      }
+    }
+    if (p < 0 || size_t(p) + 1 >= j) continue;
+    // Only into memory that exists there already: making an Internal buffer earlier would lengthen
+    // its life, and with it, maybe, the step's peak.
+    bool exists = true;
+    for (const TensorRef& out : n.outputs) {
+      if (g.buffers[out.buffer].kind != BufferKind::Internal) continue;
+      bool touched = false;
+      for (int k = 0; k <= p && !touched; ++k) touched = refers_to(g.nodes[size_t(k)], out.buffer);
+      exists = exists && touched;
+    }
+    if (exists) std::rotate(g.nodes.begin() + p + 1, g.nodes.begin() + int64_t(j), g.nodes.begin() + int64_t(j) + 1);
+  }
+}
+
 // One past the last node of the group that starts at node i (i + 1: no group).
 size_t group_end(const Graph& g, size_t i) {
   if (!fusable_node(g, g.nodes[i])) return i + 1;
@@ -220,6 +273,7 @@ size_t group_end(const Graph& g, size_t i) {
 void fuse_elementwise(Graph& g, PassStats& stats) {
   reshape_to_producers(g);
   hoist_consumers(g);
+  hoist_siblings(g);
   const BufferReaders readers(g);
   std::vector<Node> out;
   out.reserve(g.nodes.size());
