@@ -235,7 +235,10 @@ size_t count(const compile::Plan& p, OpKind op) {
 TEST(SumsIntoGrads, ACompiledStepsSumsWriteTheGradientsAndMatchEagerToTheBit) {
   const Trained eager = train(std::nullopt);
   const Trained on = train(compile::CompileOptions());
-  const Trained off = train(compile::CompileOptions(compile::Mode::Default, 8, true, {"sums_into_grads"}));
+  // Off, with results_into_grads too: it would have the first micro-batch's sums write the new
+  // gradients (the copies), where this pass does that and the adds.
+  const Trained off =
+      train(compile::CompileOptions(compile::Mode::Default, 8, true, {"sums_into_grads", "results_into_grads"}));
   const compile::Plan *p_on = on.step->last_plan(), *p_off = off.step->last_plan();
   ASSERT_NE(p_on, nullptr);
   ASSERT_NE(p_off, nullptr);

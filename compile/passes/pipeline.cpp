@@ -39,6 +39,9 @@ const std::vector<Pass>& pipeline() {
       {"norm_grad_16bit", S::Fusion, write_norm_grad_16bit, "batch-norm backward writing the 16-bit dx its convolution reads"},
       // Before elementwise: the counters it gathers at the end are fused there.
       {"sink_updates", S::Fusion, sink_state_updates, "in-place updates of step state (counters) moved to the end, to fuse"},
+      // After the passes that rewrite the producers, before elementwise takes the copies.
+      {"results_into_grads", S::Fusion, write_results_into_grads,
+       "a new gradient written by the node that computes it"},
       {"elementwise", S::Fusion, fuse_elementwise, "runs of elementwise ops as one generated kernel"},
       // After elementwise: it extends the kernels that pass made. Off by default: on the H200 it
       // made gpt-small's step 3-4% slower than the elementwise kernel and the column-sum kernel it
