@@ -1,5 +1,5 @@
 // Helpers shared by the compiler's test files: reproducible token micro-batches, bit-exact comparison
-// that counts NaN equal to NaN, and a scoped kernel-cache directory.
+// that counts NaN equal to NaN, a scoped kernel-cache directory, and the pieces of hand-made graphs.
 #pragma once
 #include <unistd.h>
 
@@ -11,12 +11,38 @@
 #include <string>
 #include <vector>
 
+#include "compile/ir/graph.h"
 #include "compile/runtime/train_step.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "reel.h"
 
 namespace reel::testing_util {
+
+// ---- hand-made graphs: a pass's cases written node by node ----
+
+// A new buffer of g on the CPU: its id.
+inline int graph_buffer(compile::Graph& g, compile::BufferKind kind, size_t nbytes) {
+  compile::Buffer b;
+  b.id = int(g.buffers.size());
+  b.kind = kind;
+  b.nbytes = nbytes;
+  b.device = Device::cpu();
+  g.buffers.push_back(b);
+  return b.id;
+}
+
+// A contiguous view of all of `buffer` in `shape`.
+inline compile::TensorRef graph_ref(int buffer, const Shape& shape, DType dtype = DType::f32) {
+  return compile::TensorRef{buffer, shape, contiguous_strides(shape), 0, dtype};
+}
+
+inline compile::Node graph_node(OpKind op, std::vector<compile::TensorRef> in, std::vector<compile::TensorRef> out,
+                                bool in_place = false) {
+  compile::Node n{op, Attrs(), {}, std::move(out), in_place, {}};
+  for (compile::TensorRef& r : in) n.inputs.emplace_back(std::move(r));
+  return n;
+}
 
 // `accum` micro-batches of (B, T) token ids and targets below `vocab`, from a small LCG: token ids
 // need no quality, only reproducibility.

@@ -17,6 +17,7 @@
 #include "autograd/ops.h"
 #include "compile/runtime/compile.h"
 #include "compile/runtime/train_step.h"
+#include "compile_test_util.h"
 #include "kernels/dispatch.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
@@ -59,15 +60,7 @@ Trained train(int64_t T, std::optional<compile::CompileOptions> options) {
     micro.push_back({tensor_i64(ids, {2, T}), tensor_i64(next, {2, T})});
   }
   if (options) t.step.emplace(compile::compile_train_step(*t.opt, loss_fn, *options));
-  for (int s = 0; s < 4; ++s) {
-    if (t.step) {
-      t.losses.push_back((*t.step)(compile::flatten_micro(micro))[0].item());
-    } else {
-      Tensor mean_loss;
-      optim::train_step(*t.opt, loss_fn, micro, &mean_loss);
-      t.losses.push_back(mean_loss.item());
-    }
-  }
+  t.losses = testing_util::step_losses(*t.opt, loss_fn, micro, 4, t.step ? &*t.step : nullptr);
   return t;
 }
 

@@ -24,24 +24,10 @@ using compile::Node;
 using compile::TensorRef;
 
 int add_buffer(Graph& g, BufferKind kind, int64_t floats) {
-  compile::Buffer b;
-  b.id = int(g.buffers.size());
-  b.kind = kind;
-  b.nbytes = size_t(floats) * sizeof(float);
-  b.device = Device::cpu();
-  g.buffers.push_back(b);
-  return b.id;
+  return testing_util::graph_buffer(g, kind, size_t(floats) * sizeof(float));
 }
-
-TensorRef ref(int buffer, const Shape& shape, DType dtype = DType::f32) {
-  return TensorRef{buffer, shape, contiguous_strides(shape), 0, dtype};
-}
-
-Node node(OpKind op, std::vector<TensorRef> in, std::vector<TensorRef> out) {
-  Node n{op, Attrs(), {}, std::move(out), false, {}};
-  for (TensorRef& r : in) n.inputs.emplace_back(std::move(r));
-  return n;
-}
+using testing_util::graph_node;
+using testing_util::graph_ref;
 
 enum Case { kWhole, kReadTwice, kPart, kCast, kGradTouchedBefore };
 
@@ -52,15 +38,18 @@ Graph copy_graph(Case c, int& grad, int& r) {
   r = add_buffer(g, BufferKind::Internal, 8);
   grad = add_buffer(g, BufferKind::External, 8);
   const int other = add_buffer(g, BufferKind::Internal, 8);
-  if (c == kGradTouchedBefore) g.nodes.push_back(node(OpKind::Neg, {ref(grad, {8})}, {ref(other, {8})}));
-  Node sum = node(OpKind::Sum, {ref(x, {4, 8})}, {ref(r, {1, 8})});
+  if (c == kGradTouchedBefore)
+    g.nodes.push_back(graph_node(OpKind::Neg, {graph_ref(grad, {8})}, {graph_ref(other, {8})}));
+  Node sum = graph_node(OpKind::Sum, {graph_ref(x, {4, 8})}, {graph_ref(r, {1, 8})});
   sum.attrs.set("dims", std::vector<int64_t>{0}).set("keepdim", true);
   g.nodes.push_back(sum);
-  if (c == kReadTwice) g.nodes.push_back(node(OpKind::Neg, {ref(r, {8})}, {ref(other, {8})}));
-  const TensorRef src = c == kPart ? ref(r, {4}) : ref(r, {8});
-  const TensorRef dst = c == kCast ? ref(grad, {8}, DType::bf16) : c == kPart ? ref(grad, {4}) : ref(grad, {8});
-  g.nodes.push_back(node(OpKind::Copy, {src}, {dst}));
-  g.outputs = {ref(other, {8})};
+  if (c == kReadTwice) g.nodes.push_back(graph_node(OpKind::Neg, {graph_ref(r, {8})}, {graph_ref(other, {8})}));
+  const TensorRef src = c == kPart ? graph_ref(r, {4}) : graph_ref(r, {8});
+  const TensorRef dst = c == kCast   ? graph_ref(grad, {8}, DType::bf16)
+                        : c == kPart ? graph_ref(grad, {4})
+                                     : graph_ref(grad, {8});
+  g.nodes.push_back(graph_node(OpKind::Copy, {src}, {dst}));
+  g.outputs = {graph_ref(other, {8})};
   return g;
 }
 
@@ -73,7 +62,7 @@ TEST(ResultsIntoGrads, AResultCopiedWholeIntoANewGradientIsWrittenThere) {
   ASSERT_EQ(g.nodes.size(), 1u) << g.str();
   EXPECT_EQ(g.nodes[0].op, OpKind::Sum);
   // The sum's own geometry (1, 8), in the gradient's memory.
-  EXPECT_TRUE(compile::same_ref(g.nodes[0].outputs[0], ref(grad, {1, 8}))) << g.str();
+  EXPECT_TRUE(compile::same_ref(g.nodes[0].outputs[0], graph_ref(grad, {1, 8}))) << g.str();
 }
 
 TEST(ResultsIntoGrads, CopiesThatAreNotTheWholeResultIntoANewGradientStay) {

@@ -18,6 +18,7 @@
 #include "compile/passes/passes.h"
 #include "compile/runtime/compile.h"
 #include "compile/runtime/train_step.h"
+#include "compile_test_util.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "test_util.h"
@@ -34,23 +35,13 @@ using compile::TensorRef;
 // ---- hand-made graphs ----
 
 int add_buffer(Graph& g, BufferKind kind, const Shape& shape) {
-  compile::Buffer b;
-  b.id = int(g.buffers.size());
-  b.kind = kind;
-  b.nbytes = size_t(numel_of(shape)) * sizeof(float);
-  b.device = Device::cpu();
-  g.buffers.push_back(b);
-  return b.id;
+  return testing_util::graph_buffer(g, kind, size_t(numel_of(shape)) * sizeof(float));
 }
+using testing_util::graph_ref;
 
-TensorRef ref(int buffer, const Shape& shape) {
-  return TensorRef{buffer, shape, contiguous_strides(shape), 0, DType::f32};
-}
-
+// One output, as every node here has.
 Node node(OpKind op, std::vector<TensorRef> in, TensorRef out, bool in_place = false) {
-  Node n{op, Attrs(), {}, {std::move(out)}, in_place, {}};
-  for (TensorRef& r : in) n.inputs.emplace_back(std::move(r));
-  return n;
+  return testing_util::graph_node(op, std::move(in), {std::move(out)}, in_place);
 }
 
 // in (2, 3, 4) -> x = neg(in) -> s = sum(x, dims) -> grad = s (a copy) or grad += s; `x_ref`
@@ -66,14 +57,15 @@ SumGraph sum_graph(const std::vector<int64_t>& dims, const Shape& s_shape, bool 
   t.x = add_buffer(t.g, BufferKind::Internal, {2, 3, 4});
   t.s = add_buffer(t.g, BufferKind::Internal, s_shape);
   t.grad = add_buffer(t.g, BufferKind::External, s_shape);
-  t.g.nodes.push_back(node(OpKind::Neg, {ref(in, {2, 3, 4})}, ref(t.x, {2, 3, 4})));
-  Node sum = node(OpKind::Sum, {x_ref ? *x_ref : ref(t.x, {2, 3, 4})}, ref(t.s, s_shape));
+  t.g.nodes.push_back(node(OpKind::Neg, {graph_ref(in, {2, 3, 4})}, graph_ref(t.x, {2, 3, 4})));
+  Node sum = node(OpKind::Sum, {x_ref ? *x_ref : graph_ref(t.x, {2, 3, 4})}, graph_ref(t.s, s_shape));
   sum.attrs.set("dims", dims).set("keepdim", true);
   t.g.nodes.push_back(sum);
   if (add)
-    t.g.nodes.push_back(node(OpKind::Add, {ref(t.grad, s_shape), ref(t.s, s_shape)}, ref(t.grad, s_shape), true));
+    t.g.nodes.push_back(
+        node(OpKind::Add, {graph_ref(t.grad, s_shape), graph_ref(t.s, s_shape)}, graph_ref(t.grad, s_shape), true));
   else
-    t.g.nodes.push_back(node(OpKind::Copy, {ref(t.s, s_shape)}, ref(t.grad, s_shape)));
+    t.g.nodes.push_back(node(OpKind::Copy, {graph_ref(t.s, s_shape)}, graph_ref(t.grad, s_shape)));
   return t;
 }
 
@@ -114,15 +106,16 @@ TEST(SumsIntoGrads, AnEmbeddingBackwardWritesTheTablesGradientItself) {
     const int ids = add_buffer(g, BufferKind::Input, {2, 3});
     const int dw = add_buffer(g, BufferKind::Internal, {5, 4});
     const int grad = add_buffer(g, BufferKind::External, {5, 4});
-    TensorRef ids_ref = ref(ids, {2, 3});
+    TensorRef ids_ref = graph_ref(ids, {2, 3});
     ids_ref.dtype = DType::i64;
-    Node scatter = node(OpKind::EmbeddingBackward, {ref(gy, {2, 3, 4}), ids_ref}, ref(dw, {5, 4}));
+    Node scatter = node(OpKind::EmbeddingBackward, {graph_ref(gy, {2, 3, 4}), ids_ref}, graph_ref(dw, {5, 4}));
     scatter.attrs.set("num_weights", 5);
     g.nodes.push_back(scatter);
     if (add)
-      g.nodes.push_back(node(OpKind::Add, {ref(grad, {5, 4}), ref(dw, {5, 4})}, ref(grad, {5, 4}), true));
+      g.nodes.push_back(
+          node(OpKind::Add, {graph_ref(grad, {5, 4}), graph_ref(dw, {5, 4})}, graph_ref(grad, {5, 4}), true));
     else
-      g.nodes.push_back(node(OpKind::Copy, {ref(dw, {5, 4})}, ref(grad, {5, 4})));
+      g.nodes.push_back(node(OpKind::Copy, {graph_ref(dw, {5, 4})}, graph_ref(grad, {5, 4})));
     EXPECT_EQ(run_pass(g), 1u);
     ASSERT_EQ(g.nodes.size(), 1u) << g.str();
     const Node& n = g.nodes[0];
@@ -130,9 +123,9 @@ TEST(SumsIntoGrads, AnEmbeddingBackwardWritesTheTablesGradientItself) {
     EXPECT_EQ(n.attrs.i("num_weights"), 5);
     EXPECT_EQ(n.attrs.b("accumulate"), add);
     EXPECT_EQ(n.in_place, add);
-    EXPECT_TRUE(compile::same_ref(n.outputs[0], ref(grad, {5, 4}))) << g.str();
+    EXPECT_TRUE(compile::same_ref(n.outputs[0], graph_ref(grad, {5, 4}))) << g.str();
     ASSERT_EQ(n.inputs.size(), add ? 3u : 2u);
-    if (add) EXPECT_TRUE(compile::same_ref(*n.inputs[2], ref(grad, {5, 4})));
+    if (add) EXPECT_TRUE(compile::same_ref(*n.inputs[2], graph_ref(grad, {5, 4})));
   }
 }
 
@@ -154,7 +147,7 @@ TEST(SumsIntoGrads, SumsThatAreNotRowsOfColumnsOrNotTheGradientsAloneStay) {
     SCOPED_TRACE("s read by another node too");
     SumGraph t = sum_graph({0}, {1, 3, 4}, true);
     const int other = add_buffer(t.g, BufferKind::Internal, {1, 3, 4});
-    t.g.nodes.push_back(node(OpKind::Neg, {ref(t.s, {1, 3, 4})}, ref(other, {1, 3, 4})));
+    t.g.nodes.push_back(node(OpKind::Neg, {graph_ref(t.s, {1, 3, 4})}, graph_ref(other, {1, 3, 4})));
     EXPECT_EQ(run_pass(t.g), 0u);
     EXPECT_EQ(t.g.nodes[1].op, OpKind::Sum);
   }
@@ -162,7 +155,8 @@ TEST(SumsIntoGrads, SumsThatAreNotRowsOfColumnsOrNotTheGradientsAloneStay) {
     SCOPED_TRACE("the gradient read between the sum and its add");
     SumGraph t = sum_graph({0}, {1, 3, 4}, true);
     const int other = add_buffer(t.g, BufferKind::Internal, {1, 3, 4});
-    t.g.nodes.insert(t.g.nodes.begin() + 2, node(OpKind::Neg, {ref(t.grad, {1, 3, 4})}, ref(other, {1, 3, 4})));
+    t.g.nodes.insert(t.g.nodes.begin() + 2,
+                     node(OpKind::Neg, {graph_ref(t.grad, {1, 3, 4})}, graph_ref(other, {1, 3, 4})));
     EXPECT_EQ(run_pass(t.g), 0u);
     EXPECT_EQ(t.g.nodes[1].op, OpKind::Sum);
   }
@@ -170,7 +164,7 @@ TEST(SumsIntoGrads, SumsThatAreNotRowsOfColumnsOrNotTheGradientsAloneStay) {
     SCOPED_TRACE("a copy into a gradient that exists already");
     SumGraph t = sum_graph({0}, {1, 3, 4}, false);
     const int other = add_buffer(t.g, BufferKind::Internal, {1, 3, 4});
-    t.g.nodes.insert(t.g.nodes.begin(), node(OpKind::Neg, {ref(t.grad, {1, 3, 4})}, ref(other, {1, 3, 4})));
+    t.g.nodes.insert(t.g.nodes.begin(), node(OpKind::Neg, {graph_ref(t.grad, {1, 3, 4})}, graph_ref(other, {1, 3, 4})));
     EXPECT_EQ(run_pass(t.g), 0u);
     EXPECT_EQ(t.g.nodes[2].op, OpKind::Sum);
   }
@@ -214,15 +208,7 @@ Trained train(std::optional<compile::CompileOptions> options) {
     micro.push_back({randn({2, 4, 6}, {}, &gen), tensor_i64(y, {2, 4})});
   }
   if (options) t.step.emplace(compile::compile_train_step(*t.opt, loss_fn, *options));
-  for (int s = 0; s < 4; ++s) {
-    if (t.step) {
-      t.losses.push_back((*t.step)(compile::flatten_micro(micro))[0].item());
-    } else {
-      Tensor mean_loss;
-      optim::train_step(*t.opt, loss_fn, micro, &mean_loss);
-      t.losses.push_back(mean_loss.item());
-    }
-  }
+  t.losses = testing_util::step_losses(*t.opt, loss_fn, micro, 4, t.step ? &*t.step : nullptr);
   return t;
 }
 

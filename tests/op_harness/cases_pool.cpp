@@ -135,6 +135,14 @@ const Lookup kLookups[] = {
     {"0d_index_5x2", 5, 2, {}, 5, Layout::contiguous},
 };
 
+// dweight (V, D) += each position's row of g, at its index: the embedding backward by plain loops.
+std::vector<double> scatter_rows(const OpCall& c, std::vector<double> dw, int64_t D) {
+  const std::vector<double> g = host_values(c.inputs[0]), idx = host_values(c.inputs[1]);
+  for (size_t p = 0; p < idx.size(); ++p)
+    for (int64_t d = 0; d < D; ++d) dw[size_t(int64_t(idx[p]) * D + d)] += g[p * size_t(D) + size_t(d)];
+  return dw;
+}
+
 void add_embedding_cases(std::vector<OpTestCase>& cases) {
   for (const Lookup& e : kLookups) {
     cases.push_back({
@@ -166,10 +174,7 @@ void add_embedding_cases(std::vector<OpTestCase>& cases) {
             },
         .reference =
             [e](const OpCall& c) {
-              std::vector<double> g = host_values(c.inputs[0]), dw(size_t(e.V * e.D), 0.0), idx = host_values(c.inputs[1]);
-              for (size_t p = 0; p < idx.size(); ++p)
-                for (int64_t d = 0; d < e.D; ++d) dw[int64_t(idx[p]) * e.D + d] += g[p * e.D + d];
-              return Expected{dw};
+              return Expected{scatter_rows(c, std::vector<double>(size_t(e.V * e.D), 0.0), e.D)};
             },
     });
   }
@@ -196,14 +201,7 @@ void add_embedding_cases(std::vector<OpTestCase>& cases) {
                             Attrs().set("num_weights", e.V).set("accumulate", true),
                             {before}};
             },
-        .reference =
-            [e](const OpCall& c) {
-              std::vector<double> g = host_values(c.inputs[0]), idx = host_values(c.inputs[1]);
-              std::vector<double> dw = host_values(c.inputs[2]);
-              for (size_t p = 0; p < idx.size(); ++p)
-                for (int64_t d = 0; d < e.D; ++d) dw[int64_t(idx[p]) * e.D + d] += g[p * e.D + d];
-              return Expected{dw};
-            },
+        .reference = [e](const OpCall& c) { return Expected{scatter_rows(c, host_values(c.inputs[2]), e.D)}; },
     });
   }
 }
