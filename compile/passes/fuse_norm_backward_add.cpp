@@ -9,12 +9,14 @@
 // and the device has the fused op. Equal to the unfused pair to the bit.
 // A later cast of the sum to 16 bits (autocast's, for the GEMMs of the layer before) joins the same
 // kernel, which writes both copies; so does a cast of the sum times a dropout's mask (the branch's
-// dropout, its mask drawn in the kernel: the op's dropout attrs), which then goes with its multiply. That 16-bit sum is also the output gradient of the layer before's
-// last Linear (a GPT's proj or fc2), whose bias gradient the bias-gradient pass sums from it
-// (compile/passes/fuse_bias_grad_cast.cpp, a column_sums node): the same pass over the rows then sums it too,
-// into (or onto) the bias's gradient, and that launch goes. Applies when the column sums read the whole 16-bit sum, one
-// value per normalised column, and nothing touches their output between the two nodes. Equal to
-// those column sums up to f32 rounding (another fixed order; the same bits every run).
+// dropout, its mask drawn in the kernel: the op's dropout attrs), which then goes with its multiply. That 16-bit sum is
+// also the output gradient of the layer before's last Linear (a GPT's proj or fc2), whose bias gradient the
+// bias-gradient pass sums from it (compile/passes/fuse_bias_grad_cast.cpp, a column_sums node): the same pass over the
+// rows then sums it too, into (or onto) the bias's gradient, and that launch goes. Applies when the column sums read
+// the whole 16-bit sum, one value per normalised column, and nothing touches their output between the two nodes. Equal
+// to those column sums up to f32 rounding (another fixed order; the same bits every run). A norm with no residual's add
+// after it (a stack's last, before the head) takes its dx's 16-bit cast and that copy's column sums all the same, as a
+// layer_norm_backward_add without a residual (out is dx): two launches fewer per micro-batch in a GPT.
 #include "compile/passes/passes.h"
 
 
@@ -99,56 +101,83 @@ DroppedCast dropped_16bit_cast(const Graph& g, const BufferUses& u, const Tensor
   return {};
 }
 
+// Node i (now a layer_norm_backward_add writing `sum`) also writes the sum's later cast to 16 bits,
+// if any, for the next GEMM, or the cast of the sum times a dropout's mask (the gradient of the branch
+// a dropout closed); and then the bias gradient summed from that 16-bit copy, by the same pass over
+// the rows. Returns whether the cast joined.
+bool take_cast_and_sums(Graph& g, const BufferUses& u, size_t i, const TensorRef& sum, std::vector<bool>& drop,
+                        PassStats& stats) {
+  Node& n = g.nodes[i];
+  const DroppedCast dc = dropped_16bit_cast(g, u, sum, drop);
+  const int cast = dc.cast >= 0 ? dc.cast : later_16bit_cast(g, u, sum);
+  if (cast < 0 || drop[size_t(cast)]) return false;
+  Node with_cast = n;
+  with_cast.outputs.push_back(g.nodes[size_t(cast)].outputs[0]);
+  with_cast.attrs.set("dtype", with_cast.outputs.back().dtype);
+  with_cast.fused.push_back("copy");
+  if (dc.cast >= 0) add_fused_dropout(with_cast, g.nodes[size_t(dc.mask)]);
+  if (!call_supported(g, with_cast)) return false;
+  n = std::move(with_cast);
+  drop[size_t(cast)] = true;
+  stats.fused += 1;
+  if (dc.cast >= 0) {
+    drop[size_t(dc.mul)] = drop[size_t(dc.mask)] = true;
+    stats.fused += 2;
+  }
+  const int s = column_sums_of(g, u, i, n.outputs.back(), numel_of(n.outputs[1].shape), drop);
+  if (s < 0) return true;
+  const Node& sums = g.nodes[size_t(s)];
+  const bool add = sums.attrs.b("accumulate", false);
+  Node with_sums = n;
+  with_sums.outputs.push_back(sums.outputs[0]);
+  if (add) with_sums.inputs.insert(with_sums.inputs.begin() + 6, sums.outputs[0]);  // before a Philox state
+  with_sums.attrs.set("column_sums", true).set("accumulate", add);
+  if (sums.fused.empty())
+    with_sums.fused.push_back("sum");  // summed into a buffer of its own
+  else
+    with_sums.fused.insert(with_sums.fused.end(), sums.fused.begin(), sums.fused.end());  // "sum" and "copy" or "add"
+  if (!call_supported(g, with_sums)) return true;
+  n = std::move(with_sums);
+  drop[size_t(s)] = true;
+  stats.fused += 1;
+  return true;
+}
+
 }  // namespace
 
 void fuse_norm_backward_add(Graph& g, PassStats& stats) {
   const BufferUses u = buffer_uses(g);
   Match m;
   auto matched = [&](size_t i, Why& why) { return (m = match(g, u, i, why)).add; };
-  fuse_partners(g, kPass, "the residual's add", is_layer_norm_backward, matched, [&](size_t i, int, std::vector<bool>& drop) {
+  fuse_partners(
+      g, kPass, "the residual's add", is_layer_norm_backward, matched, [&](size_t i, int, std::vector<bool>& drop) {
+        Node& n = g.nodes[i];
+        const Node& a = g.nodes[size_t(m.add)];
+        Node fused{OpKind::LayerNormBackwardAdd, Attrs(), n.inputs, n.outputs, false, {"layer_norm_backward", "add"}};
+        fused.inputs.push_back(a.inputs[size_t(m.operand)]);
+        fused.outputs[0] = a.outputs[0];
+        if (!call_supported(g, fused))
+          return why_not(kPass, g, i, "the residual's add", "the device's kernel does not take the call");
+        n = std::move(fused);
+        drop[size_t(m.add)] = true;
+        stats.fused += 1;
+        take_cast_and_sums(g, u, i, a.outputs[0], drop, stats);
+      });
+  // A norm with no residual's add after it (a stack's last, before its head): its dx's 16-bit cast
+  // and that copy's column sums join it all the same, the residual absent.
+  const BufferUses v = buffer_uses(g);
+  fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
     Node& n = g.nodes[i];
-    const Node& a = g.nodes[size_t(m.add)];
-    Node fused{OpKind::LayerNormBackwardAdd, Attrs(), n.inputs, n.outputs, false, {"layer_norm_backward", "add"}};
-    fused.inputs.push_back(a.inputs[size_t(m.operand)]);
-    fused.outputs[0] = a.outputs[0];
-    if (!call_supported(g, fused)) return why_not(kPass, g, i, "the residual's add", "the device's kernel does not take the call");
-    n = std::move(fused);
-    drop[size_t(m.add)] = true;
-    stats.fused += 1;
-    // The sum's cast to 16 bits for the next GEMM, if any, is written by the same kernel; or the
-    // cast of the sum times a dropout's mask (the gradient of the branch a dropout closed).
-    const TensorRef& sum = a.outputs[0];
-    const DroppedCast dc = dropped_16bit_cast(g, u, sum, drop);
-    const int cast = dc.cast >= 0 ? dc.cast : later_16bit_cast(g, u, sum);
+    if (!is_layer_norm_backward(n)) return;
+    const TensorRef dx = n.outputs[0];
+    if (!is_contiguous(dx) || !internal_once(g, v, dx) || !device_supports(g, dx, OpKind::LayerNormBackwardAdd)) return;
+    const int cast = later_16bit_cast(g, v, dx);
     if (cast < 0 || drop[size_t(cast)]) return;
-    Node with_cast = n;
-    with_cast.outputs.push_back(g.nodes[size_t(cast)].outputs[0]);
-    with_cast.attrs.set("dtype", with_cast.outputs.back().dtype);
-    with_cast.fused.push_back("copy");
-    if (dc.cast >= 0) add_fused_dropout(with_cast, g.nodes[size_t(dc.mask)]);
-    if (!call_supported(g, with_cast)) return;
-    n = std::move(with_cast);
-    drop[size_t(cast)] = true;
-    stats.fused += 1;
-    if (dc.cast >= 0) {
-      drop[size_t(dc.mul)] = drop[size_t(dc.mask)] = true;
-      stats.fused += 2;
-    }
-    // And the bias gradient summed from that 16-bit copy, by the same pass over the rows.
-    const int s = column_sums_of(g, u, i, n.outputs.back(), numel_of(n.outputs[1].shape), drop);
-    if (s < 0) return;
-    const Node& sums = g.nodes[size_t(s)];
-    const bool add = sums.attrs.b("accumulate", false);
-    Node with_sums = n;
-    with_sums.outputs.push_back(sums.outputs[0]);
-    if (add) with_sums.inputs.insert(with_sums.inputs.begin() + 6, sums.outputs[0]);  // before a Philox state
-    with_sums.attrs.set("column_sums", true).set("accumulate", add);
-    if (sums.fused.empty()) with_sums.fused.push_back("sum");  // summed into a buffer of its own
-    else with_sums.fused.insert(with_sums.fused.end(), sums.fused.begin(), sums.fused.end());  // "sum" and "copy" or "add"
-    if (!call_supported(g, with_sums)) return;
-    n = std::move(with_sums);
-    drop[size_t(s)] = true;
-    stats.fused += 1;
+    const Node before = n;
+    n = Node{OpKind::LayerNormBackwardAdd, Attrs(), before.inputs, before.outputs, false, {"layer_norm_backward"}};
+    n.inputs.push_back(std::nullopt);
+    n.phase = before.phase;
+    if (!call_supported(g, n) || !take_cast_and_sums(g, v, i, dx, drop, stats)) n = before;
   });
 }
 

@@ -503,9 +503,10 @@ void layer_norm_cast_kernel(const KernelCall& c) {
 // out: out, dw, db[, out16][, sums].
 void layer_norm_backward_add_kernel(const KernelCall& c) {
   const Tensor& x = c.in[1];
-  Tensor dx = cpu::scratch(x.shape(), x.dtype());
+  const bool residual = c.in[5].defined();  // without one, out is dx itself
+  Tensor dx = residual ? cpu::scratch(x.shape(), x.dtype()) : c.out[0];
   cpu::run_op(OpKind::LayerNormBackward, {c.in[0], x, c.in[2], c.in[3], c.in[4]}, {dx, c.out[1], c.out[2]});
-  cpu::run_op(OpKind::Add, {dx, c.in[5]}, {c.out[0]});
+  if (residual) cpu::run_op(OpKind::Add, {dx, c.in[5]}, {c.out[0]});
   if (!c.attrs.has("dtype")) return;
   cpu::run_op(OpKind::Copy, {has_fused_dropout(c.attrs) ? with_fused_dropout_mask(c, c.out[0]) : c.out[0]}, {c.out[3]});
   if (!c.attrs.b("column_sums", false)) return;

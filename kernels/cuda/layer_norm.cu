@@ -655,12 +655,12 @@ void layer_norm_bwd_add(const Tensor& g, const Tensor& x, const Tensor& w, const
                                   (out16.dtype() == DType::bf16 || out16.dtype() == DType::f16)),
              "layer_norm_bwd_add: the 16-bit copy ", shape_str(out16.shape()), " ", out16.dtype(),
              " must be a contiguous bf16 or f16 tensor of x's shape ", shape_str(x.shape()));
-  REEL_CHECK(residual.defined() && residual.shape() == x.shape() && residual.dtype() == x.dtype() &&
+  REEL_CHECK((!residual.defined() || (residual.shape() == x.shape() && residual.dtype() == x.dtype())) &&
                  out.shape() == x.shape() && out.dtype() == x.dtype() && out.is_contiguous() && dw.is_contiguous() &&
                  db.is_contiguous(),
              "layer_norm_bwd_add: x ", shape_str(x.shape()), " ", x.dtype(), ", residual ", shape_str(residual.shape()),
              " ", residual.dtype(), ", out ", shape_str(out.shape()), " ", out.dtype(),
-             ": expects a residual and a contiguous out of x's shape and dtype");
+             ": expects a residual (or none) of x's shape and dtype and a contiguous out of them");
   REEL_CHECK(!sums16.defined() || (out16.defined() && sums16.dtype() == DType::f32 && sums16.is_contiguous() &&
                                     sums16.numel() == dw.numel()),
              "layer_norm_bwd_add: the column sums ", shape_str(sums16.shape()), " ", sums16.dtype(),

@@ -34,9 +34,10 @@
 //       -> y16 = layer_norm(s).to(dtype), mean, rstd[, s], s = x + addend (x alone without addend);
 //          with the dropout attrs, s = x + addend * mask, mask as dropout_mask draws it over x's shape
 //          (kernels/philox_args.h; state last when dropout_state). x, addend f32.
-//   layer_norm_backward_add (g, x, w?, mean, rstd, residual[, sums_in][, state])
+//   layer_norm_backward_add (g, x, w?, mean, rstd, residual?[, sums_in][, state])
 //       attrs [dtype[, column_sums[, accumulate]]][, dropout_*]
-//       -> out = layer_norm_backward(...).dx + residual, dw, db[, out16 = (out [* mask]).to(dtype)]
+//       -> out = layer_norm_backward(...).dx + residual (dx alone without a residual: a block's last
+//          norm, whose 16-bit copy and column sums still join it), dw, db[, out16 = (out [* mask]).to(dtype)]
 //          [, sums = column sums of out16 (+ sums_in with accumulate)]; the dropout mask (over x's
 //          shape) applies to the 16-bit copy alone, so it needs dtype.
 //   dropout_mask ([state])                 attrs shape, dtype, device_*, p, seed, offset
@@ -191,9 +192,8 @@ std::vector<TensorMeta> infer_layer_norm_backward_add(const std::vector<Tensor>&
   REEL_ASSERT(in.size() == inputs, "layer_norm_backward_add takes ", inputs, " inputs, got ", in.size());
   std::vector<TensorMeta> out = infer_layer_norm_backward({in[0], in[1], in[2], in[3], in[4]}, a);
   const Tensor &x = in[1], &r = in[5];
-  schema::expect_defined(op, r, "residual");
-  REEL_CHECK(r.shape() == x.shape() && r.dtype() == x.dtype(), "layer_norm_backward_add: residual ", schema::desc(r),
-             " must match x ", schema::desc(x));
+  REEL_CHECK(!r.defined() || (r.shape() == x.shape() && r.dtype() == x.dtype()), "layer_norm_backward_add: residual ",
+             schema::desc(r), " must match x ", schema::desc(x));
   if (a.has("dtype")) out.push_back({x.shape(), cast_dtype(op, a), x.device()});
   if (sums) {
     REEL_CHECK(a.has("dtype"), "layer_norm_backward_add: column_sums sums the 16-bit copy, which needs a dtype attr");

@@ -74,33 +74,46 @@ void add_layer_norm_cases(std::vector<OpTestCase>& cases) {
   struct Variant {
     const char* name;
     bool copy, sums, accumulate;
+    bool residual = true;  // absent: a stack's last norm, its dx's copy and sums in the kernel all the same
+    int64_t cols = 48;     // 128: the row-in-registers kernels on CUDA
   };
-  for (Variant v : {Variant{"", false, false, false}, Variant{"copy_", true, false, false},
-                    Variant{"copy_column_sums_", true, true, false}, Variant{"copy_column_sums_accumulate_", true, true, true}}) {
+  for (Variant v :
+       {Variant{"", false, false, false}, Variant{"copy_", true, false, false},
+        Variant{"copy_column_sums_", true, true, false}, Variant{"copy_column_sums_accumulate_", true, true, true},
+        Variant{"no_residual_copy_", true, false, false, false},
+        Variant{"no_residual_copy_column_sums_accumulate_", true, true, true, false},
+        Variant{"no_residual_copy_column_sums_", true, true, false, false, 128}}) {
+    const int64_t C = v.cols;
     cases.push_back(
         {.op = OpKind::LayerNormBackwardAdd,
-         .name = std::string("layer_norm_backward_add_") + v.name + "5x48",
+         .name = std::string("layer_norm_backward_add_") + v.name + "5x" + std::to_string(C),
          .dtypes = v.copy ? std::vector<DType>(k16Bit) : std::vector<DType>{DType::f32, DType::f64},
          .make =
-             [v](Device, DType t) {
+             [v, C](Device, DType t) {
                const DType x_dtype = v.copy ? DType::f32 : t;
-               Tensor x = randn_input({5, 48}, x_dtype, 211), w = randn_input({48}, x_dtype, 212, Layout::contiguous, 0.5, 1.0);
+               Tensor x = randn_input({5, C}, x_dtype, 211),
+                      w = randn_input({C}, x_dtype, 212, Layout::contiguous, 0.5, 1.0);
                std::vector<Tensor> f = dispatch(OpKind::LayerNorm, {x, w, Tensor()},
                                                 Attrs().set("eps", kEps).set("normalized_ndim", int64_t(1)));
-               Inputs in{randn_input({5, 48}, x_dtype, 213), x, w, f[1], f[2], randn_input({5, 48}, x_dtype, 214)};
+               Inputs in{randn_input({5, C}, x_dtype, 213),
+                         x,
+                         w,
+                         f[1],
+                         f[2],
+                         v.residual ? randn_input({5, C}, x_dtype, 214) : Tensor()};
                Attrs a;
                if (v.copy) a.set("dtype", t);
                if (v.sums) a.set("column_sums", true).set("accumulate", v.accumulate);
                if (!v.accumulate) return OpCall{in, a};
                // Added to: the sums' tensor is an input and the same tensor as the output (params +=).
-               Tensor sums = randn_input({48}, DType::f32, 215);
+               Tensor sums = randn_input({C}, DType::f32, 215);
                in.push_back(sums);
                return adding_into_sums(in, a, sums);
              },
          .reference =
              [v](const OpCall& c) {
                std::vector<Tensor> b = dispatch(OpKind::LayerNormBackward, {c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4]});
-               Tensor out = run1(OpKind::Add, {b[0], c.inputs[5]});
+               Tensor out = v.residual ? run1(OpKind::Add, {b[0], c.inputs[5]}) : b[0];
                Expected e = values_of({out, b[1], b[2]});
                if (!v.copy) return e;
                Tensor out16 = cast(out, c.attrs.dtype("dtype"));
