@@ -32,6 +32,11 @@ inline int graph_buffer(compile::Graph& g, compile::BufferKind kind, size_t nbyt
   return b.id;
 }
 
+// A new buffer of `floats` f32 values.
+inline int graph_floats(compile::Graph& g, compile::BufferKind kind, int64_t floats) {
+  return graph_buffer(g, kind, size_t(floats) * sizeof(float));
+}
+
 // A contiguous view of all of `buffer` in `shape`.
 inline compile::TensorRef graph_ref(int buffer, const Shape& shape, DType dtype = DType::f32) {
   return compile::TensorRef{buffer, shape, contiguous_strides(shape), 0, dtype};
@@ -42,6 +47,11 @@ inline compile::Node graph_node(OpKind op, std::vector<compile::TensorRef> in, s
   compile::Node n{op, Attrs(), {}, std::move(out), in_place, {}};
   for (compile::TensorRef& r : in) n.inputs.emplace_back(std::move(r));
   return n;
+}
+// With one output, as most nodes have.
+inline compile::Node graph_node(OpKind op, std::vector<compile::TensorRef> in, compile::TensorRef out,
+                                bool in_place = false) {
+  return graph_node(op, std::move(in), std::vector<compile::TensorRef>{std::move(out)}, in_place);
 }
 
 // `accum` micro-batches of (B, T) token ids and targets below `vocab`, from a small LCG: token ids

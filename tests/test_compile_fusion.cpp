@@ -83,25 +83,18 @@ using compile::TensorRef;
 
 // ---- hand-made graphs -----------------------------------------------------------------------
 
-int add_buffer(Graph& g, BufferKind kind, int64_t floats) {
-  compile::Buffer b;
-  b.id = int(g.buffers.size());
-  b.kind = kind;
-  b.nbytes = size_t(floats) * 4;
-  b.device = Device::cpu();
-  g.buffers.push_back(b);
-  return b.id;
-}
+constexpr auto add_buffer = testing_util::graph_floats;
 
+// f32, contiguous unless strides are given.
 TensorRef ref(int buffer, const Shape& shape, Shape strides = {}, int64_t offset = 0) {
-  if (strides.empty()) strides = contiguous_strides(shape);
-  return TensorRef{buffer, shape, strides, offset, DType::f32};
+  TensorRef r = testing_util::graph_ref(buffer, shape);
+  if (!strides.empty()) r.strides = std::move(strides);
+  r.offset = offset;
+  return r;
 }
 
 Node node(OpKind op, std::vector<TensorRef> in, TensorRef out, bool in_place = false) {
-  Node n{op, Attrs(), {}, {std::move(out)}, in_place, {}};
-  for (TensorRef& r : in) n.inputs.emplace_back(std::move(r));
-  return n;
+  return testing_util::graph_node(op, std::move(in), std::move(out), in_place);
 }
 
 size_t fuse(Graph& g) {

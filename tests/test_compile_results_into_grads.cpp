@@ -23,9 +23,7 @@ using compile::Graph;
 using compile::Node;
 using compile::TensorRef;
 
-int add_buffer(Graph& g, BufferKind kind, int64_t floats) {
-  return testing_util::graph_buffer(g, kind, size_t(floats) * sizeof(float));
-}
+using testing_util::graph_floats;
 using testing_util::graph_node;
 using testing_util::graph_ref;
 
@@ -34,10 +32,10 @@ enum Case { kWhole, kReadTwice, kPart, kCast, kGradTouchedBefore };
 // x (Input) -> sum over dim 0 into r (1, 8) [and a second output] -> grad (8) = copy(r).
 Graph copy_graph(Case c, int& grad, int& r) {
   Graph g;
-  const int x = add_buffer(g, BufferKind::Input, 32);
-  r = add_buffer(g, BufferKind::Internal, 8);
-  grad = add_buffer(g, BufferKind::External, 8);
-  const int other = add_buffer(g, BufferKind::Internal, 8);
+  const int x = graph_floats(g, BufferKind::Input, 32);
+  r = graph_floats(g, BufferKind::Internal, 8);
+  grad = graph_floats(g, BufferKind::External, 8);
+  const int other = graph_floats(g, BufferKind::Internal, 8);
   if (c == kGradTouchedBefore)
     g.nodes.push_back(graph_node(OpKind::Neg, {graph_ref(grad, {8})}, {graph_ref(other, {8})}));
   Node sum = graph_node(OpKind::Sum, {graph_ref(x, {4, 8})}, {graph_ref(r, {1, 8})});

@@ -18,6 +18,7 @@
 #include "compile/passes/pipeline.h"
 #include "compile/runtime/compile.h"
 #include "compile/runtime/train_step.h"
+#include "compile_test_util.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/log.h"
@@ -34,24 +35,15 @@ using compile::TensorRef;
 
 // ---- hand-made graphs ----
 
-int add_buffer(Graph& g, BufferKind kind, size_t nbytes) {
-  compile::Buffer b;
-  b.id = int(g.buffers.size());
-  b.kind = kind;
-  b.nbytes = nbytes;
-  b.device = Device::cpu();
-  g.buffers.push_back(b);
-  return b.id;
-}
+using testing_util::graph_buffer;
 
 TensorRef ref(int buffer, const Shape& shape, DType dtype = DType::f32) {
-  return TensorRef{buffer, shape, contiguous_strides(shape), 0, dtype};
+  return testing_util::graph_ref(buffer, shape, dtype);
 }
 
 Node node(OpKind op, std::vector<TensorRef> in, TensorRef out, bool in_place = false, double value = 0) {
-  Node n{op, Attrs(), {}, {std::move(out)}, in_place, {}};
+  Node n = testing_util::graph_node(op, std::move(in), {std::move(out)}, in_place);
   if (op == OpKind::AddScalar || op == OpKind::MulScalar) n.attrs.set("value", value);
-  for (TensorRef& r : in) n.inputs.emplace_back(std::move(r));
   return n;
 }
 
@@ -79,9 +71,9 @@ size_t sink(Graph& g) {
 
 TEST(SinkUpdates, CountersMoveToTheEndBufferByBufferAdditionsMerged) {
   Graph g;
-  const int x = add_buffer(g, BufferKind::Input, 16), c1 = add_buffer(g, BufferKind::External, 8),
-            c2 = add_buffer(g, BufferKind::External, 8), t = add_buffer(g, BufferKind::Internal, 16),
-            u = add_buffer(g, BufferKind::Internal, 16), w = add_buffer(g, BufferKind::Internal, 16);
+  const int x = graph_buffer(g, BufferKind::Input, 16), c1 = graph_buffer(g, BufferKind::External, 8),
+            c2 = graph_buffer(g, BufferKind::External, 8), t = graph_buffer(g, BufferKind::Internal, 16),
+            u = graph_buffer(g, BufferKind::Internal, 16), w = graph_buffer(g, BufferKind::Internal, 16);
   // Two micro-batches of two BatchNorms: c1, (exp), c2, (neg), c1, (relu), c2.
   g.nodes = {update(c1, DType::i64), node(OpKind::Exp, {ref(x, {4})}, ref(t, {4})), update(c2, DType::i64),
              node(OpKind::Neg, {ref(t, {4})}, ref(u, {4})),  update(c1, DType::i64),
@@ -96,9 +88,9 @@ TEST(SinkUpdates, CountersMoveToTheEndBufferByBufferAdditionsMerged) {
 TEST(SinkUpdates, AnUpdateReadLaterStaysAndSoDoEarlierOnesOfItsBuffer) {
   // s += 1; exp; s += 1; y = t * s (reads s); neg; s *= 0.5; relu: the last update alone moves.
   Graph g;
-  const int x = add_buffer(g, BufferKind::Input, 16), s = add_buffer(g, BufferKind::External, 4),
-            t = add_buffer(g, BufferKind::Internal, 16), y = add_buffer(g, BufferKind::Internal, 16),
-            z = add_buffer(g, BufferKind::Internal, 16), r = add_buffer(g, BufferKind::Internal, 16);
+  const int x = graph_buffer(g, BufferKind::Input, 16), s = graph_buffer(g, BufferKind::External, 4),
+            t = graph_buffer(g, BufferKind::Internal, 16), y = graph_buffer(g, BufferKind::Internal, 16),
+            z = graph_buffer(g, BufferKind::Internal, 16), r = graph_buffer(g, BufferKind::Internal, 16);
   g.nodes = {update(s, DType::f32),
              node(OpKind::Exp, {ref(x, {4})}, ref(t, {4})),
              update(s, DType::f32),
@@ -114,9 +106,9 @@ TEST(SinkUpdates, AnUpdateReadLaterStaysAndSoDoEarlierOnesOfItsBuffer) {
 
 TEST(SinkUpdates, OnlyUpdatesOfExternalStateReadingNothingElseMove) {
   Graph g;
-  const int x = add_buffer(g, BufferKind::Input, 16), tmp = add_buffer(g, BufferKind::Internal, 8),
-            grad = add_buffer(g, BufferKind::External, 16), f = add_buffer(g, BufferKind::External, 4),
-            t = add_buffer(g, BufferKind::Internal, 16);
+  const int x = graph_buffer(g, BufferKind::Input, 16), tmp = graph_buffer(g, BufferKind::Internal, 8),
+            grad = graph_buffer(g, BufferKind::External, 16), f = graph_buffer(g, BufferKind::External, 4),
+            t = graph_buffer(g, BufferKind::Internal, 16);
   g.nodes = {update(tmp, DType::i64),                                                        // Internal: stays
              node(OpKind::Add, {ref(grad, {4}), ref(x, {4})}, ref(grad, {4}), true),        // reads x too
              update(f, DType::f32), update(f, DType::f32),                                   // float: not merged

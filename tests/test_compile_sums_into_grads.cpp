@@ -37,12 +37,8 @@ using compile::TensorRef;
 int add_buffer(Graph& g, BufferKind kind, const Shape& shape) {
   return testing_util::graph_buffer(g, kind, size_t(numel_of(shape)) * sizeof(float));
 }
+using testing_util::graph_node;
 using testing_util::graph_ref;
-
-// One output, as every node here has.
-Node node(OpKind op, std::vector<TensorRef> in, TensorRef out, bool in_place = false) {
-  return testing_util::graph_node(op, std::move(in), {std::move(out)}, in_place);
-}
 
 // in (2, 3, 4) -> x = neg(in) -> s = sum(x, dims) -> grad = s (a copy) or grad += s; `x_ref`
 // (default: all of x) is how the sum reads x.
@@ -57,15 +53,15 @@ SumGraph sum_graph(const std::vector<int64_t>& dims, const Shape& s_shape, bool 
   t.x = add_buffer(t.g, BufferKind::Internal, {2, 3, 4});
   t.s = add_buffer(t.g, BufferKind::Internal, s_shape);
   t.grad = add_buffer(t.g, BufferKind::External, s_shape);
-  t.g.nodes.push_back(node(OpKind::Neg, {graph_ref(in, {2, 3, 4})}, graph_ref(t.x, {2, 3, 4})));
-  Node sum = node(OpKind::Sum, {x_ref ? *x_ref : graph_ref(t.x, {2, 3, 4})}, graph_ref(t.s, s_shape));
+  t.g.nodes.push_back(graph_node(OpKind::Neg, {graph_ref(in, {2, 3, 4})}, graph_ref(t.x, {2, 3, 4})));
+  Node sum = graph_node(OpKind::Sum, {x_ref ? *x_ref : graph_ref(t.x, {2, 3, 4})}, graph_ref(t.s, s_shape));
   sum.attrs.set("dims", dims).set("keepdim", true);
   t.g.nodes.push_back(sum);
   if (add)
-    t.g.nodes.push_back(
-        node(OpKind::Add, {graph_ref(t.grad, s_shape), graph_ref(t.s, s_shape)}, graph_ref(t.grad, s_shape), true));
+    t.g.nodes.push_back(graph_node(OpKind::Add, {graph_ref(t.grad, s_shape), graph_ref(t.s, s_shape)},
+                                   graph_ref(t.grad, s_shape), true));
   else
-    t.g.nodes.push_back(node(OpKind::Copy, {graph_ref(t.s, s_shape)}, graph_ref(t.grad, s_shape)));
+    t.g.nodes.push_back(graph_node(OpKind::Copy, {graph_ref(t.s, s_shape)}, graph_ref(t.grad, s_shape)));
   return t;
 }
 
@@ -108,14 +104,14 @@ TEST(SumsIntoGrads, AnEmbeddingBackwardWritesTheTablesGradientItself) {
     const int grad = add_buffer(g, BufferKind::External, {5, 4});
     TensorRef ids_ref = graph_ref(ids, {2, 3});
     ids_ref.dtype = DType::i64;
-    Node scatter = node(OpKind::EmbeddingBackward, {graph_ref(gy, {2, 3, 4}), ids_ref}, graph_ref(dw, {5, 4}));
+    Node scatter = graph_node(OpKind::EmbeddingBackward, {graph_ref(gy, {2, 3, 4}), ids_ref}, graph_ref(dw, {5, 4}));
     scatter.attrs.set("num_weights", 5);
     g.nodes.push_back(scatter);
     if (add)
       g.nodes.push_back(
-          node(OpKind::Add, {graph_ref(grad, {5, 4}), graph_ref(dw, {5, 4})}, graph_ref(grad, {5, 4}), true));
+          graph_node(OpKind::Add, {graph_ref(grad, {5, 4}), graph_ref(dw, {5, 4})}, graph_ref(grad, {5, 4}), true));
     else
-      g.nodes.push_back(node(OpKind::Copy, {graph_ref(dw, {5, 4})}, graph_ref(grad, {5, 4})));
+      g.nodes.push_back(graph_node(OpKind::Copy, {graph_ref(dw, {5, 4})}, graph_ref(grad, {5, 4})));
     EXPECT_EQ(run_pass(g), 1u);
     ASSERT_EQ(g.nodes.size(), 1u) << g.str();
     const Node& n = g.nodes[0];
@@ -147,7 +143,7 @@ TEST(SumsIntoGrads, SumsThatAreNotRowsOfColumnsOrNotTheGradientsAloneStay) {
     SCOPED_TRACE("s read by another node too");
     SumGraph t = sum_graph({0}, {1, 3, 4}, true);
     const int other = add_buffer(t.g, BufferKind::Internal, {1, 3, 4});
-    t.g.nodes.push_back(node(OpKind::Neg, {graph_ref(t.s, {1, 3, 4})}, graph_ref(other, {1, 3, 4})));
+    t.g.nodes.push_back(graph_node(OpKind::Neg, {graph_ref(t.s, {1, 3, 4})}, graph_ref(other, {1, 3, 4})));
     EXPECT_EQ(run_pass(t.g), 0u);
     EXPECT_EQ(t.g.nodes[1].op, OpKind::Sum);
   }
@@ -156,7 +152,7 @@ TEST(SumsIntoGrads, SumsThatAreNotRowsOfColumnsOrNotTheGradientsAloneStay) {
     SumGraph t = sum_graph({0}, {1, 3, 4}, true);
     const int other = add_buffer(t.g, BufferKind::Internal, {1, 3, 4});
     t.g.nodes.insert(t.g.nodes.begin() + 2,
-                     node(OpKind::Neg, {graph_ref(t.grad, {1, 3, 4})}, graph_ref(other, {1, 3, 4})));
+                     graph_node(OpKind::Neg, {graph_ref(t.grad, {1, 3, 4})}, graph_ref(other, {1, 3, 4})));
     EXPECT_EQ(run_pass(t.g), 0u);
     EXPECT_EQ(t.g.nodes[1].op, OpKind::Sum);
   }
@@ -164,7 +160,8 @@ TEST(SumsIntoGrads, SumsThatAreNotRowsOfColumnsOrNotTheGradientsAloneStay) {
     SCOPED_TRACE("a copy into a gradient that exists already");
     SumGraph t = sum_graph({0}, {1, 3, 4}, false);
     const int other = add_buffer(t.g, BufferKind::Internal, {1, 3, 4});
-    t.g.nodes.insert(t.g.nodes.begin(), node(OpKind::Neg, {graph_ref(t.grad, {1, 3, 4})}, graph_ref(other, {1, 3, 4})));
+    t.g.nodes.insert(t.g.nodes.begin(),
+                     graph_node(OpKind::Neg, {graph_ref(t.grad, {1, 3, 4})}, graph_ref(other, {1, 3, 4})));
     EXPECT_EQ(run_pass(t.g), 0u);
     EXPECT_EQ(t.g.nodes[2].op, OpKind::Sum);
   }
