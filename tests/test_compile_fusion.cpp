@@ -171,17 +171,18 @@ TEST(FusionPass, AConsumerOfAReshapedResultJoinsItsProducer) {
 
 TEST(FusionPass, AConsumerMovesUpToItsProducerAcrossUnrelatedNodes) {
   // q = x * 0.125; k = copy(y); q16 = cast(q): the cast joins the scale (attention's q), the copy of
-  // k stays between neither. Not when a node in between touches the consumer's output.
+  // k stays between neither. Not when a node in between touches the consumer's output. (q is 8 KiB:
+  // a smaller scale would sink to its cast instead, across the blocking node: sink_producers.)
   for (bool blocked : {false, true}) {
     Graph g;
-    const int x = add_buffer(g, BufferKind::Input, 16), y = add_buffer(g, BufferKind::Input, 16),
-              q = add_buffer(g, BufferKind::Internal, 16), k = add_buffer(g, BufferKind::External, 16),
-              q16 = add_buffer(g, BufferKind::External, 16);
-    Node scale = node(OpKind::MulScalar, {ref(x, {4, 4})}, ref(q, {4, 4}));
+    const int x = add_buffer(g, BufferKind::Input, 2048), y = add_buffer(g, BufferKind::Input, 16),
+              q = add_buffer(g, BufferKind::Internal, 2048), k = add_buffer(g, BufferKind::External, 16),
+              q16 = add_buffer(g, BufferKind::External, 2048);
+    Node scale = node(OpKind::MulScalar, {ref(x, {32, 64})}, ref(q, {32, 64}));
     scale.attrs.set("value", 0.125);
     g.nodes = {scale, node(OpKind::Sum, {ref(y, {4, 4})}, ref(blocked ? q16 : k, {})),
-               node(OpKind::Copy, {ref(q, {4, 4})}, ref(q16, {4, 4}))};
-    g.outputs = {ref(k, {}), ref(q16, {4, 4})};
+               node(OpKind::Copy, {ref(q, {32, 64})}, ref(q16, {32, 64}))};
+    g.outputs = {ref(k, {}), ref(q16, {32, 64})};
     EXPECT_EQ(fuse(g), blocked ? 0u : 1u) << g.str();
     ASSERT_EQ(g.nodes.size(), blocked ? 3u : 2u);
     if (!blocked) {
@@ -226,6 +227,43 @@ TEST(FusionPass, IndependentUpdatesOfOneShapeGatherAcrossOtherShapes) {
     } else {
       EXPECT_EQ(fused, 0u) << g.str();
       EXPECT_EQ(listing.back(), c == kMakesABuffer ? "mul_scalar" : "add") << g.str();
+    }
+  }
+}
+
+// The mean loss as a step traces it: s1 = l0 + l1 after the second micro-batch, s2 = s1 + l2 after
+// the third, mean = (s2 + l3) * 0.25 at the end, each l made by a node of another kind (the
+// cross-entropy). The adds sink to the mean: one kernel. Not past a node that writes an add's input.
+TEST(FusionPass, ASmallChainSpreadOverTheStepSinksToItsEnd) {
+  for (bool blocked : {false, true}) {
+    SCOPED_TRACE(blocked ? "l2 rewritten between" : "free");
+    Graph g;
+    const int x = add_buffer(g, BufferKind::Input, 8);
+    int l[4], s1 = add_buffer(g, BufferKind::Internal, 1), s2 = add_buffer(g, BufferKind::Internal, 1),
+              t = add_buffer(g, BufferKind::Internal, 1), mean = add_buffer(g, BufferKind::External, 1);
+    for (int& b : l) b = add_buffer(g, BufferKind::Internal, 1);
+    auto loss = [&](int b) { return node(OpKind::Sum, {ref(x, {8})}, ref(b, {})); };
+    g.nodes = {loss(l[0]),
+               loss(l[1]),
+               node(OpKind::Add, {ref(l[0], {}), ref(l[1], {})}, ref(s1, {})),
+               loss(l[2]),
+               node(OpKind::Add, {ref(s1, {}), ref(l[2], {})}, ref(s2, {})),
+               loss(l[3])};
+    if (blocked) g.nodes.push_back(node(OpKind::Sum, {ref(x, {8})}, ref(l[2], {})));
+    g.nodes.push_back(node(OpKind::Add, {ref(s2, {}), ref(l[3], {})}, ref(t, {})));
+    Node scale = node(OpKind::MulScalar, {ref(t, {})}, ref(mean, {}));
+    scale.attrs.set("value", 0.25);
+    g.nodes.push_back(scale);
+    g.outputs = {ref(mean, {})};
+    fuse(g);
+    const Node& last = g.nodes.back();
+    ASSERT_EQ(last.op, OpKind::FusedElementwise) << g.str();
+    if (!blocked) {
+      EXPECT_EQ(g.nodes.size(), 5u) << g.str();
+      EXPECT_EQ(last.fused, (std::vector<std::string>{"add", "add", "add", "mul_scalar"})) << g.str();
+    } else {
+      // s1's add still sinks (nothing writes l0, l1 or s1 after it); s2's add stays before l2's rewrite.
+      EXPECT_EQ(last.fused, (std::vector<std::string>{"add", "mul_scalar"})) << g.str();
     }
   }
 }
@@ -301,7 +339,8 @@ TEST(FusionTrace, NonConsecutiveAndRegeometrisedChainsStayApart) {
     return std::vector<Tensor>{c};
   };
   auto f = compiled(fn, true);
-  Tensor x = arange(16).reshape({4, 4}) * 0.1;
+  // 64 x 64: exp's result (16 KiB) is past what sink_producers moves (a small one would sink to the mul).
+  Tensor x = arange(4096).reshape({64, 64}) * 0.001;
   std::vector<Tensor> out = run3(f, {x});
   ASSERT_NE(f.last_plan(), nullptr);
   EXPECT_EQ(f.last_plan()->stats().fused, 0u) << f.last_plan()->graph().str();

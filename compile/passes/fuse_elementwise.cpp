@@ -257,6 +257,49 @@ void hoist_siblings(Graph& g) {
   }
 }
 
+// Nodes of at most this many output bytes sink_producers moves: scalars and short vectors, whose
+// later making cannot change how the planner packs the step's large buffers.
+constexpr size_t kMaxSunkBytes = 4096;
+
+// Moves each small fusable node whose result only one later fusable node of its shape reads down to
+// just before that reader, when nothing in between writes its inputs or touches its result: a chain
+// spread over the step (the micro-batches' losses added up, one add after each micro-batch, to the
+// mean at the end) becomes one kernel at its end. The result is made later and its inputs are read
+// later: the node moves only when those it was the last to read are small too (kMaxSunkBytes).
+void sink_producers(Graph& g) {
+  for (size_t j = g.nodes.size(); j-- > 0;) {
+    const Node& n = g.nodes[j];
+    if (!fusable_node(g, n) || !reads_contiguously(n) || n.in_place) continue;
+    const TensorRef& out = n.outputs[0];
+    if (g.buffers[out.buffer].kind != BufferKind::Internal || out.nbytes() > kMaxSunkBytes) continue;
+    size_t reader = 0, readers = 0;
+    for (size_t k = j + 1; k < g.nodes.size(); ++k)
+      if (refers_to(g.nodes[k], out.buffer)) {
+        reader = k;
+        ++readers;
+      }
+    bool output = false;
+    for (const TensorRef& r : g.outputs) output = output || r.buffer == out.buffer;
+    if (readers != 1 || output || reader <= j + 1 || reader - j > kMaxHoist) continue;
+    const Node& q = g.nodes[reader];
+    if (!fusable_node(g, q) || q.outputs[0].shape != out.shape || !reads_contiguously(q)) continue;
+    bool clear = true;
+    for (size_t k = j + 1; clear && k < reader; ++k)
+      for (const TensorRef& w : g.nodes[k].outputs)
+        for (const auto& r : n.inputs) clear = clear && !(r && r->buffer == w.buffer);
+    size_t held_longer = 0;
+    for (const auto& r : n.inputs) {
+      if (!r || g.buffers[r->buffer].kind != BufferKind::Internal) continue;
+      bool read_later = false;
+      for (size_t k = j + 1; !read_later && k < g.nodes.size(); ++k) read_later = refers_to(g.nodes[k], r->buffer);
+      for (const TensorRef& o : g.outputs) read_later = read_later || o.buffer == r->buffer;
+      if (!read_later) held_longer += g.buffers[r->buffer].nbytes;
+    }
+    if (clear && held_longer <= std::max(g.buffers[out.buffer].nbytes, kMaxSunkBytes))
+      std::rotate(g.nodes.begin() + int64_t(j), g.nodes.begin() + int64_t(j) + 1, g.nodes.begin() + int64_t(reader));
+  }
+}
+
 // One past the last node of the group that starts at node i (i + 1: no group).
 size_t group_end(const Graph& g, size_t i) {
   if (!fusable_node(g, g.nodes[i])) return i + 1;
@@ -274,6 +317,7 @@ void fuse_elementwise(Graph& g, PassStats& stats) {
   reshape_to_producers(g);
   hoist_consumers(g);
   hoist_siblings(g);
+  sink_producers(g);
   const BufferReaders readers(g);
   std::vector<Node> out;
   out.reserve(g.nodes.size());
