@@ -11,7 +11,8 @@
 // becomes consecutive. Then a node that reads its operands contiguously and writes memory that
 // exists already moves up to the nearest earlier fusable node of its shape that reads contiguously
 // too, when independent of what lies between: the gradient updates of norms of several widths,
-// interleaved, group by width.
+// interleaved, group by width. Last, a small node (a scalar, a short vector) whose one reader is a
+// later fusable node of its shape moves down to it: the micro-batches' loss adds join the mean.
 // A group is a maximal run of consecutive nodes (graph order; consecutive is what makes the rewrite
 // safe: nothing runs between its members) where every node
 //   - is an op of kernels/ops.def's elementwise family, clamp_scalar, a copy between two tensors
