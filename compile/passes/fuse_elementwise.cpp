@@ -218,6 +218,27 @@ bool reads_contiguously(const Node& n) {
   return true;
 }
 
+// Whether node m writes a buffer that node n reads (n may not move across m).
+bool writes_an_input_of(const Node& m, const Node& n) {
+  for (const TensorRef& w : m.outputs)
+    for (const auto& r : n.inputs)
+      if (r && r->buffer == w.buffer) return true;
+  return false;
+}
+
+// Whether a node in [from, to) reads or writes the buffer.
+bool referred_to(const Graph& g, int buffer, size_t from, size_t to) {
+  for (size_t k = from; k < to; ++k)
+    if (refers_to(g.nodes[k], buffer)) return true;
+  return false;
+}
+
+bool is_step_output(const Graph& g, int buffer) {
+  for (const TensorRef& r : g.outputs)
+    if (r.buffer == buffer) return true;
+  return false;
+}
+
 // Moves each fusable node that reads contiguously and writes memory that already exists (an in-place
 // update, a parameter's state) up to just after the nearest earlier fusable node of its shape on its
 // device that reads contiguously too, when nothing in between writes its inputs or touches its
@@ -233,9 +254,7 @@ void hoist_siblings(Graph& g) {
     int p = -1;
     for (size_t k = j; k-- > 0 && j - k <= kMaxHoist;) {
       const Node& m = g.nodes[k];
-      bool barrier = false;
-      for (const TensorRef& w : m.outputs)
-        for (const auto& r : n.inputs) barrier = barrier || (r && r->buffer == w.buffer);
+      bool barrier = writes_an_input_of(m, n);
       for (const TensorRef& out : n.outputs) barrier = barrier || refers_to(m, out.buffer);
       if (barrier) break;
       if (fusable_node(g, m) && reads_contiguously(m) && m.outputs[0].shape == n.outputs[0].shape &&
@@ -248,12 +267,9 @@ void hoist_siblings(Graph& g) {
     // Only into memory that exists there already: making an Internal buffer earlier would lengthen
     // its life, and with it, maybe, the step's peak.
     bool exists = true;
-    for (const TensorRef& out : n.outputs) {
-      if (g.buffers[out.buffer].kind != BufferKind::Internal) continue;
-      bool touched = false;
-      for (int k = 0; k <= p && !touched; ++k) touched = refers_to(g.nodes[size_t(k)], out.buffer);
-      exists = exists && touched;
-    }
+    for (const TensorRef& out : n.outputs)
+      exists = exists &&
+               (g.buffers[out.buffer].kind != BufferKind::Internal || referred_to(g, out.buffer, 0, size_t(p) + 1));
     if (exists) std::rotate(g.nodes.begin() + p + 1, g.nodes.begin() + int64_t(j), g.nodes.begin() + int64_t(j) + 1);
   }
 }
@@ -279,23 +295,16 @@ void sink_producers(Graph& g) {
         reader = k;
         ++readers;
       }
-    bool output = false;
-    for (const TensorRef& r : g.outputs) output = output || r.buffer == out.buffer;
-    if (readers != 1 || output || reader <= j + 1 || reader - j > kMaxHoist) continue;
+    if (readers != 1 || is_step_output(g, out.buffer) || reader <= j + 1 || reader - j > kMaxHoist) continue;
     const Node& q = g.nodes[reader];
     if (!fusable_node(g, q) || q.outputs[0].shape != out.shape || !reads_contiguously(q)) continue;
     bool clear = true;
-    for (size_t k = j + 1; clear && k < reader; ++k)
-      for (const TensorRef& w : g.nodes[k].outputs)
-        for (const auto& r : n.inputs) clear = clear && !(r && r->buffer == w.buffer);
+    for (size_t k = j + 1; clear && k < reader; ++k) clear = !writes_an_input_of(g.nodes[k], n);
     size_t held_longer = 0;
-    for (const auto& r : n.inputs) {
-      if (!r || g.buffers[r->buffer].kind != BufferKind::Internal) continue;
-      bool read_later = false;
-      for (size_t k = j + 1; !read_later && k < g.nodes.size(); ++k) read_later = refers_to(g.nodes[k], r->buffer);
-      for (const TensorRef& o : g.outputs) read_later = read_later || o.buffer == r->buffer;
-      if (!read_later) held_longer += g.buffers[r->buffer].nbytes;
-    }
+    for (const auto& r : n.inputs)
+      if (r && g.buffers[r->buffer].kind == BufferKind::Internal && !referred_to(g, r->buffer, j + 1, g.nodes.size()) &&
+          !is_step_output(g, r->buffer))
+        held_longer += g.buffers[r->buffer].nbytes;
     if (clear && held_longer <= std::max(g.buffers[out.buffer].nbytes, kMaxSunkBytes))
       std::rotate(g.nodes.begin() + int64_t(j), g.nodes.begin() + int64_t(j) + 1, g.nodes.begin() + int64_t(reader));
   }

@@ -148,6 +148,33 @@ bool may_write_gradient_early(const BufferUses& u, const TensorRef& z, int i, in
   return add || u.touches[z.buffer].front() == j;  // a copy must create the gradient
 }
 
+std::optional<ResultWrite> whole_result_written_to_grad(const Graph& g, const BufferUses& u, size_t j, Why& why) {
+  const Node& c = g.nodes[j];
+  const std::optional<GradientWrite> write = gradient_write(c);
+  if (!write) return std::nullopt;
+  const TensorRef &r = *write->source, &z = c.outputs[0];
+  const int i = u.producer(r.buffer);
+  if (!why(i >= 0 && i < int(j), "no node before it writes what it copies")) return std::nullopt;
+  const Node& n = g.nodes[size_t(i)];
+  size_t k = 0;
+  while (k < n.outputs.size() && n.outputs[k].buffer != r.buffer) ++k;
+  if (!why(!n.in_place && k < n.outputs.size() && internal_once(g, u, r) && u.readers[r.buffer].size() == 1,
+           "the result is written or read by other nodes too"))
+    return std::nullopt;
+  const TensorRef& made = n.outputs[k];
+  const int64_t count = numel_of(made.shape);
+  if (!why(r.offset == made.offset && r.dtype == made.dtype && numel_of(r.shape) == count && is_contiguous(r) &&
+               is_contiguous(made) && g.buffers[r.buffer].nbytes == made.nbytes(),
+           "it copies part of the result, or through another layout"))
+    return std::nullopt;
+  if (!why(z.dtype == made.dtype && numel_of(z.shape) == count && is_contiguous(z),
+           "the gradient has another dtype or layout"))
+    return std::nullopt;
+  if (!why(may_write_gradient_early(u, z, i, int(j), write->add), "the gradient is touched between the two"))
+    return std::nullopt;
+  return ResultWrite{i, k, write->add};
+}
+
 Link cast_link(const char* what, DType to, bool any_16bit, bool sole) {
   return {what,
           [to, any_16bit](const Graph& g, const BufferUses& u, int k, const TensorRef& in) {

@@ -140,6 +140,17 @@ std::optional<GradientWrite> gradient_write(const Node& c);
 // Whether the producer at node i may write (or add to) the gradient z that node j writes, so that j
 // can go: nothing touches z between them, and a copy j creates z.
 bool may_write_gradient_early(const BufferUses& u, const TensorRef& z, int i, int j, bool add);
+// Node j as the gradient write of all of one result of an earlier node: the result (output `output`
+// of node `producer`, not in place) is an Internal buffer written there alone and read by j alone,
+// wholly, contiguous like the gradient and of its dtype and element count, and the producer may
+// write the gradient early (may_write_gradient_early): what a pass needs to have the producer write
+// (or add to) the gradient itself. nullopt otherwise, the reason in `why` when j is a gradient write.
+struct ResultWrite {
+  int producer;
+  size_t output;
+  bool add;
+};
+std::optional<ResultWrite> whole_result_written_to_grad(const Graph& g, const BufferUses& u, size_t j, Why& why);
 
 template <typename IsAnchor, typename Match, typename Rewrite>
 void fuse_partners(Graph& g, const char* pass, const char* with, IsAnchor is_anchor, Match match, Rewrite rewrite) {

@@ -56,28 +56,17 @@ bool is_rewritable_sum(const Node& n) {
   return leading_sum_rows(n).has_value();
 }
 
-// Node j as AccumulateGrad's write of a sum's result into the parameter's gradient: the copy that
-// creates the gradient (first micro-batch) or the in-place add (params +=, later ones), reading all
-// of s, which nothing else reads, from a sum node i (is_rewritable_sum). Returns i, or -1.
+// Node j as AccumulateGrad's write (compile/passes/pattern.h, whole_result_written_to_grad) of a
+// sum's whole result into the parameter's gradient, the sum's kind able to write it: i, or -1.
 int sum_written_to_grad(const Graph& g, const BufferUses& u, size_t j) {
-  const Node& c = g.nodes[j];
-  const std::optional<GradientWrite> write = gradient_write(c);
-  if (!write) return -1;
-  const TensorRef &r = *write->source, &z = c.outputs[0];
-  const int i = u.producer(r.buffer);
-  if (i < 0 || i >= int(j) || !is_rewritable_sum(g.nodes[size_t(i)])) return -1;
-  const Node& sum = g.nodes[size_t(i)];
-  const TensorRef& s = sum.outputs[0];
-  const int64_t n = numel_of(s.shape);
-  if (r.buffer != s.buffer || r.offset != s.offset || r.dtype != s.dtype || numel_of(r.shape) != n ||
-      !is_contiguous(r) || !is_contiguous(s) || !internal_once(g, u, s) || u.readers[s.buffer].size() != 1)
-    return -1;
+  Why why;  // the declines are results_into_grads' to say
+  const std::optional<ResultWrite> w = whole_result_written_to_grad(g, u, j, why);
+  if (!w || w->output != 0 || !is_rewritable_sum(g.nodes[size_t(w->producer)])) return -1;
+  const Node& sum = g.nodes[size_t(w->producer)];
+  const TensorRef &s = sum.outputs[0], &z = g.nodes[j].outputs[0];
   // The column sums write f32 (C) whatever the gradient's shape; the embedding backward, (V, D).
   const bool geometry = sum.op == OpKind::EmbeddingBackward ? z.shape == s.shape : s.dtype == DType::f32;
-  if (!geometry || z.dtype != s.dtype || numel_of(z.shape) != n || !is_contiguous(z) ||
-      !may_write_gradient_early(u, z, i, int(j), write->add))
-    return -1;
-  return i;
+  return geometry ? w->producer : -1;
 }
 
 // Sum node `sum` rewritten to write (add to, with `add`) the gradient z itself.
