@@ -551,6 +551,29 @@ TEST(ReduceErrors, CrossEntropyAndGlobalNormMessages) {
                {"cross_entropy_backward", "lse", "(3,) f32"});
   expect_error([&] { dispatch(OpKind::CrossEntropyBackward, {zeros({2}), logits, t, zeros({4})}, a); },
                {"cross_entropy_backward", "gradient", "(2,) f32"});
+  // The fused op: the same checks of logits and targets, its gradient, and the dtype it writes.
+  expect_error(
+      [&] {
+        dispatch(OpKind::CrossEntropyWithGrad, {logits, tensor_i64({0, 1, 2}, {3}), zeros({})}, a);
+      },
+      {"cross_entropy_with_grad", "(3,)", "(4, 5)"});
+  expect_error(
+      [&] {
+        dispatch(OpKind::CrossEntropyWithGrad, {logits, t, zeros({2})}, a);
+      },
+      {"cross_entropy_with_grad", "gradient", "(2,) f32"});
+  expect_error(
+      [&] {
+        dispatch(OpKind::CrossEntropyWithGrad, {logits, t, zeros({})}, Attrs(a).set("dtype", DType::f64));
+      },
+      {"cross_entropy_with_grad", "dtype f64", "(4, 5) f32", "bf16 or f16"});
+  expect_error(
+      [&] {
+        Tensor l16 = to_dtype(logits, DType::bf16);
+        dispatch(OpKind::CrossEntropyWithGrad, {l16, t, to_dtype(zeros({}), DType::bf16)},
+                 Attrs(a).set("dtype", DType::f16));
+      },
+      {"cross_entropy_with_grad", "dtype f16", "(4, 5) bf16"});
   expect_error([&] { global_norm({zeros({2}), zeros({3}, TensorOptions{DType::f64})}); },
                {"global_norm", "input 1", "(3,) f64", "(2,) f32"});
   expect_error([&] { global_norm({tensor_i64({1}, {1})}); }, {"global_norm", "i64"});

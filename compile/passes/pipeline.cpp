@@ -28,6 +28,8 @@ const std::vector<Pass>& pipeline() {
       {"matmul_cast", S::Fusion, fuse_matmul_cast, "a 16-bit GEMM writing its f32 result directly"},
       {"matmul_accumulate", S::Fusion, fuse_matmul_accumulate, "weight gradients written or added by their GEMM"},
       {"masked_softmax", S::Fusion, fuse_masked_softmax, "mask + softmax (+ cast), forward and backward"},
+      {"cross_entropy", S::Fusion, fuse_cross_entropy,
+       "cross-entropy and its backward (+ the gradient's cast) in one kernel"},
       {"norm_cast", S::Fusion, fuse_norm_cast, "(add +) layer norm writing its GEMM's 16-bit input"},
       {"attention_cast", S::Fusion, fuse_attention_cast, "attention also writing its GEMM's 16-bit input"},
       // After attention_cast: the attention nodes it reads are final.

@@ -547,6 +547,20 @@ void column_sums_kernel(const KernelCall& c) {
   cpu::run_op(OpKind::Add, {c.in[1], sums}, {c.out[0]});
 }
 
+// loss = cross_entropy(logits, target); dlogits = its backward with g, cast to the gradient's
+// dtype. in: logits, target, g.
+void cross_entropy_with_grad_kernel(const KernelCall& c) {
+  const Tensor &logits = c.in[0], &target = c.in[1], &g = c.in[2];
+  const Attrs a =
+      Attrs().set("ignore_index", c.attrs.i("ignore_index", -100)).set("reduction", c.attrs.i("reduction", 0));
+  Tensor lse = cpu::scratch({logits.shape()[0]}, logits.dtype() == DType::f64 ? DType::f64 : DType::f32);
+  cpu::run_op(OpKind::CrossEntropy, {logits, target}, {c.out[0], lse}, a);
+  const bool cast = c.out[1].dtype() != logits.dtype();
+  Tensor dlogits = cast ? cpu::scratch(logits.shape(), logits.dtype()) : c.out[1];
+  cpu::run_op(OpKind::CrossEntropyBackward, {g, logits, target, lse}, {dlogits}, a);
+  if (cast) cpu::run_op(OpKind::Copy, {dlogits}, {c.out[1]});
+}
+
 // The f32 result into out[0] when kept, and its 16-bit copy into the last output when asked for.
 void softmax_results(const KernelCall& c, const std::function<void(const Tensor&)>& compute) {
   const bool keep = c.attrs.b("keep_f32", true);
@@ -586,6 +600,7 @@ void register_reduce_cpu_kernels() {
   register_kernel(cpu, OpKind::LogSoftmaxBackward, softmax_backward_kernel<true>);
   register_kernel(cpu, OpKind::CrossEntropy, cross_entropy_kernel);
   register_kernel(cpu, OpKind::CrossEntropyBackward, cross_entropy_backward_kernel);
+  register_kernel(cpu, OpKind::CrossEntropyWithGrad, cross_entropy_with_grad_kernel);
   register_kernel(cpu, OpKind::GlobalNorm, global_norm_kernel);
   register_kernel(cpu, OpKind::ColumnSums, column_sums_kernel);
   register_kernel(cpu, OpKind::MaskedSoftmax, masked_softmax_kernel);

@@ -15,6 +15,16 @@
 // cross_entropy_bwd_scale_kernel (one block) turns g and the count into scale on the device, then
 // cross_entropy_bwd_row_kernel writes dlogits, one team per row.
 //
+// Fused (cross_entropy_with_grad): cross_entropy_with_grad_kernel does the work of all four in one
+// launch and one read of the logits. Each block counts the rows that are not ignored (the mean's
+// divisor; the targets are a few KiB, read from L2 by every block, which is why its grid stops at
+// two blocks an SM and its teams may take several rows), then per row computes lse_n, the row's loss
+// and the row of dlogits, written in the gradient's dtype (the 16-bit copy the head's GEMMs read, so
+// no f32 gradient is stored), and the last block to finish adds the rows' losses in the total
+// kernel's order (kernels/cuda/last_block.cuh). The same folds, formulas and order of sums as the
+// kernels above: the loss and the gradient have the bits of cross_entropy, cross_entropy_backward
+// and the cast, where those take five launches.
+//
 // Difference from the CPU: the CPU refuses a target outside [0, C) that is not ignore_index. The
 // targets live on the GPU and reading them back would synchronise the host, so here such a row is
 // not checked: it counts as a row, its loss is NaN and its gradient row is NaN (never an
@@ -22,6 +32,7 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_registry.h"
+#include "kernels/cuda/last_block.cuh"
 #include "kernels/cuda/reduce_common.cuh"
 
 namespace reel {
@@ -116,6 +127,63 @@ __global__ void cross_entropy_bwd_row_kernel(const D* logits, const int64_t* tar
   }
 }
 
+// The loss of cross_entropy_fwd_total_kernel, by one block of any multiple of kThreads threads: the
+// first kThreads threads take the rows that kernel's threads take, in its order, and the others add
+// zeros (they stand where that kernel's block_reduce puts its identity), so the bits are the same.
+template <typename D>
+__device__ void cross_entropy_total(const double* row_loss, int64_t N, int64_t count, bool mean, D* loss) {
+  using A = Acc<D>;
+  double total = 0;
+  if (threadIdx.x < kThreads)
+    for (int64_t n = threadIdx.x; n < N; n += kThreads) total += load_partial(row_loss + n);
+  total = block_reduce<AddOp<double>>(total);
+  if (threadIdx.x == 0) *loss = from_acc<D>(A(mean ? total / double(count) : total));
+}
+
+// logits: (N, C), target: (N), g: one element -> loss (0-dim), dx: (N, C) in G (D, or 16 bits for f32
+// logits); row_loss: (N) double, a workspace. Teams as in the kernels above. Every block counts the
+// targets (the mean's divisor) after its first row's logits are folded, so both reads are in flight
+// together; the last block to finish adds the rows' losses (last_block.cuh): one launch.
+template <typename D, typename G, bool kBlock>
+__global__ void cross_entropy_with_grad_kernel(const D* logits, const int64_t* target, const D* g, double* row_loss,
+                                               D* loss, G* dx, int64_t N, int64_t C, int64_t ignore_index, bool mean) {
+  grid_dependency_wait();
+  using A = Acc<D>;
+  using Team = RowTeam<kBlock>;
+  auto fold = [&](int64_t n) {
+    const D* xr = logits + n * C;
+    MaxSum<A> t = strided_fold<MaxSumOp<A>, MaxSum<A>>(Team::rank(), C, Team::size(), PushFn<A>(),
+                                                       [&](int64_t c) { return to_acc(xr[c]); });
+    return finalize(Team::template reduce<MaxSumOp<A>>(t));  // every rank of the team gets it
+  };
+  int64_t n = Team::first_row();
+  MaxSum<A> t{};
+  if (n < N) t = fold(n);
+  int64_t count = 0;
+  for (int64_t k = threadIdx.x; k < N; k += blockDim.x) count += target[k] != ignore_index;
+  count = block_reduce<AddOp<int64_t>>(count);  // every thread gets it
+  // As cross_entropy_bwd_scale_kernel: with every row ignored the scale is g / 0, used by no row.
+  const A scale = mean ? to_acc(*g) / A(count) : to_acc(*g);
+  for (bool first = true; n < N; n += Team::row_stride(), first = false) {
+    if (!first) t = fold(n);
+    const D* xr = logits + n * C;
+    const A l = t.m + log_acc(t.s);
+    const int64_t tn = target[n];
+    const bool ignored = tn == ignore_index, valid = tn >= 0 && tn < C;
+    if (Team::rank() == 0) row_loss[n] = ignored ? 0.0 : valid ? double(l - to_acc(xr[tn])) : double(NAN);
+    G* dr = dx + n * C;
+    for (int64_t c = Team::rank(); c < C; c += Team::size()) {
+      A v = A(0);
+      if (!ignored) {
+        v = valid ? exp_acc(to_acc(xr[c]) - l) * scale : A(NAN);
+        if (c == tn) v -= scale;
+      }
+      dr[c] = from_acc<G>(v);
+    }
+  }
+  if (arrive_last(finish_counter(0), gridDim.x)) cross_entropy_total(row_loss, N, count, mean, loss);
+}
+
 // Launches a row kernel: one warp per row for C <= kWarpRow, else one block per row.
 template <typename WarpKernel, typename BlockKernel, typename... Args>
 void launch_rows(WarpKernel warp_kernel, BlockKernel block_kernel, int64_t N, int64_t C, cudaStream_t st,
@@ -180,12 +248,59 @@ void cross_entropy_backward_kernel(const KernelCall& c) {
   out.commit();
 }
 
+// The fused kernel's grid: a team per row as launch_rows gives, but at most kFusedBlocksPerSm
+// blocks an SM (each block reads all N targets for the count; beyond that the teams loop over rows).
+constexpr int kFusedBlocksPerSm = 2;
+constexpr int kFusedThreads = 512;  // 16 warp teams a block: enough loads in flight with few blocks
+
+void cross_entropy_with_grad_kernel(const KernelCall& c) {
+  const CrossEntropyArgs a = cross_entropy_args(c, c.in[0], c.in[1]);
+  const Tensor& g = c.in[2];  // one element: data_ptr is it, whatever the strides
+  DenseOut loss_out(c.out[0]), grad_out(c.out[1]);
+  cudaStream_t st = stream_of(a.logits);
+  Tensor ws = workspace(size_t(std::max<int64_t>(a.N, 1)) * sizeof(double), a.logits.device());
+  double* row_loss = static_cast<double*>(ws.data_ptr());
+  const int64_t* target = in_ptr<int64_t>(a.target);
+  const int64_t cap = int64_t(kFusedBlocksPerSm) * multiprocessor_count(a.logits.device().index);
+  const DType grad_dtype = grad_out.buf.dtype();
+  visit_float(a.logits.dtype(), "cross_entropy_with_grad", [&]<typename D>() {
+    auto launch = [&]<typename G>() {
+      const bool rows_of_a_warp = a.C <= kWarpRow;
+      const int64_t teams_per_block = rows_of_a_warp ? kFusedThreads / kWarp : 1;
+      const unsigned grid = grid_for(std::min(ceil_div(a.N, teams_per_block), cap));
+      auto kernel =
+          rows_of_a_warp ? cross_entropy_with_grad_kernel<D, G, false> : cross_entropy_with_grad_kernel<D, G, true>;
+      launch_kernel(kernel, grid, kFusedThreads, 0, st, in_ptr<D>(a.logits), target,
+                    static_cast<const D*>(g.data_ptr()), row_loss, out_ptr<D>(loss_out.buf), out_ptr<G>(grad_out.buf),
+                    a.N, a.C, a.ignore_index, a.mean);
+      REEL_CUDA_LAUNCH_CHECK();
+    };
+    if (grad_dtype == a.logits.dtype())
+      launch.template operator()<D>();
+    else if constexpr (std::is_same_v<D, float>) {
+      if (grad_dtype == DType::bf16)
+        launch.template operator()<__nv_bfloat16>();
+      else if (grad_dtype == DType::f16)
+        launch.template operator()<__half>();
+      else
+        throw Error(detail::cat("cross_entropy_with_grad: no CUDA kernel writes a ", dtype_name(grad_dtype),
+                                " gradient of f32 logits"));
+    } else {
+      throw Error(detail::cat("cross_entropy_with_grad: no CUDA kernel writes a ", dtype_name(grad_dtype),
+                              " gradient of ", dtype_name(a.logits.dtype()), " logits"));
+    }
+  });
+  loss_out.commit();
+  grad_out.commit();
+}
+
 }  // namespace
 
 void register_cross_entropy_cuda_kernels() {
   constexpr DeviceType gpu = DeviceType::CUDA;
   register_kernel(gpu, OpKind::CrossEntropy, cross_entropy_kernel);
   register_kernel(gpu, OpKind::CrossEntropyBackward, cross_entropy_backward_kernel);
+  register_kernel(gpu, OpKind::CrossEntropyWithGrad, cross_entropy_with_grad_kernel);
 }
 
 }  // namespace cuda

@@ -38,6 +38,15 @@
 //                      over x's leading dims -> [y (x.shape) f32 if keep_f32][, y.to(dtype) if dtype]
 //   masked_softmax_backward (g, y, mask (T, C))   attrs keep_f32, dtype (optional)
 //                      dx = masked_fill(softmax_backward(g, y, -1), mask, 0)  -> [dx][, dx.to(dtype)]
+//   cross_entropy_with_grad (logits (N, C), target (N) i64, g (one element))
+//                      attrs ignore_index, reduction (as cross_entropy), dtype (optional: the
+//                      gradient's dtype, the logits' own or 16 bits for f32 logits)
+//                      -> loss: 0-dim, logits' dtype    = cross_entropy(logits, target)[0]
+//                         dlogits (N, C), dtype        = cross_entropy_backward(g, logits, target,
+//                                                        lse).to(dtype)
+//                      The classifier's loss and gradient from one read of the logits: the lse
+//                      stays in the kernel, the f32 gradient is not stored when a 16-bit one is
+//                      asked for. g must be ready when the loss is computed (a step's seed).
 #include "kernels/schema/schema_util.h"
 
 namespace reel {
@@ -147,6 +156,21 @@ std::vector<TensorMeta> infer_cross_entropy_backward(const std::vector<Tensor>& 
   return {schema::meta_like(logits)};
 }
 
+std::vector<TensorMeta> infer_cross_entropy_with_grad(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::CrossEntropyWithGrad;
+  schema::expect_inputs(op, in, 3);
+  const Tensor &logits = in[0], &g = in[2];
+  check_cross_entropy_args(op, logits, in[1], a);
+  schema::expect_defined(op, g, "gradient");
+  REEL_CHECK(g.numel() == 1 && g.dtype() == logits.dtype(), op_name(op), ": gradient must be a one-element ",
+             dtype_name(logits.dtype()), " tensor, got ", schema::desc(g));
+  const DType d = a.has("dtype") ? a.dtype("dtype") : logits.dtype();
+  REEL_CHECK(d == logits.dtype() || (logits.dtype() == DType::f32 && (d == DType::bf16 || d == DType::f16)),
+             op_name(op), ": the gradient's dtype ", dtype_name(d), " must be the logits' (", schema::desc(logits),
+             ") or, for f32 logits, bf16 or f16");
+  return {{{}, logits.dtype(), logits.device()}, {logits.shape(), d, logits.device()}};
+}
+
 std::vector<TensorMeta> infer_global_norm(const std::vector<Tensor>& in, const Attrs&) {
   constexpr OpKind op = OpKind::GlobalNorm;
   REEL_CHECK(!in.empty(), "global_norm: needs at least one input");
@@ -228,6 +252,7 @@ void register_reduce_schemas() {
   register_schema(OpKind::LogSoftmaxBackward, infer_softmax_backward<OpKind::LogSoftmaxBackward>);
   register_schema(OpKind::CrossEntropy, infer_cross_entropy);
   register_schema(OpKind::CrossEntropyBackward, infer_cross_entropy_backward);
+  register_schema(OpKind::CrossEntropyWithGrad, infer_cross_entropy_with_grad);
   register_schema(OpKind::GlobalNorm, infer_global_norm);
   register_schema(OpKind::ColumnSums, infer_column_sums);
   register_schema(OpKind::MaskedSoftmax, infer_masked_softmax);

@@ -617,6 +617,48 @@ void add_fused_elementwise_cases(std::vector<OpTestCase>& cases) {
                        }});
 }
 
+// ---- cross-entropy with its gradient: the loss, the backward and (16 bits) the gradient's cast ----
+
+// For a 16-bit case dtype the logits are f32 and the gradient comes in that dtype (autocast's
+// classifier); for f32/f64 both are that dtype. Rows listed in `ignored` aim at ignore_index -100.
+void add_cross_entropy_with_grad_cases(std::vector<OpTestCase>& cases) {
+  struct Variant {
+    const char* name;
+    int64_t N, C, reduction;
+    std::vector<int64_t> ignored;
+    Layout layout = Layout::contiguous;
+  };
+  for (const Variant& v : {Variant{"mean_6x5", 6, 5, 0, {}},
+                           Variant{"sum_ignoring_rows_1_4_transposed_5x7", 5, 7, 1, {1, 4}, Layout::transposed},
+                           Variant{"mean_all_ignored_3x4", 3, 4, 0, {0, 1, 2}},
+                           Variant{"mean_ignoring_row_0_strided_40x33", 40, 33, 0, {0}, Layout::strided},
+                           Variant{"mean_wide_rows_3x1500", 3, 1500, 0, {}}}) {  // CUDA: a block per row
+    cases.push_back(
+        {.op = OpKind::CrossEntropyWithGrad,
+         .name = std::string("cross_entropy_with_grad_") + v.name,
+         .dtypes = kFloatTypes,
+         .make =
+             [v](Device, DType t) {
+               const bool half = t == DType::bf16 || t == DType::f16;
+               const DType x = half ? DType::f32 : t;
+               std::vector<double> target = host_values(index_input({v.N}, v.C, 232));
+               for (int64_t n : v.ignored) target[size_t(n)] = -100;
+               Attrs a = Attrs().set("reduction", v.reduction);
+               if (half) a.set("dtype", t);
+               return OpCall{{randn_input({v.N, v.C}, x, 231, v.layout, 2.0), values_input(target, {v.N}, DType::i64),
+                              scalar_input(0.75, x)},
+                             a};
+             },
+         .reference =
+             [](const OpCall& c) {
+               const Attrs a = Attrs().set("reduction", c.attrs.i("reduction"));
+               std::vector<Tensor> f = dispatch(OpKind::CrossEntropy, {c.inputs[0], c.inputs[1]}, a);
+               Tensor d = run1(OpKind::CrossEntropyBackward, {c.inputs[2], c.inputs[0], c.inputs[1], f[1]}, a);
+               return values_of({f[0], c.attrs.has("dtype") ? cast(d, c.attrs.dtype("dtype")) : d});
+             }});
+  }
+}
+
 }  // namespace
 
 std::vector<OpTestCase> fused_cases() {
@@ -625,6 +667,7 @@ std::vector<OpTestCase> fused_cases() {
   add_layer_norm_dropout_cases(cases);
   add_gemm_cases(cases);
   add_reduce_cases(cases);
+  add_cross_entropy_with_grad_cases(cases);
   add_fused_attention_cases(cases);
   add_fused_optimizer_cases(cases);
   add_fused_elementwise_cases(cases);
