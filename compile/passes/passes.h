@@ -57,6 +57,7 @@ void write_results_into_grads(Graph& g, PassStats& stats);  // none: a producer 
 void fuse_elementwise(Graph& g, PassStats& stats);        // fused_elementwise
 void fuse_elementwise_column_sums(Graph& g, PassStats& stats);  // fused_elementwise with column sums
 void fuse_optimizer(Graph& g, PassStats& stats);          // multi_tensor_adamw / multi_tensor_sgd
+void fuse_weight_casts(Graph& g, PassStats& stats);       // multi_tensor_cast
 
 // ---- memory ----
 // Clones of pure nodes placed before the backward's readers of their outputs, until the live bytes

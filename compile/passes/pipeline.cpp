@@ -51,6 +51,9 @@ const std::vector<Pass>& pipeline() {
       {"elementwise_column_sums", S::Fusion, fuse_elementwise_column_sums,
        "bias gradients summed by the elementwise kernel that writes the gradient", /*on_by_default=*/false},
       {"optimizer", S::Fusion, fuse_optimizer, "a run of per-parameter updates as one multi-tensor kernel"},
+      // Last: the casts left after the other passes (the GEMM epilogues' 16-bit biases among them).
+      {"weight_casts", S::Fusion, fuse_weight_casts, "the step's casts of its weights as one multi-tensor kernel",
+       /*on_by_default=*/true, /*under_memory_limit=*/false},
   };
   return passes;
 }
@@ -106,6 +109,10 @@ Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats) {
   };
   for (const Pass& p : pipeline()) {
     if (p.stage == PassStage::Fusion && !options.fuse) continue;
+    if (options.memory_limit > 0 && !p.under_memory_limit) {
+      log_line("passes", std::string(p.name) + ": off under a memory limit");
+      continue;
+    }
     if (named(off, p.name) || (!p.on_by_default && !named(on, p.name))) {
       log_line("passes", std::string(p.name) + (named(off, p.name) ? ": off" : ": off by default"));
       continue;

@@ -35,6 +35,9 @@ struct Pass {
   // right values but measured slower than the kernels it replaces, kept for study and for the work
   // that makes it pay (pipeline.cpp says where it was measured).
   bool on_by_default = true;
+  // Off when the step has a memory limit (PassOptions::memory_limit): a pass that moves nodes earlier
+  // and so could raise the live bytes the recompute step is asked to fit.
+  bool under_memory_limit = true;
 };
 
 // Every pass, in the order the pipeline runs them.

@@ -100,6 +100,11 @@ void concat_kernel(const KernelCall& c) {
   }
 }
 
+// Fused (kernels/ops.def): each y_i as the copy of x_i writes it, in order.
+void multi_tensor_cast_kernel(const KernelCall& c) {
+  for (size_t k = 0; k < c.in.size(); ++k) cpu::copy_strided(c.out[k], c.in[k]);
+}
+
 }  // namespace
 
 void register_memory_cpu_kernels() {
@@ -110,6 +115,7 @@ void register_memory_cpu_kernels() {
   register_kernel(cpu, OpKind::RandNormal, rand_normal_kernel);
   register_kernel(cpu, OpKind::Copy, copy_kernel);
   register_kernel(cpu, OpKind::Concat, concat_kernel);
+  register_kernel(cpu, OpKind::MultiTensorCast, multi_tensor_cast_kernel);
 }
 
 }  // namespace reel

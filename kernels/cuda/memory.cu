@@ -11,6 +11,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/cuda/multi_tensor_common.cuh"
 #include "kernels/philox_args.h"
 #include "tensor/rng.h"
 
@@ -239,6 +240,106 @@ void concat_kernel(const KernelCall& c) {
   }
 }
 
+// ---- multi_tensor_cast: a step's casts of its weights in one launch ----
+//
+// Each (src, dst) pair of a launch is a flat cast (both contiguous, one shape) or a batch of tiled
+// transposes (as_batched_transpose: a Linear's W^T, a convolution's weight into channels-last). Pair
+// k is cut into virtual blocks of kTile x kTile elements (a flat pair: 1024 consecutive elements; a
+// transposed one: one tile), numbered from first_block[k]; physical (32, 8) blocks walk them with a
+// grid stride (multi_tensor_common.cuh). Every element is from_acc<D>(to_acc(x)), as the copy
+// kernels above write it: the bits of one copy per pair. Pairs of any other layout take the copy.
+constexpr int kCastPairsPerLaunch = 48;
+constexpr int64_t kCastFlatChunk = int64_t(kTile) * kTile;
+
+struct CastTable {
+  const void* src[kCastPairsPerLaunch];
+  void* dst[kCastPairsPerLaunch];
+  int64_t batch[kCastPairsPerLaunch], rows[kCastPairsPerLaunch], cols[kCastPairsPerLaunch];  // flat: rows = n
+  int64_t first_block[kCastPairsPerLaunch + 1];  // first_block[count]: the launch's virtual blocks
+  bool transposed[kCastPairsPerLaunch];
+  int count = 0;
+};
+
+template <typename D, typename S>
+__global__ void multi_tensor_cast_kernel(const __grid_constant__ CastTable table) {
+  grid_dependency_wait();
+  using Acc = decltype(to_acc(S{}));
+  __shared__ Acc tile[kTile][kTile + 1];
+  const int t = threadIdx.y * kTile + threadIdx.x;  // 0..255
+  for (int64_t b = blockIdx.x; b < table.first_block[table.count]; b += gridDim.x) {
+    const int k = tensor_of_block(table.first_block, table.count, b);
+    const int64_t local = b - table.first_block[k];
+    const S* src = static_cast<const S*>(table.src[k]);
+    D* dst = static_cast<D*>(table.dst[k]);
+    if (!table.transposed[k]) {
+      const int64_t n = table.rows[k], begin = local * kCastFlatChunk;
+      for (int64_t i = begin + t; i < begin + kCastFlatChunk && i < n; i += kTile * kTileRows)
+        dst[i] = from_acc<D>(to_acc(src[i]));
+      continue;  // uniform across the block: the transposed branch's barriers are not skipped by some
+    }
+    const int64_t rows = table.rows[k], cols = table.cols[k];
+    const int64_t tiles_x = (cols + kTile - 1) / kTile, tiles_y = (rows + kTile - 1) / kTile;
+    const int64_t z = local / (tiles_x * tiles_y), yx = local % (tiles_x * tiles_y);
+    const int64_t base = z * rows * cols, r0 = (yx / tiles_x) * kTile, c0 = (yx % tiles_x) * kTile;
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const int64_t r = r0 + j, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) tile[j][threadIdx.x] = to_acc(src[base + r * cols + c]);
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const int64_t c = c0 + j, r = r0 + threadIdx.x;
+      if (r < rows && c < cols) dst[base + c * rows + r] = from_acc<D>(tile[threadIdx.x][j]);
+    }
+    __syncthreads();  // the tile is read before the next virtual block writes it
+  }
+}
+
+// out[i] = in[i] cast to the outputs' dtype, each pair as one copy would write it. in: x0..xk, one
+// float dtype; out: y0..yk, one dtype.
+void multi_tensor_cast_kernel_call(const KernelCall& c) {
+  if (c.in.empty()) return;
+  const Device dev = c.out[0].device();
+  visit_dtype(c.out[0].dtype(), [&]<typename DT>() {
+    visit_dtype(c.in[0].dtype(), [&]<typename ST>() {
+      using D = Dev<DT>;
+      using S = Dev<ST>;
+      CastTable table;
+      auto flush = [&] {
+        if (table.count == 0) return;
+        launch_kernel(multi_tensor_cast_kernel<D, S>, multi_tensor_grid(dev.index, table.first_block[table.count]),
+                      dim3{kTile, kTileRows}, 0, stream_of(c.out[0]), table);
+        REEL_CUDA_LAUNCH_CHECK();
+        table.count = 0;
+        table.first_block[0] = 0;
+      };
+      table.first_block[0] = 0;
+      for (size_t i = 0; i < c.in.size(); ++i) {
+        const Tensor &src = c.in[i], &dst = c.out[i];
+        if (dst.numel() == 0) continue;
+        const bool flat = dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape();
+        const BatchedTranspose bt = flat ? BatchedTranspose{} : as_batched_transpose(dst, src);
+        if (!flat && !bt) {
+          copy_on_device(dst, src);  // another layout: the copy's own kernels, in order with the launches
+          continue;
+        }
+        const int k = table.count;
+        table.src[k] = src.data_ptr();
+        table.dst[k] = dst.data_ptr();
+        table.transposed[k] = !flat;
+        table.batch[k] = flat ? 1 : bt.batch;
+        table.rows[k] = flat ? dst.numel() : bt.rows;
+        table.cols[k] = flat ? 1 : bt.cols;
+        auto up = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+        const int64_t blocks =
+            flat ? up(dst.numel(), kCastFlatChunk) : bt.batch * up(bt.rows, kTile) * up(bt.cols, kTile);
+        table.first_block[k + 1] = table.first_block[k] + blocks;
+        if (++table.count == kCastPairsPerLaunch) flush();
+      }
+      flush();
+    });
+  });
+}
+
 }  // namespace
 
 void copy_on_device(const Tensor& dst, const Tensor& src) {
@@ -285,6 +386,7 @@ void register_memory_cuda_kernels() {
   register_kernel(gpu, OpKind::RandNormal, cuda::rand_normal_kernel);
   register_kernel(gpu, OpKind::Copy, cuda::copy_kernel);
   register_kernel(gpu, OpKind::Concat, cuda::concat_kernel);
+  register_kernel(gpu, OpKind::MultiTensorCast, cuda::multi_tensor_cast_kernel_call);
 }
 
 }  // namespace reel

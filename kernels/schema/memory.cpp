@@ -8,6 +8,9 @@
 //   copy (x)          attr dtype (optional: cast)   a contiguous copy; with dispatch_out, a copy into
 //                                                   any view, across dtypes and (CUDA) devices
 //   concat (x0..xk)   attr dim                      shapes agree except along dim
+//   multi_tensor_cast (x0..xk)   attr dtype   -> y0..yk, y_i = copy(x_i) to dtype: every x one float
+//                     dtype and device; fused: a compiled step's weight casts in one kernel
+//                     (compile/passes/fuse_weight_casts.cpp), each y as its copy writes it
 #include "kernels/schema/schema_util.h"
 
 namespace reel {
@@ -65,6 +68,23 @@ std::vector<TensorMeta> infer_concat(const std::vector<Tensor>& in, const Attrs&
 
 }  // namespace
 
+std::vector<TensorMeta> infer_multi_tensor_cast(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::MultiTensorCast;
+  REEL_CHECK(!in.empty(), "multi_tensor_cast: needs at least one tensor");
+  const DType to = a.dtype("dtype");
+  REEL_CHECK(is_floating(to), "multi_tensor_cast: dtype ", dtype_name(to), " is not a float dtype");
+  std::vector<TensorMeta> out;
+  for (size_t k = 0; k < in.size(); ++k) {
+    schema::expect_defined(op, in[k], "input");
+    schema::expect_float(op, in[k]);
+    REEL_CHECK(in[k].dtype() == in[0].dtype() && in[k].device() == in[0].device(), "multi_tensor_cast: input ", k,
+               " is ", schema::desc(in[k]), " on ", in[k].device().str(), " but input 0 is ", schema::desc(in[0]),
+               " on ", in[0].device().str(), " (one dtype and device for all)");
+    out.push_back({in[k].shape(), to, in[k].device()});
+  }
+  return out;
+}
+
 void register_memory_schemas() {
   register_schema(OpKind::Fill, infer_creation);
   register_schema(OpKind::Arange, infer_arange);
@@ -72,6 +92,7 @@ void register_memory_schemas() {
   register_schema(OpKind::RandNormal, infer_random<OpKind::RandNormal>);
   register_schema(OpKind::Copy, infer_copy);
   register_schema(OpKind::Concat, infer_concat);
+  register_schema(OpKind::MultiTensorCast, infer_multi_tensor_cast);
 }
 
 }  // namespace reel

@@ -659,6 +659,33 @@ void add_cross_entropy_with_grad_cases(std::vector<OpTestCase>& cases) {
   }
 }
 
+// ---- multi_tensor_cast: the weight casts of a step in one launch ----
+
+// Pairs of every kind the CUDA kernel takes: a Linear's W^T (a tiled transpose), a bias (flat), a
+// convolution's weight written channels-last (a batch of transposes), and a strided view, which takes
+// the copy's own kernel. Reference: one copy per pair.
+void add_multi_tensor_cast_cases(std::vector<OpTestCase>& cases) {
+  cases.push_back({.op = OpKind::MultiTensorCast,
+                   .name = "multi_tensor_cast_transposed_flat_channels_last_strided",
+                   .dtypes = {DType::bf16, DType::f16, DType::f64},
+                   .make =
+                       [](Device, DType t) {
+                         Inputs in{randn_input({40, 70}, DType::f32, 241, Layout::transposed),
+                                   randn_input({1037}, DType::f32, 242), randn_input({6, 5, 3, 3}, DType::f32, 243),
+                                   randn_input({3, 5, 7}, DType::f32, 244, Layout::strided)};
+                         std::vector<Tensor> out{Tensor::empty({40, 70}, t), Tensor::empty({1037}, t),
+                                                 randn_input({6, 5, 3, 3}, t, 245, Layout::channels_last),
+                                                 Tensor::empty({3, 5, 7}, t)};
+                         return OpCall{in, Attrs().set("dtype", t), out};
+                       },
+                   .reference =
+                       [](const OpCall& c) {
+                         Expected e;
+                         for (const Tensor& x : c.inputs) e.push_back(host_values(cast(x, c.attrs.dtype("dtype"))));
+                         return e;
+                       }});
+}
+
 }  // namespace
 
 std::vector<OpTestCase> fused_cases() {
@@ -668,6 +695,7 @@ std::vector<OpTestCase> fused_cases() {
   add_gemm_cases(cases);
   add_reduce_cases(cases);
   add_cross_entropy_with_grad_cases(cases);
+  add_multi_tensor_cast_cases(cases);
   add_fused_attention_cases(cases);
   add_fused_optimizer_cases(cases);
   add_fused_elementwise_cases(cases);
