@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "compile/ir/graph.h"
+#include "compile/runtime/compile.h"
 #include "compile/runtime/train_step.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
@@ -127,6 +128,39 @@ inline bool same_bits(const std::vector<double>& a, const std::vector<double>& b
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
     if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
+  return true;
+}
+
+// `steps` compiled training steps of small_training(model, device) under `precision` (reduce-overhead
+// on a GPU, the default mode on the CPU) with `disabled_passes` off: the losses, the state after, and
+// the compiled function, whose last_plan() is the graph the passes left. What a pass's test runs with
+// the pass on and off.
+struct CompiledSteps {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> state;
+  std::unique_ptr<compile::CompiledFunction> step;
+  const compile::Plan* plan() const { return step ? step->last_plan() : nullptr; }
+};
+
+inline CompiledSteps compiled_steps(const std::string& model, Device device, const char* precision,
+                                    std::vector<std::string> disabled_passes, size_t memory_limit = 0, int steps = 3) {
+  AutocastGuard amp(PrecisionPolicy::parse(precision));
+  SmallTraining t = small_training(model, device);
+  compile::CompileOptions o(device.is_cuda() ? compile::Mode::ReduceOverhead : compile::Mode::Default);
+  o.disabled_passes = std::move(disabled_passes);
+  o.memory_limit = memory_limit;
+  CompiledSteps r;
+  r.step = std::make_unique<compile::CompiledFunction>(compile::compile_train_step(*t.opt, t.loss, o));
+  r.losses = step_losses(*t.opt, t.loss, t.micro, steps, r.step.get());
+  r.state = t.state();
+  return r;
+}
+
+// Whether two runs trained to the same bits: every loss, and every tensor of the state after.
+inline bool same_training(const CompiledSteps& a, const CompiledSteps& b) {
+  if (!same_bits(a.losses, b.losses) || a.state.size() != b.state.size()) return false;
+  for (size_t i = 0; i < a.state.size(); ++i)
+    if (!same_bits(a.state[i], b.state[i])) return false;
   return true;
 }
 

@@ -68,23 +68,29 @@ __global__ void cross_entropy_fwd_row_kernel(const D* logits, const int64_t* tar
   }
 }
 
+// loss (0-dim) from row_loss (N) and the count of rows not ignored, by one block of any multiple of
+// kThreads threads, for the total kernel and the fused kernel's last block: the first kThreads threads
+// add rows n = rank, rank + kThreads, ... in order and the others add zeros (where a block of kThreads
+// puts block_reduce's identity), so both give the same bits. Rows are read from L2 (last_block.cuh).
+template <typename D>
+__device__ void cross_entropy_total(const double* row_loss, int64_t N, int64_t count, bool mean, D* loss) {
+  using A = Acc<D>;
+  double total = 0;
+  if (threadIdx.x < kThreads)
+    for (int64_t n = threadIdx.x; n < N; n += kThreads) total += load_partial(row_loss + n);
+  total = block_reduce<AddOp<double>>(total);
+  if (threadIdx.x == 0) *loss = from_acc<D>(A(mean ? total / double(count) : total));
+}
+
 // loss (0-dim) = sum of row_loss (N), divided by the number of rows whose target is not
-// ignore_index for the mean. One block.
+// ignore_index for the mean. One block of kThreads.
 template <typename D>
 __global__ void cross_entropy_fwd_total_kernel(const double* row_loss, const int64_t* target, int64_t N,
                                                int64_t ignore_index, bool mean, D* loss) {
   grid_dependency_wait();
-  using A = Acc<D>;
-  double total = 0;
   int64_t count = 0;
-  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
-    total += row_loss[n];
-    count += target[n] != ignore_index;
-  }
-  total = block_reduce<AddOp<double>>(total);
-  count = block_reduce<AddOp<int64_t>>(count);
-  // mean with every row ignored: 0 / 0 = NaN.
-  if (threadIdx.x == 0) *loss = from_acc<D>(A(mean ? total / double(count) : total));
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) count += target[n] != ignore_index;
+  cross_entropy_total(row_loss, N, block_reduce<AddOp<int64_t>>(count), mean, loss);
 }
 
 // scale (one Acc) = g / count (mean) or g (sum); g is one element. One block.
@@ -101,6 +107,21 @@ __global__ void cross_entropy_bwd_scale_kernel(const D* g, const int64_t* target
   if (threadIdx.x == 0) *scale = mean ? to_acc(*g) / A(count) : to_acc(*g);
 }
 
+// One row of dlogits, dr[c] = (exp(xr[c] - l) - [c == tn]) * scale, written by the team's ranks in
+// the gradient's dtype G: 0 for an ignored row, NaN for a target outside [0, C).
+template <typename Team, typename D, typename G, typename A>
+__device__ __forceinline__ void gradient_row(const D* xr, G* dr, int64_t C, int64_t tn, bool ignored, A l, A scale) {
+  const bool valid = tn >= 0 && tn < C;
+  for (int64_t c = Team::rank(); c < C; c += Team::size()) {
+    A v = A(0);
+    if (!ignored) {
+      v = valid ? exp_acc(to_acc(xr[c]) - l) * scale : A(NAN);
+      if (c == tn) v -= scale;
+    }
+    dr[c] = from_acc<G>(v);
+  }
+}
+
 // logits, dx: (N, C); target, lse: (N). One team (warp or block) per row.
 template <typename D, bool kBlock>
 __global__ void cross_entropy_bwd_row_kernel(const D* logits, const int64_t* target, const Acc<D>* lse,
@@ -115,29 +136,8 @@ __global__ void cross_entropy_bwd_row_kernel(const D* logits, const int64_t* tar
     D* dr = dx + n * C;
     const int64_t tn = target[n];
     const A l = lse[n];
-    const bool ignored = tn == ignore_index, valid = tn >= 0 && tn < C;
-    for (int64_t c = Team::rank(); c < C; c += Team::size()) {
-      A v = A(0);
-      if (!ignored) {
-        v = valid ? exp_acc(to_acc(xr[c]) - l) * scale : A(NAN);
-        if (c == tn) v -= scale;
-      }
-      dr[c] = from_acc<D>(v);
-    }
+    gradient_row<Team>(xr, dr, C, tn, tn == ignore_index, l, scale);
   }
-}
-
-// The loss of cross_entropy_fwd_total_kernel, by one block of any multiple of kThreads threads: the
-// first kThreads threads take the rows that kernel's threads take, in its order, and the others add
-// zeros (they stand where that kernel's block_reduce puts its identity), so the bits are the same.
-template <typename D>
-__device__ void cross_entropy_total(const double* row_loss, int64_t N, int64_t count, bool mean, D* loss) {
-  using A = Acc<D>;
-  double total = 0;
-  if (threadIdx.x < kThreads)
-    for (int64_t n = threadIdx.x; n < N; n += kThreads) total += load_partial(row_loss + n);
-  total = block_reduce<AddOp<double>>(total);
-  if (threadIdx.x == 0) *loss = from_acc<D>(A(mean ? total / double(count) : total));
 }
 
 // logits: (N, C), target: (N), g: one element -> loss (0-dim), dx: (N, C) in G (D, or 16 bits for f32
@@ -171,15 +171,7 @@ __global__ void cross_entropy_with_grad_kernel(const D* logits, const int64_t* t
     const int64_t tn = target[n];
     const bool ignored = tn == ignore_index, valid = tn >= 0 && tn < C;
     if (Team::rank() == 0) row_loss[n] = ignored ? 0.0 : valid ? double(l - to_acc(xr[tn])) : double(NAN);
-    G* dr = dx + n * C;
-    for (int64_t c = Team::rank(); c < C; c += Team::size()) {
-      A v = A(0);
-      if (!ignored) {
-        v = valid ? exp_acc(to_acc(xr[c]) - l) * scale : A(NAN);
-        if (c == tn) v -= scale;
-      }
-      dr[c] = from_acc<G>(v);
-    }
+    gradient_row<Team>(xr, dx + n * C, C, tn, ignored, l, scale);
   }
   if (arrive_last(finish_counter(0), gridDim.x)) cross_entropy_total(row_loss, N, count, mean, loss);
 }

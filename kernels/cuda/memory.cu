@@ -51,13 +51,11 @@ __global__ void copy_cast_flat_kernel(uint32_t n, D* dst, const S* src) {
 // weight casts). Block (32, 8): a thread moves 4 elements each way.
 constexpr int kTile = 32, kTileRows = 8;
 
-template <typename D, typename S>
-__global__ void transpose_cast_kernel(D* dst, const S* src, int64_t rows, int64_t cols) {
-  grid_dependency_wait();
-  using Acc = decltype(to_acc(S{}));
-  __shared__ Acc tile[kTile][kTile + 1];  // +1: a column read touches 32 different banks
-  const int64_t base = int64_t(blockIdx.z) * rows * cols;
-  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+// The tile at (r0, c0) of matrix `base` (src + base: rows x cols, row-major) written transposed to
+// dst + base, through `tile` (+1 column: a column read touches 32 different banks).
+template <typename D, typename S, typename Acc>
+__device__ __forceinline__ void transpose_tile(D* dst, const S* src, int64_t base, int64_t rows, int64_t cols,
+                                               int64_t r0, int64_t c0, Acc (&tile)[kTile][kTile + 1]) {
   for (int j = threadIdx.y; j < kTile; j += kTileRows) {
     const int64_t r = r0 + j, c = c0 + threadIdx.x;
     if (r < rows && c < cols) tile[j][threadIdx.x] = to_acc(src[base + r * cols + c]);
@@ -67,6 +65,14 @@ __global__ void transpose_cast_kernel(D* dst, const S* src, int64_t rows, int64_
     const int64_t c = c0 + j, r = r0 + threadIdx.x;
     if (r < rows && c < cols) dst[base + c * rows + r] = from_acc<D>(tile[threadIdx.x][j]);
   }
+}
+
+template <typename D, typename S>
+__global__ void transpose_cast_kernel(D* dst, const S* src, int64_t rows, int64_t cols) {
+  grid_dependency_wait();
+  __shared__ decltype(to_acc(S{})) tile[kTile][kTile + 1];
+  transpose_tile(dst, src, int64_t(blockIdx.z) * rows * cols, rows, cols, int64_t(blockIdx.y) * kTile,
+                 int64_t(blockIdx.x) * kTile, tile);
 }
 
 // Whether t, of shape (..., R, C), is a dense batch of (C, R) row-major matrices viewed transposed:
@@ -263,8 +269,7 @@ struct CastTable {
 template <typename D, typename S>
 __global__ void multi_tensor_cast_kernel(const __grid_constant__ CastTable table) {
   grid_dependency_wait();
-  using Acc = decltype(to_acc(S{}));
-  __shared__ Acc tile[kTile][kTile + 1];
+  __shared__ decltype(to_acc(S{})) tile[kTile][kTile + 1];
   const int t = threadIdx.y * kTile + threadIdx.x;  // 0..255
   for (int64_t b = blockIdx.x; b < table.first_block[table.count]; b += gridDim.x) {
     const int k = tensor_of_block(table.first_block, table.count, b);
@@ -280,16 +285,7 @@ __global__ void multi_tensor_cast_kernel(const __grid_constant__ CastTable table
     const int64_t rows = table.rows[k], cols = table.cols[k];
     const int64_t tiles_x = (cols + kTile - 1) / kTile, tiles_y = (rows + kTile - 1) / kTile;
     const int64_t z = local / (tiles_x * tiles_y), yx = local % (tiles_x * tiles_y);
-    const int64_t base = z * rows * cols, r0 = (yx / tiles_x) * kTile, c0 = (yx % tiles_x) * kTile;
-    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
-      const int64_t r = r0 + j, c = c0 + threadIdx.x;
-      if (r < rows && c < cols) tile[j][threadIdx.x] = to_acc(src[base + r * cols + c]);
-    }
-    __syncthreads();
-    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
-      const int64_t c = c0 + j, r = r0 + threadIdx.x;
-      if (r < rows && c < cols) dst[base + c * rows + r] = from_acc<D>(tile[threadIdx.x][j]);
-    }
+    transpose_tile(dst, src, z * rows * cols, rows, cols, (yx / tiles_x) * kTile, (yx % tiles_x) * kTile, tile);
     __syncthreads();  // the tile is read before the next virtual block writes it
   }
 }
