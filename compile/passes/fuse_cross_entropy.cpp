@@ -24,13 +24,6 @@ bool same_input(const Node& a, size_t i, const Node& b, size_t j) {
          same_ref(*a.inputs[i], *b.inputs[j]);
 }
 
-// Whether a node strictly between i and k writes the buffer.
-bool written_between(const BufferUses& u, int buffer, int i, int k) {
-  for (int w : u.writers[buffer])
-    if (w > i && w < k) return true;
-  return false;
-}
-
 // The backward that reads cross_entropy node i's lse, where the fused node may stand: its index, or
 // -1 with the reason in `why`.
 int match(const Graph& g, const BufferUses& u, size_t i, Why& why) {
@@ -52,7 +45,7 @@ int match(const Graph& g, const BufferUses& u, size_t i, Why& why) {
   bool loss_read_early = false;
   for (int r : u.readers[loss.buffer]) loss_read_early = loss_read_early || r <= k;
   if (!why(internal_once(g, u, loss) && !loss_read_early, "the loss is read before the backward") ||
-      !why(!written_between(u, f.inputs[0]->buffer, int(i), k) && !written_between(u, f.inputs[1]->buffer, int(i), k),
+      !why(!u.written_between(f.inputs[0]->buffer, int(i), k) && !u.written_between(f.inputs[1]->buffer, int(i), k),
            "the logits or targets are written between the two") ||
       !why(device_supports(g, loss, OpKind::CrossEntropyWithGrad), "the device has no fused cross-entropy"))
     return -1;

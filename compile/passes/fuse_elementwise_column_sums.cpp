@@ -51,9 +51,7 @@ int column_sums_of(const Graph& g, const BufferUses& u, size_t i, int& out, Why&
       if (!sums_all_of(sums, y, why)) continue;
       const TensorRef& db = sums.outputs[0];
       const bool add = sums.attrs.b("accumulate", false);
-      bool written_between = false;
-      for (int w : u.writers[y.buffer]) written_between = written_between || (w > int(i) && w < s);
-      if (!why(!written_between, "the output is written again before its column sums") ||
+      if (!why(!u.written_between(y.buffer, int(i), s), "the output is written again before its column sums") ||
           !why(!u.touched_between(db.buffer, int(i), s), "the sums' buffer is touched between the two") ||
           !why(!refers_to(f, db.buffer), "the kernel itself touches the sums' buffer") ||
           !why(!add || (sums.inputs.size() == 2 && sums.inputs[1] && same_ref(*sums.inputs[1], db)),

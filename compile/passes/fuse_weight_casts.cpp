@@ -20,6 +20,8 @@ namespace reel::compile {
 
 namespace {
 
+constexpr const char* kPass = "weight_casts";
+
 // Node k as a cast of a parameter (an External buffer nothing writes before k) into a fresh buffer of
 // its own on the same device, first touched here.
 bool is_weight_cast(const Graph& g, const BufferUses& u, size_t k) {
@@ -32,9 +34,8 @@ bool is_weight_cast(const Graph& g, const BufferUses& u, size_t k) {
   if (from.kind != BufferKind::External || !is_floating(in.dtype) || !is_floating(out.dtype) || in.dtype == out.dtype ||
       from.device != to.device || in.shape != out.shape)
     return false;
-  for (int w : u.writers[in.buffer])
-    if (w < int(k)) return false;
-  return internal_once(g, u, out) && u.touches[out.buffer].front() == int(k);
+  return !u.written_between(in.buffer, -1, int(k)) && internal_once(g, u, out) &&
+         u.touches[out.buffer].front() == int(k);
 }
 
 }  // namespace
@@ -54,7 +55,7 @@ void fuse_weight_casts(Graph& g, PassStats& stats) {
     if (members.size() < 2) continue;
     const Node& first = g.nodes[members[0]];
     if (!device_supports(g, first.outputs[0], OpKind::MultiTensorCast)) {
-      why_not("weight_casts", g, members[0], "the other weight casts", "the device has no multi_tensor_cast");
+      why_not(kPass, g, members[0], "the other weight casts", "the device has no multi_tensor_cast");
       continue;
     }
     Node fused{OpKind::MultiTensorCast, Attrs().set("dtype", first.outputs[0].dtype), {}, {}, false, {}};
@@ -65,7 +66,7 @@ void fuse_weight_casts(Graph& g, PassStats& stats) {
       fused.fused.push_back("copy");
     }
     if (!call_supported(g, fused)) {
-      why_not("weight_casts", g, members[0], "the other weight casts", "the device's kernel does not take the call");
+      why_not(kPass, g, members[0], "the other weight casts", "the device's kernel does not take the call");
       continue;
     }
     g.nodes[members[0]] = std::move(fused);

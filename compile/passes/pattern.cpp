@@ -34,11 +34,18 @@ BufferUses buffer_uses(const Graph& g) {
   return u;
 }
 
-bool BufferUses::touched_between(int buffer, int i, int j) const {
-  for (int k : touches[buffer])
+namespace {
+
+bool any_between(const std::vector<int>& nodes, int i, int j) {
+  for (int k : nodes)
     if (k > i && k < j) return true;
   return false;
 }
+
+}  // namespace
+
+bool BufferUses::touched_between(int buffer, int i, int j) const { return any_between(touches[buffer], i, j); }
+bool BufferUses::written_between(int buffer, int i, int j) const { return any_between(writers[buffer], i, j); }
 
 void drop_nodes(Graph& g, const std::vector<bool>& drop) {
   std::vector<Node> kept;

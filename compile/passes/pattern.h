@@ -22,6 +22,8 @@ struct BufferUses {
   int producer(int buffer) const { return writers[buffer].empty() ? -1 : writers[buffer].back(); }
   // Whether a node strictly between i and j reads or writes the buffer.
   bool touched_between(int buffer, int i, int j) const;
+  // Whether a node strictly between i and j writes the buffer.
+  bool written_between(int buffer, int i, int j) const;
 };
 BufferUses buffer_uses(const Graph& g);
 // Drops the nodes marked in `drop`, keeping the others in order.

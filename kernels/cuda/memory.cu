@@ -260,7 +260,9 @@ constexpr int64_t kCastFlatChunk = int64_t(kTile) * kTile;
 struct CastTable {
   const void* src[kCastPairsPerLaunch];
   void* dst[kCastPairsPerLaunch];
-  int64_t batch[kCastPairsPerLaunch], rows[kCastPairsPerLaunch], cols[kCastPairsPerLaunch];  // flat: rows = n
+  // A batch of transposes: one matrix's rows and cols (the batch is the virtual blocks' quotient);
+  // a flat pair: rows = its elements, cols = 1.
+  int64_t rows[kCastPairsPerLaunch], cols[kCastPairsPerLaunch];
   int64_t first_block[kCastPairsPerLaunch + 1];  // first_block[count]: the launch's virtual blocks
   bool transposed[kCastPairsPerLaunch];
   int count = 0;
@@ -322,7 +324,6 @@ void multi_tensor_cast_kernel_call(const KernelCall& c) {
         table.src[k] = src.data_ptr();
         table.dst[k] = dst.data_ptr();
         table.transposed[k] = !flat;
-        table.batch[k] = flat ? 1 : bt.batch;
         table.rows[k] = flat ? dst.numel() : bt.rows;
         table.cols[k] = flat ? 1 : bt.cols;
         auto up = [](int64_t a, int64_t b) { return (a + b - 1) / b; };

@@ -73,7 +73,8 @@ std::vector<OpTestCase> pool_cases();
 std::vector<OpTestCase> norm_cases();
 std::vector<OpTestCase> attention_cases();
 std::vector<OpTestCase> optim_cases();
-std::vector<OpTestCase> fused_cases();  // the fused ops of every family (cases_fused.cpp)
+std::vector<OpTestCase> fused_cases();         // the fused ops of the other families (cases_fused.cpp)
+std::vector<OpTestCase> fused_reduce_cases();  // the reduce family's fused ops (cases_fused_reduce.cpp)
 
 // Every family's cases, built once.
 const std::vector<OpTestCase>& all_cases();
