@@ -177,11 +177,18 @@ run: $(TOOL)
 	@mkdir -p $(BUILD)/run
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)} $(TOOL) train --compile reduce-overhead --log $(BUILD)/run/train.jsonl
 
+# cuBLASLt's candidate algorithms (and split-K variants) timed at the GPT GEMM shapes: a standalone
+# CUDA program (bench/gemm_candidates.cu), built only where nvcc is.
+GEMM_CANDIDATES := $(if $(NVCC),$(BUILD)/gemm_candidates)
+$(BUILD)/gemm_candidates: bench/gemm_candidates.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -arch=$(CUDA_ARCH) -std=c++17 $< -o $@ -lcublasLt -lcublas
+
 # The binaries (and Google Benchmark's shared library) in one folder that travels to a GPU machine,
 # where tools/gpu_check.sh runs them.
-gpu-bundle: $(TESTS) $(TOOL) $(BENCH)
+gpu-bundle: $(TESTS) $(TOOL) $(BENCH) $(GEMM_CANDIDATES)
 	@mkdir -p .gpu
-	cp $(TESTS) $(TOOL) $(BENCH) .gpu/
+	cp $(TESTS) $(TOOL) $(BENCH) $(GEMM_CANDIDATES) .gpu/
 	cp $(MPI_PLUGIN) $(DIST_TESTS) .gpu/ 2>/dev/null || true
 	cp -L /usr/lib/x86_64-linux-gnu/libbenchmark.so.1debian .gpu/ 2>/dev/null || true
 	cp -L /usr/lib/x86_64-linux-gnu/libdnnl.so.2 .gpu/ 2>/dev/null || true
