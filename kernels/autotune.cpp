@@ -16,6 +16,10 @@ std::atomic<CudnnAttention> cudnn_attention{[] {
   if (v && std::strcmp(v, "1") == 0) return CudnnAttention::On;
   return CudnnAttention::Auto;
 }()};
+std::atomic<bool> split_k{[] {
+  const char* v = std::getenv("REEL_SPLIT_K");
+  return v && std::strcmp(v, "1") == 0;
+}()};
 }
 
 void set_deterministic_algorithms(bool on) { deterministic.store(on); }
@@ -26,5 +30,8 @@ bool autotune_enabled() { return autotune.load(); }
 
 void set_cudnn_attention(CudnnAttention mode) { cudnn_attention.store(mode); }
 CudnnAttention cudnn_attention_mode() { return cudnn_attention.load(); }
+
+void set_split_k(bool on) { split_k.store(on); }
+bool split_k_enabled() { return split_k.load(); }
 
 }  // namespace reel

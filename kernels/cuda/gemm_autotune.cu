@@ -50,6 +50,7 @@ constexpr int kCandidates = 8;                             // heuristic proposal
 constexpr int kTimedRuns = 5;                              // after one warm-up run
 
 std::atomic<int64_t> tunings{0};
+std::atomic<int64_t> split_runs{0};  // GEMMs gemm_split_k has run
 
 // ---- descriptors ----
 
@@ -281,5 +282,73 @@ void gemm_autotuned(const GemmProblem& p, const void* a, const void* b, void* c,
 }
 
 int64_t gemm_tunings() { return tunings.load(); }
+
+// ---- split-K for weight gradients ----
+
+namespace {
+
+// The split count for a problem whose unsplit algorithm fills `waves` of the GPU: the most splits
+// (powers of two up to kMaxSplits) that still fit one wave, each at least kMinSplitDepth deep; 1 when
+// even two splits would not fit or be too shallow.
+constexpr int kMaxSplits = 16;
+constexpr int64_t kMinSplitDepth = 256;
+
+int splits_for(float waves, int64_t k) {
+  int s = 1;
+  while (2 * s <= kMaxSplits && waves * float(2 * s) <= 1.0f && k / (2 * s) >= kMinSplitDepth) s *= 2;
+  return s;
+}
+
+// The split plan of p: cuBLASLt's first heuristic algorithm with splits_for(its waves) splits reduced
+// in place; null when p is not a candidate or no split applies. No device work.
+std::unique_ptr<LtPlan> split_plan(const GemmProblem& p, const Alignments& al) {
+  std::unique_ptr<LtPlan> plan = lt_descriptors(p, *lt_types(p.in), *lt_types(p.out));
+  const std::vector<Candidate> algos = lt_candidates(*plan, p.device, al, false);
+  if (algos.empty()) return nullptr;
+  cublasLtMatmulAlgo_t algo = algos.front().algo;
+  cublasLtMatmulHeuristicResult_t check{};
+  auto valid = [&] {
+    return cublasLtMatmulAlgoCheck(cublaslt_handle(p.device), plan->desc, plan->la, plan->lb, plan->lc, plan->lc,
+                                   &algo, &check) == CUBLAS_STATUS_SUCCESS &&
+           check.workspaceSize <= kBlasWorkspaceBytes;
+  };
+  if (!valid()) return nullptr;
+  const int splits = splits_for(check.wavesCount, p.k);
+  if (splits < 2) return nullptr;
+  const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_INPLACE;
+  if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) !=
+          CUBLAS_STATUS_SUCCESS ||
+      !valid())
+    return nullptr;
+  plan->algo = algo;
+  return plan;
+}
+
+}  // namespace
+
+bool gemm_split_k(const GemmProblem& p, const void* a, const void* b, void* c) {
+  if (p.batch != 1 || !is_16bit(p.in) || p.out != DType::f32) return false;
+  const Alignments al{alignment(a, 0, 1, dtype_size(p.in)), alignment(b, 0, 1, dtype_size(p.in)),
+                      alignment(c, 0, 1, dtype_size(p.out))};
+  const Key key{p.m, p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldc, 0, 0, 0,
+                1, int64_t(p.in), int64_t(p.out), p.accumulate, p.device.index, al.a, al.b, al.c};
+  static std::mutex mutex;
+  static std::map<Key, std::unique_ptr<LtPlan>> plans;  // null: no split for this problem
+  const LtPlan* plan = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = plans.find(key);
+    if (it == plans.end()) it = plans.emplace(key, split_plan(p, al)).first;
+    plan = it->second.get();
+  }
+  if (!plan) return false;
+  REEL_CUBLAS_CHECK(lt_matmul(*plan, plan->algo, p.accumulate, p.device, a, b, c));
+  split_runs.fetch_add(1);
+  return true;
+}
+
+int64_t gemm_split_k_runs() { return split_runs.load(); }
 
 }  // namespace reel::cuda

@@ -40,4 +40,21 @@ void gemm_autotuned(const GemmProblem& p, const void* a, const void* b, void* c,
 // How many problems have been tuned so far (process-wide; each once, when its choice is cached).
 int64_t gemm_tunings();
 
+// Split-K for GEMMs whose output is too small to fill the GPU: a weight gradient dW (D, C) =
+// dy^T x of 16-bit operands into f32 (the compiled step's matmul_into, accumulating over
+// micro-batches), where K (the rows, B T) is long and the output tiles few — gpt-tiny's (256, 256)
+// over K = 2048 is four 128 x 128 tiles, four SMs of 132 walking 2048 deep. For a single GEMM (batch
+// 1) of 16-bit operands and an f32 result, cuBLASLt's first heuristic algorithm is checked for the
+// waves it fills; when two or more splits of at least 256 of K fit in one wave, the most such splits
+// (a power of two, at most 16) run with the in-place reduction scheme: the partial sums are added in
+// the f32 result in an order that counters in the workspace fix, so the bits are the same on every
+// run (no float atomics), and the reduction is in f32 as reel's precision contract asks. The choice
+// depends on the problem (shapes, leading dims, alignments) and the GPU only, never on a timing;
+// it is made once per problem, outside or inside a capture (no device work), and cached.
+// Returns false, having done nothing, when the problem takes no split (the caller runs its own path).
+bool gemm_split_k(const GemmProblem& p, const void* a, const void* b, void* c);
+
+// How many GEMMs gemm_split_k has run so far (process-wide; captured calls count once, at capture).
+int64_t gemm_split_k_runs();
+
 }  // namespace reel::cuda

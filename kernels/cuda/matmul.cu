@@ -30,7 +30,9 @@
 // (kernels/cuda/register.cu) also sets CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION so that split-K
 // partial sums of 16-bit GEMMs are reduced in f32, not in the 16-bit output type. i64 is refused by the schema.
 //
-// Algorithms: cuBLAS's heuristic choice (CUBLAS_GEMM_DEFAULT). With autotuning on (kernels/autotune.h,
+// Algorithms: with split-K on (kernels/autotune.h: set_split_k), a single GEMM of 16-bit operands
+// into f32 whose output cannot fill the GPU (a weight gradient: few output tiles, a long K) splits K
+// on cuBLASLt (gemm_autotune.h: gemm_split_k; the same bits every run); every other GEMM takes cuBLAS's heuristic choice (CUBLAS_GEMM_DEFAULT). With autotuning on (kernels/autotune.h,
 // compile's max-autotune) every GEMM goes through gemm_autotune.h instead: the first eager call of
 // each distinct problem times cuBLASLt's heuristic candidates (same precision contract) against
 // that default path on its own operands and caches the fastest; later calls, captures included,
@@ -112,12 +114,13 @@ void gemm_strided_batched(const Tensor& out, DType in_dtype, const GemmShape& g,
                                                     stride_b, a, t.data, g.a.ld, stride_a, beta, dst, c_type, g.N,
                                                     stride_c, batch, t.compute, CUBLAS_GEMM_DEFAULT));
   };
-  if (!autotune_enabled()) return run_default(c);
   const GemmProblem p{.m = g.N, .n = g.M, .k = g.K,  // the same GEMM in the same cuBLAS terms: b first
                       .trans_a = g.b.op == CUBLAS_OP_T, .trans_b = g.a.op == CUBLAS_OP_T,
                       .lda = g.b.ld, .ldb = g.a.ld, .ldc = g.N,
                       .stride_a = stride_b, .stride_b = stride_a, .stride_c = stride_c, .batch = batch,
                       .in = in_dtype, .out = out.dtype(), .accumulate = accumulate, .device = out.device()};
+  if (split_k_enabled() && gemm_split_k(p, b, a, c)) return;  // a weight gradient too small to fill the GPU
+  if (!autotune_enabled()) return run_default(c);
   gemm_autotuned(p, b, a, c, run_default);
 }
 
