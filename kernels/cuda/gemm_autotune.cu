@@ -252,18 +252,27 @@ std::unique_ptr<LtPlan> tune(const GemmProblem& p, const void* a, const void* b,
 
 using Key = std::array<int64_t, 19>;
 
+// The alignments of a call's operands over its batch. They are part of the problem: an algorithm
+// chosen for aligned operands may not run on less aligned ones (a host-looped batch, a view at an
+// offset).
+Alignments alignments_of(const GemmProblem& p, const void* a, const void* b, const void* c) {
+  const size_t es_in = dtype_size(p.in), es_out = dtype_size(p.out);
+  return {alignment(a, p.stride_a, p.batch, es_in), alignment(b, p.stride_b, p.batch, es_in),
+          alignment(c, p.stride_c, p.batch, es_out)};
+}
+
+Key key_of(const GemmProblem& p, const Alignments& al) {
+  return {p.m, p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldc, p.stride_a, p.stride_b, p.stride_c,
+          p.batch, int64_t(p.in), int64_t(p.out), p.accumulate, p.device.index, al.a, al.b, al.c};
+}
+
 }  // namespace
 
 void gemm_autotuned(const GemmProblem& p, const void* a, const void* b, void* c,
                     const std::function<void(void* dst)>& run_default) {
   if (!lt_types(p.in) || !lt_types(p.out) || p.batch > int64_t(INT32_MAX)) return run_default(c);
-  const size_t es_in = dtype_size(p.in), es_out = dtype_size(p.out);
-  // The alignments are part of the problem: an algorithm chosen for aligned operands may not run
-  // on less aligned ones (a host-looped batch, a view at an offset).
-  const Alignments al{alignment(a, p.stride_a, p.batch, es_in), alignment(b, p.stride_b, p.batch, es_in),
-                      alignment(c, p.stride_c, p.batch, es_out)};
-  const Key key{p.m, p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldc, p.stride_a, p.stride_b, p.stride_c,
-                p.batch, int64_t(p.in), int64_t(p.out), p.accumulate, p.device.index, al.a, al.b, al.c};
+  const Alignments al = alignments_of(p, a, b, c);
+  const Key key = key_of(p, al);
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<LtPlan>> choices;  // null: the untuned path won
   const LtPlan* plan = nullptr;
@@ -330,10 +339,8 @@ std::unique_ptr<LtPlan> split_plan(const GemmProblem& p, const Alignments& al) {
 
 bool gemm_split_k(const GemmProblem& p, const void* a, const void* b, void* c) {
   if (p.batch != 1 || !is_16bit(p.in) || p.out != DType::f32) return false;
-  const Alignments al{alignment(a, 0, 1, dtype_size(p.in)), alignment(b, 0, 1, dtype_size(p.in)),
-                      alignment(c, 0, 1, dtype_size(p.out))};
-  const Key key{p.m, p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldc, 0, 0, 0,
-                1, int64_t(p.in), int64_t(p.out), p.accumulate, p.device.index, al.a, al.b, al.c};
+  const Alignments al = alignments_of(p, a, b, c);
+  const Key key = key_of(p, al);
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<LtPlan>> plans;  // null: no split for this problem
   const LtPlan* plan = nullptr;
