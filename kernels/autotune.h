@@ -37,7 +37,8 @@ CudnnAttention cudnn_attention_mode();
 
 // Split-K for the CUDA weight gradients whose output cannot fill the GPU (kernels/cuda/gemm_autotune.h:
 // gemm_split_k; 16-bit operands into f32, the in-place reduction in a fixed order: deterministic).
-// Off by default until it is timed inside the step on the H200; the environment variable
+// A GEMM it takes is not timed by autotuning. Off by default until it is timed inside the step on
+// the H200; the environment variable
 // REEL_SPLIT_K=0|1 sets the mode a process starts with.
 void set_split_k(bool on);
 bool split_k_enabled();

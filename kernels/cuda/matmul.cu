@@ -32,8 +32,9 @@
 //
 // Algorithms: with split-K on (kernels/autotune.h: set_split_k), a single GEMM of 16-bit operands
 // into f32 whose output cannot fill the GPU (a weight gradient: few output tiles, a long K) splits K
-// on cuBLASLt (gemm_autotune.h: gemm_split_k; the same bits every run); every other GEMM takes cuBLAS's heuristic choice (CUBLAS_GEMM_DEFAULT). With autotuning on (kernels/autotune.h,
-// compile's max-autotune) every GEMM goes through gemm_autotune.h instead: the first eager call of
+// on cuBLASLt (gemm_autotune.h: gemm_split_k; the same bits every run), autotuning or not; every
+// other GEMM takes cuBLAS's heuristic choice (CUBLAS_GEMM_DEFAULT). With autotuning on (kernels/autotune.h,
+// compile's max-autotune) every other GEMM goes through gemm_autotune.h instead: the first eager call of
 // each distinct problem times cuBLASLt's heuristic candidates (same precision contract) against
 // that default path on its own operands and caches the fastest; later calls, captures included,
 // reuse the choice without timing.
