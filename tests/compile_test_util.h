@@ -132,7 +132,8 @@ inline bool same_bits(const std::vector<double>& a, const std::vector<double>& b
 }
 
 // `steps` compiled training steps of small_training(model, device) under `precision` (reduce-overhead
-// on a GPU, the default mode on the CPU) with `disabled_passes` off: the losses, the state after, and
+// on a GPU, the default mode on the CPU) with `disabled_passes` off (and passes off by default in
+// `enabled_passes` on): the losses, the state after, and
 // the compiled function, whose last_plan() is the graph the passes left. What a pass's test runs with
 // the pass on and off.
 struct CompiledSteps {
@@ -143,11 +144,13 @@ struct CompiledSteps {
 };
 
 inline CompiledSteps compiled_steps(const std::string& model, Device device, const char* precision,
-                                    std::vector<std::string> disabled_passes, size_t memory_limit = 0, int steps = 3) {
+                                    std::vector<std::string> disabled_passes, size_t memory_limit = 0, int steps = 3,
+                                    std::vector<std::string> enabled_passes = {}) {
   AutocastGuard amp(PrecisionPolicy::parse(precision));
   SmallTraining t = small_training(model, device);
   compile::CompileOptions o(device.is_cuda() ? compile::Mode::ReduceOverhead : compile::Mode::Default);
   o.disabled_passes = std::move(disabled_passes);
+  o.enabled_passes = std::move(enabled_passes);
   o.memory_limit = memory_limit;
   CompiledSteps r;
   r.step = std::make_unique<compile::CompiledFunction>(compile::compile_train_step(*t.opt, t.loss, o));

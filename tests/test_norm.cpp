@@ -232,6 +232,39 @@ TEST(LayerNorm, Errors) {
       {"layer_norm", "normalized_ndim 4", "(2, 3, 4)"});
 }
 
+// The fused ops' 16-bit operands (a GEMM's result read as its widening): only with an f32 x, of x's
+// shape, and a dropped addend stays f32.
+TEST(LayerNorm, FusedOpsSixteenBitOperandErrors) {
+  const Attrs a = Attrs().set("eps", 1e-5).set("normalized_ndim", 1).set("dtype", DType::bf16);
+  Tensor x = random({2, 8}, DType::f32, 17), w = random({8}, DType::f32, 18);
+  expect_error(
+      [&] {
+        dispatch(OpKind::LayerNormCast, {x, w, Tensor(), random({2, 4}, DType::bf16, 19)}, a);
+      },
+      {"layer_norm_cast", "addend", "(2, 4) bf16", "(2, 8)"});
+  expect_error(
+      [&] {
+        Attrs d = Attrs(a).set("dropout_p", 0.1).set("dropout_seed", 1).set("dropout_offset", 0);
+        dispatch(OpKind::LayerNormCast, {x, w, Tensor(), random({2, 8}, DType::bf16, 19)}, d);
+      },
+      {"layer_norm_cast", "addend", "(2, 8) bf16", "dropout", "f32"});
+  std::vector<Tensor> f =
+      dispatch(OpKind::LayerNorm, {x, w, Tensor()}, Attrs().set("eps", 1e-5).set("normalized_ndim", 1));
+  expect_error(
+      [&] {
+        dispatch(OpKind::LayerNormBackwardAdd, {random({2, 4}, DType::bf16, 20), x, w, f[1], f[2], Tensor()});
+      },
+      {"layer_norm_backward_add", "gradient", "(2, 4) bf16", "(2, 8) f32"});
+  Tensor x64 = random({2, 8}, DType::f64, 21), w64 = random({8}, DType::f64, 22);
+  std::vector<Tensor> f64 =
+      dispatch(OpKind::LayerNorm, {x64, w64, Tensor()}, Attrs().set("eps", 1e-5).set("normalized_ndim", 1));
+  expect_error(
+      [&] {
+        dispatch(OpKind::LayerNormBackwardAdd, {random({2, 8}, DType::bf16, 23), x64, w64, f64[1], f64[2], Tensor()});
+      },
+      {"layer_norm_backward", "gradient", "(2, 8) bf16", "f64"});
+}
+
 // ---------------------------------------------------------------- group norm
 
 TEST(GroupNorm, ForwardMatchesLoop4D) {

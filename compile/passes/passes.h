@@ -48,6 +48,7 @@ void fuse_norm_cast(Graph& g, PassStats& stats);          // layer_norm_cast
 void fuse_attention_cast(Graph& g, PassStats& stats);     // attention(_backward)_cast
 void store_gemm_bias_16bit(Graph& g, PassStats& stats);   // gemm_epilogue in 16 bits (store_gemm_16bit.cpp)
 void fuse_norm_backward_add(Graph& g, PassStats& stats);  // layer_norm_backward_add
+void read_layer_norm_16bit(Graph& g, PassStats& stats);   // layer norms reading a GEMM's 16-bit result
 void fuse_gemm_gelu(Graph& g, PassStats& stats);          // gemm_epilogue with GELU
 void read_norm_input_16bit(Graph& g, PassStats& stats);   // group/batch norms reading a 16-bit x (attr dtype)
 void write_norm_grad_16bit(Graph& g, PassStats& stats);   // batch_norm_backward writing a 16-bit dx (attr dx_dtype)

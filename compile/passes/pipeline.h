@@ -33,7 +33,7 @@ struct Pass {
   const char* what;  // one line for listings
   // Off unless asked for by name (PassOptions::enabled, REEL_PASSES=+name): a pass that computes the
   // right values but measured slower than the kernels it replaces, kept for study and for the work
-  // that makes it pay (pipeline.cpp says where it was measured).
+  // that makes it pay, or one whose GPU kernels have not yet run on a GPU (pipeline.cpp says which).
   bool on_by_default = true;
   // Off when the step has a memory limit (PassOptions::memory_limit): a pass that moves nodes earlier
   // and so could raise the live bytes the recompute step is asked to fit.

@@ -11,23 +11,88 @@
 // z must be an Internal buffer written once and read by nothing else, and the device must take the
 // 16-bit gemm_epilogue: with the f32 bias where it can (cuBLASLt on the H200 has no such kernel), or
 // else with the bias cast to 16 bits, as PyTorch's autocast rounds it (one cast per bias, made before
-// its first GEMM and reused until something writes the bias). Runs after gemm_epilogue and
-// attention_cast, before elementwise fusion (passes/pipeline.cpp).
+// its first GEMM and reused until something writes the bias: gemm_16bit_results.h, which
+// read_layer_norm_16bit.cpp shares). Runs after gemm_epilogue and attention_cast, before elementwise
+// fusion (passes/pipeline.cpp).
 #include <algorithm>
 #include <map>
 
+#include "compile/passes/gemm_16bit_results.h"
 #include "compile/passes/passes.h"
 #include "kernels/fused_expr.h"
 
 namespace reel::compile {
 
-namespace {
-
-// A node fuse_gemm_epilogue made from a 16-bit GEMM, autocast's cast to f32 and the bias add.
 bool is_16bit_gemm_bias_to_f32(const Node& n) {
   return is_gemm_bias(n) && n.inputs.size() == 3 && n.inputs[0] && n.inputs[1] && n.inputs[2] &&
          is_16bit(n.inputs[0]->dtype) && n.outputs.size() == 1 && n.outputs[0].dtype == DType::f32;
 }
+
+TensorRef Gemm16bitResults::cast_before(size_t i, const TensorRef& src, DType dtype) {
+  Buffer t;
+  t.id = int(g_.buffers.size());
+  t.kind = BufferKind::Internal;
+  t.nbytes = size_t(numel_of(src.shape)) * dtype_size(dtype);
+  t.device = g_.buffers[src.buffer].device;
+  TensorRef dst{t.id, src.shape, contiguous_strides(src.shape), 0, dtype};
+  g_.buffers.push_back(std::move(t));
+  casts_before_[i].push_back(Node{OpKind::Copy, Attrs(), {src}, {dst}, false, {}});
+  return dst;
+}
+
+bool Gemm16bitResults::write_16bit(size_t i, Why& why) {
+  Node& n = g_.nodes[i];
+  const TensorRef z = n.outputs[0];
+  const DType c = n.inputs[0]->dtype;
+  Buffer& zb = g_.buffers[z.buffer];
+  if (!why(internal_once(g_, u_, z) && is_contiguous(z) && z.offset == 0 && zb.nbytes >= z.nbytes() && zb.storage &&
+               !u_.readers[z.buffer].empty(),
+           "its f32 result is not a fresh contiguous buffer that is read"))
+    return false;
+  // cuBLASLt's answer for the 16-bit result (the traced block is large enough for a view of it),
+  // with the f32 bias or, where it has no such kernel, the bias cast to 16 bits as PyTorch's
+  // autocast does (views of the f32 blocks stand in for the 16-bit tensors in the query).
+  TensorRef z16 = z, bias = *n.inputs[2], bias16 = *n.inputs[2];
+  z16.dtype = bias16.dtype = c;
+  auto supported = [&](const TensorRef& b) {
+    Node q = n;
+    q.attrs.set("dtype", c);
+    q.inputs[2] = b;
+    q.outputs[0] = z16;
+    return call_supported(g_, q);
+  };
+  const bool f32_bias = supported(bias);
+  if (!why(f32_bias || (is_contiguous(bias) && supported(bias16)),
+           "the device's gemm_epilogue takes no 16-bit result here"))
+    return false;
+  if (!f32_bias) {
+    auto it = bias16_of_.find(bias.buffer);
+    bool reuse = it != bias16_of_.end();
+    for (int w : u_.writers[bias.buffer]) reuse = reuse && !(it->second.second <= w && w < int(i));
+    if (!reuse) {
+      const TensorRef cast = cast_before(i, bias, c);
+      it = bias16_of_.insert_or_assign(bias.buffer, std::make_pair(cast, int(i))).first;
+    }
+    n.inputs[2] = it->second.first;
+  }
+  zb.nbytes = z16.nbytes();
+  n.outputs[0] = z16;
+  n.attrs.set("dtype", c);
+  return true;
+}
+
+void Gemm16bitResults::insert_casts() {
+  std::vector<Node> out;
+  out.reserve(g_.nodes.size());
+  for (size_t i = 0; i < g_.nodes.size(); ++i) {
+    for (Node& c : casts_before_[i]) out.push_back(std::move(c));
+    out.push_back(std::move(g_.nodes[i]));
+  }
+  g_.nodes = std::move(out);
+  casts_before_.assign(g_.nodes.size(), {});
+}
+
+namespace {
 
 // How a node reads z's buffer, for store_gemm_bias_16bit.
 enum class Reader {
@@ -56,72 +121,24 @@ Reader reader_kind(const Node& r, const TensorRef& z, DType compute) {
 void store_gemm_bias_16bit(Graph& g, PassStats& stats) {
   (void)stats;  // no node goes; the casts inserted here are folded by elementwise fusion
   const BufferUses u = buffer_uses(g);
-  std::vector<std::vector<Node>> casts_before(g.nodes.size());
-  // The cast of `src` into a new Internal buffer of its shape (contiguous) in `dtype`.
-  auto cast_node = [&](const TensorRef& src, DType dtype, Device device) {
-    Buffer t;
-    t.id = int(g.buffers.size());
-    t.kind = BufferKind::Internal;
-    t.nbytes = size_t(numel_of(src.shape)) * dtype_size(dtype);
-    t.device = device;
-    TensorRef dst{t.id, src.shape, contiguous_strides(src.shape), 0, dtype};
-    g.buffers.push_back(std::move(t));
-    return Node{OpKind::Copy, Attrs(), {src}, {dst}, false, {}};
-  };
-  std::map<int, std::pair<TensorRef, int>> bias16_of;  // f32 bias buffer -> its 16-bit cast, made before node
+  Gemm16bitResults results(g, u);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
-    Node& n = g.nodes[i];
-    if (!is_16bit_gemm_bias_to_f32(n)) continue;
-    const TensorRef z = n.outputs[0];
-    const DType c = n.inputs[0]->dtype;
-    Buffer& zb = g.buffers[z.buffer];
-    if (!internal_once(g, u, z) || !is_contiguous(z) || z.offset != 0 || zb.nbytes < z.nbytes() || !zb.storage ||
-        u.readers[z.buffer].empty()) {
-      why_not("gemm_16bit", g, i, "16-bit storage", "its f32 result is not a fresh contiguous buffer that is read");
-      continue;
-    }
-    bool ok = true;
+    if (!is_16bit_gemm_bias_to_f32(g.nodes[i])) continue;
+    const TensorRef z = g.nodes[i].outputs[0];
+    const DType c = g.nodes[i].inputs[0]->dtype;
+    Why why;
     for (int k : u.readers[z.buffer]) {
-      ok = ok && k < int(g.nodes.size()) && k > int(i) && reader_kind(g.nodes[size_t(k)], z, c) != Reader::Other;
-      if (!ok) {
-        why_not("gemm_16bit", g, i, "16-bit storage",
-                k < int(g.nodes.size()) ? detail::cat(op_name(g.nodes[size_t(k)].op), " k", k, " reads the f32 result")
-                                        : std::string("the f32 result is a graph output"));
+      const bool known =
+          k < int(g.nodes.size()) && k > int(i) && reader_kind(g.nodes[size_t(k)], z, c) != Reader::Other;
+      if (!why(known, k < int(g.nodes.size())
+                          ? detail::cat(op_name(g.nodes[size_t(k)].op), " k", k, " reads the f32 result")
+                          : std::string("the f32 result is a graph output")))
         break;
-      }
     }
-    if (!ok) continue;
-    // cuBLASLt's answer for the 16-bit result (the traced block is large enough for a view of it),
-    // with the f32 bias or, where it has no such kernel, the bias cast to 16 bits as PyTorch's
-    // autocast does (views of the f32 blocks stand in for the 16-bit tensors in the query).
-    TensorRef z16 = z, bias = *n.inputs[2], bias16 = *n.inputs[2];
-    z16.dtype = bias16.dtype = c;
-    auto supported = [&](const TensorRef& b) {
-      Node q = n;
-      q.attrs.set("dtype", c);
-      q.inputs[2] = b;
-      q.outputs[0] = z16;
-      return call_supported(g, q);
-    };
-    const bool f32_bias = supported(bias);
-    if (!f32_bias && !(is_contiguous(bias) && supported(bias16))) {
-      why_not("gemm_16bit", g, i, "16-bit storage", "the device's gemm_epilogue takes no 16-bit result here");
+    if (!why.reason().empty() || !results.write_16bit(i, why)) {
+      why_not("gemm_16bit", g, i, "16-bit storage", why.reason());
       continue;
     }
-    if (!f32_bias) {
-      auto it = bias16_of.find(bias.buffer);
-      bool reuse = it != bias16_of.end();
-      for (int w : u.writers[bias.buffer]) reuse = reuse && !(it->second.second <= w && w < int(i));
-      if (!reuse) {
-        Node cast = cast_node(bias, c, g.buffers[bias.buffer].device);
-        it = bias16_of.insert_or_assign(bias.buffer, std::make_pair(cast.outputs[0], int(i))).first;
-        casts_before[i].push_back(std::move(cast));
-      }
-      n.inputs[2] = it->second.first;
-    }
-    zb.nbytes = z16.nbytes();
-    n.outputs[0] = z16;
-    n.attrs.set("dtype", c);
     std::vector<int> readers = u.readers[z.buffer];
     readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
     for (int k : readers) {
@@ -134,19 +151,11 @@ void store_gemm_bias_16bit(Graph& g, PassStats& stats) {
         in->dtype = c;
         if (kind == Reader::AttentionQkv) continue;
         // Elementwise: an f32 copy of what r reads, made just before r; r reads the copy.
-        Node cast = cast_node(*in, DType::f32, zb.device);
-        *in = cast.outputs[0];
-        casts_before[size_t(k)].push_back(std::move(cast));
+        *in = results.cast_before(size_t(k), *in, DType::f32);
       }
     }
   }
-  std::vector<Node> out;
-  out.reserve(g.nodes.size());
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    for (Node& c : casts_before[i]) out.push_back(std::move(c));
-    out.push_back(std::move(g.nodes[i]));
-  }
-  g.nodes = std::move(out);
+  results.insert_casts();
 }
 
 }  // namespace reel::compile

@@ -484,12 +484,20 @@ Tensor with_fused_dropout_mask(const KernelCall& c, const Tensor& v) {
   return out;
 }
 
+// t as f32: a 16-bit t widened (exactly) into a new tensor, an f32 t itself.
+Tensor widened(const Tensor& t) {
+  if (t.dtype() == DType::f32) return t;
+  Tensor w = cpu::scratch(t.shape(), DType::f32);
+  cpu::run_op(OpKind::Copy, {t}, {w});
+  return w;
+}
+
 // [s = x + addend [* mask]]  y = layer_norm(s, w, b)  y16 = y.to(dtype). in: x, w?, b?[, addend[, state]];
-// out: y16, mean, rstd[, s].
+// out: y16, mean, rstd[, s]. A 16-bit addend is added as its f32 widening.
 void layer_norm_cast_kernel(const KernelCall& c) {
   Tensor x = c.in[0];
   if (c.in.size() >= 4 && c.in[3].defined()) {
-    const Tensor addend = has_fused_dropout(c.attrs) ? with_fused_dropout_mask(c, c.in[3]) : c.in[3];
+    const Tensor addend = has_fused_dropout(c.attrs) ? with_fused_dropout_mask(c, c.in[3]) : widened(c.in[3]);
     cpu::run_op(OpKind::Add, {c.in[0], addend}, {c.out[3]});
     x = c.out[3];
   }
@@ -500,12 +508,13 @@ void layer_norm_cast_kernel(const KernelCall& c) {
 
 // out = layer_norm_backward(g, x, w, mean, rstd).dx + residual  [out16 = (out [* mask]).to(dtype)]
 // [sums (=|+=) column sums of out16]. in: g, x, w?, mean, rstd, residual[, sums_in][, state];
-// out: out, dw, db[, out16][, sums].
+// out: out, dw, db[, out16][, sums]. A 16-bit g (with an f32 x) is read as its f32 widening.
 void layer_norm_backward_add_kernel(const KernelCall& c) {
   const Tensor& x = c.in[1];
   const bool residual = c.in[5].defined();  // without one, out is dx itself
   Tensor dx = residual ? cpu::scratch(x.shape(), x.dtype()) : c.out[0];
-  cpu::run_op(OpKind::LayerNormBackward, {c.in[0], x, c.in[2], c.in[3], c.in[4]}, {dx, c.out[1], c.out[2]});
+  const Tensor g = x.dtype() == DType::f32 ? widened(c.in[0]) : c.in[0];
+  cpu::run_op(OpKind::LayerNormBackward, {g, x, c.in[2], c.in[3], c.in[4]}, {dx, c.out[1], c.out[2]});
   if (residual) cpu::run_op(OpKind::Add, {dx, c.in[5]}, {c.out[0]});
   if (!c.attrs.has("dtype")) return;
   cpu::run_op(OpKind::Copy, {has_fused_dropout(c.attrs) ? with_fused_dropout_mask(c, c.out[0]) : c.out[0]}, {c.out[3]});

@@ -13,7 +13,8 @@
 // dw and db are always produced; without w they are the gradients w = 1 would get.
 // Inputs of any strides are first made contiguous on the device; strided outputs are computed into
 // temporaries and copied (norm_common.cuh). The fused variants give the unfused chain's bits (the
-// column sums: up to f32 rounding, in a fixed order).
+// column sums: up to f32 rounding, in a fixed order). Their addend (forward) and g (backward) may be
+// 16-bit with f32 x, a GEMM's result read as its exact f32 widening (the bits of the f32 copy).
 //
 // Launch shapes, x viewed as (rows, cols):
 //   a team of threads per row, a warp (8 rows per 256-thread block) when cols <= 1024, else a
@@ -115,13 +116,26 @@ inline RowDropout row_dropout_of(const KernelCall& c) {
 // load of a row is in flight at once (norm.cu's generic kernels issue one 4-byte load per lane and
 // pass and wait on each). Same formulas; each lane sums its values in a different order than the generic
 // kernels, so the statistics may differ from theirs in the last bit.
+// A 16-bit operand (T = __nv_bfloat16 or __half: a GEMM's result that the norm reads as its f32
+// widening) is loaded 8 bytes a lane and widened exactly, to the same float4s.
 template <int K>
 struct VecRow {
   static constexpr int cols = 128 * K;
   __device__ static int64_t col(int i) { return 128 * i + 4 * (threadIdx.x % 32); }
-  __device__ static void load(float4 (&v)[K], const float* row) {
+  template <typename T>
+  __device__ static void load(float4 (&v)[K], const T* row) {
 #pragma unroll
-    for (int i = 0; i < K; ++i) v[i] = *reinterpret_cast<const float4*>(row + col(i));
+    for (int i = 0; i < K; ++i) {
+      if constexpr (std::is_same_v<T, float>) {
+        v[i] = *reinterpret_cast<const float4*>(row + col(i));
+      } else {
+        struct alignas(8) Four {
+          T v[4];
+        };
+        const Four f = *reinterpret_cast<const Four*>(row + col(i));
+        v[i] = float4{to_acc(f.v[0]), to_acc(f.v[1]), to_acc(f.v[2]), to_acc(f.v[3])};
+      }
+    }
   }
 };
 __device__ __forceinline__ float4 operator+(float4 a, float4 b) { return {a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w}; }
@@ -138,11 +152,12 @@ __device__ __forceinline__ void store4(O* p, float a, float b, float c, float d)
 template <typename F>
 __device__ __forceinline__ void for_each4(float4& v, F&& f) { f(v.x, 0), f(v.y, 1), f(v.z, 2), f(v.w, 3); }
 
-// The forward of layer_norm_fwd_rows_kernel (with its addend and sum_out) for f32 x.
-template <int K, typename O>
-__global__ void __launch_bounds__(256) layer_norm_fwd_vec_kernel(const float* x, const float* addend, float* sum_out,
-                                                                 const float* w, const float* b, O* y, float* mean,
-                                                                 float* rstd, int64_t rows, float eps, RowDropout drop) {
+// The forward of layer_norm_fwd_rows_kernel (with its addend and sum_out) for f32 x; the addend f32 or
+// 16-bit (Ad), widened as it is loaded.
+template <int K, typename O, typename Ad = float>
+__global__ void __launch_bounds__(256)
+    layer_norm_fwd_vec_kernel(const float* x, const Ad* addend, float* sum_out, const float* w, const float* b, O* y,
+                              float* mean, float* rstd, int64_t rows, float eps, RowDropout drop) {
   grid_dependency_wait();
   using Row = VecRow<K>;
   float4 wv[K], bv[K];
@@ -190,11 +205,11 @@ __global__ void __launch_bounds__(256) layer_norm_fwd_vec_kernel(const float* x,
 // part (gridDim.x, kSums, cols); layer_norm_param_finish_kernel adds the blocks' rows in a fixed order.
 // kSums 3 (16-bit dx16 only) also sums dx16's values per column (as f32, the 16-bit values exactly):
 // the bias gradient of the Linear whose output gradient dx16 is (compile/passes/fuse_norm_backward_add.cpp).
-template <int K, typename O, int kSums = 2>
-__global__ void __launch_bounds__(256) layer_norm_bwd_vec_kernel(const float* g, const float* x, const float* w,
-                                                                 const float* mean, const float* rstd,
-                                                                 const float* residual, float* dx, O* dx16,
-                                                                 float* part, int64_t rows, RowDropout drop) {
+// g is f32 or 16-bit (G: a GEMM's input gradient), widened as it is loaded.
+template <int K, typename O, int kSums = 2, typename G = float>
+__global__ void __launch_bounds__(256)
+    layer_norm_bwd_vec_kernel(const G* g, const float* x, const float* w, const float* mean, const float* rstd,
+                              const float* residual, float* dx, O* dx16, float* part, int64_t rows, RowDropout drop) {
   grid_dependency_wait();
   static_assert(kSums == 2 || (kSums == 3 && !std::is_same_v<O, float>), "the third sum is of the 16-bit copy");
   using Row = VecRow<K>;
@@ -316,13 +331,16 @@ __global__ void layer_norm_param_finish_kernel(const float* part, int64_t parts,
 }
 
 // Calls fn.template operator()<K>() when f32 rows of `cols` columns take the row-in-registers kernels
-// (cols = 128 K, K <= 8, every pointer 16-byte aligned, 8 bytes for 16-bit outputs); false otherwise.
+// (cols = 128 K, K <= 8, every f32 pointer (`wide`) 16-byte aligned, every 16-bit one (`narrow`) 8
+// bytes); false otherwise.
 template <typename Fn>
-bool visit_vec_row(int64_t cols, std::initializer_list<const void*> wide, const void* narrow, Fn&& fn) {
+bool visit_vec_row(int64_t cols, std::initializer_list<const void*> wide, std::initializer_list<const void*> narrow,
+                   Fn&& fn) {
   if (cols % 128 != 0 || cols / 128 < 1 || cols / 128 > 8) return false;
   for (const void* p : wide)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  if (reinterpret_cast<uintptr_t>(narrow) % 8 != 0) return false;
+  for (const void* p : narrow)
+    if (reinterpret_cast<uintptr_t>(p) % 8 != 0) return false;
   switch (cols / 128) {
     case 1: fn.template operator()<1>(); break;
     case 2: fn.template operator()<2>(); break;
@@ -494,7 +512,7 @@ void launch_layer_norm_fwd(const D* x, const D* addend, D* sum_out, const D* w, 
   if constexpr (std::is_same_v<D, float>) {
     const bool vec =
         rows > 0 && visit_vec_row(cols, {x, addend, sum_out, w, b, sizeof(O) == 4 ? y : nullptr},
-                                  sizeof(O) == 2 ? y : nullptr, [&]<int K>() {
+                                  {sizeof(O) == 2 ? y : nullptr}, [&]<int K>() {
                                     launch_kernel(layer_norm_fwd_vec_kernel<K, O>, grid_for((rows + 7) / 8), 256, 0, s,
                                                   x, addend, sum_out, w, b, y, mean, rstd, rows, eps, drop);
                                   });
@@ -531,24 +549,27 @@ int64_t param_chunks(int64_t rows, int64_t cols) {
 // (above) and the finish kernel that adds its blocks' partials; false, with nothing
 // launched, where those kernels do not apply (see visit_vec_row). With sums16 (cols, f32; dx16 given)
 // the same pass also sums dx16's values per column into it (added to it with `accumulate`).
-bool layer_norm_bwd_vec(const float* pg, const float* px, const float* pw, const float* pm, const float* pr,
+// g is f32 or 16-bit (G), widened as it is loaded.
+template <typename G>
+bool layer_norm_bwd_vec(const G* pg, const float* px, const float* pw, const float* pm, const float* pr,
                         const float* presidual, const Tensor& dx, const Tensor& dx16, const Tensor& dw,
                         const Tensor& db, const Tensor& sums16, bool accumulate, int64_t rows, int64_t cols,
                         cudaStream_t s, RowDropout drop) {
   if (rows == 0) return false;
+  constexpr bool g16 = !std::is_same_v<G, float>;
   auto run = [&]<typename O>(O* p16) {
     float* pdx = out_ptr<float>(dx);
-    return visit_vec_row(cols, {pg, px, pw, presidual, pdx}, p16, [&]<int K>() {
+    return visit_vec_row(cols, {g16 ? nullptr : pg, px, pw, presidual, pdx}, {p16, g16 ? pg : nullptr}, [&]<int K>() {
       auto launch = [&]<int kSums>() {
         // One wave of resident blocks (as many per SM as the kernel's registers allow, a row per warp
         // at most): every block adds one row of partials for the finish kernel to sum. A second wave
         // would leave the first wave's SMs idle while it runs (gpt-small's rows, 150 registers a
         // thread: one block per SM).
-        const int per_sm = resident_blocks_per_sm(layer_norm_bwd_vec_kernel<K, O, kSums>, 256);
+        const int per_sm = resident_blocks_per_sm(layer_norm_bwd_vec_kernel<K, O, kSums, G>, 256);
         const int64_t blocks = std::min<int64_t>((rows + 7) / 8, int64_t(per_sm) * multiprocessor_count(dx.device().index));
         Tensor part = workspace(sizeof(float) * size_t(blocks * kSums * cols), dx.device());
         float* pp = out_ptr<float>(part);
-        launch_kernel(layer_norm_bwd_vec_kernel<K, O, kSums>, unsigned(blocks), 256, 0, s, pg, px, pw, pm, pr,
+        launch_kernel(layer_norm_bwd_vec_kernel<K, O, kSums, G>, unsigned(blocks), 256, 0, s, pg, px, pw, pm, pr,
                       presidual, pdx, p16, pp, rows, drop);
         REEL_CUDA_LAUNCH_CHECK();
         launch_kernel(layer_norm_param_finish_kernel<kSums>, unsigned((cols + kFinishCols - 1) / kFinishCols),
@@ -556,18 +577,29 @@ bool layer_norm_bwd_vec(const float* pg, const float* px, const float* pw, const
                       kSums == 3 ? out_ptr<float>(sums16) : nullptr, accumulate);
         REEL_CUDA_LAUNCH_CHECK();
       };
-      if constexpr (std::is_same_v<O, float>) launch.template operator()<2>();
-      else if (sums16.defined()) launch.template operator()<3>();
-      else launch.template operator()<2>();
+      if constexpr (std::is_same_v<O, float>)
+        launch.template operator()<2>();
+      else if (sums16.defined())
+        launch.template operator()<3>();
+      else
+        launch.template operator()<2>();
     });
   };
   if (!dx16.defined()) return run(static_cast<float*>(nullptr));
   return dx16.dtype() == DType::bf16 ? run(out_ptr<__nv_bfloat16>(dx16)) : run(out_ptr<__half>(dx16));
 }
 
+// A 16-bit tensor's exact f32 widening, in a new contiguous tensor on its device.
+Tensor widened_on_device(const Tensor& t) {
+  Tensor w = Tensor::empty(t.shape(), DType::f32, t.device());
+  copy_on_device(w, t);
+  return w;
+}
+
 // dx (+ residual, when defined) into dx (and its 16-bit copy into dx16, when defined), and dw, db;
 // with sums16, dx16's column sums into it (added to it with `accumulate`). dx, dx16, dw, db, sums16
-// contiguous.
+// contiguous. g is of x's dtype, or 16-bit with an f32 x (read as its widening: by the
+// row-in-registers kernel as it loads, elsewhere through an f32 copy).
 void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w_in, const Tensor& mean_in,
                          const Tensor& rstd_in, const Tensor& residual_in, const Tensor& dx, const Tensor& dx16,
                          const Tensor& dw, const Tensor& db, const Tensor& sums16 = Tensor(),
@@ -579,6 +611,18 @@ void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w
   const int64_t rows = mean.numel(), cols = dw.numel();
   if (cols == 0) return;
   cudaStream_t s = stream_of(x);
+  if (g.dtype() != x.dtype()) {  // a 16-bit g for an f32 x (layer_norm_backward_add)
+    REEL_CHECK(x.dtype() == DType::f32 && (g.dtype() == DType::bf16 || g.dtype() == DType::f16),
+               "layer_norm_backward: gradient ", shape_str(g.shape()), " ", g.dtype(), " for x ", shape_str(x.shape()),
+               " ", x.dtype(), ": a gradient of another dtype than x's must be bf16/f16 with an f32 x");
+    auto vec = [&]<typename G>() {
+      return layer_norm_bwd_vec(in_ptr<G>(g), in_ptr<float>(x), in_ptr<float>(w), in_ptr<float>(mean),
+                                in_ptr<float>(rstd), in_ptr<float>(residual), dx, dx16, dw, db, sums16, accumulate,
+                                rows, cols, s, drop);
+    };
+    if (g.dtype() == DType::bf16 ? vec.template operator()<__nv_bfloat16>() : vec.template operator()<__half>()) return;
+    g = widened_on_device(g);
+  }
   visit_float(x.dtype(), "layer_norm_backward", [&]<typename D>() {
     using A = Acc<D>;
     const D *pg = in_ptr<D>(g), *px = in_ptr<D>(x);
@@ -628,17 +672,41 @@ void layer_norm_fwd_16(const Tensor& x_in, const Tensor& w_in, const Tensor& b_i
                  y16.is_contiguous() && mean.is_contiguous() && rstd.is_contiguous() && y16.numel() == x_in.numel(),
              "layer_norm_fwd_16: x ", shape_str(x_in.shape()), " ", x_in.dtype(), " into y ", shape_str(y16.shape()),
              " ", y16.dtype(), ": expects f32 x and a contiguous 16-bit y of its size");
+  const bool addend16 = addend_in.defined() && addend_in.dtype() != DType::f32;
   REEL_CHECK(addend_in.defined() == sum_out.defined() &&
-                 (!addend_in.defined() || (addend_in.shape() == x_in.shape() && addend_in.dtype() == DType::f32 &&
-                                           sum_out.shape() == x_in.shape() && sum_out.dtype() == DType::f32 &&
-                                           sum_out.is_contiguous())),
-             "layer_norm_fwd_16: addend ", shape_str(addend_in.shape()), " and sum ", shape_str(sum_out.shape()),
-             " must both be given, f32, of x's shape ", shape_str(x_in.shape()), " (the sum contiguous)");
+                 (!addend_in.defined() || (addend_in.shape() == x_in.shape() &&
+                                           (addend_in.dtype() == DType::f32 || addend_in.dtype() == DType::bf16 ||
+                                            addend_in.dtype() == DType::f16) &&
+                                           !(addend16 && drop.on) && sum_out.shape() == x_in.shape() &&
+                                           sum_out.dtype() == DType::f32 && sum_out.is_contiguous())),
+             "layer_norm_fwd_16: addend ", shape_str(addend_in.shape()), " ", addend_in.dtype(), " and sum ",
+             shape_str(sum_out.shape()), " must both be given, of x's shape ", shape_str(x_in.shape()),
+             " (the addend f32, or bf16/f16 without dropout; the sum f32 and contiguous)");
   Tensor x = contiguous_on_device(x_in), w = contiguous_on_device(w_in), b = contiguous_on_device(b_in);
   Tensor addend = contiguous_on_device(addend_in);
   const int64_t rows = mean.numel(), cols = rows ? x.numel() / rows : 0;
   if (rows == 0) return;
   auto launch = [&]<typename O>() {
+    if (addend16) {
+      // A 16-bit addend (a GEMM's result): the row-in-registers kernel widens it as it loads it;
+      // elsewhere it is widened into an f32 copy first.
+      const float *px = in_ptr<float>(x), *pw = in_ptr<float>(w), *pb = in_ptr<float>(b);
+      float* ps = out_ptr<float>(sum_out);
+      O* py = out_ptr<O>(y16);
+      auto vec = [&]<typename Ad>() {
+        const Ad* pa = in_ptr<Ad>(addend);
+        return visit_vec_row(cols, {px, pw, pb, ps}, {py, pa}, [&]<int K>() {
+          launch_kernel(layer_norm_fwd_vec_kernel<K, O, Ad>, grid_for((rows + 7) / 8), 256, 0, stream_of(x), px, pa, ps,
+                        pw, pb, py, out_ptr<float>(mean), out_ptr<float>(rstd), rows, float(eps), drop);
+        });
+      };
+      if (addend.dtype() == DType::bf16 ? vec.template operator()<__nv_bfloat16>()
+                                        : vec.template operator()<__half>()) {
+        REEL_CUDA_LAUNCH_CHECK();
+        return;
+      }
+      addend = widened_on_device(addend);
+    }
     launch_layer_norm_fwd<float, O>(in_ptr<float>(x), in_ptr<float>(addend),
                                     sum_out.defined() ? out_ptr<float>(sum_out) : nullptr, in_ptr<float>(w),
                                     in_ptr<float>(b), out_ptr<O>(y16), out_ptr<float>(mean), out_ptr<float>(rstd), rows,

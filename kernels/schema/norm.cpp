@@ -33,9 +33,13 @@
 //       [, dropout_p, dropout_seed, dropout_offset, dropout_state]
 //       -> y16 = layer_norm(s).to(dtype), mean, rstd[, s], s = x + addend (x alone without addend);
 //          with the dropout attrs, s = x + addend * mask, mask as dropout_mask draws it over x's shape
-//          (kernels/philox_args.h; state last when dropout_state). x, addend f32.
+//          (kernels/philox_args.h; state last when dropout_state). x f32; addend f32, or bf16/f16
+//          without dropout, read as its exact f32 widening (s = x + addend.to(f32)): a GEMM's 16-bit
+//          result, the residual branch (compile/passes/read_layer_norm_16bit.cpp).
 //   layer_norm_backward_add (g, x, w?, mean, rstd, residual?[, sums_in][, state])
 //       attrs [dtype[, column_sums[, accumulate]]][, dropout_*]
+//       g of x's dtype, or bf16/f16 with an f32 x, read as its exact f32 widening (a GEMM's 16-bit
+//       input gradient: compile/passes/read_layer_norm_16bit.cpp)
 //       -> out = layer_norm_backward(...).dx + residual (dx alone without a residual: a block's last
 //          norm, whose 16-bit copy and column sums still join it), dw, db[, out16 = (out [* mask]).to(dtype)]
 //          [, sums = column sums of out16 (+ sums_in with accumulate)]; the dropout mask (over x's
@@ -176,8 +180,12 @@ std::vector<TensorMeta> infer_layer_norm_cast(const std::vector<Tensor>& in, con
   std::vector<TensorMeta> out = infer_layer_norm({x, in[1], in[2]}, a);
   out[0].dtype = d;
   if (in.size() >= 4 && in[3].defined()) {
-    REEL_CHECK(in[3].shape() == x.shape() && in[3].dtype() == DType::f32, "layer_norm_cast: addend ",
-               schema::desc(in[3]), " must be f32 of x's shape ", shape_str(x.shape()));
+    const DType ad = in[3].dtype();
+    REEL_CHECK(in[3].shape() == x.shape() && (ad == DType::f32 || ad == DType::bf16 || ad == DType::f16),
+               "layer_norm_cast: addend ", schema::desc(in[3]), " must be f32 (or bf16/f16) of x's shape ",
+               shape_str(x.shape()));
+    REEL_CHECK(ad == DType::f32 || !dropout, "layer_norm_cast: addend ", schema::desc(in[3]),
+               " with dropout: a dropped addend must be f32");
     out.push_back(schema::meta_like(x));
   }
   REEL_CHECK(!dropout || (in.size() >= 4 && in[3].defined()), "layer_norm_cast: dropout applies to the addend, and there is none");
@@ -190,8 +198,15 @@ std::vector<TensorMeta> infer_layer_norm_backward_add(const std::vector<Tensor>&
   const bool sums = a.b("column_sums", false), accumulate = a.b("accumulate", false);
   const size_t inputs = (accumulate ? 7 : 6) + (a.b("dropout_state", false) ? 1 : 0);
   REEL_ASSERT(in.size() == inputs, "layer_norm_backward_add takes ", inputs, " inputs, got ", in.size());
-  std::vector<TensorMeta> out = infer_layer_norm_backward({in[0], in[1], in[2], in[3], in[4]}, a);
-  const Tensor &x = in[1], &r = in[5];
+  const Tensor &g = in[0], &x = in[1], &r = in[5];
+  // A 16-bit g with an f32 x is read as its exact widening: checked here, then x stands in for it
+  // (shape and dtype) in the plain op's checks.
+  const bool wide_g =
+      g.defined() && x.defined() && x.dtype() == DType::f32 && (g.dtype() == DType::bf16 || g.dtype() == DType::f16);
+  if (wide_g)
+    REEL_CHECK(g.shape() == x.shape(), "layer_norm_backward_add: gradient ", schema::desc(g), " does not match x ",
+               schema::desc(x));
+  std::vector<TensorMeta> out = infer_layer_norm_backward({wide_g ? x : g, in[1], in[2], in[3], in[4]}, a);
   REEL_CHECK(!r.defined() || (r.shape() == x.shape() && r.dtype() == x.dtype()), "layer_norm_backward_add: residual ",
              schema::desc(r), " must match x ", schema::desc(x));
   if (a.has("dtype")) out.push_back({x.shape(), cast_dtype(op, a), x.device()});

@@ -57,19 +57,45 @@ void add_layer_norm_cases(std::vector<OpTestCase>& cases) {
                            return e;
                          }});
   }
+  // The addend in 16 bits (a GEMM's result, compile/passes/read_layer_norm_16bit.cpp): added as its
+  // f32 widening. 40 columns take the generic kernels on CUDA (the addend widened first), 256 the
+  // row-in-registers ones (widened as they load it).
+  for (int64_t cols : {40, 256}) {
+    cases.push_back(
+        {.op = OpKind::LayerNormCast,
+         .name = "layer_norm_cast_residual_add_16bit_addend_6x" + std::to_string(cols),
+         .dtypes = k16Bit,
+         .make =
+             [cols](Device, DType t) {
+               Inputs in{randn_input({6, cols}, DType::f32, 205),
+                         randn_input({cols}, DType::f32, 206, Layout::contiguous, 0.5, 1.0),
+                         randn_input({cols}, DType::f32, 207, Layout::contiguous, 0.5), randn_input({6, cols}, t, 208)};
+               return OpCall{in, Attrs().set("eps", kEps).set("normalized_ndim", int64_t(1)).set("dtype", t)};
+             },
+         .reference =
+             [](const OpCall& c) {
+               Tensor x = run1(OpKind::Add, {c.inputs[0], cast(c.inputs[3], DType::f32)});
+               std::vector<Tensor> y = dispatch(OpKind::LayerNorm, {x, c.inputs[1], c.inputs[2]}, c.attrs);
+               return values_of({cast(y[0], c.attrs.dtype("dtype")), y[1], y[2], x});
+             }});
+  }
   // The backward: plain (any float dtype), with the 16-bit copy, with its column sums, and added to.
   struct Variant {
     const char* name;
     bool copy, sums, accumulate;
     bool residual = true;  // absent: a stack's last norm, its dx's copy and sums in the kernel all the same
     int64_t cols = 48;     // 128: the row-in-registers kernels on CUDA
+    bool g16 = false;      // g in the case's 16-bit dtype (a GEMM's input gradient), read as its widening
   };
   for (Variant v :
        {Variant{"", false, false, false}, Variant{"copy_", true, false, false},
         Variant{"copy_column_sums_", true, true, false}, Variant{"copy_column_sums_accumulate_", true, true, true},
         Variant{"no_residual_copy_", true, false, false, false},
         Variant{"no_residual_copy_column_sums_accumulate_", true, true, true, false},
-        Variant{"no_residual_copy_column_sums_", true, true, false, false, 128}}) {
+        Variant{"no_residual_copy_column_sums_", true, true, false, false, 128},
+        Variant{"16bit_grad_copy_column_sums_", true, true, false, true, 48, true},
+        Variant{"16bit_grad_copy_column_sums_accumulate_", true, true, true, true, 128, true},
+        Variant{"16bit_grad_no_residual_copy_", true, false, false, false, 128, true}}) {
     const int64_t C = v.cols;
     cases.push_back(
         {.op = OpKind::LayerNormBackwardAdd,
@@ -82,7 +108,7 @@ void add_layer_norm_cases(std::vector<OpTestCase>& cases) {
                       w = randn_input({C}, x_dtype, 212, Layout::contiguous, 0.5, 1.0);
                std::vector<Tensor> f = dispatch(OpKind::LayerNorm, {x, w, Tensor()},
                                                 Attrs().set("eps", kEps).set("normalized_ndim", int64_t(1)));
-               Inputs in{randn_input({5, C}, x_dtype, 213),
+               Inputs in{randn_input({5, C}, v.g16 ? t : x_dtype, 213),
                          x,
                          w,
                          f[1],
@@ -99,7 +125,9 @@ void add_layer_norm_cases(std::vector<OpTestCase>& cases) {
              },
          .reference =
              [v](const OpCall& c) {
-               std::vector<Tensor> b = dispatch(OpKind::LayerNormBackward, {c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4]});
+               const Tensor g = v.g16 ? cast(c.inputs[0], DType::f32) : c.inputs[0];
+               std::vector<Tensor> b =
+                   dispatch(OpKind::LayerNormBackward, {g, c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4]});
                Tensor out = v.residual ? run1(OpKind::Add, {b[0], c.inputs[5]}) : b[0];
                Expected e = values_of({out, b[1], b[2]});
                if (!v.copy) return e;
