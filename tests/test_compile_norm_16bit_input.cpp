@@ -181,17 +181,18 @@ TEST(CompileNorm16BitInput, Resnet18CifarStepEqualsTheUnrewrittenStepToTheBit) {
   EXPECT_LT(on.arena, off.arena);
 }
 
-// The norm_grad_16bit pass (compile/passes/write_norm_grad_16bit.cpp): a batch norm's backward writes
-// the 16-bit dx the convolution's backward reads, instead of an f32 dx and autocast's cast of it.
+// The norm_grad_16bit pass (compile/passes/write_norm_grad_16bit.cpp): a batch or group norm's
+// backward writes the 16-bit dx the convolution's backward reads, instead of an f32 dx and autocast's
+// cast of it.
 struct GradCensus {
-  int dx16 = 0;           // batch_norm_backward nodes writing a 16-bit dx (attr dx_dtype)
-  int casts_of_dx = 0;    // f32 -> 16-bit casts of a batch_norm_backward's dx
+  int dx16 = 0;         // batch/group_norm_backward nodes writing a 16-bit dx (attr dx_dtype)
+  int casts_of_dx = 0;  // f32 -> 16-bit casts of such a node's dx
 };
 GradCensus grad_census(const compile::Graph& g) {
   GradCensus c;
   std::vector<int> dx_of_norm(g.buffers.size(), 0);
   for (const compile::Node& n : g.nodes)
-    if (n.op == OpKind::BatchNormBackward) {
+    if (n.op == OpKind::BatchNormBackward || n.op == OpKind::GroupNormBackward) {
       c.dx16 += n.attrs.has("dx_dtype") ? 1 : 0;
       dx_of_norm[size_t(n.outputs[0].buffer)] = 1;
     }
@@ -211,19 +212,19 @@ void expect_norm_grad_16bit_equal_and_fewer(Device device) {
     // One rounding of the same f32 dx, in the kernel or by the cast: the same bits on either device.
     EXPECT_TRUE(testing_util::same_bits(on.losses, off.losses));
     EXPECT_TRUE(testing_util::same_bits(on.state, off.state)) << "parameters, running statistics, counters";
-    // The BatchNorm's backward in each of the 2 micro-batches (the GroupNorm's is not this pass's).
-    EXPECT_EQ(grad_census(on.graph).dx16, 2);
+    // The BatchNorm's and the GroupNorm's backward in each of the 2 micro-batches.
+    EXPECT_EQ(grad_census(on.graph).dx16, 4);
     EXPECT_EQ(grad_census(on.graph).casts_of_dx, 0);
-    EXPECT_EQ(grad_census(off.graph).casts_of_dx, 2);
-    EXPECT_EQ(off.graph.nodes.size() - on.graph.nodes.size(), 2u) << "one cast a micro-batch";
+    EXPECT_EQ(grad_census(off.graph).casts_of_dx, 4);
+    EXPECT_EQ(off.graph.nodes.size() - on.graph.nodes.size(), 4u) << "one cast a norm a micro-batch";
   }
 }
 
-TEST(CompileNormGrad16Bit, ConvNormStepEqualsTheUnrewrittenStepToTheBitWithACastFewer) {
+TEST(CompileNormGrad16Bit, ConvNormStepEqualsTheUnrewrittenStepToTheBitWithTwoCastsFewer) {
   expect_norm_grad_16bit_equal_and_fewer(Device::cpu());
 }
 
-TEST(CompileNormGrad16BitCuda, ConvNormStepEqualsTheUnrewrittenStepToTheBitWithACastFewer) {
+TEST(CompileNormGrad16BitCuda, ConvNormStepEqualsTheUnrewrittenStepToTheBitWithTwoCastsFewer) {
   REEL_REQUIRE_GPU();
   expect_norm_grad_16bit_equal_and_fewer(Device::cuda(0));
 }

@@ -44,7 +44,7 @@ const std::vector<Pass>& pipeline() {
       {"gemm_gelu", S::Fusion, fuse_gemm_gelu, "GELU in the epilogue of the GEMM before it"},
       {"norm_16bit_input", S::Fusion, read_norm_input_16bit, "group/batch norms reading a 16-bit x, not its f32 cast"},
       {"norm_grad_16bit", S::Fusion, write_norm_grad_16bit,
-       "batch-norm backward writing the 16-bit dx its convolution reads"},
+       "batch/group-norm backward writing the 16-bit dx its convolution reads"},
       // Before elementwise: the counters it gathers at the end are fused there.
       {"sink_updates", S::Fusion, sink_state_updates,
        "in-place updates of step state (counters) moved to the end, to fuse"},

@@ -1,6 +1,6 @@
-// Batch-norm backward writing the 16-bit gradient its convolution reads. Under autocast the
-// convolution before a batch norm takes its incoming gradient in 16 bits, so the backward is
-//   dx, dw, db = batch_norm_backward(g, x, w, mean, rstd)      (dx f32)
+// Batch- and group-norm backward writing the 16-bit gradient its convolution reads. Under autocast
+// the convolution before such a norm takes its incoming gradient in 16 bits, so the backward is
+//   dx, dw, db = batch_norm_backward(g, x, w, mean, rstd)      (dx f32; group_norm_backward alike)
 //   dx16 = copy(dx) to bf16/f16 (channels-last on the GPU)     ... conv2d_backward_input(dx16, ...)
 // and dx, 4 bytes an element, is written once and read once, by the cast. The norm can round dx
 // itself (attr dx_dtype, kernels/schema/norm.cpp) and write it straight into dx16's buffer in
@@ -51,7 +51,9 @@ void write_norm_grad_16bit(Graph& g, PassStats& stats) {
   const BufferUses u = buffer_uses(g);
   fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
     const Node& n = g.nodes[i];
-    if (n.op != OpKind::BatchNormBackward || n.attrs.has("dx_dtype") || n.outputs[0].dtype != DType::f32) return;
+    if ((n.op != OpKind::BatchNormBackward && n.op != OpKind::GroupNormBackward) || n.attrs.has("dx_dtype") ||
+        n.outputs[0].dtype != DType::f32)
+      return;
     Why why;
     const int k = grad_cast(g, u, i, why);
     if (k < 0 || drop[size_t(k)]) return why_not(kPass, g, i, "the cast of dx", why.reason());
@@ -61,7 +63,8 @@ void write_norm_grad_16bit(Graph& g, PassStats& stats) {
     if (m.fused.empty()) m.fused.push_back(op_name(n.op));
     m.fused.push_back("copy");
     if (!call_supported(g, m))
-      return why_not(kPass, g, i, "the cast of dx", "the device's batch_norm_backward does not write this dx");
+      return why_not(kPass, g, i, "the cast of dx",
+                     std::string("the device's ") + op_name(n.op) + " does not write this dx");
     g.nodes[i] = std::move(m);
     drop[size_t(k)] = true;
     stats.fused += 1;

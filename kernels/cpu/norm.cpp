@@ -17,8 +17,8 @@
 // compiler sets: schema/norm.cpp): x is widened to f32 through the copy kernel, exactly, and the f32
 // kernel runs, so the results are the bits of x.to(f32) through the f32 op.
 //
-// batch_norm_backward with attr dx_dtype (bf16/f16): the f32 kernel into an f32 dx, then the copy
-// kernel's rounding into the 16-bit one: the bits of the two ops it stands for.
+// group_norm_backward and batch_norm_backward with attr dx_dtype (bf16/f16): the f32 kernel into an f32 dx, then the
+// copy kernel's rounding into the 16-bit one: the bits of the two ops it stands for.
 //
 // dropout: element i (row-major) is kept iff philox_uniform(seed, offset, i) >= float(p) (the Philox
 // convention of tensor/rng.h, shared with the CUDA kernel); mask = kept ? 1/(1-p) : 0 rounded to x's
@@ -426,10 +426,10 @@ void batch_norm_bwd_kernel(const KernelCall& c) {
   });
 }
 
-// dx in attr dx_dtype: the f32 op, then the cast.
-void batch_norm_bwd_16bit_dx_kernel(const KernelCall& c) {
+// A group or batch norm's backward with dx in attr dx_dtype: the f32 kernel, then the cast.
+void norm_bwd_16bit_dx(const KernelCall& c, KernelFn f32_kernel) {
   const std::vector<Tensor> out{cpu::scratch(c.out[0].shape(), c.out[1].dtype()), c.out[1], c.out[2]};
-  cpu::run_into_contiguous(KernelCall{c.op, c.in, out, c.attrs}, batch_norm_bwd_kernel);
+  cpu::run_into_contiguous(KernelCall{c.op, c.in, out, c.attrs}, f32_kernel);
   cpu::run_op(OpKind::Copy, {out[0]}, {c.out[0]});
 }
 
@@ -535,10 +535,13 @@ void register_norm_cpu_kernels() {
   register_kernel(cpu, OpKind::LayerNorm, [](const KernelCall& c) { cpu::run_into_contiguous(c, layer_norm_fwd_kernel); });
   register_kernel(cpu, OpKind::LayerNormBackward, [](const KernelCall& c) { cpu::run_into_contiguous(c, layer_norm_bwd_kernel); });
   register_kernel(cpu, OpKind::GroupNorm, [](const KernelCall& c) { cpu::run_into_contiguous(c, group_norm_fwd_kernel); });
-  register_kernel(cpu, OpKind::GroupNormBackward, [](const KernelCall& c) { cpu::run_into_contiguous(c, group_norm_bwd_kernel); });
+  register_kernel(cpu, OpKind::GroupNormBackward, [](const KernelCall& c) {
+    if (c.attrs.has("dx_dtype")) return norm_bwd_16bit_dx(c, group_norm_bwd_kernel);
+    cpu::run_into_contiguous(c, group_norm_bwd_kernel);
+  });
   register_kernel(cpu, OpKind::BatchNorm, [](const KernelCall& c) { cpu::run_into_contiguous(c, batch_norm_fwd_kernel); });
   register_kernel(cpu, OpKind::BatchNormBackward, [](const KernelCall& c) {
-    if (c.attrs.has("dx_dtype")) return batch_norm_bwd_16bit_dx_kernel(c);
+    if (c.attrs.has("dx_dtype")) return norm_bwd_16bit_dx(c, batch_norm_bwd_kernel);
     cpu::run_into_contiguous(c, batch_norm_bwd_kernel);
   });
   register_kernel(cpu, OpKind::Dropout, [](const KernelCall& c) { cpu::run_into_contiguous(c, dropout_fwd_kernel); });

@@ -9,10 +9,14 @@
 // for a plain call, X bf16/f16 with D = float for a 16-bit x read as f32 (attr dtype = f32,
 // schema/norm.cpp), which to_acc widens exactly: the bits of x.to(f32) through the f32 kernels.
 //
-// Launch shapes: x viewed as (N, G, C/G, S): a 256-thread block per (n, group), whose C/G * S values
-// are contiguous. Backward: each warp reduces whole channels of its group (sum_s g xhat, sum_s g)
-// into (N, C) per-sample partials, the block combines them into mean(gw), mean(gw xhat) for dx, and
-// the norms' stage-2 kernel (norm_common.cuh) sums the partials over N into dw, db.
+// Launch shapes: x viewed as (N, G, C/G, S): a 256-thread block per (n, group). Backward: each warp
+// reduces whole channels of its group (sum_s g xhat, sum_s g) into (N, C) per-sample partials, the
+// block combines them into mean(gw), mean(gw xhat) for dx, and the norms' stage-2 kernel
+// (norm_common.cuh) sums the partials over N into dw, db.
+// Layouts: x, g and dx are each (N, C, S)-contiguous or dense channels-last (a convolution's result
+// and gradient under autocast on the GPU, NHWC), read and written where they lie (SetLayout) rather
+// than through a transposing copy. The threads walk a set in (N, C, S) order whatever the layout, so
+// every sum is taken in one order and the bits do not depend on the layout.
 #include <cstdint>
 
 #include "kernels/cuda/cuda_registry.h"
@@ -26,22 +30,35 @@ using namespace norm_detail;
 
 constexpr int kSetThreads = 256;
 
-// x, y: (N, G, Cg, S), one set (n, group) = Cg * S contiguous values; w, b: (C = G Cg) or null;
+// Where element i of set `set` (n, group) lies in an (N, C, S) operand, i = k S + s running over the
+// set's Cg channels k and each one's S positions s: at set Cg S + i when (N, C, S)-contiguous, at
+// (n S + s) C + group Cg + k when channels-last.
+struct SetLayout {
+  int64_t G, Cg, S;
+  bool channels_last;
+  __device__ int64_t at(int64_t set, int64_t i) const {
+    if (!channels_last) return set * Cg * S + i;
+    const int64_t k = i / S, s = i - k * S, n = set / G;
+    return (n * S + s) * (G * Cg) + (set - n * G) * Cg + k;
+  }
+};
+
+// x (layout Lx), y (N, C, S)-contiguous: sets (n, group) of Cg * S values; w, b: (C = G Cg) or null;
 // mean, rstd: (N, G). One block per set.
 template <typename X, typename D, typename A = Acc<D>>
-__global__ void group_norm_fwd_kernel(const X* x, const D* w, const D* b, D* y, A* mean, A* rstd, int64_t sets,
-                                      int64_t G, int64_t Cg, int64_t S, A eps) {
+__global__ void group_norm_fwd_kernel(const X* x, SetLayout Lx, const D* w, const D* b, D* y, A* mean, A* rstd,
+                                      int64_t sets, A eps) {
   grid_dependency_wait();
-  const int64_t len = Cg * S;
+  const int64_t G = Lx.G, Cg = Lx.Cg, S = Lx.S, len = Cg * S;
   for (int64_t set = blockIdx.x; set < sets; set += gridDim.x) {
-    const X* xs = x + set * len;
     D* ys = y + set * len;
+    auto xv = [&](int64_t i) { return to_acc(x[Lx.at(set, i)]); };
     A s = 0;
-    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) s += to_acc(xs[i]);
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) s += xv(i);
     const A mu = block_sum(s) / A(len);
     A q = 0;
     for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
-      A d = to_acc(xs[i]) - mu;
+      A d = xv(i) - mu;
       q += d * d;
     }
     const A rs = inv_std(block_sum(q) / A(len), eps);
@@ -53,33 +70,33 @@ __global__ void group_norm_fwd_kernel(const X* x, const D* w, const D* b, D* y, 
     for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
       const int64_t ch = ch0 + i / S;
       A scale = rs * (w ? to_acc(w[ch]) : A(1)), shift = (b ? to_acc(b[ch]) : A(0)) - mu * scale;
-      ys[i] = from_acc<D>(to_acc(xs[i]) * scale + shift);
+      ys[i] = from_acc<D>(xv(i) * scale + shift);
     }
   }
 }
 
-// g, x, dx: (N, G, Cg, S); w: (C) or null; mean, rstd: (N, G). One block per set (n, group); warp k
-// reduces channels k, k + warps, ... of the group over S. Writes dx and the per-sample channel sums
+// g, x, dx: (N, C, S) in layouts Lg, Lx, Ldx; w: (C) or null; mean, rstd: (N, G). One block per set
+// (n, group); warp k reduces channels k, k + warps, ... of the group over S. Writes dx (in O: D, or
+// 16 bits with attr dx_dtype, the f32 value rounded once) and the per-sample channel sums
 // ds = sum_s g xhat, dbias = sum_s g, both (N, C), which stage 2 sums over N.
-template <typename X, typename D, typename A = Acc<D>>
-__global__ void group_norm_bwd_kernel(const D* g, const X* x, const D* w, const A* mean, const A* rstd, D* dx, A* ds,
-                                      A* dbias, int64_t sets, int64_t G, int64_t Cg, int64_t S) {
+template <typename X, typename D, typename O = D, typename A = Acc<D>>
+__global__ void group_norm_bwd_kernel(const D* g, SetLayout Lg, const X* x, SetLayout Lx, const D* w, const A* mean,
+                                      const A* rstd, O* dx, SetLayout Ldx, A* ds, A* dbias, int64_t sets) {
   grid_dependency_wait();
-  const int64_t len = Cg * S;
+  const int64_t G = Lx.G, Cg = Lx.Cg, S = Lx.S, len = Cg * S;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   for (int64_t set = blockIdx.x; set < sets; set += gridDim.x) {
-    const D* gs = g + set * len;
-    const X* xs = x + set * len;
-    D* dxs = dx + set * len;
+    auto gv = [&](int64_t i) { return to_acc(g[Lg.at(set, i)]); };
+    auto xv = [&](int64_t i) { return to_acc(x[Lx.at(set, i)]); };
     const A mu = mean[set], rs = rstd[set];
     const int64_t ch0 = (set % G) * Cg;
     A s_gw = 0, s_gwx = 0;  // this warp's share of sum_k w_k sum_s g and sum_k w_k sum_s g xhat (lane 0)
     for (int64_t k = warp; k < Cg; k += warps) {
       A s_gx = 0, s_g = 0;
       for (int64_t i = k * S + lane; i < (k + 1) * S; i += 32) {
-        A gv = to_acc(gs[i]);
-        s_gx += gv * (to_acc(xs[i]) - mu) * rs;
-        s_g += gv;
+        const A gi = gv(i);
+        s_gx += gi * (xv(i) - mu) * rs;
+        s_g += gi;
       }
       s_gx = warp_sum(s_gx);
       s_g = warp_sum(s_g);
@@ -95,44 +112,80 @@ __global__ void group_norm_bwd_kernel(const D* g, const X* x, const D* w, const 
     const A mean_gw = block_sum(s_gw) / A(len), mean_gwx = block_sum(s_gwx) / A(len);
     for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
       const int64_t k = i / S;
-      A wk = w ? to_acc(w[ch0 + k]) : A(1), xh = (to_acc(xs[i]) - mu) * rs;
-      dxs[i] = from_acc<D>(rs * (to_acc(gs[i]) * wk - mean_gw - xh * mean_gwx));
+      A wk = w ? to_acc(w[ch0 + k]) : A(1), xh = (xv(i) - mu) * rs;
+      dx[Ldx.at(set, i)] = from_acc<O>(rs * (gv(i) * wk - mean_gw - xh * mean_gwx));
     }
   }
 }
 
+// A dense channels-last 4-D tensor that is not also (N, C, S)-contiguous (as when C or S is 1).
+bool is_channels_last_only(const Tensor& t) {
+  return t.defined() && t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(MemoryFormat::ChannelsLast);
+}
+
+// An operand read where it lies when (N, C, S)-contiguous or dense channels-last, else a contiguous copy.
+struct SetOperand {
+  Tensor t;
+  SetLayout layout;
+};
+SetOperand set_operand(const Tensor& v, int64_t G, const NCS& d) {
+  const bool cl = is_channels_last_only(v);
+  return {cl ? v : contiguous_on_device(v), {G, d.C / G, d.S, cl}};
+}
+
 void group_norm_fwd(const KernelCall& c) {
-  Tensor x = contiguous_on_device(c.in[0]), w = contiguous_on_device(c.in[1]), b = contiguous_on_device(c.in[2]);
-  const Tensor &y = c.out[0], &mean = c.out[1], &rstd = c.out[2];
-  const NCS d = ncs_of(x);
+  const NCS d = ncs_of(c.in[0]);
   const int64_t G = c.attrs.i("groups"), sets = d.N * G;
+  const SetOperand xo = set_operand(c.in[0], G, d);
+  Tensor w = contiguous_on_device(c.in[1]), b = contiguous_on_device(c.in[2]);
+  const Tensor &x = xo.t, &y = c.out[0], &mean = c.out[1], &rstd = c.out[2];
   if (sets == 0) return;
   visit_norm_input(x.dtype(), y.dtype(), "group_norm", [&]<typename X, typename D>() {
     using A = Acc<D>;
-    launch_kernel(group_norm_fwd_kernel<X, D>, grid_for(sets), kSetThreads, 0, stream_of(x), in_ptr<X>(x), in_ptr<D>(w),
-                  in_ptr<D>(b), out_ptr<D>(y), out_ptr<A>(mean), out_ptr<A>(rstd), sets, G, d.C / G, d.S,
+    launch_kernel(group_norm_fwd_kernel<X, D>, grid_for(sets), kSetThreads, 0, stream_of(x), in_ptr<X>(x), xo.layout,
+                  in_ptr<D>(w), in_ptr<D>(b), out_ptr<D>(y), out_ptr<A>(mean), out_ptr<A>(rstd), sets,
                   A(c.attrs.f("eps")));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }
 
+// Calls fn.template operator()<O>() with O the device type of dx: D's own, or bf16/f16 with attr
+// dx_dtype (D = float then; the schema allows nothing else).
+template <typename D, typename Fn>
+void visit_dx(DType dx, DType d, Fn&& fn) {
+  if (dx == d) return fn.template operator()<D>();
+  if constexpr (std::is_same_v<D, float>) {
+    if (dx == DType::bf16) return fn.template operator()<__nv_bfloat16>();
+    if (dx == DType::f16) return fn.template operator()<__half>();
+  }
+  throw Error(detail::cat("group_norm_backward: dx of dtype ", dtype_name(dx), " with outputs of dtype ", dtype_name(d),
+                          " is not supported"));
+}
+
+// dx is (N, C, S)-contiguous, or dense channels-last (the 16-bit gradient a channels-last
+// convolution's backward reads, with attr dx_dtype), written where it lies.
 void group_norm_bwd(const KernelCall& c) {
-  Tensor g = contiguous_on_device(c.in[0]), x = contiguous_on_device(c.in[1]), w = contiguous_on_device(c.in[2]);
+  const NCS d = ncs_of(c.in[1]);
+  const int64_t N = d.N, C = d.C, G = c.attrs.i("groups"), sets = N * G;
+  const SetOperand go = set_operand(c.in[0], G, d), xo = set_operand(c.in[1], G, d);
+  const Tensor &g = go.t, &x = xo.t, w = contiguous_on_device(c.in[2]);
   Tensor mean = contiguous_on_device(c.in[3]), rstd = contiguous_on_device(c.in[4]);
   const Tensor &dx = c.out[0], &dw = c.out[1], &db = c.out[2];
-  const NCS d = ncs_of(x);
-  const int64_t N = d.N, C = d.C, S = d.S, G = c.attrs.i("groups"), sets = N * G;
+  const SetLayout Ldx{G, C / std::max<int64_t>(G, 1), d.S, is_channels_last_only(dx)};
   if (C == 0) return;
   cudaStream_t s = stream_of(x);
-  visit_norm_input(x.dtype(), dx.dtype(), "group_norm_backward", [&]<typename X, typename D>() {
+  visit_norm_input(x.dtype(), dw.dtype(), "group_norm_backward", [&]<typename X, typename D>() {
     using A = Acc<D>;
     // part: (2, N, C) = per-sample channel sums of g xhat, then of g.
     Tensor part = Tensor::empty({2, N, C}, mean.dtype(), x.device());
     A* pp = out_ptr<A>(part);
     if (sets > 0) {
-      launch_kernel(group_norm_bwd_kernel<X, D>, grid_for(sets), kSetThreads, 0, s, in_ptr<D>(g), in_ptr<X>(x),
-                    in_ptr<D>(w), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(dx), pp, pp + N * C, sets, G, C / G, S);
-      REEL_CUDA_LAUNCH_CHECK();
+      visit_dx<D>(dx.dtype(), dw.dtype(), [&]<typename O>() {
+        launch_kernel(group_norm_bwd_kernel<X, D, O>, grid_for(sets), kSetThreads, 0, s, in_ptr<D>(g), go.layout,
+                      in_ptr<X>(x), xo.layout, in_ptr<D>(w), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<O>(dx), Ldx, pp,
+                      pp + N * C, sets);
+        REEL_CUDA_LAUNCH_CHECK();
+      });
     }
     launch_kernel(norm_bwd_param_sum_kernel<D>, blocks_for(C), 256, 0, s, pp, pp + N * C, N, C, out_ptr<D>(dw),
                   out_ptr<D>(db));
@@ -151,8 +204,12 @@ void register_norm_cuda_kernels() {
   using cuda::norm_detail::run_into_contiguous;
   constexpr DeviceType gpu = DeviceType::CUDA;
   register_kernel(gpu, OpKind::GroupNorm, [](const KernelCall& c) { run_into_contiguous(c, cuda::group_norm_fwd); });
-  register_kernel(gpu, OpKind::GroupNormBackward,
-                  [](const KernelCall& c) { run_into_contiguous(c, cuda::group_norm_bwd); });
+  register_kernel(gpu, OpKind::GroupNormBackward, [](const KernelCall& c) {
+    // A channels-last dx is written where it lies; any other strided output through a temporary.
+    const bool direct = cuda::is_channels_last_only(c.out[0]) && c.out[1].is_contiguous() && c.out[2].is_contiguous();
+    if (direct) return cuda::group_norm_bwd(c);
+    run_into_contiguous(c, cuda::group_norm_bwd);
+  });
   register_layer_norm_cuda_kernels();
   register_batch_norm_cuda_kernels();
   register_dropout_cuda_kernels();

@@ -22,10 +22,10 @@
 //       as its exact f32 widening", the bits of x.to(f32) through the f32 op. Eager autograd never
 //       sets it; the compiler does, where a norm read autocast's f32 cast of a 16-bit convolution
 //       result (compile/passes/read_norm_input_16bit.cpp), so the step keeps x in 16 bits for the backward.
-//   batch_norm_backward also takes attr dx_dtype (bf16 | f16) with f32 outputs otherwise (x's own f32, or
-//       a 16-bit x with dtype = f32): dx is written in that dtype, the f32 dx rounded once, the bits of
-//       dx.to(dx_dtype). The compiler sets it where dx's one reader was that cast, the 16-bit gradient a
-//       convolution's backward reads (compile/passes/write_norm_grad_16bit.cpp).
+//   group and batch norm's backward also take attr dx_dtype (bf16 | f16) with f32 outputs otherwise
+//       (x's own f32, or a 16-bit x with dtype = f32): dx is written in that dtype, the f32 dx rounded
+//       once, the bits of dx.to(dx_dtype). The compiler sets it where dx's one reader was that cast, the
+//       16-bit gradient a convolution's backward reads (compile/passes/write_norm_grad_16bit.cpp).
 //   dropout (x[, state])                   attrs p in [0, 1], seed, offset (state: tensor/rng.h's PhiloxArgs)
 //       -> y (x.shape), mask (x.shape, x's dtype, values 0 or 1/(1-p); all 0 when p == 1)
 // Fused (the compiler writes them; kernels/ops.def):
@@ -251,6 +251,15 @@ std::vector<TensorMeta> infer_group_norm(const std::vector<Tensor>& in, const At
   return {{x.shape(), d, x.device()}, {stats, st, x.device()}, {stats, st, x.device()}};
 }
 
+// The dtype of a group or batch norm's dx: d (the outputs' dtype), or attr dx_dtype, 16 bits from f32.
+DType dx_dtype_of(OpKind op, const Attrs& a, DType d) {
+  if (!a.has("dx_dtype")) return d;
+  const DType dx = a.dtype("dx_dtype");
+  REEL_CHECK((dx == DType::bf16 || dx == DType::f16) && d == DType::f32, op_name(op), ": dx_dtype ", dtype_name(dx),
+             " with outputs of dtype ", dtype_name(d), ": dx is written in bf16/f16 only, from an f32 computation");
+  return dx;
+}
+
 std::vector<TensorMeta> infer_group_norm_backward(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::GroupNormBackward;
   schema::expect_inputs(op, in, 5);
@@ -264,7 +273,7 @@ std::vector<TensorMeta> infer_group_norm_backward(const std::vector<Tensor>& in,
   expect_param(op, in[2], x, channels, "weight", d);
   expect_stat(op, in[3], x, {x.shape()[0], G}, "mean");
   expect_stat(op, in[4], x, {x.shape()[0], G}, "rstd");
-  return {{x.shape(), d, x.device()}, {channels, d, x.device()}, {channels, d, x.device()}};
+  return {{x.shape(), dx_dtype_of(op, a, d), x.device()}, {channels, d, x.device()}, {channels, d, x.device()}};
 }
 
 void expect_running_stat(const Tensor& r, const Tensor& x, const char* what) {
@@ -316,14 +325,7 @@ std::vector<TensorMeta> infer_batch_norm_backward(const std::vector<Tensor>& in,
   expect_param(op, in[2], x, channels, "weight", d);
   expect_stat(op, in[3], x, channels, "save_mean");
   expect_stat(op, in[4], x, channels, "save_rstd");
-  DType dx = d;
-  if (a.has("dx_dtype")) {
-    dx = a.dtype("dx_dtype");
-    REEL_CHECK((dx == DType::bf16 || dx == DType::f16) && d == DType::f32, op_name(op), ": dx_dtype ",
-               dtype_name(dx), " with outputs of dtype ", dtype_name(d),
-               ": dx is written in bf16/f16 only, from an f32 computation");
-  }
-  return {{x.shape(), dx, x.device()}, {channels, d, x.device()}, {channels, d, x.device()}};
+  return {{x.shape(), dx_dtype_of(op, a, d), x.device()}, {channels, d, x.device()}, {channels, d, x.device()}};
 }
 
 std::vector<TensorMeta> infer_dropout(const std::vector<Tensor>& in, const Attrs& a) {

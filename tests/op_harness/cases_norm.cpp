@@ -160,10 +160,13 @@ void add_layer_and_group_norm_cases(std::vector<OpTestCase>& cases) {
   // x near 100 with spread 0.1: a one-pass variance would cancel; 16-bit types cannot hold the spread.
   add_norm_pair(cases, Norm{"large_mean_3x8", {3, 8}, L::contiguous, 1, true, true, false, 100.0}, true,
                 {DType::f32, DType::f64});
-  for (const Norm& n : {Norm{"2x4x3_groups_2", {2, 4, 3}, L::contiguous, 2, true, true, true},
-                        Norm{"transposed_no_affine_2x6x2x2_groups_3", {2, 6, 2, 2}, L::transposed, 3, false, false, true},
-                        Norm{"strided_weight_only_3x4_groups_1", {3, 4}, L::strided, 1, true, false, true},
-                        Norm{"channels_last_2x4x3x3_groups_4", {2, 4, 3, 3}, L::channels_last, 4, true, true, false}})
+  for (const Norm& n :
+       {Norm{"2x4x3_groups_2", {2, 4, 3}, L::contiguous, 2, true, true, true},
+        Norm{"transposed_no_affine_2x6x2x2_groups_3", {2, 6, 2, 2}, L::transposed, 3, false, false, true},
+        Norm{"strided_weight_only_3x4_groups_1", {3, 4}, L::strided, 1, true, false, true},
+        Norm{"channels_last_2x4x3x3_groups_4", {2, 4, 3, 3}, L::channels_last, 4, true, true, false},
+        // Sets of several channels and positions, read where they lie on the GPU.
+        Norm{"channels_last_4x32x8x8_groups_4", {4, 32, 8, 8}, L::channels_last, 4, true, true, false}})
     add_norm_pair(cases, n, false, kFloatTypes);
 }
 
@@ -300,13 +303,16 @@ void add_widened_cases(std::vector<OpTestCase>& cases) {
   // The outputs are f32: f32's tolerance, whichever 16-bit dtype x has (the scale is f16's to f32's,
   // so bf16 runs get 6x that).
   const double f32_tol = tolerance(DType::f32) / tolerance(DType::f16);
-  for (const Widened& v : {Widened{"train_running_stats_4x3x2x2", {4, 3, 2, 2}, L::contiguous, true, true, true, true},
-                           Widened{"train_channels_last_no_affine_2x4x3x3", {2, 4, 3, 3}, L::channels_last, true, true, false, false},
-                           // x channels-last, g transposed: the GPU's tiles read each in its own layout.
-                           Widened{"train_channels_last_4x33x16x17", {4, 33, 16, 17}, L::channels_last, true, true, true, true},
-                           Widened{"eval_strided_3x5", {3, 5}, L::strided, true, false, true, true},
-                           Widened{"channels_last_2x4x3x3_groups_2", {2, 4, 3, 3}, L::channels_last, false, true, true, false, 2},
-                           Widened{"no_affine_3x6x5_groups_3", {3, 6, 5}, L::contiguous, false, true, false, false, 3}}) {
+  for (const Widened& v :
+       {Widened{"train_running_stats_4x3x2x2", {4, 3, 2, 2}, L::contiguous, true, true, true, true},
+        Widened{"train_channels_last_no_affine_2x4x3x3", {2, 4, 3, 3}, L::channels_last, true, true, false, false},
+        // x channels-last, g transposed: the GPU's tiles read each in its own layout.
+        Widened{"train_channels_last_4x33x16x17", {4, 33, 16, 17}, L::channels_last, true, true, true, true},
+        Widened{"eval_strided_3x5", {3, 5}, L::strided, true, false, true, true},
+        Widened{"channels_last_2x4x3x3_groups_2", {2, 4, 3, 3}, L::channels_last, false, true, true, false, 2},
+        Widened{"no_affine_3x6x5_groups_3", {3, 6, 5}, L::contiguous, false, true, false, false, 3},
+        // cnn-small's group norms: 16 channels of 8 x 8 positions a set.
+        Widened{"channels_last_4x128x8x8_groups_8", {4, 128, 8, 8}, L::channels_last, false, true, true, false, 8}}) {
     const OpKind op = v.batch ? OpKind::BatchNorm : OpKind::GroupNorm;
     const OpKind backward = v.batch ? OpKind::BatchNormBackward : OpKind::GroupNormBackward;
     cases.push_back({.op = op,
@@ -321,25 +327,38 @@ void add_widened_cases(std::vector<OpTestCase>& cases) {
                      .make = [v](Device, DType t) { return widened_backward_call(v, t); },
                      .tol_scale = f32_tol,
                      .reference = [backward](const OpCall& c) { return cast_then_f32(backward, c, 1); }});
-    if (!v.batch) continue;
     // dx written in 16 bits (attr dx_dtype, the case's dtype): the f32 dx rounded once. The 16-bit dx
-    // gets its dtype's tolerance (one ulp where the backends' f32 values round apart).
-    cases.push_back({.op = backward,
-                     .name = std::string(op_name(backward)) + "_16bit_x_and_dx_" + v.name,
-                     .dtypes = {DType::bf16, DType::f16},
-                     .make =
-                         [v](Device, DType t) {
-                           OpCall c = widened_backward_call(v, t);
-                           c.attrs.set("dx_dtype", t);
-                           return c;
-                         },
-                     .reference = [v](const OpCall& c) {
-                       // The f32 call (dx in f32), then dx rounded to the 16-bit dtype.
-                       Expected e = cast_then_f32(OpKind::BatchNormBackward, OpCall{c.inputs, Attrs().set("dtype", DType::f32).set("training", v.training)}, 1);
-                       const Tensor dx = Tensor::from_vector(e[0], {int64_t(e[0].size())});
-                       e[0] = host_values(dispatch(OpKind::Copy, {dx}, Attrs().set("dtype", c.attrs.dtype("dx_dtype")))[0]);
-                       return e;
-                     }});
+    // gets its dtype's tolerance (one ulp where the backends' f32 values round apart). With a
+    // channels-last x, dx is also given channels-last, as the compiled step hands it over (the
+    // convolution's gradient): the GPU's kernels write it where it lies.
+    for (bool given_dx : {false, true}) {
+      if (given_dx && v.layout != L::channels_last) continue;
+      cases.push_back(
+          {.op = backward,
+           .name =
+               std::string(op_name(backward)) + "_16bit_x_and_dx_" + (given_dx ? "into_channels_last_" : "") + v.name,
+           .dtypes = {DType::bf16, DType::f16},
+           .make =
+               [v, given_dx, backward](Device, DType t) {
+                 OpCall c = widened_backward_call(v, t);
+                 c.attrs.set("dx_dtype", t);
+                 if (!given_dx) return c;
+                 std::vector<TensorMeta> m = infer_outputs(backward, c.inputs, c.attrs);
+                 c.outputs = {Tensor::empty(m[0].shape, m[0].dtype, Device::cpu(), MemoryFormat::ChannelsLast),
+                              Tensor::empty(m[1].shape, m[1].dtype), Tensor::empty(m[2].shape, m[2].dtype)};
+                 return c;
+               },
+           .reference =
+               [v, backward](const OpCall& c) {
+                 // The f32 call (dx in f32), then dx rounded to the 16-bit dtype.
+                 Attrs a = Attrs().set("dtype", DType::f32);
+                 a = v.batch ? a.set("training", v.training) : a.set("groups", v.groups);
+                 Expected e = cast_then_f32(backward, OpCall{c.inputs, a}, 1);
+                 const Tensor dx = Tensor::from_vector(e[0], {int64_t(e[0].size())});
+                 e[0] = host_values(dispatch(OpKind::Copy, {dx}, Attrs().set("dtype", c.attrs.dtype("dx_dtype")))[0]);
+                 return e;
+               }});
+    }
   }
 }
 
