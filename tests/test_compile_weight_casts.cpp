@@ -19,16 +19,19 @@
 namespace reel {
 namespace {
 
-// A plan's weight casts: multi_tensor_cast nodes, the casts in them, the casts of a parameter left
-// alone; and its arenas' bytes.
+// A plan's weight casts: multi_tensor_cast nodes of parameters (not grad_casts' of weight gradients,
+// which read Internal buffers), the casts in them, the casts of a parameter left alone; and its
+// arenas' bytes.
 struct Census {
   size_t multi_casts = 0, casts_in_them = 0, parameter_casts = 0, arena = 0;
 };
 Census census(const compile::Plan& p) {
   Census c;
   for (const compile::Node& n : p.graph().nodes) {
-    c.multi_casts += n.op == OpKind::MultiTensorCast;
-    if (n.op == OpKind::MultiTensorCast) c.casts_in_them += n.inputs.size();
+    const bool weights = n.op == OpKind::MultiTensorCast && n.inputs[0] &&
+                         p.graph().buffers[n.inputs[0]->buffer].kind == compile::BufferKind::External;
+    c.multi_casts += weights;
+    if (weights) c.casts_in_them += n.inputs.size();
     c.parameter_casts += n.op == OpKind::Copy && n.inputs[0] &&
                          p.graph().buffers[n.inputs[0]->buffer].kind == compile::BufferKind::External;
   }

@@ -56,6 +56,7 @@ void write_norm_grad_16bit(Graph& g,
 void redraw_dropout_masks(Graph& g, PassStats& stats);    // dropout_mask where the mask is read
 void sink_state_updates(Graph& g, PassStats& stats);      // none: moves counters' updates together
 void write_results_into_grads(Graph& g, PassStats& stats);  // none: a producer writes the new gradient
+void fuse_grad_casts(Graph& g, PassStats& stats);           // multi_tensor_cast (into / added to gradients)
 void fuse_elementwise(Graph& g, PassStats& stats);        // fused_elementwise
 void fuse_elementwise_column_sums(Graph& g, PassStats& stats);  // fused_elementwise with column sums
 void fuse_optimizer(Graph& g, PassStats& stats);          // multi_tensor_adamw / multi_tensor_sgd

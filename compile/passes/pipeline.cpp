@@ -57,6 +57,10 @@ const std::vector<Pass>& pipeline() {
       // replaces (bench/RESULTS.md, "column sums in the elementwise kernel").
       {"elementwise_column_sums", S::Fusion, fuse_elementwise_column_sums,
        "bias gradients summed by the elementwise kernel that writes the gradient", /*on_by_default=*/false},
+      // After elementwise (its cast-and-add kernels), before optimizer (whose steps name the gradients).
+      {"grad_casts", S::Fusion, fuse_grad_casts,
+       "a micro-batch's 16-bit weight gradients cast into (or added to) the f32 gradients in one kernel",
+       /*on_by_default=*/true, /*under_memory_limit=*/false},
       {"optimizer", S::Fusion, fuse_optimizer, "a run of per-parameter updates as one multi-tensor kernel"},
       // Last: the casts left after the other passes (the GEMM epilogues' 16-bit biases among them).
       {"weight_casts", S::Fusion, fuse_weight_casts, "the step's casts of its weights as one multi-tensor kernel",

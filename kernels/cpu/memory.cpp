@@ -3,6 +3,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/cpu/compose.h"
 #include "kernels/cpu/dense_outputs.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
@@ -100,9 +101,18 @@ void concat_kernel(const KernelCall& c) {
   }
 }
 
-// Fused (kernels/ops.def): each y_i as the copy of x_i writes it, in order.
+// Fused (kernels/ops.def): each y_i as the copy of x_i writes it, in order; with accumulate, the copy
+// into a new tensor and then the add into y_i, as the two ops would run.
 void multi_tensor_cast_kernel(const KernelCall& c) {
-  for (size_t k = 0; k < c.in.size(); ++k) cpu::copy_strided(c.out[k], c.in[k]);
+  if (!c.attrs.b("accumulate", false)) {
+    for (size_t k = 0; k < c.in.size(); ++k) cpu::copy_strided(c.out[k], c.in[k]);
+    return;
+  }
+  for (size_t k = 0; k < c.out.size(); ++k) {
+    Tensor t = cpu::scratch(c.out[k].shape(), c.out[k].dtype());
+    cpu::copy_strided(t, c.in[k]);
+    cpu::run_op(OpKind::Add, {c.in[c.out.size() + k], t}, {c.out[k]});
+  }
 }
 
 }  // namespace

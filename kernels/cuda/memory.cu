@@ -55,7 +55,8 @@ constexpr int kTile = 32, kTileRows = 8;
 // dst + base, through `tile` (+1 column: a column read touches 32 different banks).
 template <typename D, typename S, typename Acc>
 __device__ __forceinline__ void transpose_tile(D* dst, const S* src, int64_t base, int64_t rows, int64_t cols,
-                                               int64_t r0, int64_t c0, Acc (&tile)[kTile][kTile + 1]) {
+                                               int64_t r0, int64_t c0, Acc (&tile)[kTile][kTile + 1],
+                                               bool accumulate = false) {
   for (int j = threadIdx.y; j < kTile; j += kTileRows) {
     const int64_t r = r0 + j, c = c0 + threadIdx.x;
     if (r < rows && c < cols) tile[j][threadIdx.x] = to_acc(src[base + r * cols + c]);
@@ -63,7 +64,11 @@ __device__ __forceinline__ void transpose_tile(D* dst, const S* src, int64_t bas
   __syncthreads();
   for (int j = threadIdx.y; j < kTile; j += kTileRows) {
     const int64_t c = c0 + j, r = r0 + threadIdx.x;
-    if (r < rows && c < cols) dst[base + c * rows + r] = from_acc<D>(tile[threadIdx.x][j]);
+    if (r < rows && c < cols) {
+      D& out = dst[base + c * rows + r];
+      out = accumulate ? from_acc<D>(to_acc(out) + to_acc(from_acc<D>(tile[threadIdx.x][j])))
+                       : from_acc<D>(tile[threadIdx.x][j]);
+    }
   }
 }
 
@@ -254,6 +259,8 @@ void concat_kernel(const KernelCall& c) {
 // transposed one: one tile), numbered from first_block[k]; physical (32, 8) blocks walk them with a
 // grid stride (multi_tensor_common.cuh). Every element is from_acc<D>(to_acc(x)), as the copy
 // kernels above write it: the bits of one copy per pair. Pairs of any other layout take the copy.
+// With accumulate (the table's flag) each element is added to what dst holds, in D's accumulation
+// type after the cast: the bits of the copy and then an add (a micro-batch's weight gradients).
 constexpr int kCastPairsPerLaunch = 48;
 constexpr int64_t kCastFlatChunk = int64_t(kTile) * kTile;
 
@@ -266,6 +273,7 @@ struct CastTable {
   int64_t first_block[kCastPairsPerLaunch + 1];  // first_block[count]: the launch's virtual blocks
   bool transposed[kCastPairsPerLaunch];
   int count = 0;
+  bool accumulate = false;
 };
 
 template <typename D, typename S>
@@ -281,27 +289,32 @@ __global__ void multi_tensor_cast_kernel(const __grid_constant__ CastTable table
     if (!table.transposed[k]) {
       const int64_t n = table.rows[k], begin = local * kCastFlatChunk;
       for (int64_t i = begin + t; i < begin + kCastFlatChunk && i < n; i += kTile * kTileRows)
-        dst[i] = from_acc<D>(to_acc(src[i]));
+        dst[i] = table.accumulate ? from_acc<D>(to_acc(dst[i]) + to_acc(from_acc<D>(to_acc(src[i]))))
+                                  : from_acc<D>(to_acc(src[i]));
       continue;  // uniform across the block: the transposed branch's barriers are not skipped by some
     }
     const int64_t rows = table.rows[k], cols = table.cols[k];
     const int64_t tiles_x = (cols + kTile - 1) / kTile, tiles_y = (rows + kTile - 1) / kTile;
     const int64_t z = local / (tiles_x * tiles_y), yx = local % (tiles_x * tiles_y);
-    transpose_tile(dst, src, z * rows * cols, rows, cols, (yx / tiles_x) * kTile, (yx % tiles_x) * kTile, tile);
+    transpose_tile(dst, src, z * rows * cols, rows, cols, (yx / tiles_x) * kTile, (yx % tiles_x) * kTile, tile,
+                   table.accumulate);
     __syncthreads();  // the tile is read before the next virtual block writes it
   }
 }
 
 // out[i] = in[i] cast to the outputs' dtype, each pair as one copy would write it. in: x0..xk, one
-// float dtype; out: y0..yk, one dtype.
+// float dtype; out: y0..yk, one dtype. With attr accumulate, in: (x0..xk, y0..yk) and out[i] += the
+// cast: only pairs the table takes (flat or a batched transpose: multi_tensor_cast_supported).
 void multi_tensor_cast_kernel_call(const KernelCall& c) {
   if (c.in.empty()) return;
   const Device dev = c.out[0].device();
+  const bool accumulate = c.attrs.b("accumulate", false);
   visit_dtype(c.out[0].dtype(), [&]<typename DT>() {
     visit_dtype(c.in[0].dtype(), [&]<typename ST>() {
       using D = Dev<DT>;
       using S = Dev<ST>;
       CastTable table;
+      table.accumulate = accumulate;
       auto flush = [&] {
         if (table.count == 0) return;
         launch_kernel(multi_tensor_cast_kernel<D, S>, multi_tensor_grid(dev.index, table.first_block[table.count]),
@@ -317,6 +330,9 @@ void multi_tensor_cast_kernel_call(const KernelCall& c) {
         const bool flat = dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape();
         const BatchedTranspose bt = flat ? BatchedTranspose{} : as_batched_transpose(dst, src);
         if (!flat && !bt) {
+          REEL_CHECK(!accumulate, "multi_tensor_cast: accumulating ", shape_str(src.shape()), " strides ",
+                     shape_str(src.strides()), " into strides ", shape_str(dst.strides()),
+                     ": only flat pairs and batched transposes are added in place");
           copy_on_device(dst, src);  // another layout: the copy's own kernels, in order with the launches
           continue;
         }
@@ -335,6 +351,17 @@ void multi_tensor_cast_kernel_call(const KernelCall& c) {
       flush();
     });
   });
+}
+
+// Whether the kernel takes the call: with accumulate, every pair flat or a batched transpose.
+bool multi_tensor_cast_supported(const KernelCall& c) {
+  if (!c.attrs.b("accumulate", false)) return true;
+  for (size_t i = 0; i < c.out.size(); ++i) {
+    const Tensor &src = c.in[i], &dst = c.out[i];
+    const bool flat = dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape();
+    if (!flat && dst.numel() > 0 && !as_batched_transpose(dst, src)) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -384,6 +411,7 @@ void register_memory_cuda_kernels() {
   register_kernel(gpu, OpKind::Copy, cuda::copy_kernel);
   register_kernel(gpu, OpKind::Concat, cuda::concat_kernel);
   register_kernel(gpu, OpKind::MultiTensorCast, cuda::multi_tensor_cast_kernel_call);
+  register_supports(gpu, OpKind::MultiTensorCast, cuda::multi_tensor_cast_supported);
 }
 
 }  // namespace reel

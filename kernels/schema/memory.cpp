@@ -11,6 +11,10 @@
 //   multi_tensor_cast (x0..xk)   attr dtype   -> y0..yk, y_i = copy(x_i) to dtype: every x one float
 //                     dtype and device; fused: a compiled step's weight casts in one kernel
 //                     (compile/passes/fuse_weight_casts.cpp), each y as its copy writes it
+//                     attr accumulate: inputs (x0..xk, y0..yk), y_i += copy(x_i) to dtype in place (the
+//                     cast, then the add in dtype: the bits of an add of the copy), y_i of x_i's shape in
+//                     dtype: a micro-batch's convolution weight gradients added to the parameters'
+//                     gradients (compile/passes/fuse_grad_casts.cpp)
 #include "kernels/schema/schema_util.h"
 
 namespace reel {
@@ -73,14 +77,25 @@ std::vector<TensorMeta> infer_multi_tensor_cast(const std::vector<Tensor>& in, c
   REEL_CHECK(!in.empty(), "multi_tensor_cast: needs at least one tensor");
   const DType to = a.dtype("dtype");
   REEL_CHECK(is_floating(to), "multi_tensor_cast: dtype ", dtype_name(to), " is not a float dtype");
+  const bool accumulate = a.b("accumulate", false);
+  REEL_CHECK(!accumulate || in.size() % 2 == 0, "multi_tensor_cast: accumulate takes (x0..xk, y0..yk), got ", in.size(),
+             " inputs");
+  const size_t pairs = accumulate ? in.size() / 2 : in.size();
   std::vector<TensorMeta> out;
-  for (size_t k = 0; k < in.size(); ++k) {
+  for (size_t k = 0; k < pairs; ++k) {
     schema::expect_defined(op, in[k], "input");
     schema::expect_float(op, in[k]);
     REEL_CHECK(in[k].dtype() == in[0].dtype() && in[k].device() == in[0].device(), "multi_tensor_cast: input ", k,
                " is ", schema::desc(in[k]), " on ", in[k].device().str(), " but input 0 is ", schema::desc(in[0]),
                " on ", in[0].device().str(), " (one dtype and device for all)");
     out.push_back({in[k].shape(), to, in[k].device()});
+    if (!accumulate) continue;
+    const Tensor& y = in[pairs + k];
+    schema::expect_defined(op, y, "accumulated tensor");
+    REEL_CHECK(y.shape() == in[k].shape() && y.dtype() == to && y.device() == in[k].device(),
+               "multi_tensor_cast: accumulated tensor ", k, " is ", schema::desc(y), " on ", y.device().str(),
+               " but input ", k, " is ", schema::desc(in[k]), " cast to ", dtype_name(to), " on ",
+               in[k].device().str());
   }
   return out;
 }

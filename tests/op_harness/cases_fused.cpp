@@ -579,6 +579,32 @@ void add_multi_tensor_cast_cases(std::vector<OpTestCase>& cases) {
                          for (const Tensor& x : c.inputs) e.push_back(host_values(cast(x, c.attrs.dtype("dtype"))));
                          return e;
                        }});
+  // Accumulating (compile/passes/fuse_grad_casts.cpp): 16-bit weight gradients added to f32 gradients
+  // in place, a convolution's written channels-last (a batch of transposes on the GPU) and a flat one.
+  // Reference: the cast, then the add, per pair.
+  cases.push_back(
+      {.op = OpKind::MultiTensorCast,
+       .name = "multi_tensor_cast_accumulate_channels_last_flat",
+       .dtypes = {DType::bf16, DType::f16},
+       .make =
+           [](Device, DType t) {
+             Tensor g0 = randn_input({6, 5, 3, 3}, DType::f32, 246), g1 = randn_input({1037}, DType::f32, 247),
+                    g2 = randn_input({33, 4, 3, 3}, DType::f32, 248);
+             Inputs in{randn_input({6, 5, 3, 3}, t, 249, Layout::channels_last),
+                       randn_input({1037}, t, 250),
+                       randn_input({33, 4, 3, 3}, t, 251, Layout::channels_last),
+                       g0,
+                       g1,
+                       g2};
+             return OpCall{in, Attrs().set("dtype", DType::f32).set("accumulate", true), {g0, g1, g2}};
+           },
+       .reference =
+           [](const OpCall& c) {
+             Expected e;
+             for (size_t k = 0; k < 3; ++k)
+               e.push_back(host_values(run1(OpKind::Add, {copy_of(c.inputs[3 + k]), cast(c.inputs[k], DType::f32)})));
+             return e;
+           }});
 }
 
 }  // namespace
