@@ -314,19 +314,6 @@ void batch_norm_fwd(const KernelCall& c) {
   });
 }
 
-// Calls fn.template operator()<O>() with O the device type of dx: D's own, or bf16/f16 with attr
-// dx_dtype (D = float then; the schema allows nothing else).
-template <typename D, typename Fn>
-void visit_dx_type(DType dx, DType d, Fn&& fn) {
-  if (dx == d) return fn.template operator()<D>();
-  if constexpr (std::is_same_v<D, float>) {
-    if (dx == DType::bf16) return fn.template operator()<__nv_bfloat16>();
-    if (dx == DType::f16) return fn.template operator()<__half>();
-  }
-  throw Error(detail::cat("batch_norm_backward: dx of dtype ", dtype_name(dx), " with outputs of dtype ",
-                          dtype_name(d), " is not supported"));
-}
-
 // dx dense channels-last: written so by the tiles (it is the 16-bit gradient a channels-last
 // convolution's backward reads, with attr dx_dtype), not through a temporary.
 bool dx_channels_last(const Tensor& dx, const NCS& d) {
@@ -368,7 +355,7 @@ void batch_norm_bwd(const KernelCall& c) {
     REEL_CUDA_LAUNCH_CHECK();
     const int64_t total = x.numel();
     if (total == 0) return;
-    visit_dx_type<D>(dx.dtype(), dw.dtype(), [&]<typename O>() {
+    visit_dx_type<D>(dx.dtype(), dw.dtype(), "batch_norm_backward", [&]<typename O>() {
       if (tiled) {
         const int64_t P = d.N * d.S, tiles = (P + tile_pixels<A> - 1) / tile_pixels<A> * channel_tiles(d);
         launch_kernel(batch_norm_bwd_dx_tiled_kernel<X, D, O>, grid_for(tiles), dim3(kTile, kTileRows), 0, s, pg,

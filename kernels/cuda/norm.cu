@@ -149,19 +149,6 @@ void group_norm_fwd(const KernelCall& c) {
   });
 }
 
-// Calls fn.template operator()<O>() with O the device type of dx: D's own, or bf16/f16 with attr
-// dx_dtype (D = float then; the schema allows nothing else).
-template <typename D, typename Fn>
-void visit_dx(DType dx, DType d, Fn&& fn) {
-  if (dx == d) return fn.template operator()<D>();
-  if constexpr (std::is_same_v<D, float>) {
-    if (dx == DType::bf16) return fn.template operator()<__nv_bfloat16>();
-    if (dx == DType::f16) return fn.template operator()<__half>();
-  }
-  throw Error(detail::cat("group_norm_backward: dx of dtype ", dtype_name(dx), " with outputs of dtype ", dtype_name(d),
-                          " is not supported"));
-}
-
 // dx is (N, C, S)-contiguous, or dense channels-last (the 16-bit gradient a channels-last
 // convolution's backward reads, with attr dx_dtype), written where it lies.
 void group_norm_bwd(const KernelCall& c) {
@@ -180,7 +167,7 @@ void group_norm_bwd(const KernelCall& c) {
     Tensor part = Tensor::empty({2, N, C}, mean.dtype(), x.device());
     A* pp = out_ptr<A>(part);
     if (sets > 0) {
-      visit_dx<D>(dx.dtype(), dw.dtype(), [&]<typename O>() {
+      visit_dx_type<D>(dx.dtype(), dw.dtype(), "group_norm_backward", [&]<typename O>() {
         launch_kernel(group_norm_bwd_kernel<X, D, O>, grid_for(sets), kSetThreads, 0, s, in_ptr<D>(g), go.layout,
                       in_ptr<X>(x), xo.layout, in_ptr<D>(w), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<O>(dx), Ldx, pp,
                       pp + N * C, sets);

@@ -57,6 +57,19 @@ void visit_norm_input(DType x, DType d, const char* op, Fn&& fn) {
                           " is not supported (x in the outputs' dtype, or bf16/f16 x with f32 outputs)"));
 }
 
+// Calls fn.template operator()<O>() with O the device type of a group or batch norm backward's dx: D's
+// own, or bf16/f16 with attr dx_dtype (D = float then; the schema allows nothing else).
+template <typename D, typename Fn>
+void visit_dx_type(DType dx, DType d, const char* op, Fn&& fn) {
+  if (dx == d) return fn.template operator()<D>();
+  if constexpr (std::is_same_v<D, float>) {
+    if (dx == DType::bf16) return fn.template operator()<__nv_bfloat16>();
+    if (dx == DType::f16) return fn.template operator()<__half>();
+  }
+  throw Error(detail::cat(op, ": dx of dtype ", dtype_name(dx), " with outputs of dtype ", dtype_name(d),
+                          " is not supported"));
+}
+
 // Typed device pointers of a tensor; nullptr for an absent optional input.
 template <typename D>
 const D* in_ptr(const Tensor& t) {
