@@ -97,4 +97,11 @@ std::vector<int64_t> broadcast_strides(const Shape& shape, const std::vector<int
   return out;
 }
 
+bool is_trailing_suffix(const Shape& shape, const Shape& target) {
+  size_t lead = 0;
+  while (lead < shape.size() && shape[lead] == 1) ++lead;
+  const size_t k = shape.size() - lead;
+  return k <= target.size() && std::equal(shape.begin() + long(lead), shape.end(), target.end() - long(k));
+}
+
 }  // namespace reel

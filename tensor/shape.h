@@ -38,5 +38,9 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 // broadcast dims.
 std::vector<int64_t> broadcast_strides(const Shape& shape, const std::vector<int64_t>& strides,
                                        const Shape& target);
+// Whether `shape`, its leading 1s dropped, is the last dims of `target`: a tensor that repeats whole
+// over target's leading dims ((T, C) or (1, T, C) over (B, T, C)), so element (r, c) of target viewed
+// as rows of shape's numel reads element r % rows of it. The empty shape counts (one value).
+bool is_trailing_suffix(const Shape& shape, const Shape& target);
 
 }  // namespace reel

@@ -248,6 +248,19 @@ TEST(LayerNorm, FusedOpsSixteenBitOperandErrors) {
         dispatch(OpKind::LayerNormCast, {x, w, Tensor(), random({2, 8}, DType::bf16, 19)}, d);
       },
       {"layer_norm_cast", "addend", "(2, 8) bf16", "dropout", "f32"});
+  // A broadcast addend must be a suffix of x's shape (leading 1s aside) and carry no dropout.
+  Tensor x3 = random({2, 3, 8}, DType::f32, 24);
+  expect_error(
+      [&] {
+        dispatch(OpKind::LayerNormCast, {x3, w, Tensor(), random({2, 1, 8}, DType::f32, 25)}, a);
+      },
+      {"layer_norm_cast", "addend", "(2, 1, 8) f32", "(2, 3, 8)", "suffix"});
+  expect_error(
+      [&] {
+        Attrs d = Attrs(a).set("dropout_p", 0.1).set("dropout_seed", 1).set("dropout_offset", 0);
+        dispatch(OpKind::LayerNormCast, {x3, w, Tensor(), random({3, 8}, DType::f32, 26)}, d);
+      },
+      {"layer_norm_cast", "addend", "(3, 8) f32", "dropout", "(2, 3, 8)"});
   std::vector<Tensor> f =
       dispatch(OpKind::LayerNorm, {x, w, Tensor()}, Attrs().set("eps", 1e-5).set("normalized_ndim", 1));
   expect_error(

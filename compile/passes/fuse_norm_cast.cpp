@@ -7,7 +7,9 @@
 // The residual connection's add that feeds a pre-norm block's norm (x = r + h; layer_norm(x)) joins
 // the same kernel when nothing reads x in between: the kernel computes x, writes it (the residual
 // stream goes on) and normalises it, bit-identical to the add followed by the norm (the op's fourth
-// input and output). When that add's other operand is a dropout's output, h * mask with the mask
+// input and output). One operand may have a suffix of x's shape, broadcast over x's leading dims (the
+// first block's x = token embedding + position table): the kernel reads that addend row by row
+// again for each leading index. When that add's other operand is a dropout's output, h * mask with the mask
 // drawn by a dropout_mask node (redraw_dropout_masks.cpp), the kernel reads h and draws the mask
 // itself (the op's dropout attrs and Philox state): the dropped branch is never written, and the
 // result is the bits of the multiply, the add and the norm.
@@ -39,9 +41,19 @@ int match(const Graph& g, const BufferUses& u, size_t i, Why& why) {
   return cast;
 }
 
-// The residual add that produces norm i's input, when it can move into the norm's kernel: a
-// same-shape f32 add (node p < i, the add's only writer of its output) whose result nothing touches
-// between p and i and whose operands nothing writes from p to i. Its index, or -1.
+// A ref of a suffix of x's shape (covering the last `normalized` dims), contiguous: an addend the norm's
+// kernel broadcasts over x's leading dims (a position table added over the batch).
+bool broadcast_suffix(const TensorRef& r, const TensorRef& x, int64_t normalized) {
+  int64_t ones = 0;  // leading 1s, which broadcast
+  while (ones < int64_t(r.shape.size()) && r.shape[size_t(ones)] == 1) ++ones;
+  return r.shape.size() <= x.shape.size() && r.shape != x.shape && is_trailing_suffix(r.shape, x.shape) &&
+         int64_t(r.shape.size()) - ones >= normalized && is_contiguous(r);
+}
+
+// The residual add that produces norm i's input, when it can move into the norm's kernel: an f32 add
+// (node p < i, the add's only writer of its output) of operands of x's shape, or of one of x's shape
+// and one of a suffix of it (broadcast_suffix), whose result nothing touches between p and i and whose
+// operands nothing writes from p to i. Its index, or -1.
 int residual_add(const Graph& g, const BufferUses& u, size_t i) {
   const TensorRef& x = *g.nodes[i].inputs[0];
   if (!internal_once(g, u, x) || !is_contiguous(x)) return -1;
@@ -51,12 +63,16 @@ int residual_add(const Graph& g, const BufferUses& u, size_t i) {
   if (a.op != OpKind::Add || a.in_place || a.inputs.size() != 2 || !a.inputs[0] || !a.inputs[1] ||
       !same_ref(a.outputs[0], x) || u.touched_between(x.buffer, p, int(i)))
     return -1;
+  const int64_t normalized = g.nodes[i].attrs.i("normalized_ndim");
+  int broadcast = 0;
   for (const auto& r : a.inputs) {
-    if (r->shape != x.shape || r->dtype != DType::f32 || !is_contiguous(*r) || r->buffer == x.buffer) return -1;
+    const bool full = r->shape == x.shape && is_contiguous(*r);
+    broadcast += !full && broadcast_suffix(*r, x, normalized);
+    if (!(full || broadcast_suffix(*r, x, normalized)) || r->dtype != DType::f32 || r->buffer == x.buffer) return -1;
     for (int w : u.writers[r->buffer])
       if (w >= p && w <= int(i)) return -1;
   }
-  return p;
+  return broadcast <= 1 ? p : -1;
 }
 
 // Which operand of the residual add (node `add`, folded into norm i) is h * mask, a dropout's output
@@ -101,15 +117,18 @@ void fuse_norm_cast(Graph& g, PassStats& stats) {
     const int add = residual_add(g, u, i);
     if (add < 0 || drop[size_t(add)]) return;
     const Node& a = g.nodes[size_t(add)];
+    // x's own shape first, a broadcast addend second (an add's operands commute, to the bit).
+    const bool swap = a.inputs[0]->shape != x.shape;
     Node with_add = n;
-    with_add.inputs[0] = a.inputs[0];
-    with_add.inputs.push_back(a.inputs[1]);
+    with_add.inputs[0] = a.inputs[swap ? 1 : 0];
+    with_add.inputs.push_back(a.inputs[swap ? 0 : 1]);
     with_add.outputs.push_back(x);
     with_add.fused.insert(with_add.fused.begin(), "add");
     if (!call_supported(g, with_add)) return why_not(kPass, g, i, "the add before it", "the device's kernel does not take the call");
     n = std::move(with_add);
     drop[size_t(add)] = true;
     stats.fused += 1;
+    if (n.inputs[3]->shape != x.shape) return;  // a broadcast addend: no dropout on it
     // The residual branch's dropout (x + dropout(h)): the kernel draws the mask and reads h itself.
     Why why;
     const int side = dropped_addend(g, u, add, i, drop, why);

@@ -493,11 +493,15 @@ Tensor widened(const Tensor& t) {
 }
 
 // [s = x + addend [* mask]]  y = layer_norm(s, w, b)  y16 = y.to(dtype). in: x, w?, b?[, addend[, state]];
-// out: y16, mean, rstd[, s]. A 16-bit addend is added as its f32 widening.
+// out: y16, mean, rstd[, s]. A 16-bit addend is added as its f32 widening, one of a suffix of x's
+// shape broadcast over x's leading dims.
 void layer_norm_cast_kernel(const KernelCall& c) {
   Tensor x = c.in[0];
   if (c.in.size() >= 4 && c.in[3].defined()) {
-    const Tensor addend = has_fused_dropout(c.attrs) ? with_fused_dropout_mask(c, c.in[3]) : widened(c.in[3]);
+    Tensor addend = has_fused_dropout(c.attrs) ? with_fused_dropout_mask(c, c.in[3]) : widened(c.in[3]);
+    if (addend.shape() != x.shape())  // a suffix of x's shape: broadcast over x's leading dims
+      addend = Tensor::make_view(addend, x.shape(), broadcast_strides(addend.shape(), addend.strides(), x.shape()),
+                                 addend.offset());
     cpu::run_op(OpKind::Add, {c.in[0], addend}, {c.out[3]});
     x = c.out[3];
   }

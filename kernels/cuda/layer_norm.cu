@@ -153,11 +153,12 @@ template <typename F>
 __device__ __forceinline__ void for_each4(float4& v, F&& f) { f(v.x, 0), f(v.y, 1), f(v.z, 2), f(v.w, 3); }
 
 // The forward of layer_norm_fwd_rows_kernel (with its addend and sum_out) for f32 x; the addend f32 or
-// 16-bit (Ad), widened as it is loaded.
+// 16-bit (Ad), widened as it is loaded, of addend_rows rows (row r of x adds row r % addend_rows).
 template <int K, typename O, typename Ad = float>
 __global__ void __launch_bounds__(256)
-    layer_norm_fwd_vec_kernel(const float* x, const Ad* addend, float* sum_out, const float* w, const float* b, O* y,
-                              float* mean, float* rstd, int64_t rows, float eps, RowDropout drop) {
+    layer_norm_fwd_vec_kernel(const float* x, const Ad* addend, int64_t addend_rows, float* sum_out, const float* w,
+                              const float* b, O* y, float* mean, float* rstd, int64_t rows, float eps,
+                              RowDropout drop) {
   grid_dependency_wait();
   using Row = VecRow<K>;
   float4 wv[K], bv[K];
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(256)
     Row::load(v, x + r * Row::cols);
     if (addend) {
       float4 a[K];
-      Row::load(a, addend + r * Row::cols);
+      Row::load(a, addend + (r % addend_rows) * Row::cols);
 #pragma unroll
       for (int i = 0; i < K; ++i) {
         if (drop.on) drop.apply4(r * Row::cols + Row::col(i), a[i]);
@@ -362,19 +363,20 @@ namespace {
 
 using namespace norm_detail;
 
-
 // x, y: (rows, cols); w, b: (cols) or null; mean, rstd: (rows). One RowTeam per row. y is of x's dtype
 // D, or 16-bit (O) when the compiler fused autocast's cast of y into the norm (layer_norm_cast).
-// With `addend` (rows, cols) the norm is of x + addend, rounded to D as an add op would store it, and
-// that sum is also written to sum_out (the residual stream a block passes on).
+// With `addend` (addend_rows, cols) the norm is of x + addend, row r of x adding row r % addend_rows
+// (the addend broadcast over x's leading dims: a position table over the batch), rounded to D as an
+// add op would store it, and that sum is also written to sum_out (the residual stream a block passes on).
 template <bool kWarp, typename D, typename O = D, typename A = Acc<D>>
-__global__ void layer_norm_fwd_rows_kernel(const D* x, const D* addend, D* sum_out, const D* w, const D* b, O* y,
-                                           A* mean, A* rstd, int64_t rows, int64_t cols, A eps, RowDropout drop) {
+__global__ void layer_norm_fwd_rows_kernel(const D* x, const D* addend, int64_t addend_rows, D* sum_out, const D* w,
+                                           const D* b, O* y, A* mean, A* rstd, int64_t rows, int64_t cols, A eps,
+                                           RowDropout drop) {
   grid_dependency_wait();
   using Team = RowTeam<kWarp>;
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const D* xr = x + r * cols;
-    const D* ar = addend ? addend + r * cols : nullptr;
+    const D* ar = addend ? addend + (r % addend_rows) * cols : nullptr;
     O* yr = y + r * cols;
     // The addend, times its dropout mask (as mul stores it) when the op has one.
     auto add = [&](int64_t j) -> A {
@@ -507,22 +509,23 @@ void launch_rows(WarpKernel warp_kernel, BlockKernel block_kernel, int64_t rows,
 
 // Layer norm's forward of x (rows, cols) into y (O), by the row-in-registers kernel where it applies.
 template <typename D, typename O, typename A = Acc<D>>
-void launch_layer_norm_fwd(const D* x, const D* addend, D* sum_out, const D* w, const D* b, O* y, A* mean, A* rstd,
-                           int64_t rows, int64_t cols, A eps, cudaStream_t s, RowDropout drop = {}) {
+void launch_layer_norm_fwd(const D* x, const D* addend, int64_t addend_rows, D* sum_out, const D* w, const D* b, O* y,
+                           A* mean, A* rstd, int64_t rows, int64_t cols, A eps, cudaStream_t s, RowDropout drop = {}) {
   if constexpr (std::is_same_v<D, float>) {
     const bool vec =
-        rows > 0 && visit_vec_row(cols, {x, addend, sum_out, w, b, sizeof(O) == 4 ? y : nullptr},
-                                  {sizeof(O) == 2 ? y : nullptr}, [&]<int K>() {
-                                    launch_kernel(layer_norm_fwd_vec_kernel<K, O>, grid_for((rows + 7) / 8), 256, 0, s,
-                                                  x, addend, sum_out, w, b, y, mean, rstd, rows, eps, drop);
-                                  });
+        rows > 0 &&
+        visit_vec_row(cols, {x, addend, sum_out, w, b, sizeof(O) == 4 ? y : nullptr}, {sizeof(O) == 2 ? y : nullptr},
+                      [&]<int K>() {
+                        launch_kernel(layer_norm_fwd_vec_kernel<K, O>, grid_for((rows + 7) / 8), 256, 0, s, x, addend,
+                                      addend_rows, sum_out, w, b, y, mean, rstd, rows, eps, drop);
+                      });
     if (vec) {
       REEL_CUDA_LAUNCH_CHECK();
       return;
     }
   }
   launch_rows(layer_norm_fwd_rows_kernel<true, D, O>, layer_norm_fwd_rows_kernel<false, D, O>, rows, cols, s, x, addend,
-              sum_out, w, b, y, mean, rstd, rows, cols, eps, drop);
+              addend_rows, sum_out, w, b, y, mean, rstd, rows, cols, eps, drop);
 }
 
 void layer_norm_fwd(const KernelCall& c) {
@@ -532,7 +535,7 @@ void layer_norm_fwd(const KernelCall& c) {
   if (rows == 0) return;
   visit_float(x.dtype(), "layer_norm", [&]<typename D>() {
     using A = Acc<D>;
-    launch_layer_norm_fwd<D, D>(in_ptr<D>(x), nullptr, nullptr, in_ptr<D>(w), in_ptr<D>(b), out_ptr<D>(y),
+    launch_layer_norm_fwd<D, D>(in_ptr<D>(x), nullptr, 1, nullptr, in_ptr<D>(w), in_ptr<D>(b), out_ptr<D>(y),
                                 out_ptr<A>(mean), out_ptr<A>(rstd), rows, cols, A(c.attrs.f("eps")), stream_of(x));
   });
 }
@@ -673,18 +676,25 @@ void layer_norm_fwd_16(const Tensor& x_in, const Tensor& w_in, const Tensor& b_i
              "layer_norm_fwd_16: x ", shape_str(x_in.shape()), " ", x_in.dtype(), " into y ", shape_str(y16.shape()),
              " ", y16.dtype(), ": expects f32 x and a contiguous 16-bit y of its size");
   const bool addend16 = addend_in.defined() && addend_in.dtype() != DType::f32;
+  const int64_t rows = mean.numel(), cols = rows ? x_in.numel() / rows : 0;
+  // The addend's rows: x's (its shape), or fewer that x's rows repeat (a suffix of x's shape: broadcast
+  // over the leading dims, without dropout, whose mask is over x's elements).
+  const int64_t addend_rows = addend_in.defined() && cols > 0 ? addend_in.numel() / cols : rows;
+  const bool suffix = addend_in.defined() && addend_in.dim() <= x_in.dim() &&
+                      is_trailing_suffix(addend_in.shape(), x_in.shape()) && addend_rows > 0 &&
+                      rows % addend_rows == 0 && (addend_rows == rows || !drop.on);
   REEL_CHECK(addend_in.defined() == sum_out.defined() &&
-                 (!addend_in.defined() || (addend_in.shape() == x_in.shape() &&
+                 (!addend_in.defined() || (suffix &&
                                            (addend_in.dtype() == DType::f32 || addend_in.dtype() == DType::bf16 ||
                                             addend_in.dtype() == DType::f16) &&
                                            !(addend16 && drop.on) && sum_out.shape() == x_in.shape() &&
                                            sum_out.dtype() == DType::f32 && sum_out.is_contiguous())),
              "layer_norm_fwd_16: addend ", shape_str(addend_in.shape()), " ", addend_in.dtype(), " and sum ",
-             shape_str(sum_out.shape()), " must both be given, of x's shape ", shape_str(x_in.shape()),
-             " (the addend f32, or bf16/f16 without dropout; the sum f32 and contiguous)");
+             shape_str(sum_out.shape()), " must both be given, the addend of x's shape ", shape_str(x_in.shape()),
+             " or a suffix of it (f32, or bf16/f16, without dropout unless of x's shape), the sum f32, contiguous, "
+             "of x's shape");
   Tensor x = contiguous_on_device(x_in), w = contiguous_on_device(w_in), b = contiguous_on_device(b_in);
   Tensor addend = contiguous_on_device(addend_in);
-  const int64_t rows = mean.numel(), cols = rows ? x.numel() / rows : 0;
   if (rows == 0) return;
   auto launch = [&]<typename O>() {
     if (addend16) {
@@ -696,8 +706,9 @@ void layer_norm_fwd_16(const Tensor& x_in, const Tensor& w_in, const Tensor& b_i
       auto vec = [&]<typename Ad>() {
         const Ad* pa = in_ptr<Ad>(addend);
         return visit_vec_row(cols, {px, pw, pb, ps}, {py, pa}, [&]<int K>() {
-          launch_kernel(layer_norm_fwd_vec_kernel<K, O, Ad>, grid_for((rows + 7) / 8), 256, 0, stream_of(x), px, pa, ps,
-                        pw, pb, py, out_ptr<float>(mean), out_ptr<float>(rstd), rows, float(eps), drop);
+          launch_kernel(layer_norm_fwd_vec_kernel<K, O, Ad>, grid_for((rows + 7) / 8), 256, 0, stream_of(x), px, pa,
+                        addend_rows, ps, pw, pb, py, out_ptr<float>(mean), out_ptr<float>(rstd), rows, float(eps),
+                        drop);
         });
       };
       if (addend.dtype() == DType::bf16 ? vec.template operator()<__nv_bfloat16>()
@@ -707,7 +718,7 @@ void layer_norm_fwd_16(const Tensor& x_in, const Tensor& w_in, const Tensor& b_i
       }
       addend = widened_on_device(addend);
     }
-    launch_layer_norm_fwd<float, O>(in_ptr<float>(x), in_ptr<float>(addend),
+    launch_layer_norm_fwd<float, O>(in_ptr<float>(x), in_ptr<float>(addend), addend_rows,
                                     sum_out.defined() ? out_ptr<float>(sum_out) : nullptr, in_ptr<float>(w),
                                     in_ptr<float>(b), out_ptr<O>(y16), out_ptr<float>(mean), out_ptr<float>(rstd), rows,
                                     cols, float(eps), stream_of(x), drop);

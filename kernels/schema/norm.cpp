@@ -35,7 +35,9 @@
 //          with the dropout attrs, s = x + addend * mask, mask as dropout_mask draws it over x's shape
 //          (kernels/philox_args.h; state last when dropout_state). x f32; addend f32, or bf16/f16
 //          without dropout, read as its exact f32 widening (s = x + addend.to(f32)): a GEMM's 16-bit
-//          result, the residual branch (compile/passes/read_layer_norm_16bit.cpp).
+//          result, the residual branch (compile/passes/read_layer_norm_16bit.cpp). Without dropout the
+//          addend may also have a suffix of x's shape covering the normalised dims, broadcast over the
+//          leading ones (a position table added over the batch).
 //   layer_norm_backward_add (g, x, w?, mean, rstd, residual?[, sums_in][, state])
 //       attrs [dtype[, column_sums[, accumulate]]][, dropout_*]
 //       g of x's dtype, or bf16/f16 with an f32 x, read as its exact f32 widening (a GEMM's 16-bit
@@ -180,12 +182,17 @@ std::vector<TensorMeta> infer_layer_norm_cast(const std::vector<Tensor>& in, con
   std::vector<TensorMeta> out = infer_layer_norm({x, in[1], in[2]}, a);
   out[0].dtype = d;
   if (in.size() >= 4 && in[3].defined()) {
-    const DType ad = in[3].dtype();
-    REEL_CHECK(in[3].shape() == x.shape() && (ad == DType::f32 || ad == DType::bf16 || ad == DType::f16),
-               "layer_norm_cast: addend ", schema::desc(in[3]), " must be f32 (or bf16/f16) of x's shape ",
-               shape_str(x.shape()));
-    REEL_CHECK(ad == DType::f32 || !dropout, "layer_norm_cast: addend ", schema::desc(in[3]),
-               " with dropout: a dropped addend must be f32");
+    const Tensor& addend = in[3];
+    const DType ad = addend.dtype();
+    int64_t ones = 0;  // leading 1s, which broadcast
+    while (ones < addend.dim() && addend.shape()[size_t(ones)] == 1) ++ones;
+    const bool suffix = addend.dim() <= x.dim() && is_trailing_suffix(addend.shape(), x.shape()) &&
+                        addend.dim() - ones >= a.i("normalized_ndim");
+    REEL_CHECK(suffix && (ad == DType::f32 || ad == DType::bf16 || ad == DType::f16), "layer_norm_cast: addend ",
+               schema::desc(addend), " must be f32 (or bf16/f16) of x's shape ", shape_str(x.shape()),
+               " or of a suffix of it that covers the normalised dims (broadcast over the rest)");
+    REEL_CHECK(!dropout || (ad == DType::f32 && addend.shape() == x.shape()), "layer_norm_cast: addend ",
+               schema::desc(addend), " with dropout: a dropped addend must be f32 of x's shape ", shape_str(x.shape()));
     out.push_back(schema::meta_like(x));
   }
   REEL_CHECK(!dropout || (in.size() >= 4 && in[3].defined()), "layer_norm_cast: dropout applies to the addend, and there is none");

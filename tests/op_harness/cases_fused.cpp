@@ -79,6 +79,37 @@ void add_layer_norm_cases(std::vector<OpTestCase>& cases) {
                return values_of({cast(y[0], c.attrs.dtype("dtype")), y[1], y[2], x});
              }});
   }
+  // The addend broadcast over x's leading dims (compile/passes/fuse_norm_cast.cpp: a position table,
+  // (T, C) or (1, T, C), added over the batch), f32 or 16-bit; 40 columns take the generic kernels on
+  // CUDA, 256 the row-in-registers ones.
+  struct Broadcast {
+    const char* name;
+    Shape addend;
+    bool sixteen;
+  };
+  for (int64_t cols : {40, 256}) {
+    for (Broadcast b : {Broadcast{"tc_", {5, cols}, false}, Broadcast{"1tc_", {1, 5, cols}, false},
+                        Broadcast{"tc_16bit_", {5, cols}, true}}) {
+      cases.push_back(
+          {.op = OpKind::LayerNormCast,
+           .name = std::string("layer_norm_cast_residual_add_broadcast_") + b.name + "3x5x" + std::to_string(cols),
+           .dtypes = k16Bit,
+           .make =
+               [b, cols](Device, DType t) {
+                 Inputs in{randn_input({3, 5, cols}, DType::f32, 209),
+                           randn_input({cols}, DType::f32, 210, Layout::contiguous, 0.5, 1.0),
+                           randn_input({cols}, DType::f32, 211, Layout::contiguous, 0.5),
+                           randn_input(b.addend, b.sixteen ? t : DType::f32, 212)};
+                 return OpCall{in, Attrs().set("eps", kEps).set("normalized_ndim", int64_t(1)).set("dtype", t)};
+               },
+           .reference =
+               [](const OpCall& c) {
+                 Tensor x = run1(OpKind::Add, {c.inputs[0], cast(c.inputs[3], DType::f32)});
+                 std::vector<Tensor> y = dispatch(OpKind::LayerNorm, {x, c.inputs[1], c.inputs[2]}, c.attrs);
+                 return values_of({cast(y[0], c.attrs.dtype("dtype")), y[1], y[2], x});
+               }});
+    }
+  }
   // The backward: plain (any float dtype), with the 16-bit copy, with its column sums, and added to.
   struct Variant {
     const char* name;
