@@ -14,8 +14,9 @@
 // in between touches its gradient or writes its dW16 (the next micro-batch's write of the same
 // gradient ends the group). The dW16 buffers then live until the group's node, where they used to die
 // at their cast, so a member joins only while the bytes the group holds longer keep every node's live
-// bytes (passes/memory_plan.h's lifetimes) at or below the step's busiest node's: the step's peak
-// stays where it was.
+// bytes (passes/memory_plan.h's lifetimes) at or below the step's busiest node's; and since the
+// planner packs buffers first-fit, a group is kept only where plan_memory's arena for its device, with
+// the groups kept before it, does not grow: the step's planned memory stays where it was.
 // Runs after elementwise fusion (whose cast-and-add kernels it gathers, and whose plan its live bytes
 // are counted on) and before the optimizer's fusion (whose per-parameter steps name the gradients);
 // off under a memory limit (Pass::under_memory_limit), where recomputation wants every buffer to die
