@@ -57,49 +57,30 @@ void add_layer_norm_cases(std::vector<OpTestCase>& cases) {
                            return e;
                          }});
   }
-  // The addend in 16 bits (a GEMM's result, compile/passes/read_layer_norm_16bit.cpp): added as its
-  // f32 widening. 40 columns take the generic kernels on CUDA (the addend widened first), 256 the
-  // row-in-registers ones (widened as they load it).
-  for (int64_t cols : {40, 256}) {
-    cases.push_back(
-        {.op = OpKind::LayerNormCast,
-         .name = "layer_norm_cast_residual_add_16bit_addend_6x" + std::to_string(cols),
-         .dtypes = k16Bit,
-         .make =
-             [cols](Device, DType t) {
-               Inputs in{randn_input({6, cols}, DType::f32, 205),
-                         randn_input({cols}, DType::f32, 206, Layout::contiguous, 0.5, 1.0),
-                         randn_input({cols}, DType::f32, 207, Layout::contiguous, 0.5), randn_input({6, cols}, t, 208)};
-               return OpCall{in, Attrs().set("eps", kEps).set("normalized_ndim", int64_t(1)).set("dtype", t)};
-             },
-         .reference =
-             [](const OpCall& c) {
-               Tensor x = run1(OpKind::Add, {c.inputs[0], cast(c.inputs[3], DType::f32)});
-               std::vector<Tensor> y = dispatch(OpKind::LayerNorm, {x, c.inputs[1], c.inputs[2]}, c.attrs);
-               return values_of({cast(y[0], c.attrs.dtype("dtype")), y[1], y[2], x});
-             }});
-  }
-  // The addend broadcast over x's leading dims (compile/passes/fuse_norm_cast.cpp: a position table,
-  // (T, C) or (1, T, C), added over the batch), f32 or 16-bit; 40 columns take the generic kernels on
-  // CUDA, 256 the row-in-registers ones.
-  struct Broadcast {
+  // The addend in 16 bits (a GEMM's result, compile/passes/read_layer_norm_16bit.cpp), added as its f32
+  // widening, and broadcast over x's leading dims (compile/passes/fuse_norm_cast.cpp: a position table,
+  // (T, C) or (1, T, C), added over the batch), f32 or 16-bit. 40 columns take the generic kernels on
+  // CUDA (a 16-bit addend widened first), 256 the row-in-registers ones (widened as they load it).
+  struct Addend {
     const char* name;
-    Shape addend;
+    Shape shape;  // without the columns
     bool sixteen;
   };
   for (int64_t cols : {40, 256}) {
-    for (Broadcast b : {Broadcast{"tc_", {5, cols}, false}, Broadcast{"1tc_", {1, 5, cols}, false},
-                        Broadcast{"tc_16bit_", {5, cols}, true}}) {
+    for (const Addend& v : {Addend{"16bit_addend_", {3, 5}, true}, Addend{"broadcast_tc_", {5}, false},
+                            Addend{"broadcast_1tc_", {1, 5}, false}, Addend{"broadcast_tc_16bit_", {5}, true}}) {
+      Shape addend = v.shape;
+      addend.push_back(cols);
       cases.push_back(
           {.op = OpKind::LayerNormCast,
-           .name = std::string("layer_norm_cast_residual_add_broadcast_") + b.name + "3x5x" + std::to_string(cols),
+           .name = std::string("layer_norm_cast_residual_add_") + v.name + "3x5x" + std::to_string(cols),
            .dtypes = k16Bit,
            .make =
-               [b, cols](Device, DType t) {
-                 Inputs in{randn_input({3, 5, cols}, DType::f32, 209),
-                           randn_input({cols}, DType::f32, 210, Layout::contiguous, 0.5, 1.0),
-                           randn_input({cols}, DType::f32, 211, Layout::contiguous, 0.5),
-                           randn_input(b.addend, b.sixteen ? t : DType::f32, 212)};
+               [v, addend, cols](Device, DType t) {
+                 Inputs in{randn_input({3, 5, cols}, DType::f32, 205),
+                           randn_input({cols}, DType::f32, 206, Layout::contiguous, 0.5, 1.0),
+                           randn_input({cols}, DType::f32, 207, Layout::contiguous, 0.5),
+                           randn_input(addend, v.sixteen ? t : DType::f32, 208)};
                  return OpCall{in, Attrs().set("eps", kEps).set("normalized_ndim", int64_t(1)).set("dtype", t)};
                },
            .reference =
