@@ -51,8 +51,7 @@ void fuse_norm_backward_add(Graph& g, PassStats& stats);  // layer_norm_backward
 void read_layer_norm_16bit(Graph& g, PassStats& stats);   // layer norms reading a GEMM's 16-bit result
 void fuse_gemm_gelu(Graph& g, PassStats& stats);          // gemm_epilogue with GELU
 void read_norm_input_16bit(Graph& g, PassStats& stats);   // group/batch norms reading a 16-bit x (attr dtype)
-void write_norm_grad_16bit(Graph& g,
-                           PassStats& stats);  // batch/group_norm_backward writing a 16-bit dx (attr dx_dtype)
+void write_norm_grad_16bit(Graph& g, PassStats& stats);   // group/batch norm backward writing a 16-bit dx (dx_dtype)
 void redraw_dropout_masks(Graph& g, PassStats& stats);    // dropout_mask where the mask is read
 void sink_state_updates(Graph& g, PassStats& stats);      // none: moves counters' updates together
 void write_results_into_grads(Graph& g, PassStats& stats);  // none: a producer writes the new gradient
