@@ -39,8 +39,12 @@ void expect_same_training_fewer_kernels(const std::string& model, Device device,
   for (const char* precision : {"bf16", "fp16", "fp32"}) {
     SCOPED_TRACE(model + ", " + precision + ", " + device.str());
     const bool autocast = std::string(precision) != "fp32";
-    const testing_util::CompiledSteps on = testing_util::compiled_steps(model, device, precision, {}),
-                                      off = testing_util::compiled_steps(model, device, precision, {"grad_casts"});
+    // norm_relu off in both: at two samples a micro-batch its smaller plan leaves the arena guard a
+    // KiB's difference to turn a group down on (cnn-small's second micro-batch); the pass is tested
+    // with it in tests/test_compile_norm_relu.cpp and on the benchmark models' plans.
+    const testing_util::CompiledSteps on = testing_util::compiled_steps(model, device, precision, {"norm_relu"}),
+                                      off = testing_util::compiled_steps(model, device, precision,
+                                                                         {"grad_casts", "norm_relu"});
     ASSERT_NE(on.plan(), nullptr);
     ASSERT_NE(off.plan(), nullptr);
     EXPECT_TRUE(testing_util::same_training(on, off)) << "the copies' and adds' bits";

@@ -134,7 +134,9 @@ void expect_conv_norm_step_equal_and_smaller(Device device) {
   for (const char* precision : {"bf16", "fp16"}) {
     SCOPED_TRACE(std::string(precision) + " on " + device.str());
     AutocastGuard amp(PrecisionPolicy::parse(precision));
-    const Trained on = train(conv_norm_net, micro, 3, {}, device), off = train(conv_norm_net, micro, 3, {kPass}, device);
+    // norm_relu off in both: it folds the casts around the relus only where the norms read 16 bits.
+    const Trained on = train(conv_norm_net, micro, 3, {"norm_relu"}, device),
+                  off = train(conv_norm_net, micro, 3, {kPass, "norm_relu"}, device);
     if (device.is_cpu()) {
       EXPECT_TRUE(testing_util::same_bits(on.losses, off.losses));
       EXPECT_TRUE(testing_util::same_bits(on.state, off.state)) << "parameters, running statistics, counters";

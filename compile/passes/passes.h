@@ -52,6 +52,7 @@ void read_layer_norm_16bit(Graph& g, PassStats& stats);   // layer norms reading
 void fuse_gemm_gelu(Graph& g, PassStats& stats);          // gemm_epilogue with GELU
 void read_norm_input_16bit(Graph& g, PassStats& stats);   // group/batch norms reading a 16-bit x (attr dtype)
 void write_norm_grad_16bit(Graph& g, PassStats& stats);   // group/batch norm backward writing a 16-bit dx (dx_dtype)
+void fuse_norm_relu(Graph& g, PassStats& stats);          // group/batch norm (backward) with the relu (attr relu)
 void redraw_dropout_masks(Graph& g, PassStats& stats);    // dropout_mask where the mask is read
 void sink_state_updates(Graph& g, PassStats& stats);      // none: moves counters' updates together
 void write_results_into_grads(Graph& g, PassStats& stats);  // none: a producer writes the new gradient

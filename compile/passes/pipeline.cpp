@@ -45,6 +45,9 @@ const std::vector<Pass>& pipeline() {
       {"norm_16bit_input", S::Fusion, read_norm_input_16bit, "group/batch norms reading a 16-bit x, not its f32 cast"},
       {"norm_grad_16bit", S::Fusion, write_norm_grad_16bit,
        "batch/group-norm backward writing the 16-bit dx its convolution reads"},
+      // After the two above (whose 16-bit x and dx it keeps), before elementwise would take the relus.
+      {"norm_relu", S::Fusion, fuse_norm_relu,
+       "batch/group norm with the relu after it (and its 16-bit copy); their backward with relu_backward"},
       // Before elementwise: the counters it gathers at the end are fused there.
       {"sink_updates", S::Fusion, sink_state_updates,
        "in-place updates of step state (counters) moved to the end, to fuse"},

@@ -19,6 +19,9 @@
 //
 // group_norm_backward and batch_norm_backward with attr dx_dtype (bf16/f16): the f32 kernel into an f32 dx, then the
 // copy kernel's rounding into the 16-bit one: the bits of the two ops it stands for.
+// Their fused relu: the forward runs the relu (in place) and copy kernels after the plain one
+// (norm_fwd); the backward kernels read g through relu_backward's selection (grad_at), a 16-bit g
+// widened like a 16-bit x. The bits of the ops they stand for.
 //
 // dropout: element i (row-major) is kept iff philox_uniform(seed, offset, i) >= float(p) (the Philox
 // convention of tensor/rng.h, shared with the CUDA kernel); mask = kept ? 1/(1-p) : 0 rounded to x's
@@ -32,6 +35,7 @@
 #include "kernels/cpu/dense_outputs.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/dispatch.h"
+#include "kernels/elementwise_math.h"
 #include "kernels/philox_args.h"
 #include "tensor/rng.h"
 
@@ -246,9 +250,15 @@ void group_norm_fwd_kernel(const KernelCall& c) {
 
 // dx of one (n, group) set; writes sum_s g xhat and sum_s g of each of its channels to ds, dbias
 // (both (C/G) long), from which dw and db are summed over n afterwards.
+// The gradient at the norm's output: g, or with a fused relu (yr non-null) relu_backward(g, yr).
+template <typename T>
+AccType<T> grad_at(const T* g, const T* yr, int64_t i) {
+  return yr ? math::binary<OpKind::ReluBackward>(load(g[i]), load(yr[i])) : load(g[i]);
+}
+
 template <typename T, typename A>
-void group_norm_bwd_set(const T* g, const T* x, const T* w, int64_t ch0, int64_t Cg, int64_t S, A mean, A rstd, T* dx,
-                        A* ds, A* dbias) {
+void group_norm_bwd_set(const T* g, const T* yr, const T* x, const T* w, int64_t ch0, int64_t Cg, int64_t S, A mean,
+                        A rstd, T* dx, A* ds, A* dbias) {
   // The loops over a channel's S values run in SIMD lanes (its sums as per-lane partials: a fixed
   // order, the same bits run to run).
   A sum_gw = 0, sum_gwx = 0;
@@ -256,7 +266,7 @@ void group_norm_bwd_set(const T* g, const T* x, const T* w, int64_t ch0, int64_t
     A s_gx = 0, s_g = 0;
 #pragma omp simd reduction(+ : s_gx, s_g)
     for (int64_t s = 0; s < S; ++s) {
-      A gv = load(g[k * S + s]);
+      A gv = grad_at(g, yr, k * S + s);
       s_gx += gv * (load(x[k * S + s]) - mean) * rstd;
       s_g += gv;
     }
@@ -273,28 +283,33 @@ void group_norm_bwd_set(const T* g, const T* x, const T* w, int64_t ch0, int64_t
     for (int64_t s = 0; s < S; ++s) {
       int64_t i = k * S + s;
       A xh = (load(x[i]) - mean) * rstd;
-      dx[i] = store<T>(rstd * (load(g[i]) * wk - mean_gw - xh * mean_gwx));
+      dx[i] = store<T>(rstd * (grad_at(g, yr, i) * wk - mean_gw - xh * mean_gwx));
     }
   }
 }
 
+// g (16 bits read as its widening when the outputs are f32) and, with a fused relu, the relu's output
+// y (in[5]) as the group and batch norm backward kernels read them: contiguous, in the outputs' dtype.
+Tensor grad_of(const KernelCall& c) { return dense_as(c.in[0], c.out[1].dtype()); }
+Tensor relu_output_of(const KernelCall& c) { return c.attrs.b("relu", false) ? dense(c.in[5]) : Tensor(); }
+
 void group_norm_bwd_kernel(const KernelCall& c) {
-  Tensor g = dense(c.in[0]), x = dense_as(c.in[1], c.out[0].dtype()), w = dense(c.in[2]);
+  Tensor g = grad_of(c), yr = relu_output_of(c), x = dense_as(c.in[1], c.out[0].dtype()), w = dense(c.in[2]);
   Tensor mean = dense(c.in[3]), rstd = dense(c.in[4]);
   Tensor dx = c.out[0], dw = c.out[1], db = c.out[2];
   auto [N, C, S] = ncs_of(x);
   int64_t G = c.attrs.i("groups"), Cg = C / G, set = Cg * S;
   visit_float_dtype(x.dtype(), "group_norm_backward", [&]<typename T>() {
     using A = AccType<T>;
-    const T *pg = g.data<T>(), *px = x.data<T>(), *pw = data_or_null<T>(w);
+    const T *pg = g.data<T>(), *py = data_or_null<T>(yr), *px = x.data<T>(), *pw = data_or_null<T>(w);
     const A *pm = mean.data<A>(), *pr = rstd.data<A>();
     T* pdx = dx.data<T>();
     std::vector<A> ds(size_t(N * C)), dbias(size_t(N * C));  // (N, C): per-sample channel sums
 #pragma omp parallel for if (N * C * S >= cpu::kParallelGrain && N * G > 1)
     for (int64_t ng = 0; ng < N * G; ++ng) {
       int64_t ch0 = (ng % G) * Cg, at = ng * set;
-      group_norm_bwd_set(pg + at, px + at, pw, ch0, Cg, S, pm[ng], pr[ng], pdx + at, ds.data() + ng * Cg,
-                         dbias.data() + ng * Cg);
+      group_norm_bwd_set(pg + at, py ? py + at : nullptr, px + at, pw, ch0, Cg, S, pm[ng], pr[ng], pdx + at,
+                         ds.data() + ng * Cg, dbias.data() + ng * Cg);
     }
     T *pdw = dw.data<T>(), *pdb = db.data<T>();
     for (int64_t ch = 0; ch < C; ++ch) {
@@ -371,17 +386,17 @@ void batch_norm_fwd_kernel(const KernelCall& c) {
 
 // dx, dw, db of one channel: x, g, dx point at its first value; N runs of S values, C*S apart.
 template <typename T, typename A>
-void batch_norm_bwd_channel(const T* g, const T* x, A w, A mean, A rstd, int64_t N, int64_t S, int64_t stride,
-                            bool training, T* dx, A& dw, A& db) {
+void batch_norm_bwd_channel(const T* g, const T* yr, const T* x, A w, A mean, A rstd, int64_t N, int64_t S,
+                            int64_t stride, bool training, T* dx, A& dw, A& db) {
   // Each run's sums in SIMD lanes (per-lane partial sums: a fixed order, the same bits run to run),
   // then the runs in order.
   A sum_g = 0, sum_gx = 0;
   for (int64_t n = 0; n < N; ++n) {
-    const T *gn = g + n * stride, *xn = x + n * stride;
+    const T *gn = g + n * stride, *yn = yr ? yr + n * stride : nullptr, *xn = x + n * stride;
     A run_g = 0, run_gx = 0;
 #pragma omp simd reduction(+ : run_g, run_gx)
     for (int64_t s = 0; s < S; ++s) {
-      const A gv = load(gn[s]);
+      const A gv = grad_at(gn, yn, s);
       run_g += gv;
       run_gx += gv * (load(xn[s]) - mean) * rstd;
     }
@@ -394,32 +409,32 @@ void batch_norm_bwd_channel(const T* g, const T* x, A w, A mean, A rstd, int64_t
   // Eval: they are constants and dx = g w rstd.
   A count = A(N * S), mean_g = training ? sum_g / count : A(0), mean_gx = training ? sum_gx / count : A(0);
   for (int64_t n = 0; n < N; ++n) {
-    const T *gn = g + n * stride, *xn = x + n * stride;
+    const T *gn = g + n * stride, *yn = yr ? yr + n * stride : nullptr, *xn = x + n * stride;
     T* dxn = dx + n * stride;
 #pragma omp simd
     for (int64_t s = 0; s < S; ++s) {
       const A xh = (load(xn[s]) - mean) * rstd;
-      dxn[s] = store<T>(w * rstd * (load(gn[s]) - mean_g - xh * mean_gx));
+      dxn[s] = store<T>(w * rstd * (grad_at(gn, yn, s) - mean_g - xh * mean_gx));
     }
   }
 }
 
 void batch_norm_bwd_kernel(const KernelCall& c) {
-  Tensor g = dense(c.in[0]), x = dense_as(c.in[1], c.out[0].dtype()), w = dense(c.in[2]);
+  Tensor g = grad_of(c), yr = relu_output_of(c), x = dense_as(c.in[1], c.out[0].dtype()), w = dense(c.in[2]);
   Tensor mean = dense(c.in[3]), rstd = dense(c.in[4]);
   Tensor dx = c.out[0], dw = c.out[1], db = c.out[2];
   auto [N, C, S] = ncs_of(x);
   bool training = c.attrs.b("training");
   visit_float_dtype(x.dtype(), "batch_norm_backward", [&]<typename T>() {
     using A = AccType<T>;
-    const T *pg = g.data<T>(), *px = x.data<T>(), *pw = data_or_null<T>(w);
+    const T *pg = g.data<T>(), *py = data_or_null<T>(yr), *px = x.data<T>(), *pw = data_or_null<T>(w);
     const A *pm = mean.data<A>(), *pr = rstd.data<A>();
     T *pdx = dx.data<T>(), *pdw = dw.data<T>(), *pdb = db.data<T>();
 #pragma omp parallel for if (N * C * S >= cpu::kParallelGrain && C > 1)
     for (int64_t ch = 0; ch < C; ++ch) {
       A dwc = 0, dbc = 0, wc = pw ? load(pw[ch]) : A(1);
-      batch_norm_bwd_channel(pg + ch * S, px + ch * S, wc, pm[ch], pr[ch], N, S, C * S, training, pdx + ch * S, dwc,
-                             dbc);
+      batch_norm_bwd_channel(pg + ch * S, py ? py + ch * S : nullptr, px + ch * S, wc, pm[ch], pr[ch], N, S, C * S,
+                             training, pdx + ch * S, dwc, dbc);
       pdw[ch] = store<T>(dwc);
       pdb[ch] = store<T>(dbc);
     }
@@ -431,6 +446,21 @@ void norm_bwd_16bit_dx(const KernelCall& c, KernelFn f32_kernel) {
   const std::vector<Tensor> out{cpu::scratch(c.out[0].shape(), c.out[1].dtype()), c.out[1], c.out[2]};
   cpu::run_into_contiguous(KernelCall{c.op, c.in, out, c.attrs}, f32_kernel);
   cpu::run_op(OpKind::Copy, {out[0]}, {c.out[0]});
+}
+
+// A group or batch norm with its fused relu (attr relu) and y's 16-bit copy (attr cast_dtype, out[3]):
+// the plain kernel, then the relu (in place) and copy kernels: the bits of the three ops it stands for.
+void norm_fwd(const KernelCall& c, KernelFn kernel) {
+  const std::vector<Tensor> out{c.out[0], c.out[1], c.out[2]};
+  cpu::run_into_contiguous(KernelCall{c.op, c.in, out, c.attrs}, kernel);
+  if (c.attrs.b("relu", false)) cpu::run_op(OpKind::Relu, {c.out[0]}, {c.out[0]});
+  if (c.out.size() > 3) cpu::run_op(OpKind::Copy, {c.out[0]}, {c.out[3]});
+}
+
+// A group or batch norm's backward (the kernels read a 16-bit g and a fused relu's y themselves).
+void norm_bwd(const KernelCall& c, KernelFn kernel) {
+  if (c.attrs.has("dx_dtype")) return norm_bwd_16bit_dx(c, kernel);
+  cpu::run_into_contiguous(c, kernel);
 }
 
 // ---------------------------------------------------------------- dropout
@@ -538,16 +568,10 @@ void register_norm_cpu_kernels() {
   constexpr DeviceType cpu = DeviceType::CPU;
   register_kernel(cpu, OpKind::LayerNorm, [](const KernelCall& c) { cpu::run_into_contiguous(c, layer_norm_fwd_kernel); });
   register_kernel(cpu, OpKind::LayerNormBackward, [](const KernelCall& c) { cpu::run_into_contiguous(c, layer_norm_bwd_kernel); });
-  register_kernel(cpu, OpKind::GroupNorm, [](const KernelCall& c) { cpu::run_into_contiguous(c, group_norm_fwd_kernel); });
-  register_kernel(cpu, OpKind::GroupNormBackward, [](const KernelCall& c) {
-    if (c.attrs.has("dx_dtype")) return norm_bwd_16bit_dx(c, group_norm_bwd_kernel);
-    cpu::run_into_contiguous(c, group_norm_bwd_kernel);
-  });
-  register_kernel(cpu, OpKind::BatchNorm, [](const KernelCall& c) { cpu::run_into_contiguous(c, batch_norm_fwd_kernel); });
-  register_kernel(cpu, OpKind::BatchNormBackward, [](const KernelCall& c) {
-    if (c.attrs.has("dx_dtype")) return norm_bwd_16bit_dx(c, batch_norm_bwd_kernel);
-    cpu::run_into_contiguous(c, batch_norm_bwd_kernel);
-  });
+  register_kernel(cpu, OpKind::GroupNorm, [](const KernelCall& c) { norm_fwd(c, group_norm_fwd_kernel); });
+  register_kernel(cpu, OpKind::GroupNormBackward, [](const KernelCall& c) { norm_bwd(c, group_norm_bwd_kernel); });
+  register_kernel(cpu, OpKind::BatchNorm, [](const KernelCall& c) { norm_fwd(c, batch_norm_fwd_kernel); });
+  register_kernel(cpu, OpKind::BatchNormBackward, [](const KernelCall& c) { norm_bwd(c, batch_norm_bwd_kernel); });
   register_kernel(cpu, OpKind::Dropout, [](const KernelCall& c) { cpu::run_into_contiguous(c, dropout_fwd_kernel); });
   register_kernel(cpu, OpKind::DropoutMask, [](const KernelCall& c) { cpu::run_into_contiguous(c, dropout_mask_kernel); });
   register_kernel(cpu, OpKind::LayerNormCast, layer_norm_cast_kernel);

@@ -150,24 +150,29 @@ __global__ void batch_norm_fwd_eval_stats_kernel(RunningStat running_mean, Runni
   }
 }
 
-// y = x scale_c + shift_c. x, y: (N, C, S) flat, total = N*C*S; w, b: (C) or null; mean, rstd: (C).
-// I is the index type: 32-bit when total fits, which makes c = (i / S) % C several times cheaper.
-template <typename I, typename X, typename D, typename A = Acc<D>>
+// y = x scale_c + shift_c (with a fused relu, relu of it). x, y, y16: (N, C, S) flat, total = N*C*S;
+// w, b: (C) or null; mean, rstd: (C); y16 (attr cast_dtype) y's 16-bit copy, or null. I is the index
+// type: 32-bit when total fits, which makes c = (i / S) % C several times cheaper.
+template <typename I, typename X, typename D, typename Y16, typename A = Acc<D>>
 __global__ void batch_norm_fwd_apply_kernel(const X* x, const D* w, const D* b, const A* mean, const A* rstd, D* y,
-                                            I total, I C, I S) {
+                                            bool relu, Y16* y16, I total, I C, I S) {
   grid_dependency_wait();
   for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
     const I c = (i / S) % C;
     A scale = rstd[c] * (w ? to_acc(w[c]) : A(1)), shift = (b ? to_acc(b[c]) : A(0)) - mean[c] * scale;
-    y[i] = from_acc<D>(to_acc(x[i]) * scale + shift);
+    A v = to_acc(x[i]) * scale + shift;
+    if (relu) v = math::unary<OpKind::Relu>(v, A(0));
+    y[i] = from_acc<D>(v);
+    if (y16) y16[i] = from_acc<Y16>(v);
   }
 }
 
-// Backward, stage 1. g, x: (N, C, S); mean, rstd: (C). Each tile (c, k) sums g and g xhat over its
-// chunk of channel c into part: (2, C, parts).
-template <typename X, typename D, typename A = Acc<D>>
-__global__ void batch_norm_bwd_partial_kernel(const D* g, const X* x, const A* mean, const A* rstd, ChannelSplit sp,
-                                              A* part) {
+// Backward, stage 1. g, x (and a fused relu's y, or null): (N, C, S); mean, rstd: (C). Each tile
+// (c, k) sums g and g xhat over its chunk of channel c into part: (2, C, parts); with y, g is
+// relu_backward(g, y).
+template <typename X, typename D, typename G, typename A = Acc<D>>
+__global__ void batch_norm_bwd_partial_kernel(const G* g, const D* yr, const X* x, const A* mean, const A* rstd,
+                                              ChannelSplit sp, A* part) {
   grid_dependency_wait();
   for (int64_t t = blockIdx.x; t < sp.C * sp.parts; t += gridDim.x) {
     const int64_t c = t / sp.parts, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
@@ -175,7 +180,7 @@ __global__ void batch_norm_bwd_partial_kernel(const D* g, const X* x, const A* m
     A s_g = 0, s_gx = 0;
     ChannelWalk w(c, i0 + threadIdx.x, blockDim.x, sp.C, sp.S);
     for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x, w.next()) {
-      A gv = to_acc(g[w.off]);
+      const A gv = relu_grad_at<A>(g, yr, w.off);
       s_g += gv;
       s_gx += gv * (to_acc(x[w.off]) - mu) * rs;
     }
@@ -207,31 +212,36 @@ __global__ void batch_norm_bwd_finalize_kernel(const A* part, ChannelSplit sp, b
     finalize_channel_grads(c, part, sp, training, dw, db, coef);
 }
 
-// dx = w rstd (g - mean(g) - xhat mean(g xhat)). g, x, dx: (N, C, S) flat; w: (C) or null; mean,
-// rstd: (C); coef: (2, C) from stage 2. I as in the apply kernel.
-template <typename I, typename X, typename D, typename O, typename A = Acc<D>>
-__global__ void batch_norm_bwd_dx_kernel(const D* g, const X* x, const D* w, const A* mean, const A* rstd,
+// dx = w rstd (g - mean(g) - xhat mean(g xhat)). g, x, dx (and a fused relu's y): (N, C, S) flat; w:
+// (C) or null; mean, rstd: (C); coef: (2, C) from stage 2. I as in the apply kernel.
+template <typename I, typename X, typename D, typename O, typename G, typename A = Acc<D>>
+__global__ void batch_norm_bwd_dx_kernel(const G* g, const D* yr, const X* x, const D* w, const A* mean, const A* rstd,
                                          const A* coef, O* dx, I total, I C, I S) {
   grid_dependency_wait();
   for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
     const I c = (i / S) % C;
     const A rs = rstd[c], xh = (to_acc(x[i]) - mean[c]) * rs, wc = w ? to_acc(w[c]) : A(1);
-    dx[i] = from_acc<O>(wc * rs * (to_acc(g[i]) - coef[c] - xh * coef[C + c]));
+    dx[i] = from_acc<O>(wc * rs * (relu_grad_at<A>(g, yr, i) - coef[c] - xh * coef[C + c]));
   }
 }
 
 int64_t channel_tiles(const NCS& d) { return (d.C + kTile - 1) / kTile; }
 
-// An operand read in place when it is dense channels-last (and not also (N, C, S)-contiguous, as
-// when C or S is 1), else (N, C, S)-contiguous: itself or a copy.
+// Whether the tiled kernels take v where it lies: dense channels-last (and not also (N, C, S)-
+// contiguous, as when C or S is 1), with few enough channel tiles for their finish counters (one per
+// channel tile, last_block.cuh).
+bool tiles_channels_last(const Tensor& v, const NCS& d) {
+  return channel_tiles(d) <= kFinishCounterSlots && v.defined() && v.dim() == 4 && !v.is_contiguous() &&
+         v.is_contiguous(MemoryFormat::ChannelsLast);
+}
+
+// An operand read in place when tiles_channels_last, else (N, C, S)-contiguous: itself or a copy.
 struct PlaneOperand {
   Tensor t;
   PlaneLayout layout;
 };
 PlaneOperand plane_operand(const Tensor& v, const NCS& d) {
-  const bool counters = channel_tiles(d) <= kFinishCounterSlots;  // one per channel tile (last_block.cuh)
-  if (counters && v.dim() == 4 && !v.is_contiguous() && v.is_contiguous(MemoryFormat::ChannelsLast))
-    return {v, {d.C, d.S, true}};
+  if (tiles_channels_last(v, d)) return {v, {d.C, d.S, true}};
   return {contiguous_on_device(v), {d.C, d.S, false}};
 }
 
@@ -266,6 +276,9 @@ void batch_norm_fwd(const KernelCall& c) {
   const Tensor &x = xo.t, w = contiguous_on_device(c.in[1]), b = contiguous_on_device(c.in[2]);
   const Tensor &running_mean = c.in[3], &running_var = c.in[4];  // updated in place: not copied
   const Tensor &y = c.out[0], &mean = c.out[1], &rstd = c.out[2];
+  const Tensor y16 = c.out.size() > 3 ? c.out[3] : Tensor();  // attr cast_dtype: y's 16-bit copy
+  const PlaneLayout L16{d.C, d.S, tiles_channels_last(y16, d)};
+  const bool relu = c.attrs.b("relu", false);
   if (d.C == 0) return;
   const bool training = c.attrs.b("training"), has_running = running_mean.defined();
   const bool tiled = xo.layout.channels_last;
@@ -301,70 +314,76 @@ void batch_norm_fwd(const KernelCall& c) {
     REEL_CUDA_LAUNCH_CHECK();
     const int64_t total = x.numel();
     if (total == 0) return;
-    if (tiled) {
-      const int64_t P = d.N * d.S, tiles = (P + tile_pixels<A> - 1) / tile_pixels<A> * channel_tiles(d);
-      launch_kernel(batch_norm_fwd_apply_tiled_kernel<X, D>, grid_for(tiles), dim3(kTile, kTileRows), 0, s,
-                    in_ptr<X>(x), xo.layout, in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd),
-                    out_ptr<D>(y), P);
-      REEL_CUDA_LAUNCH_CHECK();
-      return;
-    }
-    launch_flat(batch_norm_fwd_apply_kernel<uint32_t, X, D>, batch_norm_fwd_apply_kernel<int64_t, X, D>, total, d,
-                s, in_ptr<X>(x), in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<D>(y));
+    visit_copy_type<D>(y16, "batch_norm", [&]<typename Y16>() {
+      Y16* p16 = y16.defined() ? out_ptr<Y16>(y16) : nullptr;
+      if (tiled) {
+        const int64_t P = d.N * d.S, tiles = (P + tile_pixels<A> - 1) / tile_pixels<A> * channel_tiles(d);
+        launch_kernel(batch_norm_fwd_apply_tiled_kernel<X, D, Y16>, grid_for(tiles), dim3(kTile, kTileRows), 0, s,
+                      in_ptr<X>(x), xo.layout, in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd),
+                      out_ptr<D>(y), P, relu, p16, L16);
+        REEL_CUDA_LAUNCH_CHECK();
+        return;
+      }
+      // The flat kernel writes y16 in (N, C, S) order: the registration hands it a contiguous one.
+      launch_flat(batch_norm_fwd_apply_kernel<uint32_t, X, D, Y16>, batch_norm_fwd_apply_kernel<int64_t, X, D, Y16>,
+                  total, d, s, in_ptr<X>(x), in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd),
+                  out_ptr<D>(y), relu, p16);
+    });
   });
-}
-
-// dx dense channels-last: written so by the tiles (it is the 16-bit gradient a channels-last
-// convolution's backward reads, with attr dx_dtype), not through a temporary.
-bool dx_channels_last(const Tensor& dx, const NCS& d) {
-  return channel_tiles(d) <= kFinishCounterSlots && dx.dim() == 4 && !dx.is_contiguous() &&
-         dx.is_contiguous(MemoryFormat::ChannelsLast);
 }
 
 void batch_norm_bwd(const KernelCall& c) {
   const NCS d = ncs_of(c.in[1]);
+  const bool relu = c.attrs.b("relu", false);  // g is relu_backward(g, y), y = in[5]
   const PlaneOperand go = plane_operand(c.in[0], d), xo = plane_operand(c.in[1], d);
+  const PlaneOperand yo = relu ? plane_operand(c.in[5], d) : PlaneOperand{Tensor(), {d.C, d.S, false}};
   const Tensor &g = go.t, &x = xo.t, w = contiguous_on_device(c.in[2]);
   Tensor mean = contiguous_on_device(c.in[3]), rstd = contiguous_on_device(c.in[4]);
   const Tensor &dx = c.out[0], &dw = c.out[1], &db = c.out[2];
   if (d.C == 0) return;
-  const PlaneLayout Ldx{d.C, d.S, dx_channels_last(dx, d)};
+  // dx dense channels-last (the 16-bit gradient a channels-last convolution's backward reads, with attr
+  // dx_dtype) is written so by the tiles, not through a temporary.
+  const PlaneLayout Ldx{d.C, d.S, tiles_channels_last(dx, d)};
   const bool training = c.attrs.b("training");
-  const bool tiled = go.layout.channels_last || xo.layout.channels_last || Ldx.channels_last;
+  const bool tiled = go.layout.channels_last || xo.layout.channels_last || yo.layout.channels_last || Ldx.channels_last;
   cudaStream_t s = stream_of(x);
   visit_norm_input(x.dtype(), dw.dtype(), "batch_norm_backward", [&]<typename X, typename D>() {
-    using A = Acc<D>;
-    const D* pg = in_ptr<D>(g);
-    const X* px = in_ptr<X>(x);
-    const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
-    const ChannelSplit sp = tiled ? split_pixels(d, tile_pixels<A>) : split_channels(d);
-    // Chunk sums of g, then of g xhat: (2, C, parts), or (2, parts, C) for the tiles.
-    Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
-    Tensor coef = Tensor::empty({2, d.C}, mean.dtype(), x.device());            // mean(g), mean(g xhat)
-    if (tiled) {
-      launch_kernel(batch_norm_bwd_sums_tiled_kernel<X, D>, grid_for(channel_tiles(d) * sp.parts),
-                    dim3(kTile, kTileRows), 0, s, pg, go.layout, px, xo.layout, pm, pr, sp, out_ptr<A>(part), training,
-                    out_ptr<D>(dw), out_ptr<D>(db), out_ptr<A>(coef));
-    } else {
-      launch_kernel(batch_norm_bwd_partial_kernel<X, D>, grid_for(d.C * sp.parts), kChannelThreads, 0, s, pg, px, pm,
-                    pr, sp, out_ptr<A>(part));
-      REEL_CUDA_LAUNCH_CHECK();
-      launch_kernel(batch_norm_bwd_finalize_kernel<D>, blocks_for(d.C), 256, 0, s, in_ptr<A>(part), sp, training,
-                    out_ptr<D>(dw), out_ptr<D>(db), out_ptr<A>(coef));
-    }
-    REEL_CUDA_LAUNCH_CHECK();
-    const int64_t total = x.numel();
-    if (total == 0) return;
-    visit_dx_type<D>(dx.dtype(), dw.dtype(), "batch_norm_backward", [&]<typename O>() {
+    visit_grad_type<X, D>(g.dtype(), dw.dtype(), "batch_norm_backward", [&]<typename G>() {
+      using A = Acc<D>;
+      const G* pg = in_ptr<G>(g);
+      const D* py = relu ? in_ptr<D>(yo.t) : nullptr;
+      const X* px = in_ptr<X>(x);
+      const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
+      const ChannelSplit sp = tiled ? split_pixels(d, tile_pixels<A>) : split_channels(d);
+      // Chunk sums of g, then of g xhat: (2, C, parts), or (2, parts, C) for the tiles.
+      Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
+      Tensor coef = Tensor::empty({2, d.C}, mean.dtype(), x.device());  // mean(g), mean(g xhat)
       if (tiled) {
-        const int64_t P = d.N * d.S, tiles = (P + tile_pixels<A> - 1) / tile_pixels<A> * channel_tiles(d);
-        launch_kernel(batch_norm_bwd_dx_tiled_kernel<X, D, O>, grid_for(tiles), dim3(kTile, kTileRows), 0, s, pg,
-                      go.layout, px, xo.layout, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<O>(dx), Ldx, P);
+        launch_kernel(batch_norm_bwd_sums_tiled_kernel<X, D, G>, grid_for(channel_tiles(d) * sp.parts),
+                      dim3(kTile, kTileRows), 0, s, pg, go.layout, py, yo.layout, px, xo.layout, pm, pr, sp,
+                      out_ptr<A>(part), training, out_ptr<D>(dw), out_ptr<D>(db), out_ptr<A>(coef));
+      } else {
+        launch_kernel(batch_norm_bwd_partial_kernel<X, D, G>, grid_for(d.C * sp.parts), kChannelThreads, 0, s, pg, py,
+                      px, pm, pr, sp, out_ptr<A>(part));
         REEL_CUDA_LAUNCH_CHECK();
-        return;
+        launch_kernel(batch_norm_bwd_finalize_kernel<D>, blocks_for(d.C), 256, 0, s, in_ptr<A>(part), sp, training,
+                      out_ptr<D>(dw), out_ptr<D>(db), out_ptr<A>(coef));
       }
-      launch_flat(batch_norm_bwd_dx_kernel<uint32_t, X, D, O>, batch_norm_bwd_dx_kernel<int64_t, X, D, O>, total, d,
-                  s, pg, px, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<O>(dx));
+      REEL_CUDA_LAUNCH_CHECK();
+      const int64_t total = x.numel();
+      if (total == 0) return;
+      visit_dx_type<D>(dx.dtype(), dw.dtype(), "batch_norm_backward", [&]<typename O>() {
+        if (tiled) {
+          const int64_t P = d.N * d.S, tiles = (P + tile_pixels<A> - 1) / tile_pixels<A> * channel_tiles(d);
+          launch_kernel(batch_norm_bwd_dx_tiled_kernel<X, D, O, G>, grid_for(tiles), dim3(kTile, kTileRows), 0, s, pg,
+                        go.layout, py, yo.layout, px, xo.layout, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<O>(dx),
+                        Ldx, P);
+          REEL_CUDA_LAUNCH_CHECK();
+          return;
+        }
+        launch_flat(batch_norm_bwd_dx_kernel<uint32_t, X, D, O, G>, batch_norm_bwd_dx_kernel<int64_t, X, D, O, G>,
+                    total, d, s, pg, py, px, in_ptr<D>(w), pm, pr, in_ptr<A>(coef), out_ptr<O>(dx));
+      });
     });
   });
 }
@@ -375,9 +394,18 @@ void batch_norm_bwd(const KernelCall& c) {
 void register_batch_norm_cuda_kernels() {
   using cuda::norm_detail::run_into_contiguous;
   constexpr DeviceType gpu = DeviceType::CUDA;
-  register_kernel(gpu, OpKind::BatchNorm, [](const KernelCall& c) { run_into_contiguous(c, cuda::batch_norm_fwd); });
+  register_kernel(gpu, OpKind::BatchNorm, [](const KernelCall& c) {
+    // A channels-last copy of y (attr cast_dtype) is written where it lies by the tiled apply kernel,
+    // which runs when x is channels-last too; any other strided output through a temporary.
+    const cuda::norm_detail::NCS d = cuda::norm_detail::ncs_of(c.in[0]);
+    const bool direct = c.out.size() > 3 && cuda::tiles_channels_last(c.out[3], d) &&
+                        cuda::tiles_channels_last(c.in[0], d) && c.out[0].is_contiguous() && c.out[1].is_contiguous() &&
+                        c.out[2].is_contiguous();
+    if (direct) return cuda::batch_norm_fwd(c);
+    run_into_contiguous(c, cuda::batch_norm_fwd);
+  });
   register_kernel(gpu, OpKind::BatchNormBackward, [](const KernelCall& c) {
-    const bool direct = cuda::dx_channels_last(c.out[0], cuda::norm_detail::ncs_of(c.in[1])) &&
+    const bool direct = cuda::tiles_channels_last(c.out[0], cuda::norm_detail::ncs_of(c.in[1])) &&
                         c.out[1].is_contiguous() && c.out[2].is_contiguous();
     if (direct) return cuda::batch_norm_bwd(c);
     run_into_contiguous(c, cuda::batch_norm_bwd);

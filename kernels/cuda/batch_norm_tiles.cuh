@@ -33,16 +33,19 @@ using Tile = A[tile_pixels<A>][kTile + 1];
 
 // One operand's tile (pixels p0.., channels c0..) into `tile` as A, zeros outside [0, P) x [0, C).
 // Threads run along the operand's contiguous dim: channels for channels-last, pixels for (N, C, S);
-// every global access is coalesced.
+// every global access is coalesced. With relu_mask the tile already holds a relu's output y (loaded
+// and synchronised) and each value v becomes relu_backward(v, y): v where y > 0, else 0.
 template <typename T, typename A>
-__device__ void load_tile(Tile<A>& tile, const T* v, PlaneLayout L, int64_t P, int64_t p0, int64_t c0) {
+__device__ void load_tile(Tile<A>& tile, const T* v, PlaneLayout L, int64_t P, int64_t p0, int64_t c0,
+                          bool relu_mask = false) {
+  auto put = [&](A& at, A value) { at = relu_mask ? math::binary<OpKind::ReluBackward>(value, at) : value; };
   if (L.channels_last) {
     const int64_t c = c0 + threadIdx.x;
 #pragma unroll
     for (int j = 0; j < pixels_per_thread<A>; ++j) {
       const int r = threadIdx.y + j * kTileRows;
       const int64_t p = p0 + r;
-      tile[r][threadIdx.x] = p < P && c < L.C ? to_acc(v[p * L.C + c]) : A(0);
+      put(tile[r][threadIdx.x], p < P && c < L.C ? to_acc(v[p * L.C + c]) : A(0));
     }
   } else {
 #pragma unroll
@@ -52,10 +55,22 @@ __device__ void load_tile(Tile<A>& tile, const T* v, PlaneLayout L, int64_t P, i
       for (int j = 0; j < kTile / kTileRows; ++j) {
         const int r = threadIdx.y + j * kTileRows;  // the channel within the tile
         const int64_t c = c0 + r;
-        tile[q * kTile + threadIdx.x][r] = p < P && c < L.C ? to_acc(v[(n * L.C + c) * L.S + s]) : A(0);
+        put(tile[q * kTile + threadIdx.x][r], p < P && c < L.C ? to_acc(v[(n * L.C + c) * L.S + s]) : A(0));
       }
     }
   }
+}
+
+// The incoming gradient's tile: g, or with a fused relu (y non-null) relu_backward(g, y). G is g's
+// type: D, or a 16-bit x's own with D = float (read as its widening).
+template <typename G, typename D, typename A>
+__device__ void load_grad_tile(Tile<A>& tile, const G* g, PlaneLayout Lg, const D* y, PlaneLayout Ly, int64_t P,
+                               int64_t p0, int64_t c0) {
+  if (y) {
+    load_tile(tile, y, Ly, P, p0, c0);
+    __syncthreads();
+  }
+  load_tile(tile, g, Lg, P, p0, c0, y != nullptr);
 }
 
 // `tile` out to a D tensor in layout L, threads along its contiguous dim: coalesced.
@@ -193,9 +208,12 @@ __global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_fwd_stats_til
 }
 
 // y = x scale_c + shift_c, tiled: x in its layout, y (N, C, S). Block (pixel tile, channel tile).
-template <typename X, typename D, typename A = Acc<D>>
-__global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_fwd_apply_tiled_kernel(const X* x, PlaneLayout Lx, const D* w, const D* b, const A* mean,
-                                                  const A* rstd, D* y, int64_t P) {
+// With a fused relu y = relu(x scale_c + shift_c), and y16 (non-null: attr cast_dtype) gets y's 16-bit
+// copy in its layout L16, both from the tile.
+template <typename X, typename D, typename Y16, typename A = Acc<D>>
+__global__ void __launch_bounds__(kTile* kTileRows, 4)
+    batch_norm_fwd_apply_tiled_kernel(const X* x, PlaneLayout Lx, const D* w, const D* b, const A* mean, const A* rstd,
+                                      D* y, int64_t P, bool relu, Y16* y16, PlaneLayout L16) {
   grid_dependency_wait();
   __shared__ Tile<A> tile;
   const int64_t tiles_p = (P + tile_pixels<A> - 1) / tile_pixels<A>, tiles_c = (Lx.C + kTile - 1) / kTile;
@@ -210,11 +228,13 @@ __global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_fwd_apply_til
 #pragma unroll
       for (int j = 0; j < pixels_per_thread<A>; ++j) {
         const int r = threadIdx.y + j * kTileRows;
-        tile[r][threadIdx.x] = tile[r][threadIdx.x] * scale + shift;
+        const A v = tile[r][threadIdx.x] * scale + shift;
+        tile[r][threadIdx.x] = relu ? math::unary<OpKind::Relu>(v, A(0)) : v;
       }
     }
     __syncthreads();
     store_tile(tile, y, PlaneLayout{Lx.C, Lx.S, false}, P, p0, c0);
+    if (y16) store_tile(tile, y16, L16, P, p0, c0);
   }
 }
 
@@ -250,10 +270,11 @@ __device__ void combine_tile_grads(int64_t c0, const A* part, const ChannelSplit
 // Backward, stage 1, tiled: g and x each in its layout, staged through tiles; sums of g and g xhat
 // per (channel, chunk) into part (2, parts, C). The last block of each channel tile then combines the
 // tile's chunks.
-template <typename X, typename D, typename A = Acc<D>>
-__global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_bwd_sums_tiled_kernel(const D* g, PlaneLayout Lg, const X* x, PlaneLayout Lx, const A* mean,
-                                                 const A* rstd, ChannelSplit sp, A* part, bool training, D* dw, D* db,
-                                                 A* coef) {
+template <typename X, typename D, typename G, typename A = Acc<D>>
+__global__ void __launch_bounds__(kTile* kTileRows, 4)
+    batch_norm_bwd_sums_tiled_kernel(const G* g, PlaneLayout Lg, const D* yr, PlaneLayout Ly, const X* x,
+                                     PlaneLayout Lx, const A* mean, const A* rstd, ChannelSplit sp, A* part,
+                                     bool training, D* dw, D* db, A* coef) {
   grid_dependency_wait();
   __shared__ Tile<A> tg, tx;
   __shared__ A scratch[kTileRows][kTile];
@@ -264,7 +285,7 @@ __global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_bwd_sums_tile
     const bool live = c < C;
     const A mu = live ? mean[c] : A(0), rs = live ? rstd[c] : A(0);
     __syncthreads();
-    load_tile(tg, g, Lg, i1, i0, c0);
+    load_grad_tile(tg, g, Lg, yr, Ly, i1, i0, c0);
     load_tile(tx, x, Lx, i1, i0, c0);
     __syncthreads();
     A s_g = 0, s_gx = 0;
@@ -287,19 +308,20 @@ __global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_bwd_sums_tile
   }
 }
 
-// dx = w rstd (g - mean(g) - xhat mean(g xhat)), tiled: g, x and dx (of type O: D, or 16 bits with
-// attr dx_dtype) each in its layout.
-template <typename X, typename D, typename O, typename A = Acc<D>>
-__global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_bwd_dx_tiled_kernel(const D* g, PlaneLayout Lg, const X* x, PlaneLayout Lx, const D* w,
-                                               const A* mean, const A* rstd, const A* coef, O* dx, PlaneLayout Ldx,
-                                               int64_t P) {
+// dx = w rstd (g - mean(g) - xhat mean(g xhat)), tiled: g (with a fused relu relu_backward(g, yr)), x
+// and dx (of type O: D, or 16 bits with attr dx_dtype) each in its layout.
+template <typename X, typename D, typename O, typename G, typename A = Acc<D>>
+__global__ void __launch_bounds__(kTile* kTileRows, 4)
+    batch_norm_bwd_dx_tiled_kernel(const G* g, PlaneLayout Lg, const D* yr, PlaneLayout Ly, const X* x, PlaneLayout Lx,
+                                   const D* w, const A* mean, const A* rstd, const A* coef, O* dx, PlaneLayout Ldx,
+                                   int64_t P) {
   grid_dependency_wait();
   __shared__ Tile<A> tg, tx;
   const int64_t C = Lx.C, tiles_p = (P + tile_pixels<A> - 1) / tile_pixels<A>, tiles_c = (C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {
     const int64_t p0 = (t % tiles_p) * tile_pixels<A>, c0 = (t / tiles_p) * kTile;
     __syncthreads();
-    load_tile(tg, g, Lg, P, p0, c0);
+    load_grad_tile(tg, g, Lg, yr, Ly, P, p0, c0);
     load_tile(tx, x, Lx, P, p0, c0);
     __syncthreads();
     const int64_t c = c0 + threadIdx.x;

@@ -44,10 +44,11 @@ struct SetLayout {
 };
 
 // x (layout Lx), y (N, C, S)-contiguous: sets (n, group) of Cg * S values; w, b: (C = G Cg) or null;
-// mean, rstd: (N, G). One block per set.
-template <typename X, typename D, typename A = Acc<D>>
+// mean, rstd: (N, G). One block per set. With a fused relu y = relu(xhat w + b), and y16 (non-null:
+// attr cast_dtype) gets y's 16-bit copy in its layout L16.
+template <typename X, typename D, typename Y16, typename A = Acc<D>>
 __global__ void group_norm_fwd_kernel(const X* x, SetLayout Lx, const D* w, const D* b, D* y, A* mean, A* rstd,
-                                      int64_t sets, A eps) {
+                                      int64_t sets, A eps, bool relu, Y16* y16, SetLayout L16) {
   grid_dependency_wait();
   const int64_t G = Lx.G, Cg = Lx.Cg, S = Lx.S, len = Cg * S;
   for (int64_t set = blockIdx.x; set < sets; set += gridDim.x) {
@@ -70,7 +71,10 @@ __global__ void group_norm_fwd_kernel(const X* x, SetLayout Lx, const D* w, cons
     for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
       const int64_t ch = ch0 + i / S;
       A scale = rs * (w ? to_acc(w[ch]) : A(1)), shift = (b ? to_acc(b[ch]) : A(0)) - mu * scale;
-      ys[i] = from_acc<D>(xv(i) * scale + shift);
+      A v = xv(i) * scale + shift;
+      if (relu) v = math::unary<OpKind::Relu>(v, A(0));
+      ys[i] = from_acc<D>(v);
+      if (y16) y16[L16.at(set, i)] = from_acc<Y16>(v);
     }
   }
 }
@@ -78,15 +82,20 @@ __global__ void group_norm_fwd_kernel(const X* x, SetLayout Lx, const D* w, cons
 // g, x, dx: (N, C, S) in layouts Lg, Lx, Ldx; w: (C) or null; mean, rstd: (N, G). One block per set
 // (n, group); warp k reduces channels k, k + warps, ... of the group over S. Writes dx (in O: D, or
 // 16 bits with attr dx_dtype, the f32 value rounded once) and the per-sample channel sums
-// ds = sum_s g xhat, dbias = sum_s g, both (N, C), which stage 2 sums over N.
-template <typename X, typename D, typename O = D, typename A = Acc<D>>
-__global__ void group_norm_bwd_kernel(const D* g, SetLayout Lg, const X* x, SetLayout Lx, const D* w, const A* mean,
-                                      const A* rstd, O* dx, SetLayout Ldx, A* ds, A* dbias, int64_t sets) {
+// ds = sum_s g xhat, dbias = sum_s g, both (N, C), which stage 2 sums over N. With a fused relu (yr
+// non-null, layout Ly) g stands for relu_backward(g, yr). Gr: g's type (D, or a 16-bit x's).
+template <typename X, typename D, typename O, typename Gr, typename A = Acc<D>>
+__global__ void group_norm_bwd_kernel(const Gr* g, SetLayout Lg, const D* yr, SetLayout Ly, const X* x, SetLayout Lx,
+                                      const D* w, const A* mean, const A* rstd, O* dx, SetLayout Ldx, A* ds, A* dbias,
+                                      int64_t sets) {
   grid_dependency_wait();
   const int64_t G = Lx.G, Cg = Lx.Cg, S = Lx.S, len = Cg * S;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   for (int64_t set = blockIdx.x; set < sets; set += gridDim.x) {
-    auto gv = [&](int64_t i) { return to_acc(g[Lg.at(set, i)]); };
+    auto gv = [&](int64_t i) {
+      const A v = to_acc(g[Lg.at(set, i)]);
+      return yr ? math::binary<OpKind::ReluBackward>(v, A(to_acc(yr[Ly.at(set, i)]))) : v;
+    };
     auto xv = [&](int64_t i) { return to_acc(x[Lx.at(set, i)]); };
     const A mu = mean[set], rs = rstd[set];
     const int64_t ch0 = (set % G) * Cg;
@@ -139,13 +148,18 @@ void group_norm_fwd(const KernelCall& c) {
   const SetOperand xo = set_operand(c.in[0], G, d);
   Tensor w = contiguous_on_device(c.in[1]), b = contiguous_on_device(c.in[2]);
   const Tensor &x = xo.t, &y = c.out[0], &mean = c.out[1], &rstd = c.out[2];
+  const Tensor y16 = c.out.size() > 3 ? c.out[3] : Tensor();  // attr cast_dtype: y's 16-bit copy
+  const SetLayout L16{G, d.C / std::max<int64_t>(G, 1), d.S, is_channels_last_only(y16)};
+  const bool relu = c.attrs.b("relu", false);
   if (sets == 0) return;
   visit_norm_input(x.dtype(), y.dtype(), "group_norm", [&]<typename X, typename D>() {
-    using A = Acc<D>;
-    launch_kernel(group_norm_fwd_kernel<X, D>, grid_for(sets), kSetThreads, 0, stream_of(x), in_ptr<X>(x), xo.layout,
-                  in_ptr<D>(w), in_ptr<D>(b), out_ptr<D>(y), out_ptr<A>(mean), out_ptr<A>(rstd), sets,
-                  A(c.attrs.f("eps")));
-    REEL_CUDA_LAUNCH_CHECK();
+    visit_copy_type<D>(y16, "group_norm", [&]<typename Y16>() {
+      using A = Acc<D>;
+      launch_kernel(group_norm_fwd_kernel<X, D, Y16>, grid_for(sets), kSetThreads, 0, stream_of(x), in_ptr<X>(x),
+                    xo.layout, in_ptr<D>(w), in_ptr<D>(b), out_ptr<D>(y), out_ptr<A>(mean), out_ptr<A>(rstd), sets,
+                    A(c.attrs.f("eps")), relu, y16.defined() ? out_ptr<Y16>(y16) : nullptr, L16);
+      REEL_CUDA_LAUNCH_CHECK();
+    });
   });
 }
 
@@ -154,7 +168,9 @@ void group_norm_fwd(const KernelCall& c) {
 void group_norm_bwd(const KernelCall& c) {
   const NCS d = ncs_of(c.in[1]);
   const int64_t N = d.N, C = d.C, G = c.attrs.i("groups"), sets = N * G;
+  const bool relu = c.attrs.b("relu", false);  // g is relu_backward(g, y), y = in[5]
   const SetOperand go = set_operand(c.in[0], G, d), xo = set_operand(c.in[1], G, d);
+  const SetOperand yo = relu ? set_operand(c.in[5], G, d) : SetOperand{Tensor(), {}};
   const Tensor &g = go.t, &x = xo.t, w = contiguous_on_device(c.in[2]);
   Tensor mean = contiguous_on_device(c.in[3]), rstd = contiguous_on_device(c.in[4]);
   const Tensor &dx = c.out[0], &dw = c.out[1], &db = c.out[2];
@@ -168,10 +184,12 @@ void group_norm_bwd(const KernelCall& c) {
     A* pp = out_ptr<A>(part);
     if (sets > 0) {
       visit_dx_type<D>(dx.dtype(), dw.dtype(), "group_norm_backward", [&]<typename O>() {
-        launch_kernel(group_norm_bwd_kernel<X, D, O>, grid_for(sets), kSetThreads, 0, s, in_ptr<D>(g), go.layout,
-                      in_ptr<X>(x), xo.layout, in_ptr<D>(w), in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<O>(dx), Ldx, pp,
-                      pp + N * C, sets);
-        REEL_CUDA_LAUNCH_CHECK();
+        visit_grad_type<X, D>(g.dtype(), dw.dtype(), "group_norm_backward", [&]<typename Gr>() {
+          launch_kernel(group_norm_bwd_kernel<X, D, O, Gr>, grid_for(sets), kSetThreads, 0, s, in_ptr<Gr>(g), go.layout,
+                        relu ? in_ptr<D>(yo.t) : nullptr, yo.layout, in_ptr<X>(x), xo.layout, in_ptr<D>(w),
+                        in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<O>(dx), Ldx, pp, pp + N * C, sets);
+          REEL_CUDA_LAUNCH_CHECK();
+        });
       });
     }
     launch_kernel(norm_bwd_param_sum_kernel<D>, blocks_for(C), 256, 0, s, pp, pp + N * C, N, C, out_ptr<D>(dw),
@@ -190,7 +208,14 @@ void register_layer_norm_cuda_kernels();  // layer_norm.cu
 void register_norm_cuda_kernels() {
   using cuda::norm_detail::run_into_contiguous;
   constexpr DeviceType gpu = DeviceType::CUDA;
-  register_kernel(gpu, OpKind::GroupNorm, [](const KernelCall& c) { run_into_contiguous(c, cuda::group_norm_fwd); });
+  register_kernel(gpu, OpKind::GroupNorm, [](const KernelCall& c) {
+    // A channels-last copy of y (attr cast_dtype) is written where it lies; any other strided output
+    // through a temporary.
+    const bool direct = c.out.size() > 3 && cuda::is_channels_last_only(c.out[3]) && c.out[0].is_contiguous() &&
+                        c.out[1].is_contiguous() && c.out[2].is_contiguous();
+    if (direct) return cuda::group_norm_fwd(c);
+    run_into_contiguous(c, cuda::group_norm_fwd);
+  });
   register_kernel(gpu, OpKind::GroupNormBackward, [](const KernelCall& c) {
     // A channels-last dx is written where it lies; any other strided output through a temporary.
     const bool direct = cuda::is_channels_last_only(c.out[0]) && c.out[1].is_contiguous() && c.out[2].is_contiguous();

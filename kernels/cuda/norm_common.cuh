@@ -8,8 +8,9 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/dense_outputs.h"
 #include "kernels/cuda/device_copy.h"
+#include "kernels/dense_outputs.h"
+#include "kernels/elementwise_math.h"
 
 namespace reel::cuda::norm_detail {
 
@@ -68,6 +69,40 @@ void visit_dx_type(DType dx, DType d, const char* op, Fn&& fn) {
   }
   throw Error(detail::cat(op, ": dx of dtype ", dtype_name(dx), " with outputs of dtype ", dtype_name(d),
                           " is not supported"));
+}
+
+// Calls fn.template operator()<G>() with G the device type of a group or batch norm backward's
+// incoming gradient: D's own, or a 16-bit x's X with D = float (read as its exact widening,
+// schema/norm.cpp).
+template <typename X, typename D, typename Fn>
+void visit_grad_type(DType g, DType d, const char* op, Fn&& fn) {
+  if (g == d) return fn.template operator()<D>();
+  if constexpr (!std::is_same_v<X, D>) {
+    constexpr DType x16 = std::is_same_v<X, __nv_bfloat16> ? DType::bf16 : DType::f16;
+    if (g == x16) return fn.template operator()<X>();
+  }
+  throw Error(detail::cat(op, ": gradient of dtype ", dtype_name(g), " with outputs of dtype ", dtype_name(d),
+                          " is not supported"));
+}
+
+// Calls fn.template operator()<Y16>() with Y16 the device type of a group or batch norm's 16-bit copy
+// of y (attr cast_dtype, D = float), or D itself when there is none (the kernels get a null pointer).
+template <typename D, typename Fn>
+void visit_copy_type(const Tensor& y16, const char* op, Fn&& fn) {
+  if (!y16.defined()) return fn.template operator()<D>();
+  if constexpr (std::is_same_v<D, float>) {
+    if (y16.dtype() == DType::bf16) return fn.template operator()<__nv_bfloat16>();
+    if (y16.dtype() == DType::f16) return fn.template operator()<__half>();
+  }
+  throw Error(detail::cat(op, ": a copy of y in ", dtype_name(y16.dtype()), " is not supported"));
+}
+
+// The gradient at a norm's output with a fused relu: relu_backward(g, y) = g where y > 0, else 0;
+// g itself when y is null (no relu). Element i of both.
+template <typename A, typename G, typename D>
+__device__ __forceinline__ A relu_grad_at(const G* g, const D* y, int64_t i) {
+  const A v = to_acc(g[i]);
+  return y ? math::binary<OpKind::ReluBackward>(v, A(to_acc(y[i]))) : v;
 }
 
 // Typed device pointers of a tensor; nullptr for an absent optional input.

@@ -26,6 +26,14 @@
 //       (x's own f32, or a 16-bit x with dtype = f32): dx is written in that dtype, the f32 dx rounded
 //       once, the bits of dx.to(dx_dtype). The compiler sets it where dx's one reader was that cast, the
 //       16-bit gradient a convolution's backward reads (compile/passes/write_norm_grad_16bit.cpp).
+//   group and batch norm's backward take g of their outputs' dtype d, or, with d = f32 and a 16-bit x,
+//       of x's dtype: read as its exact f32 widening (a convolution's 16-bit input gradient).
+//   group and batch norm with attr relu (fused activation, compile/passes/fuse_norm_activation.cpp):
+//       y = relu(norm(x)), relu as the relu op computes it (NaN stays NaN); with attr cast_dtype
+//       (bf16 | f16, outputs f32) also a 4th output y16 = y.to(cast_dtype), the 16-bit copy the next
+//       convolution reads, of x's shape in any layout (channels-last on the GPU).
+//       Their backward with attr relu takes a 6th input y, that relu's output (x's shape, dtype d), and
+//       back-propagates relu_backward(g, y) = (y > 0 ? g : 0): the gradient at the norm's output.
 //   dropout (x[, state])                   attrs p in [0, 1], seed, offset (state: tensor/rng.h's PhiloxArgs)
 //       -> y (x.shape), mask (x.shape, x's dtype, values 0 or 1/(1-p); all 0 when p == 1)
 // Fused (the compiler writes them; kernels/ops.def):
@@ -107,6 +115,37 @@ void expect_grad_like_x(OpKind op, const Tensor& g, const Tensor& x, DType d) {
   schema::expect_defined(op, g, "gradient");
   REEL_CHECK(g.shape() == x.shape() && g.dtype() == d, op_name(op), ": gradient ", schema::desc(g),
              " does not match x ", schema::desc(x), d == x.dtype() ? "" : " read as f32 (attr dtype f32)");
+}
+
+// Group and batch norm's backward: g of dtype d, or of a 16-bit x's own dtype when d = f32 (read as
+// its f32 widening).
+void expect_norm_grad(OpKind op, const Tensor& g, const Tensor& x, DType d) {
+  schema::expect_defined(op, g, "gradient");
+  const bool wide_g =
+      d == DType::f32 && (x.dtype() == DType::bf16 || x.dtype() == DType::f16) && g.dtype() == x.dtype();
+  REEL_CHECK(g.shape() == x.shape() && (g.dtype() == d || wide_g), op_name(op), ": gradient ", schema::desc(g),
+             " does not match x ", schema::desc(x),
+             d == x.dtype() ? "" : " read as f32 (attr dtype f32; the gradient f32 or x's own dtype)");
+}
+
+// The fused relu's attrs of a group or batch norm (d: its outputs' dtype): the forward's 16-bit copy
+// of y (attr cast_dtype), appended to `out`; the backward's input y (in[5], with attr relu).
+void expect_norm_relu_forward(OpKind op, const Tensor& x, const Attrs& a, DType d, std::vector<TensorMeta>& out) {
+  if (!a.has("cast_dtype")) return;
+  const DType cast = a.dtype("cast_dtype");
+  REEL_CHECK((cast == DType::bf16 || cast == DType::f16) && d == DType::f32, op_name(op), ": cast_dtype ",
+             dtype_name(cast), " with y of dtype ", dtype_name(d), ": the copy of y is bf16/f16 of an f32 y");
+  out.push_back({x.shape(), cast, x.device()});
+}
+void expect_norm_relu_backward(OpKind op, const std::vector<Tensor>& in, const Tensor& x, const Attrs& a, DType d) {
+  const bool relu = a.b("relu", false);
+  REEL_CHECK(in.size() == (relu ? 6u : 5u), op_name(op), " takes g, x, w, mean, rstd",
+             relu ? " and (attr relu) the relu's output y: 6 inputs" : ": 5 inputs", ", got ", in.size());
+  if (!relu) return;
+  const Tensor& y = in[5];
+  schema::expect_defined(op, y, "relu output y");
+  REEL_CHECK(y.shape() == x.shape() && y.dtype() == d, op_name(op), ": relu output y ", schema::desc(y),
+             " must have x's shape ", shape_str(x.shape()), " and dtype ", dtype_name(d));
 }
 void expect_grad_like_x(OpKind op, const Tensor& g, const Tensor& x) { expect_grad_like_x(op, g, x, x.dtype()); }
 
@@ -255,7 +294,9 @@ std::vector<TensorMeta> infer_group_norm(const std::vector<Tensor>& in, const At
   expect_param(op, in[2], x, {x.shape()[1]}, "bias", d);
   DType st = stat_dtype(x.dtype());
   Shape stats{x.shape()[0], G};
-  return {{x.shape(), d, x.device()}, {stats, st, x.device()}, {stats, st, x.device()}};
+  std::vector<TensorMeta> out{{x.shape(), d, x.device()}, {stats, st, x.device()}, {stats, st, x.device()}};
+  expect_norm_relu_forward(op, x, a, d, out);
+  return out;
 }
 
 // The dtype of a group or batch norm's dx: d (the outputs' dtype), or attr dx_dtype, 16 bits from f32.
@@ -269,12 +310,13 @@ DType dx_dtype_of(OpKind op, const Attrs& a, DType d) {
 
 std::vector<TensorMeta> infer_group_norm_backward(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::GroupNormBackward;
-  schema::expect_inputs(op, in, 5);
+  REEL_ASSERT(in.size() >= 2, "group_norm_backward takes at least g and x, got ", in.size(), " inputs");
   const Tensor& x = in[1];
   expect_x(op, x);
   expect_channels(op, x);
   const DType d = param_dtype(op, x, a);
-  expect_grad_like_x(op, in[0], x, d);
+  expect_norm_relu_backward(op, in, x, a, d);
+  expect_norm_grad(op, in[0], x, d);
   int64_t G = checked_groups(op, x, a);
   Shape channels{x.shape()[1]};
   expect_param(op, in[2], x, channels, "weight", d);
@@ -317,17 +359,20 @@ std::vector<TensorMeta> infer_batch_norm(const std::vector<Tensor>& in, const At
     REEL_CHECK(rm.defined(), "batch_norm: eval mode (training=false) needs running_mean and running_var, got none");
   }
   DType st = stat_dtype(x.dtype());
-  return {{x.shape(), d, x.device()}, {channels, st, x.device()}, {channels, st, x.device()}};
+  std::vector<TensorMeta> out{{x.shape(), d, x.device()}, {channels, st, x.device()}, {channels, st, x.device()}};
+  expect_norm_relu_forward(op, x, a, d, out);
+  return out;
 }
 
 std::vector<TensorMeta> infer_batch_norm_backward(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::BatchNormBackward;
-  schema::expect_inputs(op, in, 5);
+  REEL_ASSERT(in.size() >= 2, "batch_norm_backward takes at least g and x, got ", in.size(), " inputs");
   const Tensor& x = in[1];
   expect_x(op, x);
   expect_channels(op, x);
   const DType d = param_dtype(op, x, a);
-  expect_grad_like_x(op, in[0], x, d);
+  expect_norm_relu_backward(op, in, x, a, d);
+  expect_norm_grad(op, in[0], x, d);
   Shape channels{x.shape()[1]};
   expect_param(op, in[2], x, channels, "weight", d);
   expect_stat(op, in[3], x, channels, "save_mean");

@@ -264,27 +264,35 @@ struct Widened {
   int64_t groups = 1;
 };
 
+// The forward's attrs: a 16-bit x read as f32.
+Attrs widened_attrs(const Widened& v) {
+  Attrs a = Attrs().set("eps", kEps).set("dtype", DType::f32);
+  return v.batch ? a.set("training", v.training).set("momentum", kMomentum) : a.set("groups", v.groups);
+}
+// The backward's.
+Attrs widened_backward_attrs(const Widened& v) {
+  Attrs a = Attrs().set("dtype", DType::f32);
+  return v.batch ? a.set("training", v.training) : a.set("groups", v.groups);
+}
+
 // x, w, b[, running_mean, running_var] and attrs of the forward.
 OpCall widened_call(const Widened& v, DType t) {
   const int64_t C = v.x[1];
   Tensor w = v.affine ? randn_input({C}, DType::f32, 141, Layout::contiguous, 0.5, 1.0) : Tensor();
   Tensor b = v.affine ? randn_input({C}, DType::f32, 142, Layout::contiguous, 0.5) : Tensor();
   Tensor x = randn_input(v.x, t, 140, v.layout, 1.0, 0.5);
-  Attrs a = Attrs().set("eps", kEps).set("dtype", DType::f32);
-  if (!v.batch) return OpCall{{x, w, b}, a.set("groups", v.groups)};
+  if (!v.batch) return OpCall{{x, w, b}, widened_attrs(v)};
   Tensor rm = v.running ? randn_input({C}, DType::f32, 143, Layout::contiguous, 0.5) : Tensor();
   Tensor rv = v.running ? uniform_input({C}, DType::f32, 144, 0.5, 1.5) : Tensor();
-  return OpCall{{x, w, b, rm, rv}, a.set("training", v.training).set("momentum", kMomentum)};
+  return OpCall{{x, w, b, rm, rv}, widened_attrs(v)};
 }
 
 // The backward's (g, x, w, mean, rstd), with the statistics of the forward on the CPU.
 OpCall widened_backward_call(const Widened& v, DType t) {
   OpCall f = widened_call(v, t);
   std::vector<Tensor> saved = dispatch(v.batch ? OpKind::BatchNorm : OpKind::GroupNorm, f.inputs, f.attrs);
-  Attrs a = Attrs().set("dtype", DType::f32);
-  a = v.batch ? a.set("training", v.training) : a.set("groups", v.groups);
   return OpCall{{randn_input(v.x, DType::f32, 145, Layout::transposed), f.inputs[0], f.inputs[1], saved[1], saved[2]},
-                a};
+                widened_backward_attrs(v)};
 }
 
 // The op on the call with input `x_at` cast to f32 first (running statistics updated on copies).
@@ -296,6 +304,84 @@ Expected cast_then_f32(OpKind op, const OpCall& c, size_t x_at) {
   Expected e;
   for (const Tensor& t : dispatch(op, in, c.attrs)) e.push_back(host_values(t));
   return e;
+}
+
+// Host values as a contiguous f32 tensor of `shape`.
+Tensor f32_tensor(const std::vector<double>& v, const Shape& shape) {
+  std::vector<float> f(v.begin(), v.end());
+  return Tensor::from_vector(f, shape);
+}
+
+// Host values rounded to dtype t, as the copy kernel rounds them.
+std::vector<double> rounded(const std::vector<double>& v, DType t) {
+  const Tensor f = f32_tensor(v, {int64_t(v.size())});
+  return host_values(dispatch(OpKind::Copy, {f}, Attrs().set("dtype", t))[0]);
+}
+
+// The outputs, with a channels-last 4-D output where `channels_last` says so (as the compiled step
+// hands over a convolution's operand).
+std::vector<Tensor> given_outputs(OpKind op, const OpCall& c, const std::vector<bool>& channels_last) {
+  std::vector<Tensor> out;
+  const std::vector<TensorMeta> m = infer_outputs(op, c.inputs, c.attrs);
+  for (size_t i = 0; i < m.size(); ++i)
+    out.push_back(Tensor::empty(
+        m[i].shape, m[i].dtype, Device::cpu(),
+        i < channels_last.size() && channels_last[i] ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous));
+  return out;
+}
+
+// The fused relu of a group or batch norm (attr relu, what compile/passes/fuse_norm_relu.cpp writes):
+// forward with y's 16-bit copy (attr cast_dtype), backward from a gradient of x's 16-bit dtype and the
+// relu's output y. References: the ops the compiler replaced (relu and the cast after the f32 op;
+// relu_backward of the widened gradient before it), in plain loops where they are elementwise. With a
+// channels-last x the 16-bit copy and dx are given channels-last: the GPU's kernels write them there.
+void add_relu_cases(std::vector<OpTestCase>& cases, const Widened& v) {
+  const OpKind op = v.batch ? OpKind::BatchNorm : OpKind::GroupNorm;
+  const OpKind backward = v.batch ? OpKind::BatchNormBackward : OpKind::GroupNormBackward;
+  const bool cl = v.layout == Layout::channels_last;
+  cases.push_back({.op = op,
+                   .name = std::string(op_name(op)) + "_relu_16bit_copy_" + v.name,
+                   .dtypes = {DType::bf16, DType::f16},
+                   .make =
+                       [v, op, cl](Device, DType t) {
+                         OpCall c = widened_call(v, t);
+                         c.attrs.set("relu", true).set("cast_dtype", t);
+                         c.outputs = given_outputs(op, c, {false, false, false, cl});
+                         return c;
+                       },
+                   .reference =
+                       [v, op](const OpCall& c) {
+                         Expected e = cast_then_f32(op, OpCall{c.inputs, widened_attrs(v)}, 0);
+                         for (double& y : e[0]) y = y > 0 || y != y ? y : 0;
+                         e.push_back(rounded(e[0], c.attrs.dtype("cast_dtype")));
+                         return e;
+                       }});
+  for (bool dx16 : {false, true}) {
+    cases.push_back({.op = backward,
+                     .name = std::string(op_name(backward)) + "_relu_16bit_g" + (dx16 ? "_and_dx_" : "_") + v.name,
+                     .dtypes = {DType::bf16, DType::f16},
+                     .make =
+                         [v, backward, cl, dx16](Device, DType t) {
+                           OpCall c = widened_backward_call(v, t);
+                           c.inputs[0] = randn_input(v.x, t, 146, v.layout);  // the convolution's 16-bit gradient
+                           c.inputs.push_back(dispatch(OpKind::Relu, {randn_input(v.x, DType::f32, 147)})[0]);
+                           c.attrs.set("relu", true);
+                           if (dx16) c.attrs.set("dx_dtype", t);
+                           c.outputs = given_outputs(backward, c, {dx16 && cl});
+                           return c;
+                         },
+                     .reference =
+                         [v, backward](const OpCall& c) {
+                           std::vector<double> g = host_values(c.inputs[0]);
+                           const std::vector<double> y = host_values(c.inputs[5]);
+                           for (size_t i = 0; i < g.size(); ++i) g[i] = y[i] > 0 ? g[i] : 0;
+                           std::vector<Tensor> in(c.inputs.begin(), c.inputs.begin() + 5);
+                           in[0] = f32_tensor(g, c.inputs[1].shape());
+                           Expected e = cast_then_f32(backward, OpCall{in, widened_backward_attrs(v)}, 1);
+                           if (c.attrs.has("dx_dtype")) e[0] = rounded(e[0], c.attrs.dtype("dx_dtype"));
+                           return e;
+                         }});
+  }
 }
 
 void add_widened_cases(std::vector<OpTestCase>& cases) {
@@ -342,23 +428,18 @@ void add_widened_cases(std::vector<OpTestCase>& cases) {
                [v, given_dx, backward](Device, DType t) {
                  OpCall c = widened_backward_call(v, t);
                  c.attrs.set("dx_dtype", t);
-                 if (!given_dx) return c;
-                 std::vector<TensorMeta> m = infer_outputs(backward, c.inputs, c.attrs);
-                 c.outputs = {Tensor::empty(m[0].shape, m[0].dtype, Device::cpu(), MemoryFormat::ChannelsLast),
-                              Tensor::empty(m[1].shape, m[1].dtype), Tensor::empty(m[2].shape, m[2].dtype)};
+                 if (given_dx) c.outputs = given_outputs(backward, c, {true});
                  return c;
                },
            .reference =
                [v, backward](const OpCall& c) {
                  // The f32 call (dx in f32), then dx rounded to the 16-bit dtype.
-                 Attrs a = Attrs().set("dtype", DType::f32);
-                 a = v.batch ? a.set("training", v.training) : a.set("groups", v.groups);
-                 Expected e = cast_then_f32(backward, OpCall{c.inputs, a}, 1);
-                 const Tensor dx = Tensor::from_vector(e[0], {int64_t(e[0].size())});
-                 e[0] = host_values(dispatch(OpKind::Copy, {dx}, Attrs().set("dtype", c.attrs.dtype("dx_dtype")))[0]);
+                 Expected e = cast_then_f32(backward, OpCall{c.inputs, widened_backward_attrs(v)}, 1);
+                 e[0] = rounded(e[0], c.attrs.dtype("dx_dtype"));
                  return e;
                }});
     }
+    add_relu_cases(cases, v);
   }
 }
 
