@@ -324,7 +324,7 @@ void multi_tensor_cast_kernel_call(const KernelCall& c) {
         table.first_block[0] = 0;
       };
       table.first_block[0] = 0;
-      for (size_t i = 0; i < c.in.size(); ++i) {
+      for (size_t i = 0; i < c.out.size(); ++i) {  // the pairs: with accumulate c.in also holds the y's
         const Tensor &src = c.in[i], &dst = c.out[i];
         if (dst.numel() == 0) continue;
         const bool flat = dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape();
