@@ -111,12 +111,6 @@ void expect_x(OpKind op, const Tensor& x) {
   schema::expect_float(op, x, "x");
 }
 
-void expect_grad_like_x(OpKind op, const Tensor& g, const Tensor& x, DType d) {
-  schema::expect_defined(op, g, "gradient");
-  REEL_CHECK(g.shape() == x.shape() && g.dtype() == d, op_name(op), ": gradient ", schema::desc(g),
-             " does not match x ", schema::desc(x), d == x.dtype() ? "" : " read as f32 (attr dtype f32)");
-}
-
 // Group and batch norm's backward: g of dtype d, or of a 16-bit x's own dtype when d = f32 (read as
 // its f32 widening).
 void expect_norm_grad(OpKind op, const Tensor& g, const Tensor& x, DType d) {
@@ -147,7 +141,13 @@ void expect_norm_relu_backward(OpKind op, const std::vector<Tensor>& in, const T
   REEL_CHECK(y.shape() == x.shape() && y.dtype() == d, op_name(op), ": relu output y ", schema::desc(y),
              " must have x's shape ", shape_str(x.shape()), " and dtype ", dtype_name(d));
 }
-void expect_grad_like_x(OpKind op, const Tensor& g, const Tensor& x) { expect_grad_like_x(op, g, x, x.dtype()); }
+
+// Layer norm's backward: g of x's shape and dtype.
+void expect_grad_like_x(OpKind op, const Tensor& g, const Tensor& x) {
+  schema::expect_defined(op, g, "gradient");
+  REEL_CHECK(g.shape() == x.shape() && g.dtype() == x.dtype(), op_name(op), ": gradient ", schema::desc(g),
+             " does not match x ", schema::desc(x));
+}
 
 // x (N, C, *) for group and batch norm.
 void expect_channels(OpKind op, const Tensor& x) {
