@@ -248,14 +248,14 @@ void group_norm_fwd_kernel(const KernelCall& c) {
   });
 }
 
-// dx of one (n, group) set; writes sum_s g xhat and sum_s g of each of its channels to ds, dbias
-// (both (C/G) long), from which dw and db are summed over n afterwards.
 // The gradient at the norm's output: g, or with a fused relu (yr non-null) relu_backward(g, yr).
 template <typename T>
 AccType<T> grad_at(const T* g, const T* yr, int64_t i) {
   return yr ? math::binary<OpKind::ReluBackward>(load(g[i]), load(yr[i])) : load(g[i]);
 }
 
+// dx of one (n, group) set; writes sum_s g xhat and sum_s g of each of its channels to ds, dbias
+// (both (C/G) long), from which dw and db are summed over n afterwards.
 template <typename T, typename A>
 void group_norm_bwd_set(const T* g, const T* yr, const T* x, const T* w, int64_t ch0, int64_t Cg, int64_t S, A mean,
                         A rstd, T* dx, A* ds, A* dbias) {
