@@ -29,10 +29,6 @@ namespace {
 
 constexpr const char* kPass = "norm_relu";
 
-bool dense(const TensorRef& r) {
-  return is_contiguous(r) || (r.shape.size() == 4 && r.strides == strides_for(r.shape, MemoryFormat::ChannelsLast));
-}
-
 bool is_norm_forward(const Node& n) {
   return (n.op == OpKind::BatchNorm || n.op == OpKind::GroupNorm) && !n.in_place && n.outputs.size() == 3 &&
          !n.attrs.b("relu", false);
@@ -45,6 +41,16 @@ bool is_norm_backward(const Node& n) {
 
 // The relu that alone reads norm i's y, all of it, into a buffer of its own: its index, or -1 with the
 // reason in `why`.
+// The fused node m extended to `wider`, which also does node k's work, where the device's kernel takes
+// that call (node k then goes); else m as it is, with the reason logged.
+void take_if_supported(const Graph& g, size_t i, Node& m, Node wider, int k, std::vector<bool>& drop, PassStats& stats,
+                       const char* with) {
+  if (!call_supported(g, wider)) return why_not(kPass, g, i, with, "the device's kernel does not take the call");
+  m = std::move(wider);
+  drop[size_t(k)] = true;
+  stats.fused += 1;
+}
+
 int relu_after(const Graph& g, const BufferUses& u, size_t i, Why& why) {
   const TensorRef& y = g.nodes[i].outputs[0];
   const int k = sole_reader(g, u, y);
@@ -54,7 +60,7 @@ int relu_after(const Graph& g, const BufferUses& u, size_t i, Why& why) {
            std::string("y is read by ") + op_name(r.op) + ", not by a relu of all of it"))
     return -1;
   const TensorRef& out = r.outputs[0];
-  if (!why(out.shape == y.shape && out.dtype == y.dtype && internal_once(g, u, out) && dense(out),
+  if (!why(out.shape == y.shape && out.dtype == y.dtype && internal_once(g, u, out) && is_dense(out),
            "the relu writes a strided view or a buffer written elsewhere too"))
     return -1;
   return k;
@@ -70,7 +76,7 @@ int cast_of(const Graph& g, const BufferUses& u, const TensorRef& r) {
     if (c.op != OpKind::Copy || c.in_place || c.inputs.size() != 1 || !c.inputs[0] || !same_ref(*c.inputs[0], r))
       continue;
     const TensorRef& out = c.outputs[0];
-    if (is_16bit(out.dtype) && out.shape == r.shape && dense(out) && internal_once(g, u, out) &&
+    if (is_16bit(out.dtype) && out.shape == r.shape && is_dense(out) && internal_once(g, u, out) &&
         u.touches[out.buffer].front() == k && g.buffers[out.buffer].device == g.buffers[r.buffer].device)
       return k;
   }
@@ -94,13 +100,7 @@ void fuse_forward(Graph& g, const BufferUses& u, size_t i, std::vector<bool>& dr
     with_cast.outputs.push_back(g.nodes[size_t(c)].outputs[0]);
     with_cast.attrs.set("cast_dtype", with_cast.outputs.back().dtype);
     with_cast.fused.push_back("copy");
-    if (call_supported(g, with_cast)) {
-      m = std::move(with_cast);
-      drop[size_t(c)] = true;
-      stats.fused += 1;
-    } else {
-      why_not(kPass, g, i, "the cast of its relu", "the device's kernel does not take the call");
-    }
+    take_if_supported(g, i, m, std::move(with_cast), c, drop, stats, "the cast of its relu");
   }
   g.nodes[i] = std::move(m);
   drop[size_t(k)] = true;
@@ -122,7 +122,7 @@ int relu_backward_before(const Graph& g, const BufferUses& u, size_t i, Why& why
       !why(internal_once(g, u, gr) && sole_reader(g, u, gr) == int(i), "relu_backward's result has other readers"))
     return -1;
   for (const auto& in : rb.inputs) {
-    if (!why(in->shape == x.shape && in->dtype == gr.dtype && dense(*in),
+    if (!why(in->shape == x.shape && in->dtype == gr.dtype && is_dense(*in),
              "relu_backward reads a broadcast or strided operand, or one of another dtype") ||
         !why(!u.written_between(in->buffer, p, int(i)), "an operand of relu_backward is written before the norm"))
       return -1;
@@ -142,7 +142,7 @@ int widened_grad(const Graph& g, const BufferUses& u, int p, size_t i) {
   if (c.op != OpKind::Copy || c.in_place || c.inputs.size() != 1 || !c.inputs[0] || !same_ref(c.outputs[0], dy))
     return -1;
   const TensorRef& dy16 = *c.inputs[0];
-  if (dy16.dtype != x.dtype || dy16.shape != dy.shape || !dense(dy16) || u.written_between(dy16.buffer, j, int(i)) ||
+  if (dy16.dtype != x.dtype || dy16.shape != dy.shape || !is_dense(dy16) || u.written_between(dy16.buffer, j, int(i)) ||
       g.buffers[dy16.buffer].device != g.buffers[dy.buffer].device)
     return -1;
   return j;
@@ -166,13 +166,7 @@ void fuse_backward(Graph& g, const BufferUses& u, size_t i, std::vector<bool>& d
     Node wide = m;
     wide.inputs[0] = g.nodes[size_t(j)].inputs[0];
     wide.fused.insert(wide.fused.begin(), "copy");
-    if (call_supported(g, wide)) {
-      m = std::move(wide);
-      drop[size_t(j)] = true;
-      stats.fused += 1;
-    } else {
-      why_not(kPass, g, i, "the cast of its gradient", "the device's kernel does not take a 16-bit gradient");
-    }
+    take_if_supported(g, i, m, std::move(wide), j, drop, stats, "the cast of its gradient");
   }
   g.nodes[i] = std::move(m);
   drop[size_t(p)] = true;

@@ -135,6 +135,10 @@ bool device_supports(const Graph& g, const TensorRef& r, OpKind op) {
   return supports(op, g.buffers[r.buffer].device.type);
 }
 
+bool is_dense(const TensorRef& r) {
+  return is_contiguous(r) || (r.shape.size() == 4 && r.strides == strides_for(r.shape, MemoryFormat::ChannelsLast));
+}
+
 bool call_supported(const Graph& g, const Node& n) {
   std::vector<Tensor> in, out;
   for (const auto& r : n.inputs) in.push_back(r ? traced(g, *r) : Tensor());

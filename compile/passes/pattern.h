@@ -49,6 +49,9 @@ void fuse_partners(Graph& g, const char* pass, const char* with, IsAnchor is_anc
 bool refers_to(const Node& n, int buffer);
 // An Internal buffer written by exactly one node.
 bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r);
+// Contiguous, or a dense channels-last 4-D view (where autocast puts a convolution's 16-bit operands
+// on the GPU): a layout the norm kernels read and write where it lies.
+bool is_dense(const TensorRef& r);
 // bf16 or f16: the compute dtypes of autocast.
 inline bool is_16bit(DType d) { return d == DType::bf16 || d == DType::f16; }
 // Node k as a plain cast (a copy) of all of src into a contiguous Internal buffer of src's shape

@@ -21,10 +21,6 @@ namespace {
 
 constexpr const char* kPass = "norm_grad_16bit";
 
-bool dense_as(const TensorRef& r, MemoryFormat format) {
-  return r.shape.size() == 4 && r.strides == strides_for(r.shape, format);
-}
-
 // The cast reading all of dx once, or -1 with the reason in `why`.
 int grad_cast(const Graph& g, const BufferUses& u, size_t i, Why& why) {
   const TensorRef& dx = g.nodes[i].outputs[0];
@@ -37,8 +33,7 @@ int grad_cast(const Graph& g, const BufferUses& u, size_t i, Why& why) {
     return -1;
   const TensorRef& out = c.outputs[0];
   if (!why(is_16bit(out.dtype) && dx.dtype == DType::f32, "the cast is not f32 to bf16/f16") ||
-      !why(out.shape == dx.shape && internal_once(g, u, out) &&
-               (is_contiguous(out) || dense_as(out, MemoryFormat::ChannelsLast)),
+      !why(out.shape == dx.shape && internal_once(g, u, out) && is_dense(out),
            "the cast writes a strided view or a buffer written elsewhere too") ||
       !why(g.buffers[out.buffer].device == g.buffers[dx.buffer].device, "the cast moves dx to another device"))
     return -1;

@@ -227,12 +227,10 @@ __global__ void batch_norm_bwd_dx_kernel(const G* g, const D* yr, const X* x, co
 
 int64_t channel_tiles(const NCS& d) { return (d.C + kTile - 1) / kTile; }
 
-// Whether the tiled kernels take v where it lies: dense channels-last (and not also (N, C, S)-
-// contiguous, as when C or S is 1), with few enough channel tiles for their finish counters (one per
-// channel tile, last_block.cuh).
+// Whether the tiled kernels take v where it lies: channels-last only, with few enough channel tiles for
+// their finish counters (one per channel tile, last_block.cuh).
 bool tiles_channels_last(const Tensor& v, const NCS& d) {
-  return channel_tiles(d) <= kFinishCounterSlots && v.defined() && v.dim() == 4 && !v.is_contiguous() &&
-         v.is_contiguous(MemoryFormat::ChannelsLast);
+  return channel_tiles(d) <= kFinishCounterSlots && is_channels_last_only(v);
 }
 
 // An operand read in place when tiles_channels_last, else (N, C, S)-contiguous: itself or a copy.

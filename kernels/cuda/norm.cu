@@ -127,11 +127,6 @@ __global__ void group_norm_bwd_kernel(const Gr* g, SetLayout Lg, const D* yr, Se
   }
 }
 
-// A dense channels-last 4-D tensor that is not also (N, C, S)-contiguous (as when C or S is 1).
-bool is_channels_last_only(const Tensor& t) {
-  return t.defined() && t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(MemoryFormat::ChannelsLast);
-}
-
 // An operand read where it lies when (N, C, S)-contiguous or dense channels-last, else a contiguous copy.
 struct SetOperand {
   Tensor t;

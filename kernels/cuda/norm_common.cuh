@@ -126,6 +126,12 @@ inline void run_into_contiguous(const KernelCall& call, KernelFn kernel) {
   reel::run_into_contiguous(call, kernel, copy_on_device);
 }
 
+// A dense channels-last 4-D tensor that is not also (N, C, S)-contiguous (as when C or S is 1): an
+// operand the group and batch norm kernels read or write where it lies.
+inline bool is_channels_last_only(const Tensor& t) {
+  return t.defined() && t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(MemoryFormat::ChannelsLast);
+}
+
 // Shapes of x (N, C, *) as N, C and S = prod(*), for group and batch norm.
 struct NCS {
   int64_t N, C, S;

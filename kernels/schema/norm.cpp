@@ -28,7 +28,7 @@
 //       16-bit gradient a convolution's backward reads (compile/passes/write_norm_grad_16bit.cpp).
 //   group and batch norm's backward take g of their outputs' dtype d, or, with d = f32 and a 16-bit x,
 //       of x's dtype: read as its exact f32 widening (a convolution's 16-bit input gradient).
-//   group and batch norm with attr relu (fused activation, compile/passes/fuse_norm_activation.cpp):
+//   group and batch norm with attr relu (fused activation, compile/passes/fuse_norm_relu.cpp):
 //       y = relu(norm(x)), relu as the relu op computes it (NaN stays NaN); with attr cast_dtype
 //       (bf16 | f16, outputs f32) also a 4th output y16 = y.to(cast_dtype), the 16-bit copy the next
 //       convolution reads, of x's shape in any layout (channels-last on the GPU).
