@@ -31,46 +31,54 @@ struct PlaneLayout {
 template <typename A>
 using Tile = A[tile_pixels<A>][kTile + 1];
 
-// One operand's tile (pixels p0.., channels c0..) into `tile` as A, zeros outside [0, P) x [0, C).
-// Threads run along the operand's contiguous dim: channels for channels-last, pixels for (N, C, S);
-// every global access is coalesced. With relu_mask the tile already holds a relu's output y (loaded
-// and synchronised) and each value v becomes relu_backward(v, y): v where y > 0, else 0.
-template <typename T, typename A>
-__device__ void load_tile(Tile<A>& tile, const T* v, PlaneLayout L, int64_t P, int64_t p0, int64_t c0,
-                          bool relu_mask = false) {
-  auto put = [&](A& at, A value) { at = relu_mask ? math::binary<OpKind::ReluBackward>(value, at) : value; };
+// One operand's tile (pixels p0.., channels c0..) into `tile`, each value through `conv` (E(0) outside
+// [0, P) x [0, C)). Threads run along the operand's contiguous dim: channels for channels-last, pixels
+// for (N, C, S); every global access is coalesced.
+template <typename T, typename E, int R, typename Conv>
+__device__ void load_tile_as(E (&tile)[R][kTile + 1], const T* v, PlaneLayout L, int64_t P, int64_t p0, int64_t c0,
+                             Conv conv) {
   if (L.channels_last) {
     const int64_t c = c0 + threadIdx.x;
 #pragma unroll
-    for (int j = 0; j < pixels_per_thread<A>; ++j) {
+    for (int j = 0; j < R / kTileRows; ++j) {
       const int r = threadIdx.y + j * kTileRows;
       const int64_t p = p0 + r;
-      put(tile[r][threadIdx.x], p < P && c < L.C ? to_acc(v[p * L.C + c]) : A(0));
+      tile[r][threadIdx.x] = p < P && c < L.C ? conv(v[p * L.C + c]) : E(0);
     }
   } else {
 #pragma unroll
-    for (int q = 0; q < tile_pixels<A> / kTile; ++q) {  // groups of 32 pixels: tx runs along the pixels
+    for (int q = 0; q < R / kTile; ++q) {  // groups of 32 pixels: tx runs along the pixels
       const int64_t p = p0 + q * kTile + threadIdx.x, n = p / L.S, s = p - n * L.S;
 #pragma unroll
       for (int j = 0; j < kTile / kTileRows; ++j) {
         const int r = threadIdx.y + j * kTileRows;  // the channel within the tile
         const int64_t c = c0 + r;
-        put(tile[q * kTile + threadIdx.x][r], p < P && c < L.C ? to_acc(v[(n * L.C + c) * L.S + s]) : A(0));
+        tile[q * kTile + threadIdx.x][r] = p < P && c < L.C ? conv(v[(n * L.C + c) * L.S + s]) : E(0);
       }
     }
   }
 }
 
-// The incoming gradient's tile: g, or with a fused relu (y non-null) relu_backward(g, y). G is g's
-// type: D, or a 16-bit x's own with D = float (read as its widening).
-template <typename G, typename D, typename A>
-__device__ void load_grad_tile(Tile<A>& tile, const G* g, PlaneLayout Lg, const D* y, PlaneLayout Ly, int64_t P,
-                               int64_t p0, int64_t c0) {
-  if (y) {
-    load_tile(tile, y, Ly, P, p0, c0);
-    __syncthreads();
-  }
-  load_tile(tile, g, Lg, P, p0, c0, y != nullptr);
+// An operand's tile as A.
+template <typename T, typename A>
+__device__ void load_tile(Tile<A>& tile, const T* v, PlaneLayout L, int64_t P, int64_t p0, int64_t c0) {
+  load_tile_as(tile, v, L, P, p0, c0, [](T x) { return A(to_acc(x)); });
+}
+
+// A fused relu's mask beside the gradient's tile: 1 where its output y > 0. Loaded with g's and x's
+// tiles (one round trip to memory, not two), applied as g is read: relu_backward(g, y).
+template <typename A>
+using MaskTile = uint8_t[tile_pixels<A>][kTile + 1];
+
+template <typename D, typename A>
+__device__ void load_relu_mask(MaskTile<A>& mask, const D* y, PlaneLayout Ly, int64_t P, int64_t p0, int64_t c0) {
+  load_tile_as(mask, y, Ly, P, p0, c0, [](D v) { return uint8_t(to_acc(v) > decltype(to_acc(v))(0)); });
+}
+
+// Element (r, tx) of the gradient: g, or with a relu (has_mask) relu_backward(g, y) = y > 0 ? g : 0.
+template <typename A>
+__device__ __forceinline__ A grad_in_tile(const Tile<A>& tg, const MaskTile<A>& mask, bool has_mask, int r) {
+  return has_mask && !mask[r][threadIdx.x] ? A(0) : tg[r][threadIdx.x];
 }
 
 // `tile` out to a D tensor in layout L, threads along its contiguous dim: coalesced.
@@ -277,6 +285,7 @@ __global__ void __launch_bounds__(kTile* kTileRows, 4)
                                      bool training, D* dw, D* db, A* coef) {
   grid_dependency_wait();
   __shared__ Tile<A> tg, tx;
+  __shared__ MaskTile<A> mask;
   __shared__ A scratch[kTileRows][kTile];
   const int64_t C = sp.C, tiles_c = (C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {
@@ -285,15 +294,16 @@ __global__ void __launch_bounds__(kTile* kTileRows, 4)
     const bool live = c < C;
     const A mu = live ? mean[c] : A(0), rs = live ? rstd[c] : A(0);
     __syncthreads();
-    load_grad_tile(tg, g, Lg, yr, Ly, i1, i0, c0);
+    load_tile(tg, g, Lg, i1, i0, c0);
     load_tile(tx, x, Lx, i1, i0, c0);
+    if (yr) load_relu_mask<D, A>(mask, yr, Ly, i1, i0, c0);
     __syncthreads();
     A s_g = 0, s_gx = 0;
 #pragma unroll
     for (int j = 0; j < pixels_per_thread<A>; ++j) {
       const int r = threadIdx.y + j * kTileRows;
       if (i0 + r >= i1) break;
-      const A gv = tg[r][threadIdx.x];
+      const A gv = grad_in_tile<A>(tg, mask, yr != nullptr, r);
       s_g += gv;
       s_gx += gv * (tx[r][threadIdx.x] - mu) * rs;
     }
@@ -317,12 +327,14 @@ __global__ void __launch_bounds__(kTile* kTileRows, 4)
                                    int64_t P) {
   grid_dependency_wait();
   __shared__ Tile<A> tg, tx;
+  __shared__ MaskTile<A> mask;
   const int64_t C = Lx.C, tiles_p = (P + tile_pixels<A> - 1) / tile_pixels<A>, tiles_c = (C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {
     const int64_t p0 = (t % tiles_p) * tile_pixels<A>, c0 = (t / tiles_p) * kTile;
     __syncthreads();
-    load_grad_tile(tg, g, Lg, yr, Ly, P, p0, c0);
+    load_tile(tg, g, Lg, P, p0, c0);
     load_tile(tx, x, Lx, P, p0, c0);
+    if (yr) load_relu_mask<D, A>(mask, yr, Ly, P, p0, c0);
     __syncthreads();
     const int64_t c = c0 + threadIdx.x;
     if (c < C) {
@@ -331,7 +343,7 @@ __global__ void __launch_bounds__(kTile* kTileRows, 4)
       for (int j = 0; j < pixels_per_thread<A>; ++j) {
         const int r = threadIdx.y + j * kTileRows;
         const A xh = (tx[r][threadIdx.x] - mu) * rs;
-        tg[r][threadIdx.x] = wc * rs * (tg[r][threadIdx.x] - cg - xh * cgx);
+        tg[r][threadIdx.x] = wc * rs * (grad_in_tile<A>(tg, mask, yr != nullptr, r) - cg - xh * cgx);
       }
     }
     __syncthreads();
