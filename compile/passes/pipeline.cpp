@@ -36,10 +36,9 @@ const std::vector<Pass>& pipeline() {
       {"gemm_16bit", S::Fusion, store_gemm_bias_16bit, "GEMM results that only 16-bit readers read, in 16 bits"},
       {"norm_backward_add", S::Fusion, fuse_norm_backward_add,
        "layer-norm backward + the residual's gradient (+ cast, sums)"},
-      // After norm_backward_add (its node) and gemm_16bit. Off by default until the H200 has timed
-      // it: its CUDA kernels are built and tested on the CPU's reference only.
+      // After norm_backward_add (its node) and gemm_16bit.
       {"layer_norm_16bit", S::Fusion, read_layer_norm_16bit,
-       "layer norms reading their GEMMs' results (addend, gradient) in 16 bits", /*on_by_default=*/false},
+       "layer norms reading their GEMMs' results (addend, gradient) in 16 bits"},
       // After gemm_16bit: it fuses the 16-bit pre-activation that pass made.
       {"gemm_gelu", S::Fusion, fuse_gemm_gelu, "GELU in the epilogue of the GEMM before it"},
       {"norm_16bit_input", S::Fusion, read_norm_input_16bit, "group/batch norms reading a 16-bit x, not its f32 cast"},
