@@ -139,11 +139,13 @@ TEST(ChannelsLastConv2dCuda, AllThreeOpsMatchNchwAndTheCpu) {
     bool bias;
   };
   // Few input channels and O a multiple of 16 take the stem kernel for the 16-bit NHWC weight
-  // gradient: one or many slices per block, K padded to 16, 32 and 64, O 16 to 64; O = 8 does not.
+  // gradient: one or many slices per block (40 x 32 x 32 positions: five a block, loaded four at a
+  // time, then one), K padded to 16, 32 and 64, O 16 to 64; O = 8 does not.
   for (const Case& c : {Case{{4, 16, 12, 10}, {32, 16, 3, 3}, 1, true}, Case{{3, 3, 16, 16}, {16, 3, 3, 3}, 1, false},
                         Case{{2, 3, 11, 9}, {16, 3, 3, 3}, 2, true}, Case{{8, 3, 40, 40}, {32, 3, 3, 3}, 1, false},
                         Case{{4, 1, 20, 20}, {48, 1, 3, 3}, 1, false}, Case{{2, 6, 10, 10}, {64, 6, 3, 3}, 1, true},
-                        Case{{2, 3, 11, 9}, {8, 3, 3, 3}, 2, true}, Case{{2, 32, 9, 9}, {8, 32, 3, 3}, 2, false}}) {
+                        Case{{2, 3, 11, 9}, {8, 3, 3, 3}, 2, true}, Case{{2, 32, 9, 9}, {8, 32, 3, 3}, 2, false},
+                        Case{{40, 3, 32, 32}, {32, 3, 3, 3}, 1, false}}) {
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " x " + shape_str(c.x));
       const double tol = dt == DType::f32 ? 1e-5 : dt == DType::bf16 ? 2e-2 : 4e-3;

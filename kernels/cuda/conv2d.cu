@@ -355,6 +355,7 @@ constexpr int kStemRows = 128;     // positions staged per slice
 constexpr int kStemBlocks = 64;    // blocks (partials) at most: the last block's serial sum stays short
 constexpr int kStemThreads = 512;  // 16 warps: one per output tile, all stage and sum
 constexpr int kStemRowThreads = kStemThreads / kStemRows;  // 4 threads stage one position's row
+constexpr int kStemDepthValues = 64;  // values a thread holds for the slices whose loads are in flight
 
 // Kp: K rounded up to a power of two >= 16 (so a thread's share of a row is a fixed count).
 int64_t stem_padded_k(int64_t K) { return K <= 16 ? 16 : K <= 32 ? 32 : 64; }
@@ -373,8 +374,10 @@ struct StemGeom {
 
 // OP = O (a multiple of 16), KP = stem_padded_k(K). Thread t stages row t / 4 of a slice: a quarter of
 // its dy row (OP / 4 contiguous values) and a quarter of its im2col row (KP / 4 gathered values, with
-// (i, j, c) of each column from a table), every load issued before any store: the staging is
-// latency-bound, and per-element index division made it compute-bound before that.
+// (i, j, c) of each column from a table). The loads of kStemDepth slices (as many as 64 values a
+// thread allow) are all issued before the first store: the staging is latency-bound (with one slice's
+// loads in flight at a time the kernel waited on memory once a slice: 15.7 us a call in cnn-small on
+// the H200), and per-element index division made it compute-bound before that.
 template <typename T, int OP, int KP>
 __global__ void __launch_bounds__(kStemThreads)
     conv2d_stem_wgrad_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dw,
@@ -382,6 +385,7 @@ __global__ void __launch_bounds__(kStemThreads)
   grid_dependency_wait();
   constexpr int kDyShare = OP / kStemRowThreads, kColShare = KP / kStemRowThreads;
   constexpr int kTilesK = KP / 16, kTiles = OP / 16 * kTilesK;
+  constexpr int kStemDepth = kStemDepthValues / (kDyShare + kColShare);  // 4 slices with O = 32, K <= 32
   __shared__ __align__(32) T sdy[kStemRows * OP];   // [row][o]
   __shared__ __align__(32) T scol[kStemRows * KP];  // [row][(i, j, c)]
   __shared__ int col_code[KP];                       // (i << 20) | (j << 10) | c, or -1 for padding
@@ -395,10 +399,8 @@ __global__ void __launch_bounds__(kStemThreads)
   nvcuda::wmma::fill_fragment(acc, 0.0f);
   const T zero = from_acc<T>(0.0f);
   const int m_begin = blockIdx.x * g.rows_per_block, m_end = min(g.M, m_begin + g.rows_per_block);
-  for (int m0 = m_begin; m0 < m_end; m0 += kStemRows) {
-    __syncthreads();  // the previous slice's fragments are loaded (and col_code is written)
-    const int m = m0 + row;
-    T dv[kDyShare], cv[kColShare];
+  // Row m's share of its dy row and of its im2col row into dv, cv (zeros past m_end).
+  auto load_row = [&](int m, T(&dv)[kDyShare], T(&cv)[kColShare]) {
     if (m < m_end) {
       const T* dy_row = dy + int64_t(m) * OP + share * kDyShare;
 #pragma unroll
@@ -419,19 +421,34 @@ __global__ void __launch_bounds__(kStemThreads)
 #pragma unroll
       for (int u = 0; u < kColShare; ++u) cv[u] = zero;
     }
+  };
+  __syncthreads();  // col_code is written
+  // kStemDepth slices' loads are issued before the first of them is staged: one memory latency per
+  // kStemDepth slices instead of one per slice. The slices are then staged and multiplied in order,
+  // as one at a time would: the same sums, the same bits.
+  for (int m0 = m_begin; m0 < m_end; m0 += kStemDepth * kStemRows) {
+    T dv[kStemDepth][kDyShare], cv[kStemDepth][kColShare];
 #pragma unroll
-    for (int u = 0; u < kDyShare; ++u) sdy[row * OP + share * kDyShare + u] = dv[u];
+    for (int d = 0; d < kStemDepth; ++d) load_row(m0 + d * kStemRows + row, dv[d], cv[d]);
 #pragma unroll
-    for (int u = 0; u < kColShare; ++u) scol[row * KP + share * kColShare + u] = cv[u];
-    __syncthreads();
-    if (warp < kTiles) {
+    for (int d = 0; d < kStemDepth; ++d) {
+      const int slice = m0 + d * kStemRows;
+      if (slice >= m_end) break;  // the same for the whole block
+      __syncthreads();            // the previous slice's fragments are loaded
 #pragma unroll
-      for (int rs = 0; rs < kStemRows; rs += 16) {
-        nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::col_major> a;
-        nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, nvcuda::wmma::row_major> b;
-        nvcuda::wmma::load_matrix_sync(a, sdy + rs * OP + ot * 16, OP);  // dy^T: (o, r) at sdy[r][o]
-        nvcuda::wmma::load_matrix_sync(b, scol + rs * KP + kt * 16, KP);
-        nvcuda::wmma::mma_sync(acc, a, b, acc);
+      for (int u = 0; u < kDyShare; ++u) sdy[row * OP + share * kDyShare + u] = dv[d][u];
+#pragma unroll
+      for (int u = 0; u < kColShare; ++u) scol[row * KP + share * kColShare + u] = cv[d][u];
+      __syncthreads();
+      if (warp < kTiles) {
+#pragma unroll
+        for (int rs = 0; rs < kStemRows; rs += 16) {
+          nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::col_major> a;
+          nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, nvcuda::wmma::row_major> b;
+          nvcuda::wmma::load_matrix_sync(a, sdy + rs * OP + ot * 16, OP);  // dy^T: (o, r) at sdy[r][o]
+          nvcuda::wmma::load_matrix_sync(b, scol + rs * KP + kt * 16, KP);
+          nvcuda::wmma::mma_sync(acc, a, b, acc);
+        }
       }
     }
   }
