@@ -128,7 +128,7 @@ __device__ void finalize_channel_stats(int64_t c, const A* part, const ChannelSp
     m2 += load_partial(m2s + k) + A(nk) * d * d;
   }
   store_channel_stats(c, mu, m2 / A(sp.count), sp.count, eps, mean, rstd, update, running_mean, running_var,
-                      momentum);
+                      update ? running_mean.load(c) : 0.0, update ? running_var.load(c) : 0.0, momentum);
 }
 
 template <typename A>

@@ -51,18 +51,20 @@ struct ChannelSplit {
 };
 
 // A channel's statistics from its mean and biased variance: mean, rstd: (C) and, when `update`, the
-// running statistics.
+// running statistics, whose values before the update the caller has loaded (old_mean, old_var) so
+// that their loads need not wait for the statistics.
 template <typename A>
 __device__ void store_channel_stats(int64_t c, A mu, A var, int64_t count, A eps, A* mean, A* rstd, bool update,
-                                    RunningStat running_mean, RunningStat running_var, double momentum) {
+                                    RunningStat running_mean, RunningStat running_var, double old_mean,
+                                    double old_var, double momentum) {
   mean[c] = mu;
   rstd[c] = inv_std(var, eps);
   if (update) {
     // Explicit roundings keep nvcc from contracting into FMAs: the same bits as the CPU's loop.
     const double n = double(count), var_unbiased = __ddiv_rn(__dmul_rn(double(var), n), n - 1);
     const double keep = 1 - momentum;
-    running_mean.store(c, __dadd_rn(__dmul_rn(keep, running_mean.load(c)), __dmul_rn(momentum, double(mu))));
-    running_var.store(c, __dadd_rn(__dmul_rn(keep, running_var.load(c)), __dmul_rn(momentum, var_unbiased)));
+    running_mean.store(c, __dadd_rn(__dmul_rn(keep, old_mean), __dmul_rn(momentum, double(mu))));
+    running_var.store(c, __dadd_rn(__dmul_rn(keep, old_var), __dmul_rn(momentum, var_unbiased)));
   }
 }
 

@@ -26,6 +26,20 @@ struct PlaneLayout {
   bool channels_last;
 };
 
+// Pixel p = n S + s of an (N, C, S) operand, walked in steps: one division where a tile starts, then
+// each step of a few pixels carries s into n (with 64-bit p and S a division costs dozens of
+// instructions, and the tiles' loads and stores are bound by instruction latency, not by memory).
+struct PixelPos {
+  int64_t n, s;
+  __device__ void advance(int64_t by, int64_t S) {
+    for (s += by; s >= S; s -= S) ++n;
+  }
+};
+__device__ inline PixelPos pixel_pos(int64_t p, int64_t S) {
+  const int64_t n = p <= UINT32_MAX && S <= UINT32_MAX ? int64_t(uint32_t(p) / uint32_t(S)) : p / S;
+  return {n, p - n * S};
+}
+
 // A tile staged in shared memory, [pixel][channel] (the +1 keeps a column read free of bank
 // conflicts): 128 x 33 x 4 bytes = 16.5 KiB in f32.
 template <typename A>
@@ -46,15 +60,16 @@ __device__ void load_tile_as(E (&tile)[R][kTile + 1], const T* v, PlaneLayout L,
       tile[r][threadIdx.x] = p < P && c < L.C ? conv(v[p * L.C + c]) : E(0);
     }
   } else {
+    PixelPos at = pixel_pos(p0 + threadIdx.x, L.S);
 #pragma unroll
     for (int q = 0; q < R / kTile; ++q) {  // groups of 32 pixels: tx runs along the pixels
-      const int64_t p = p0 + q * kTile + threadIdx.x, n = p / L.S, s = p - n * L.S;
+      const int64_t p = p0 + q * kTile + threadIdx.x, first = (at.n * L.C + c0) * L.S + at.s;  // channel c0's
 #pragma unroll
       for (int j = 0; j < kTile / kTileRows; ++j) {
         const int r = threadIdx.y + j * kTileRows;  // the channel within the tile
-        const int64_t c = c0 + r;
-        tile[q * kTile + threadIdx.x][r] = p < P && c < L.C ? conv(v[(n * L.C + c) * L.S + s]) : E(0);
+        tile[q * kTile + threadIdx.x][r] = p < P && c0 + r < L.C ? conv(v[first + r * L.S]) : E(0);
       }
+      at.advance(kTile, L.S);
     }
   }
 }
@@ -93,15 +108,16 @@ __device__ void store_tile(const Tile<A>& tile, D* v, PlaneLayout L, int64_t P, 
       if (p < P && c < L.C) v[p * L.C + c] = from_acc<D>(tile[r][threadIdx.x]);
     }
   } else {
+    PixelPos at = pixel_pos(p0 + threadIdx.x, L.S);
 #pragma unroll
     for (int q = 0; q < tile_pixels<A> / kTile; ++q) {
-      const int64_t p = p0 + q * kTile + threadIdx.x, n = p / L.S, s = p - n * L.S;
+      const int64_t p = p0 + q * kTile + threadIdx.x, first = (at.n * L.C + c0) * L.S + at.s;
 #pragma unroll
       for (int j = 0; j < kTile / kTileRows; ++j) {
         const int r = threadIdx.y + j * kTileRows;
-        const int64_t c = c0 + r;
-        if (p < P && c < L.C) v[(n * L.C + c) * L.S + s] = from_acc<D>(tile[q * kTile + threadIdx.x][r]);
+        if (p < P && c0 + r < L.C) v[first + r * L.S] = from_acc<D>(tile[q * kTile + threadIdx.x][r]);
       }
+      at.advance(kTile, L.S);
     }
   }
 }
@@ -143,6 +159,10 @@ __device__ void combine_tile_stats(int64_t c0, const A* part, const ChannelSplit
   const A* sums = part + c;                   // chunk k's sum at sums[k C]
   const A* m2s = part + sp.parts * sp.C + c;  // chunk k's M2 at m2s[k C]
   A s = 0, m2 = 0, K = 0;
+  // Loaded now, not after the combination: their latency overlaps the partials'.
+  const bool store_running = update && live && threadIdx.y == 0;
+  const double old_mean = store_running ? running_mean.load(c) : 0.0;
+  const double old_var = store_running ? running_var.load(c) : 0.0;
   if (live) {
     K = load_partial(sums) / A(sp.end(0));
     for (int64_t k0 = threadIdx.y; k0 < sp.parts; k0 += kCombineBatch * kTileRows) {
@@ -168,7 +188,7 @@ __device__ void combine_tile_stats(int64_t c0, const A* part, const ChannelSplit
   const A n = A(sp.count), mu = s / n, dk = mu - K;  // count == 0 gives NaN, as on the CPU
   if (threadIdx.y == 0 && live)
     store_channel_stats(c, mu, (m2 - n * dk * dk) / n, sp.count, eps, mean, rstd, update, running_mean, running_var,
-                        momentum);
+                        old_mean, old_var, momentum);
 }
 
 // Training statistics, x channels-last (x[p C + c]): block (channel tile j, pixel chunk k); thread
