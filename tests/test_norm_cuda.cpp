@@ -163,6 +163,32 @@ void expect_group_norm_layouts_give_the_same_bits(Device device) {
 
 }  // namespace
 
+// Group norm's dw and db: the (N, C) per-sample partials summed over N by the backward's last block
+// where they are few (2 N C <= 65536) and by the separate stage-2 kernel where they are many; the
+// CPU's values either way, and the same bits on a second run.
+TEST(GroupNormCuda, ParamGradientsFromTheLastBlockOrStageTwoMatchTheCpu) {
+  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
+  Generator gen(41);
+  for (const Shape& shape : {Shape{32, 128, 8, 8}, Shape{5, 24, 3, 3}, Shape{72, 512, 2, 2}}) {
+    SCOPED_TRACE(shape_str(shape));
+    const int64_t C = shape[1];
+    Tensor x = randn(shape, {}, &gen), g = randn(shape, {}, &gen), w = randn({C}, {}, &gen), b = randn({C}, {}, &gen);
+    const Attrs f = Attrs().set("groups", int64_t(8)).set("eps", 1e-5);
+    std::vector<Tensor> y = dispatch(OpKind::GroupNorm, {x, w, b}, f);
+    std::vector<Tensor> ref = dispatch(OpKind::GroupNormBackward, {g, x, w, y[1], y[2]}, Attrs().set("groups", int64_t(8)));
+    const Device gpu = Device::cuda(0);
+    auto on_gpu = [&]() {
+      return dispatch(OpKind::GroupNormBackward, {g.to(gpu), x.to(gpu), w.to(gpu), y[1].to(gpu), y[2].to(gpu)},
+                      Attrs().set("groups", int64_t(8)));
+    };
+    const std::vector<Tensor> d = on_gpu(), again = on_gpu();
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_LT(testing_util::max_rel_diff(d[k], ref[k]), 1e-4) << "output " << k;
+      EXPECT_EQ(d[k].to_vector<double>(), again[k].to_vector<double>()) << "output " << k << " run to run";
+    }
+  }
+}
+
 TEST(LayerNorm16bitOperands, EqualTheirWideningToTheBitOnTheCpu) {
   expect_16bit_operands_equal_their_widening(Device::cpu());
 }
