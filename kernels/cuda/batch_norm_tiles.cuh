@@ -8,12 +8,14 @@
 namespace reel::cuda::batch_norm_detail {
 
 // A block is kTile x kTileRows threads (tx, ty): a warp per thread row, tx the channel within the
-// tile. A tile holds tile_pixels<A> pixels (128 in f32), thread (tx, ty) taking pixel rows ty, ty + 8,
-// ...: sixteen independent loads per thread are in flight at once, which is what keeps these kernels
-// near memory bandwidth (with 32-pixel tiles each thread waited on four loads at a time, and the norms
-// ran at a third of it). f64 tiles hold 64 pixels, to stay within a block's 48 KiB of static shared
-// memory.
-constexpr int kTile = 32, kTileRows = 8;
+// tile. A tile holds tile_pixels<A> pixels (128 in f32), thread (tx, ty) taking pixel rows ty, ty + 16,
+// ...: eight independent loads per thread, a whole tile's loads in flight at once (with 32-pixel tiles
+// each thread waited on four loads at a time, and the norms ran at a third of memory bandwidth). 16
+// warps a block rather than 8: a small plane (cnn-small's: 128-256 tiles, one or two a
+// multiprocessor) is bound by the latency of each warp's instructions, and twice the warps with half
+// the work each hide it better; a large plane keeps the same warps a multiprocessor (two blocks of 16,
+// not four of 8). f64 tiles hold 64 pixels, to stay within a block's 48 KiB of static shared memory.
+constexpr int kTile = 32, kTileRows = 16;
 template <typename A>
 constexpr int tile_pixels = sizeof(A) > 4 ? 64 : 128;
 template <typename A>
@@ -122,7 +124,7 @@ __device__ void store_tile(const Tile<A>& tile, D* v, PlaneLayout L, int64_t P, 
   }
 }
 
-// The 8 per-thread partial sums of each channel column (ty = 0..7) summed in ty order; every
+// The kTileRows per-thread partial sums of each channel column (ty = 0..15) summed in ty order; every
 // thread gets its column's total. Synchronises.
 template <typename A>
 __device__ A column_sum(A v, A (&scratch)[kTileRows][kTile]) {
@@ -138,7 +140,7 @@ __device__ A column_sum(A v, A (&scratch)[kTileRows][kTile]) {
 // (tile_pixels<A>), so block (channel tile j, chunk k) reduces one tile. Their chunk partials are laid
 // out (2, parts, C), partial k of channel c at k C + c, so that a warp (32 neighbouring channels)
 // reads or writes 128 contiguous bytes. The last block of a channel tile combines the tile's chunks
-// with all its threads: thread row ty takes chunks ty, ty + 8, ..., and the rows' sums are then added
+// with all its threads: thread row ty takes chunks ty, ty + 16, ..., and the rows' sums are then added
 // in row order (column_sum), a fixed order: the same bits on every run. (One thread per channel
 // walking every chunk, as batch_norm.cu's stage-2 kernels do, took tens of microseconds for a few
 // hundred chunks.)
@@ -192,13 +194,13 @@ __device__ void combine_tile_stats(int64_t c0, const A* part, const ChannelSplit
 }
 
 // Training statistics, x channels-last (x[p C + c]): block (channel tile j, pixel chunk k); thread
-// (tx, ty) holds channel c0 + tx of its 16 pixels of the chunk in registers, read straight from x (a
+// (tx, ty) holds channel c0 + tx of its 8 pixels of the chunk in registers, read straight from x (a
 // warp reads 32 neighbouring channels of one pixel: coalesced, no staging needed), sums them, and
 // after the block has the chunk mean, sums their squared deviations from it (the two-pass variance
 // of the chunk, x read once). The last block of each channel tile to finish combines the tile's
 // chunks (kernels/cuda/last_block.cuh): one launch.
 template <typename X, typename A>
-__global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_fwd_stats_tiled_kernel(const X* x, ChannelSplit sp, A* part, A eps, A* mean, A* rstd,
+__global__ void __launch_bounds__(kTile * kTileRows, 2) batch_norm_fwd_stats_tiled_kernel(const X* x, ChannelSplit sp, A* part, A eps, A* mean, A* rstd,
                                                   bool update, RunningStat running_mean, RunningStat running_var,
                                                   double momentum) {
   grid_dependency_wait();
@@ -208,7 +210,7 @@ __global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_fwd_stats_til
     const int64_t j = t / sp.parts, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
     const int64_t c = j * kTile + threadIdx.x;
     const bool live = c < C;
-    A v[pixels_per_thread<A>];  // pixels i0 + ty + 8 r of channel c; zeros past the chunk
+    A v[pixels_per_thread<A>];  // pixels i0 + ty + 16 r of channel c; zeros past the chunk
 #pragma unroll
     for (int r = 0; r < pixels_per_thread<A>; ++r) {
       const int64_t p = i0 + threadIdx.y + r * kTileRows;
@@ -239,7 +241,7 @@ __global__ void __launch_bounds__(kTile * kTileRows, 4) batch_norm_fwd_stats_til
 // With a fused relu y = relu(x scale_c + shift_c), and y16 (non-null: attr cast_dtype) gets y's 16-bit
 // copy in its layout L16, both from the tile.
 template <typename X, typename D, typename Y16, typename A = Acc<D>>
-__global__ void __launch_bounds__(kTile* kTileRows, 4)
+__global__ void __launch_bounds__(kTile* kTileRows, 2)
     batch_norm_fwd_apply_tiled_kernel(const X* x, PlaneLayout Lx, const D* w, const D* b, const A* mean, const A* rstd,
                                       D* y, int64_t P, bool relu, Y16* y16, PlaneLayout L16) {
   grid_dependency_wait();
@@ -299,7 +301,7 @@ __device__ void combine_tile_grads(int64_t c0, const A* part, const ChannelSplit
 // per (channel, chunk) into part (2, parts, C). The last block of each channel tile then combines the
 // tile's chunks.
 template <typename X, typename D, typename G, typename A = Acc<D>>
-__global__ void __launch_bounds__(kTile* kTileRows, 4)
+__global__ void __launch_bounds__(kTile* kTileRows, 2)
     batch_norm_bwd_sums_tiled_kernel(const G* g, PlaneLayout Lg, const D* yr, PlaneLayout Ly, const X* x,
                                      PlaneLayout Lx, const A* mean, const A* rstd, ChannelSplit sp, A* part,
                                      bool training, D* dw, D* db, A* coef) {
@@ -341,7 +343,7 @@ __global__ void __launch_bounds__(kTile* kTileRows, 4)
 // dx = w rstd (g - mean(g) - xhat mean(g xhat)), tiled: g (with a fused relu relu_backward(g, yr)), x
 // and dx (of type O: D, or 16 bits with attr dx_dtype) each in its layout.
 template <typename X, typename D, typename O, typename G, typename A = Acc<D>>
-__global__ void __launch_bounds__(kTile* kTileRows, 4)
+__global__ void __launch_bounds__(kTile* kTileRows, 2)
     batch_norm_bwd_dx_tiled_kernel(const G* g, PlaneLayout Lg, const D* yr, PlaneLayout Ly, const X* x, PlaneLayout Lx,
                                    const D* w, const A* mean, const A* rstd, const A* coef, O* dx, PlaneLayout Ldx,
                                    int64_t P) {
