@@ -63,27 +63,13 @@ constexpr size_t kStageBytes = 48 * 1024;
 // the division runs in 32 bits.
 __device__ __forceinline__ int64_t staged_slot(int64_t i, int64_t S) { return i + int(i) / int(S); }
 
-// A thread's loads of kStageBatch elements are all issued before the first is stored: one memory
-// latency per batch, where a load and a store to the array in turn may keep each load waiting on the
-// store before it.
-constexpr int kStageBatch = 4;
-
 template <typename T, typename A>
 __device__ void stage_set_in(A* buf, const T* v, const SetLayout& L, int64_t set) {
   const int64_t C = L.G * L.Cg, n = set / L.G, base = n * L.S * C + (set - n * L.G) * L.Cg;
-  const int Cg = int(L.Cg), len = int(L.Cg * L.S), step = int(blockDim.x);
-  for (int j0 = threadIdx.x; j0 < len; j0 += kStageBatch * step) {
-    T got[kStageBatch];
-#pragma unroll
-    for (int u = 0; u < kStageBatch; ++u) {
-      const int j = j0 + u * step, s = j / Cg, k = j - s * Cg;
-      if (j < len) got[u] = v[base + int64_t(s) * C + k];
-    }
-#pragma unroll
-    for (int u = 0; u < kStageBatch; ++u) {
-      const int j = j0 + u * step, s = j / Cg, k = j - s * Cg;
-      if (j < len) buf[int64_t(k) * (L.S + 1) + s] = to_acc(got[u]);
-    }
+  const int Cg = int(L.Cg), len = int(L.Cg * L.S);
+  for (int j = threadIdx.x; j < len; j += blockDim.x) {
+    const int s = j / Cg, k = j - s * Cg;
+    buf[int64_t(k) * (L.S + 1) + s] = to_acc(v[base + int64_t(s) * C + k]);
   }
 }
 
