@@ -63,24 +63,36 @@ constexpr size_t kStageBytes = 48 * 1024;
 // the division runs in 32 bits.
 __device__ __forceinline__ int64_t staged_slot(int64_t i, int64_t S) { return i + int(i) / int(S); }
 
+// Element j of a channels-last set in its memory order (pixel s = j / Cg, channel k = j % Cg): where it
+// lies in the operand and its slot k (S + 1) + s in the staged array. The staging loops walk j.
+struct StagedWalk {
+  int64_t C, base, row;  // row: the array's S + 1
+  int Cg, len;
+  __device__ StagedWalk(const SetLayout& L, int64_t set) {
+    const int64_t n = set / L.G;
+    C = L.G * L.Cg, base = n * L.S * C + (set - n * L.G) * L.Cg, row = L.S + 1;
+    Cg = int(L.Cg), len = int(L.Cg * L.S);
+  }
+  __device__ int64_t offset(int j) const {
+    const int s = j / Cg, k = j - s * Cg;
+    return base + int64_t(s) * C + k;
+  }
+  __device__ int64_t slot(int j) const {
+    const int s = j / Cg, k = j - s * Cg;
+    return int64_t(k) * row + s;
+  }
+};
+
 template <typename T, typename A>
 __device__ void stage_set_in(A* buf, const T* v, const SetLayout& L, int64_t set) {
-  const int64_t C = L.G * L.Cg, n = set / L.G, base = n * L.S * C + (set - n * L.G) * L.Cg;
-  const int Cg = int(L.Cg), len = int(L.Cg * L.S);
-  for (int j = threadIdx.x; j < len; j += blockDim.x) {
-    const int s = j / Cg, k = j - s * Cg;
-    buf[int64_t(k) * (L.S + 1) + s] = to_acc(v[base + int64_t(s) * C + k]);
-  }
+  const StagedWalk w(L, set);
+  for (int j = threadIdx.x; j < w.len; j += blockDim.x) buf[w.slot(j)] = to_acc(v[w.offset(j)]);
 }
 
 template <typename T, typename A>
 __device__ void stage_set_out(T* v, const A* buf, const SetLayout& L, int64_t set) {
-  const int64_t C = L.G * L.Cg, n = set / L.G, base = n * L.S * C + (set - n * L.G) * L.Cg;
-  const int Cg = int(L.Cg), len = int(L.Cg * L.S);
-  for (int j = threadIdx.x; j < len; j += blockDim.x) {
-    const int s = j / Cg, k = j - s * Cg;
-    v[base + int64_t(s) * C + k] = from_acc<T>(buf[int64_t(k) * (L.S + 1) + s]);
-  }
+  const StagedWalk w(L, set);
+  for (int j = threadIdx.x; j < w.len; j += blockDim.x) v[w.offset(j)] = from_acc<T>(buf[w.slot(j)]);
 }
 
 // x (layout Lx), y (N, C, S)-contiguous: sets (n, group) of Cg * S values; w, b: (C = G Cg) or null;
