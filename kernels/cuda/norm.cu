@@ -13,7 +13,7 @@
 // reduces whole channels of its group (sum_s g xhat, sum_s g) into (N, C) per-sample partials, the
 // block combines them into mean(gw), mean(gw xhat) for dx, and the partials are summed over N into
 // dw, db: by the last block to finish (kernels/cuda/last_block.cuh) where they are few (cnn-small's
-// 32 x 128 x 2: a launch of 4.7 us fewer), else by the norms' stage-2 kernel (norm_common.cuh); in
+// 32 x 128 x 2: a launch of 4.7 us fewer), else by a stage-2 kernel; in
 // the same order either way.
 // Layouts: x, g and dx are each (N, C, S)-contiguous or dense channels-last (a convolution's result
 // and gradient under autocast on the GPU, NHWC), read and written where they lie (SetLayout), a
@@ -95,6 +95,36 @@ __device__ void stage_set_out(T* v, const A* buf, const SetLayout& L, int64_t se
   for (int j = threadIdx.x; j < w.len; j += blockDim.x) v[w.offset(j)] = from_acc<T>(buf[w.slot(j)]);
 }
 
+// A column of the backward's (N, C) per-sample partials (its first element at `column`) summed over
+// the samples in order n = 0, 1, ... from zero, kParamBatch loads in flight at a time (from L2: other blocks' or an
+// earlier launch's writes). The backward's last block and stage 2 both sum dw and db so: the same bits either way.
+constexpr int kParamBatch = 16;
+
+template <typename A>
+__device__ A sum_over_samples(const A* column, int64_t N, int64_t C) {
+  A sum = 0;
+  for (int64_t n0 = 0; n0 < N; n0 += kParamBatch) {
+    A v[kParamBatch];
+#pragma unroll
+    for (int u = 0; u < kParamBatch; ++u) v[u] = n0 + u < N ? load_partial(column + (n0 + u) * C) : A(0);
+#pragma unroll
+    for (int u = 0; u < kParamBatch; ++u)
+      if (n0 + u < N) sum += v[u];
+  }
+  return sum;
+}
+
+// Stage 2, where the backward's last block does not sum them: dw[j], db[j] from ds, dbias: (N, C).
+// N == 0 gives zeros.
+template <typename D, typename A = Acc<D>>
+__global__ void group_norm_param_sum_kernel(const A* ds, const A* dbias, int64_t N, int64_t C, D* dw, D* db) {
+  grid_dependency_wait();
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < C; j += int64_t(gridDim.x) * blockDim.x) {
+    dw[j] = from_acc<D>(sum_over_samples(ds + j, N, C));
+    db[j] = from_acc<D>(sum_over_samples(dbias + j, N, C));
+  }
+}
+
 // x (layout Lx), y (N, C, S)-contiguous: sets (n, group) of Cg * S values; w, b: (C = G Cg) or null;
 // mean, rstd: (N, G). One block per set. With a fused relu y = relu(xhat w + b), and y16 (non-null:
 // attr cast_dtype) gets y's 16-bit copy in its layout L16. With `staged`, a channels-last x is read
@@ -152,8 +182,8 @@ __global__ void group_norm_fwd_kernel(const X* x, SetLayout Lx, const D* w, cons
 // (n, group); warp k reduces channels k, k + warps, ... of the group over S. Writes dx (in O: D, or
 // 16 bits with attr dx_dtype, the f32 value rounded once) and the per-sample channel sums
 // ds = sum_s g xhat, dbias = sum_s g, both (N, C), which are summed over N into dw and db by the last
-// block to finish when dw is non-null, else by stage 2 (norm_bwd_param_sum_kernel, the same
-// order: n = 0, 1, ... from zero). With a fused relu (yr
+// block to finish when dw is non-null, else by stage 2 (group_norm_param_sum_kernel; both through
+// sum_over_samples). With a fused relu (yr
 // non-null, layout Ly) g stands for relu_backward(g, yr). Gr: g's type (D, or a 16-bit x's). With
 // `staged`, channels-last operands go through two staged arrays: g's (which dx then overwrites) and x's.
 template <typename X, typename D, typename O, typename Gr, typename A = Acc<D>>
@@ -177,7 +207,7 @@ __global__ void group_norm_bwd_kernel(const Gr* g, SetLayout Lg, const D* yr, Se
       if (g_staged && yr) {  // the relu's mask, read in y's own (k, s) order
         for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
           A& gi = gbuf[staged_slot(i, S)];
-          gi = math::binary<OpKind::ReluBackward>(gi, A(to_acc(yr[Ly.at(set, i)])));
+          gi = relu_grad(gi, yr, Ly.at(set, i));
         }
         __syncthreads();
       }
@@ -185,7 +215,7 @@ __global__ void group_norm_bwd_kernel(const Gr* g, SetLayout Lg, const D* yr, Se
     auto gv = [&](int64_t i) {
       if (g_staged) return gbuf[staged_slot(i, S)];
       const A v = to_acc(g[Lg.at(set, i)]);
-      return yr ? math::binary<OpKind::ReluBackward>(v, A(to_acc(yr[Ly.at(set, i)]))) : v;
+      return yr ? relu_grad(v, yr, Ly.at(set, i)) : v;
     };
     auto xv = [&](int64_t i) { return x_staged ? xbuf[staged_slot(i, S)] : to_acc(x[Lx.at(set, i)]); };
     const A mu = mean[set], rs = rstd[set];
@@ -228,18 +258,8 @@ __global__ void group_norm_bwd_kernel(const Gr* g, SetLayout Lg, const D* yr, Se
   }
   if (dw && arrive_last(finish_counter(0), gridDim.x)) {
     const int64_t C = G * Cg, N = sets / G;
-    constexpr int kBatch = 16;  // partials loaded together: one L2 latency per batch
     for (int64_t j = threadIdx.x; j < 2 * C; j += blockDim.x) {  // dw's columns, then db's
-      const A* part = j < C ? ds + j : dbias + (j - C);
-      A sum = 0;
-      for (int64_t n0 = 0; n0 < N; n0 += kBatch) {
-        A v[kBatch];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) v[u] = n0 + u < N ? load_partial(part + (n0 + u) * C) : A(0);
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u)
-          if (n0 + u < N) sum += v[u];
-      }
+      const A sum = sum_over_samples(j < C ? ds + j : dbias + (j - C), N, C);
       if (j < C)
         dw[j] = from_acc<D>(sum);
       else
@@ -322,7 +342,7 @@ void group_norm_bwd(const KernelCall& c) {
       });
     }
     if (fold) return;
-    launch_kernel(norm_bwd_param_sum_kernel<D>, blocks_for(C), 256, 0, s, pp, pp + N * C, N, C, out_ptr<D>(dw),
+    launch_kernel(group_norm_param_sum_kernel<D>, blocks_for(C), 256, 0, s, pp, pp + N * C, N, C, out_ptr<D>(dw),
                   out_ptr<D>(db));
     REEL_CUDA_LAUNCH_CHECK();
   });

@@ -98,11 +98,16 @@ void visit_copy_type(const Tensor& y16, const char* op, Fn&& fn) {
 }
 
 // The gradient at a norm's output with a fused relu: relu_backward(g, y) = g where y > 0, else 0;
-// g itself when y is null (no relu). Element i of both.
+// g itself when y is null (no relu). g's value v, y's element iy.
+template <typename A, typename D>
+__device__ __forceinline__ A relu_grad(A v, const D* y, int64_t iy) {
+  return y ? math::binary<OpKind::ReluBackward>(v, A(to_acc(y[iy]))) : v;
+}
+
+// relu_grad of element i of g, y at element i too.
 template <typename A, typename G, typename D>
 __device__ __forceinline__ A relu_grad_at(const G* g, const D* y, int64_t i) {
-  const A v = to_acc(g[i]);
-  return y ? math::binary<OpKind::ReluBackward>(v, A(to_acc(y[i]))) : v;
+  return relu_grad(A(to_acc(g[i])), y, i);
 }
 
 // Typed device pointers of a tensor; nullptr for an absent optional input.
@@ -140,23 +145,6 @@ inline NCS ncs_of(const Tensor& x) {
   int64_t S = 1;
   for (int64_t d = 2; d < x.dim(); ++d) S *= x.shape()[d];
   return {x.shape()[0], x.shape()[1], S};
-}
-
-// Stage 2 of the norms' dw, db (layer and group norm): dw[j] = sum_p dw_part[p, j], db likewise, p in order.
-// dw_part, db_part: (parts, cols); dw, db: (cols). parts == 0 gives zeros.
-template <typename D, typename A = Acc<D>>
-__global__ void norm_bwd_param_sum_kernel(const A* dw_part, const A* db_part, int64_t parts, int64_t cols, D* dw,
-                                          D* db) {
-  grid_dependency_wait();
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols; j += int64_t(gridDim.x) * blockDim.x) {
-    A sw = 0, sb = 0;
-    for (int64_t p = 0; p < parts; ++p) {
-      sw += dw_part[p * cols + j];
-      sb += db_part[p * cols + j];
-    }
-    dw[j] = from_acc<D>(sw);
-    db[j] = from_acc<D>(sb);
-  }
 }
 
 }  // namespace reel::cuda::norm_detail
