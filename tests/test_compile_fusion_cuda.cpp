@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -137,6 +138,47 @@ TEST(FusionCuda, VectorLoopEqualsTheScalarLoopToTheBit) {
       EXPECT_LT(rel_l2(vec[i], ref[i]), dt == DType::f32 ? 1e-5 : 2e-2) << "output " << i;
     }
   }
+}
+
+TEST(FusionCuda, SixteenBitStoresRoundAsTheHostDoesToTheBit) {
+  // A fused kernel stores a cast's register by rounding the cast's source once (codegen_cuda.cpp's
+  // stored_text), bf16 through cvt.rn.bf16.f32 for numbers and the host's bit arithmetic for NaNs
+  // (its reel_store_bf16). Every top half of an f32 with low halves at and around the rounding tie:
+  // zeros, subnormals, the largest finite values that round to infinity, infinities, NaNs with
+  // payloads. neg keeps every bit but the sign, so the kernel rounds exactly the host's values.
+  REEL_REQUIRE_GPU();
+  std::vector<float> v;
+  for (uint32_t hi = 0; hi < 0x10000u; ++hi)
+    for (uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu, 0x4000u ^ (hi * 2654435761u >> 16)}) {
+      const uint32_t bits = hi << 16 | (lo & 0xffffu);
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      v.push_back(f);
+    }
+  const Tensor x = Tensor::from_vector(v, {int64_t(v.size())});
+  auto fn = [](const std::vector<Tensor>& in) {
+    const Tensor b = to_dtype(-in[0], DType::bf16);
+    // b's register is also widened: the cast's value stays in the program beside its store.
+    return std::vector<Tensor>{b, to_dtype(-in[0], DType::f16), to_dtype(b, DType::f32)};
+  };
+  auto f = compiled(fn);
+  const std::vector<Tensor> got = run3(f, {x.to(kGpu)}), want = fn({x});
+  ASSERT_NE(f.last_plan(), nullptr);
+  EXPECT_GE(nvrtc_kernels(*f.last_plan()), 1u) << f.last_plan()->graph().str();
+  const Tensor gb = got[0].to(Device::cpu()), wb = want[0];
+  const uint16_t* pg = static_cast<const uint16_t*>(gb.data_ptr());
+  const uint16_t* pw = static_cast<const uint16_t*>(wb.data_ptr());
+  size_t bf16_mismatches = 0;
+  for (size_t i = 0; i < v.size(); ++i) bf16_mismatches += pg[i] != pw[i];
+  EXPECT_EQ(bf16_mismatches, 0u);
+  // f16: the same bits for numbers; NaN stays NaN (the device's cvt makes its payload canonical).
+  const std::vector<double> gh = got[1].to_vector<double>(), wh = want[1].to_vector<double>();
+  size_t f16_mismatches = 0;
+  for (size_t i = 0; i < v.size(); ++i)
+    f16_mismatches += std::isnan(wh[i]) ? !std::isnan(gh[i]) : std::memcmp(&gh[i], &wh[i], sizeof(double)) != 0;
+  EXPECT_EQ(f16_mismatches, 0u);
+  const Tensor gw = got[2].to(Device::cpu());
+  EXPECT_EQ(std::memcmp(gw.data_ptr(), want[2].data_ptr(), v.size() * sizeof(float)), 0);
 }
 
 TEST(FusionCuda, CapturedGraphsReplayTheSameKernels) {

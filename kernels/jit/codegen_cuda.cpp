@@ -26,6 +26,10 @@ REEL_FM_FN float math_tanh(float x) { return tanhf(x); }
 REEL_FM_FN double math_tanh(double x) { return tanh(x); }
 REEL_FM_FN float math_erf(float x) { return erff(x); }
 REEL_FM_FN double math_erf(double x) { return erf(x); }
+REEL_FM_FN float math_exp_fast(float x) { return __expf(x); }
+REEL_FM_FN double math_exp_fast(double x) { return exp(x); }
+REEL_FM_FN float math_recip_fast(float x) { return __fdividef(1.0f, x); }
+REEL_FM_FN double math_recip_fast(double x) { return 1.0 / x; }
 REEL_FM_FN float math_pow(float x, float y) { return powf(x, y); }
 REEL_FM_FN double math_pow(double x, double y) { return pow(x, y); }
 // mul, add and sub as single correctly rounded instructions (mul.rn / add.rn / sub.rn), which the
@@ -44,11 +48,19 @@ REEL_FM_FN long long math_sub(long long a, long long b) { return a - b; }
 REEL_FM_FN float reel_load_f16(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 REEL_FM_FN unsigned short reel_store_f16(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 REEL_FM_FN float reel_load_bf16(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
+// Round to nearest even, a NaN kept a NaN with its sign and top payload bits (tensor/half.h's
+// float_to_bf16_bits): cvt.rn.bf16.f32 rounds every other value the same way in one instruction, but
+// makes NaNs canonical, so they take the host's bit arithmetic.
 REEL_FM_FN unsigned short reel_store_bf16(float f) {
   unsigned int x = __float_as_uint(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
+  const unsigned short nan = (unsigned short)((x >> 16) | 0x40u);
+#if __CUDA_ARCH__ >= 800
+  unsigned short b; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+#else
   x += 0x7fffu + ((x >> 16) & 1u);
-  return (unsigned short)(x >> 16);
+  const unsigned short b = (unsigned short)(x >> 16);
+#endif
+  return (__float_as_uint(f) & 0x7fffffffu) > 0x7f800000u ? nan : b;
 }
 struct alignas(16) reel_pack_u16 { unsigned short v[8]; };
 struct alignas(16) reel_pack_f32 { float v[8]; };
@@ -114,6 +126,18 @@ std::string cast_text(int r, DType to) {
     case DType::bf16: return "reel_load_bf16(reel_store_bf16((float)" + d + "))";
   }
   return d;
+}
+
+// What store instruction i writes: its register narrowed to the storage type; or, where that register
+// is a cast to the stored 16-bit dtype, the cast's source rounded once. The cast's value is already a
+// 16-bit one widened, which narrows back to itself (a NaN to the same bits: its payload's top bits
+// survive the widening), so the bits are those of rounding twice without the second rounding's
+// dozen integer instructions an element.
+std::string stored_text(const FusedExpr& e, const Instr& i) {
+  const Instr& arg = e.code[size_t(i.args[0])];
+  if (arg.kind == InstrKind::Cast && arg.dtype == i.dtype && (i.dtype == DType::f16 || i.dtype == DType::bf16))
+    return narrow(i.dtype, "(float)(double)" + reg(arg.args[0]));
+  return narrow(i.dtype, reg(i.args[0]));
 }
 
 std::string op_text(const Instr& i) {
@@ -194,7 +218,7 @@ void emit_instr(std::ostringstream& os, const FusedExpr& e, size_t r, const char
     case InstrKind::Load: os << indent << "const " << type << " " << reg(int(r)) << " = " << widen(i.dtype, load(i.index)) << ";\n"; break;
     case InstrKind::Op: os << indent << "const " << type << " " << reg(int(r)) << " = " << op_text(i) << ";\n"; break;
     case InstrKind::Cast: os << indent << "const " << type << " " << reg(int(r)) << " = " << cast_text(i.args[0], i.dtype) << ";\n"; break;
-    case InstrKind::Store: os << indent << store(i.index) << " = " << narrow(i.dtype, reg(i.args[0])) << ";\n"; break;
+    case InstrKind::Store: os << indent << store(i.index) << " = " << stored_text(e, i) << ";\n"; break;
   }
 }
 

@@ -34,6 +34,11 @@ inline float math_tanh(float x) { return std::tanh(x); }
 inline double math_tanh(double x) { return std::tanh(x); }
 inline float math_erf(float x) { return std::erf(x); }
 inline double math_erf(double x) { return std::erf(x); }
+// exp and 1 / x where a formula takes the device's fast approximations in f32 (elementwise_math.h's
+// exp_fast, recip_fast): exact on the host.
+inline float math_exp_fast(float x) { return std::exp(x); }
+inline double math_exp_fast(double x) { return std::exp(x); }
+template <typename A> inline A math_recip_fast(A x) { return A(1) / x; }
 inline float math_pow(float x, float y) { return std::pow(x, y); }
 inline double math_pow(double x, double y) { return std::pow(x, y); }
 // The arithmetic that ends an op and starts the next: plain on the host; on the device the prelude
@@ -64,11 +69,13 @@ REEL_NVRTC_MATH(
   template <typename A> REEL_FM_FN A op_tanh(A x) { return math_tanh(x); }
   template <typename A> REEL_FM_FN A op_sigmoid(A x) { return A(1) / (A(1) + math_exp(-x)); }
   template <typename A> REEL_FM_FN A op_relu(A x) { return x > A(0) || x != x ? x : A(0); }
-  // gelu, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-  template <typename A> REEL_FM_FN A op_gelu(A x) {
+  // gelu, tanh form: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), as x s with
+  // s = 1 / (1 + exp(-2u)) (elementwise_math.h: why)
+  template <typename A> REEL_FM_FN A gelu_logistic(A x) {
     A u = A(0.7978845608028654) * (x + A(0.044715) * x * x * x);
-    return A(0.5) * x * (A(1) + math_tanh(u));
+    return math_recip_fast(A(1) + math_exp_fast(A(-2) * u));
   }
+  template <typename A> REEL_FM_FN A op_gelu(A x) { return x * gelu_logistic(x); }
   // gelu, exact: 0.5 x (1 + erf(x / sqrt(2)))
   template <typename A> REEL_FM_FN A op_gelu_erf(A x) { return A(0.5) * x * (A(1) + math_erf(x * A(0.7071067811865476))); }
   // silu: x sigmoid(x)
@@ -92,11 +99,9 @@ REEL_NVRTC_MATH(
   template <typename A> REEL_FM_FN A op_tanh_backward(A a, A b) { return a * (A(1) - b * b); }
   template <typename A> REEL_FM_FN A op_sigmoid_backward(A a, A b) { return a * b * (A(1) - b); }
   template <typename A> REEL_FM_FN A op_gelu_backward(A a, A b) {
-    A x = b;
-    A u = A(0.7978845608028654) * (x + A(0.044715) * x * x * x);
-    A t = math_tanh(u);
+    A x = b, s = gelu_logistic(x);
     A du = A(0.7978845608028654) * (A(1) + A(3 * 0.044715) * x * x);
-    return a * (A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * du);
+    return a * (s + A(2) * x * s * (A(1) - s) * du);
   }
   template <typename A> REEL_FM_FN A op_gelu_erf_backward(A a, A b) {
     A x = b;
