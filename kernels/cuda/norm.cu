@@ -83,10 +83,24 @@ struct StagedWalk {
   }
 };
 
+// A thread's loads of kStageBatch elements are all issued before the first is stored: one memory
+// latency per batch, where a load and a store to the array in turn may keep each load waiting on the
+// store before it. The same values in the same slots.
+constexpr int kStageBatch = 4;
+
 template <typename T, typename A>
 __device__ void stage_set_in(A* buf, const T* v, const SetLayout& L, int64_t set) {
   const StagedWalk w(L, set);
-  for (int j = threadIdx.x; j < w.len; j += blockDim.x) buf[w.slot(j)] = to_acc(v[w.offset(j)]);
+  const int step = int(blockDim.x);
+  for (int j0 = threadIdx.x; j0 < w.len; j0 += kStageBatch * step) {
+    T got[kStageBatch];
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u)
+      if (j0 + u * step < w.len) got[u] = v[w.offset(j0 + u * step)];
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u)
+      if (j0 + u * step < w.len) buf[w.slot(j0 + u * step)] = to_acc(got[u]);
+  }
 }
 
 template <typename T, typename A>
