@@ -15,6 +15,12 @@
 // that wrote it, and cuBLASLt has an algorithm (4d divisible by 8). Runs after store_gemm_bias_16bit,
 // before elementwise fusion would take the casts and GELU into a kernel of their own.
 //
+// On a GPU, only up to kMaxEpilogueGeluElements outputs: the epilogue's second output and its GELU cost the GEMM
+// more as the output grows, while the elementwise kernel that takes GELU otherwise costs its launch
+// and a memory-bound pass (its GELU in the logistic form, kernels/elementwise_math.h). Measured side by
+// side on an H100 (bench/RESULTS.md, tenth step): gpt-small's fc, (4096, 2048), ran 0.5-1.1% faster
+// per step without the epilogue; gpt-tiny's, (2048, 1024), 0.4-0.9% slower.
+//
 // The backward is left to elementwise fusion: GELU's backward reads z and fc2's 16-bit input
 // gradient in one vectorised NVRTC kernel. cuBLASLt's DGELU epilogue, which would apply it in the
 // epilogue of the GEMM that makes that gradient, measured slower on the H200: Nsight Compute timed
@@ -28,6 +34,7 @@ namespace reel::compile {
 namespace {
 
 constexpr const char* kPass = "gemm_gelu";
+constexpr int64_t kMaxEpilogueGeluElements = int64_t(4) << 20;
 
 // A GEMM + bias of 16-bit operands writing its own 16-bit buffer z.
 bool is_16bit_gemm_bias(const Graph& g, const BufferUses& u, const Node& n) {
@@ -69,6 +76,12 @@ void fuse_gelu_into_gemms(Graph& g, PassStats& stats) {
   const BufferUses u = buffer_uses(g);
   fuse_each(g, [&](size_t i, std::vector<bool>& drop) {
     if (!is_16bit_gemm_bias(g, u, g.nodes[i])) return;
+    const bool on_gpu = g.buffers[size_t(g.nodes[i].outputs[0].buffer)].device.is_cuda();
+    if (const int64_t n = numel_of(g.nodes[i].outputs[0].shape); on_gpu && n > kMaxEpilogueGeluElements)
+      return why_not(kPass, g, i, "a GELU",
+                     "its output of " + std::to_string(n) + " elements is above " +
+                         std::to_string(kMaxEpilogueGeluElements) +
+                         ": an elementwise kernel takes GELU faster than the epilogue's second output");
     Why why;
     const auto c = gelu_chain(g, u, i, why);
     if (!c) return why_not(kPass, g, i, "a GELU", why.reason());
