@@ -32,7 +32,10 @@ namespace {
 
 using namespace norm_detail;
 
-constexpr int kSetThreads = 256;
+// Threads of a block, one block a (sample, group) set. 512 rather than 256 (on an H100, beside 256 in
+// one call: cnn-small 1.233 / 1.227 -> 1.214 / 1.219 ms bf16, 1.205 / 1.200 -> 1.186 / 1.193 fp16):
+// its group norms' sets are 8 x 8 x 16 = 1024 values, which 512 threads stage in two loads each.
+constexpr int kSetThreads = 512;
 // The most (N, C) partials (of dw and of db together) the backward's last block sums itself.
 constexpr int64_t kFoldedParamSums = int64_t(1) << 16;
 
