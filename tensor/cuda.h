@@ -39,7 +39,8 @@ void destroy_stream(StreamHandle stream);
 // Makes `stream` current on `device` for the guard's lifetime.
 // One device's ops must not run on two streams at once: the one-launch split reductions (column sums,
 // layer norm's dw and db) share a per-device pool of finish counters (kernels/cuda/last_block.cuh).
-// Switching streams between ops, with the work ordered between them, is fine.
+// Switching streams between ops, with the work ordered between them, is fine. The one exception is
+// StreamFork's side stream below, whose kernels count in a lane of counters of their own.
 class StreamGuard {
  public:
   StreamGuard(StreamHandle stream, int device = 0);
@@ -51,6 +52,37 @@ class StreamGuard {
   StreamHandle prev_;
   int device_;
 };
+
+// A second stream beside the current one: the kernels a compiled plan runs concurrently with its main
+// stream (compile/passes/side_stream.h). begin_side() makes this thread's side stream on the device wait
+// for everything enqueued on the current (main) stream so far, and makes it current; end_side() records
+// how far the side stream has got (a mark) and makes the main stream current again; join(mark) makes
+// the current stream wait for that mark. Inside a capture the waits become the graph's edges, so the
+// replayed graph runs the side kernels on a branch of their own. The side stream is one per thread and
+// device, like a capture's stream; its kernels that count blocks in finish counters use a lane of
+// counters of their own (is_side_stream, kernels/cuda/last_block.cuh), so the two streams' kernels never
+// share one. Only the reduce family's kernels do that on the side stream: the pass that puts nodes there
+// takes column sums only.
+class StreamFork {
+ public:
+  explicit StreamFork(int device = 0);
+  ~StreamFork();
+  StreamFork(const StreamFork&) = delete;
+  StreamFork& operator=(const StreamFork&) = delete;
+  void begin_side();
+  int end_side();
+  void join(int mark);
+  void clear() { used_ = 0; }  // forgets the marks; their events are reused
+
+ private:
+  int device_;
+  void* main_ = nullptr;        // the stream begin_side() found current
+  void* fork_event_ = nullptr;  // cudaEvent_t
+  std::vector<void*> marks_;    // cudaEvent_t, reused across clear()
+  size_t used_ = 0;
+};
+// Whether `stream` is this thread's side stream on `device` (false before StreamFork made one).
+bool is_side_stream(StreamHandle stream, int device = 0);
 
 struct MemoryStats {
   size_t allocated_bytes = 0;       // in live tensors now (rounded block sizes)

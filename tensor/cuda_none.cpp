@@ -17,6 +17,12 @@ StreamHandle create_stream() { throw Error("cuda: reel was built without the CUD
 void destroy_stream(StreamHandle) {}
 StreamGuard::StreamGuard(StreamHandle, int device) : prev_(nullptr), device_(device) {}
 StreamGuard::~StreamGuard() = default;
+StreamFork::StreamFork(int device) : device_(device) { throw Error("cuda: reel was built without the CUDA backend"); }
+StreamFork::~StreamFork() = default;
+void StreamFork::begin_side() {}
+int StreamFork::end_side() { return 0; }
+void StreamFork::join(int) {}
+bool is_side_stream(StreamHandle, int) { return false; }
 MemoryStats memory_stats(int) { return {}; }
 void reset_peak_memory_stats(int) {}
 void empty_cache() {}

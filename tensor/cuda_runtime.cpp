@@ -319,6 +319,55 @@ StreamGuard::StreamGuard(StreamHandle stream, int device) : prev_(current_stream
 }
 StreamGuard::~StreamGuard() { set_current_stream(prev_, device_); }
 
+namespace {
+// This thread's side stream per device (StreamFork), made on first use and kept for the thread's
+// lifetime, as capture_stream's: the caching allocator keys blocks by stream, so a workspace a side
+// kernel frees is only ever reused by the side stream's later kernels, which run after it.
+thread_local cudaStream_t side_streams[kMaxDevices] = {};
+cudaEvent_t new_event() {
+  cudaEvent_t e;
+  REEL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+}  // namespace
+
+StreamFork::StreamFork(int device) : device_(device) {
+  REEL_CHECK(device >= 0 && device < kMaxDevices, "cuda: device index ", device, " out of range");
+  DeviceScope scope(device);
+  if (!side_streams[device]) REEL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_streams[device], cudaStreamNonBlocking));
+  fork_event_ = new_event();
+}
+StreamFork::~StreamFork() {
+  if (fork_event_) cudaEventDestroy(static_cast<cudaEvent_t>(fork_event_));
+  for (void* e : marks_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+void StreamFork::begin_side() {
+  REEL_CHECK(main_ == nullptr, "cuda::StreamFork: begin_side twice without end_side");
+  DeviceScope scope(device_);
+  main_ = current_stream(device_);
+  REEL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(fork_event_), static_cast<cudaStream_t>(main_)));
+  REEL_CUDA_CHECK(cudaStreamWaitEvent(side_streams[device_], static_cast<cudaEvent_t>(fork_event_), 0));
+  set_current_stream(side_streams[device_], device_);
+}
+int StreamFork::end_side() {
+  REEL_CHECK(main_ != nullptr, "cuda::StreamFork: end_side without begin_side");
+  DeviceScope scope(device_);
+  set_current_stream(main_, device_);
+  main_ = nullptr;
+  if (used_ == marks_.size()) marks_.push_back(new_event());
+  REEL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(marks_[used_]), side_streams[device_]));
+  return int(used_++);
+}
+void StreamFork::join(int mark) {
+  REEL_CHECK(mark >= 0 && size_t(mark) < used_, "cuda::StreamFork: no mark ", mark);
+  DeviceScope scope(device_);
+  REEL_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(current_stream(device_)),
+                                      static_cast<cudaEvent_t>(marks_[size_t(mark)]), 0));
+}
+bool is_side_stream(StreamHandle stream, int device) {
+  return device >= 0 && device < kMaxDevices && side_streams[device] && stream == side_streams[device];
+}
+
 MemoryStats memory_stats(int device) { return caching_allocator().stats(device); }
 void reset_peak_memory_stats(int device) { caching_allocator().reset_peak(device); }
 void empty_cache() { caching_allocator().empty_cache(); }

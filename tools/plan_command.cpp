@@ -73,6 +73,7 @@ int plan_command(int argc, char** argv) {
   for (const auto& [name, nodes] : st.after) std::printf(" %s %zu", name.c_str(), nodes);
   std::printf("\n");
   if (m != compile::Mode::Default) std::printf("CUDA graphs: %zu\n", plan->graphs());
+  if (st.beside > 0) std::printf("side stream: %zu kernels beside the main stream (compile/passes/side_stream.h)\n", st.beside);
   std::printf("%s\n", compile::memory_summary(*plan).c_str());
   if (const std::string r = compile::recompute_summary(*plan, memory_limit); !r.empty()) std::printf("%s\n", r.c_str());
   for (const compile::GraphBreak& b : step.graph_breaks())

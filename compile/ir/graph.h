@@ -62,6 +62,9 @@ struct Node {
   // The part of the step it was traced in ("micro-batch 0", "optimizer": kernels/phase.h), for traces
   // of a plan's run; "" outside any. A node a pass builds anew gets it from the nodes it replaced (Plan).
   std::string phase = "";
+  // The stream that runs it: 0 the plan's main stream, 1 a second stream beside it, which the main
+  // stream waits for only where it must (compile/passes/side_stream.h).
+  int stream = 0;
 };
 
 // Dropout and the rand ops: their kernels draw Philox numbers (tensor/rng.h).

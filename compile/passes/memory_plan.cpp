@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "compile/passes/side_stream.h"
+
 namespace reel::compile {
 
 namespace {
@@ -30,6 +32,15 @@ std::vector<Placement> buffer_lifetimes(const Graph& g) {
     for (const auto& r : g.nodes[i].outputs) touch(r.buffer, int(i));
   }
   for (const TensorRef& r : g.outputs) touch(r.buffer, int(g.nodes.size()));
+  // A node on the side stream may still run until its join: its buffers live until the node before it.
+  const std::vector<int> joins = side_joins(g);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (joins[i] < 0) continue;
+    const int until = std::max(int(i), joins[i] - 1);
+    for (const auto& r : g.nodes[i].inputs)
+      if (r) touch(r->buffer, until);
+    for (const auto& r : g.nodes[i].outputs) touch(r.buffer, until);
+  }
   return life;
 }
 

@@ -2,7 +2,8 @@
 // so that two buffers share bytes only when their lifetimes do not overlap.
 //
 // Lifetime of a buffer: [first node that touches it, last node that touches it] in graph order; the
-// graph's outputs live to the end (they are copied out after the step). Placement is greedy, largest
+// graph's outputs live to the end (they are copied out after the step); the buffers of a node on the
+// side stream, to the node before the main stream waits for it (side_stream.h). Placement is greedy, largest
 // buffer first: each takes the lowest 256-byte-aligned offset free over its whole lifetime (the
 // classic offset assignment of static memory planners). The arena's size is the planned peak of
 // the step's own memory; kernels' scratch (cuBLAS/cuDNN workspaces, contiguous copies) comes on top

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "compile/passes/side_stream.h"
 #include "tensor/log.h"
 
 namespace reel::compile {
@@ -67,6 +68,10 @@ const std::vector<Pass>& pipeline() {
       // Last: the casts left after the other passes (the GEMM epilogues' 16-bit biases among them).
       {"weight_casts", S::Fusion, fuse_weight_casts, "the step's casts of its weights as one multi-tensor kernel",
        /*on_by_default=*/true, /*under_memory_limit=*/false},
+      // After every rewrite: it picks nodes by what runs after them.
+      {"side_stream", S::Schedule, run_column_sums_beside,
+       "bias gradients' column sums on a second stream, beside the GEMMs after them",
+       /*on_by_default=*/true, /*under_memory_limit=*/false},
   };
   return passes;
 }
@@ -121,7 +126,7 @@ Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats) {
     return std::find(names.begin(), names.end(), name) != names.end();
   };
   for (const Pass& p : pipeline()) {
-    if (p.stage == PassStage::Fusion && !options.fuse) continue;
+    if (p.stage != PassStage::Cleanup && !options.fuse) continue;
     if (options.memory_limit > 0 && !p.under_memory_limit) {
       log_line("passes", std::string(p.name) + ": off under a memory limit");
       continue;

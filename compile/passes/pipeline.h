@@ -5,6 +5,7 @@
 //   cleanup  dead code, constants folded at build time, common subexpressions
 //   fusion   chains of nodes rewritten into the fused ops of kernels/ops.def, where the device of
 //            the tensors has the op (supports) and takes the call (supports_call)
+//   schedule which stream runs a node: column sums beside the main stream (side_stream.h)
 //   memory   with a memory limit (PassOptions::memory_limit), recomputation: nodes cloned into the
 //            backward until the step's live bytes fit (recompute.cpp)
 //   (then the Plan places every Internal buffer in one arena by liveness: passes/memory_plan.h)
@@ -24,7 +25,7 @@
 
 namespace reel::compile {
 
-enum class PassStage { Cleanup, Fusion };
+enum class PassStage { Cleanup, Fusion, Schedule };
 
 struct Pass {
   const char* name;  // as REEL_PASSES and `reel plan` spell it

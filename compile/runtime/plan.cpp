@@ -2,11 +2,13 @@
 #include "compile/runtime/plan.h"
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <set>
 
 #include "compile/runtime/describe.h"
 #include "compile/passes/passes.h"
+#include "compile/passes/side_stream.h"
 #include "kernels/dispatch.h"
 
 namespace reel::compile {
@@ -118,7 +120,9 @@ Tensor Plan::bind(const TensorRef& r) const { return view_of(storage_[r.buffer],
 void Plan::build_steps() {
   steps_.clear();
   input_views_.clear();
-  for (const Node& n : graph_.nodes) {
+  const std::vector<int> joins = side_joins(graph_);
+  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+    const Node& n = graph_.nodes[i];
     Step s{n.op, &n.attrs, {}, {}, true};
     for (const auto& r : n.inputs) {
       s.in.push_back(r ? bind(*r) : Tensor());
@@ -129,6 +133,13 @@ void Plan::build_steps() {
       s.on_gpu = s.on_gpu && graph_.buffers[r.buffer].device.is_cuda();
     }
     prepare_kernel(s.op, s.in, s.out, *s.attrs);
+    if (!s.out.empty()) s.device = s.out[0].device().index;
+    // A side-stream node runs beside the main stream only where it is captured with it or launched
+    // on a GPU; its fork (a stream and events) is made here, outside any capture.
+    if (joins[i] >= 0 && s.on_gpu) {
+      s.join = joins[i];
+      if (!forks_.count(s.device)) forks_[s.device] = std::make_unique<cuda::StreamFork>(s.device);
+    }
     steps_.push_back(std::move(s));
   }
   for (const TensorRef& r : graph_.inputs) input_views_.push_back(bind(r));
@@ -162,10 +173,42 @@ std::vector<GraphBreak> Plan::host_nodes() const {
 }
 
 void Plan::run_steps(size_t begin, size_t end) {
+  struct Pending {
+    size_t join;
+    cuda::StreamFork* fork;
+    int mark;
+  };
+  std::vector<Pending> pending;
+  for (auto& [device, fork] : forks_) fork->clear();
+  // The main stream waits for every forked step whose join is at or before step i.
+  auto join_until = [&](size_t i) {
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (it->join > i) {
+        ++it;
+        continue;
+      }
+      it->fork->join(it->mark);
+      it = pending.erase(it);
+    }
+  };
   for (size_t i = begin; i < end; ++i) {
+    join_until(i);
     const Step& s = steps_[i];
-    run_kernel(s.op, s.in, s.out, *s.attrs);
+    if (s.join < 0) {
+      run_kernel(s.op, s.in, s.out, *s.attrs);
+      continue;
+    }
+    cuda::StreamFork& fork = *forks_.at(s.device);
+    fork.begin_side();
+    try {
+      run_kernel(s.op, s.in, s.out, *s.attrs);
+    } catch (...) {
+      fork.join(fork.end_side());
+      throw;
+    }
+    pending.push_back({size_t(s.join), &fork, fork.end_side()});
   }
+  join_until(SIZE_MAX);
 }
 
 void Plan::reserve_random_numbers() {

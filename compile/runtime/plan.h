@@ -18,6 +18,7 @@
 //                  cuDNN convolution algorithms timed on each shape's first, eager, use; the choice
 //                  cached). GEMMs likewise: cuBLASLt's candidates timed against cuBLAS's default.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,7 +89,9 @@ class Plan : private ArenaPool::User {
     OpKind op;
     const Attrs* attrs;
     std::vector<Tensor> in, out;
-    bool on_gpu;  // every tensor it touches is on a GPU: it can be captured
+    bool on_gpu;    // every tensor it touches is on a GPU: it can be captured
+    int join = -1;  // on the side stream: the step before which the main stream waits for it (side_stream.h)
+    int device = 0;
   };
   struct Segment {
     size_t begin, end;  // steps [begin, end)
@@ -104,6 +107,8 @@ class Plan : private ArenaPool::User {
   void release_arena(Device device) override;
   void build_steps();
   void build_segments();
+  // Steps [begin, end) in order; a side-stream step forked beside the main stream and joined before
+  // its join step, or at `end` (every fork of the range joined by then).
   void run_steps(size_t begin, size_t end);
   // Binds if needed, reserves the run's random numbers and copies the arguments in.
   void begin_call(const std::vector<Tensor>& inputs);
@@ -119,6 +124,7 @@ class Plan : private ArenaPool::User {
   std::vector<size_t> byte_offset_;                // per buffer: its start in that storage
   std::vector<Tensor> input_views_;                // per input: its static copy, in the traced geometry
   std::vector<Step> steps_;
+  std::map<int, std::unique_ptr<cuda::StreamFork>> forks_;  // per device with side-stream steps
   std::vector<Segment> segments_;
   std::shared_ptr<ArenaPool> pool_;
   bool bound_ = false;  // steps_ and segments_ bound to the arenas' blocks

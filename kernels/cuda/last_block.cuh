@@ -10,7 +10,9 @@
 // A launch uses slots [0, groups); two launches never share a slot while running because reel runs a
 // device's kernels on one stream, one after another (a captured CUDA graph replays them in the same
 // order). Ops of one device run concurrently on two streams would share slots: tensor/cuda.h says so
-// beside StreamGuard. Partials are read back from L2, never from a possibly stale L1 line: floats and
+// beside StreamGuard. The exception is a compiled plan's side stream (cuda::StreamFork), whose kernels
+// run beside the main stream's: a launcher that may run there takes its slots from the second lane,
+// [kFinishCounterLaneSlots, 2 kFinishCounterLaneSlots), through finish_counter_base. Partials are read back from L2, never from a possibly stale L1 line: floats and
 // doubles with ld.global.cg (cached in L2 only), which the compiler may issue several at a time before
 // the first returns, so a loop over many partials pays the L2 latency once per batch rather than once
 // per partial; other types with volatile loads.
@@ -22,6 +24,7 @@
 namespace reel::cuda {
 
 constexpr int kFinishCounterSlots = 4096;
+constexpr int kFinishCounterLaneSlots = kFinishCounterSlots / 2;  // a lane: the main or the side stream's
 static __device__ unsigned g_finish_counters[kFinishCounterSlots];
 
 // The counter of group `group` (< kFinishCounterSlots).

@@ -60,6 +60,12 @@ constexpr int64_t kTargetBlocks = 1024;  // about 8 resident blocks on each of a
 constexpr int64_t kMinRowChunk = 8192;   // a split row chunk has at least this many elements
 constexpr int64_t kMinColumnChunk = 256; // a split column chunk has at least this many rows (32 per thread)
 
+// The first finish counter of a launch on `st`: the second lane on a plan's side stream, which runs
+// beside the main stream's kernels (last_block.cuh, tensor/cuda.h's StreamFork).
+int64_t finish_counter_base(cudaStream_t st, Device dev) {
+  return is_side_stream(st, dev.index) ? kFinishCounterLaneSlots : 0;
+}
+
 // ---- reduction operators: identity, combine (also of two partial results), finish ----
 
 template <typename A>
@@ -165,7 +171,7 @@ __global__ void reduce_columns_kernel(const In* x, Out* out, int64_t outer, int6
 // the splits' partials in order s = 0, 1, ... and writes out[j].
 template <typename Op, typename In, typename Out>
 __global__ void reduce_columns_split_kernel(const In* x, Acc<In>* partial, Out* out, int64_t outer, int64_t R,
-                                            int64_t inner, int64_t chunk, int64_t count) {
+                                            int64_t inner, int64_t chunk, int64_t count, int64_t counters) {
   grid_dependency_wait();
   using A = Acc<In>;
   __shared__ A part[kTileRows][kTileCols];
@@ -184,7 +190,7 @@ __global__ void reduce_columns_split_kernel(const In* x, Acc<In>* partial, Out* 
     for (int y = 1; y < kTileRows; ++y) v = Op::combine(v, part[y][threadIdx.x]);
     partial[s * M + j] = v;
   }
-  if (!arrive_last(finish_counter(tile), unsigned(splits))) return;
+  if (!arrive_last(finish_counter(counters + tile), unsigned(splits))) return;
   if (threadIdx.y == 0 && j < M) {
     A v = load_partial(partial + j);
     for (int64_t k = 1; k < splits; ++k) v = Op::combine(v, load_partial(partial + k * M + j));
@@ -214,7 +220,8 @@ constexpr int kWideRowsInFlight = sizeof(In) == 4 ? 4 : 1;
 template <typename Op, typename In>
 __global__ void __launch_bounds__(kThreads)
     column_sums_wide_load_kernel(const In* __restrict__ x, float* __restrict__ partial, float* __restrict__ out,
-                                 int64_t R, int64_t N, int64_t chunk, int64_t count, bool accumulate) {
+                                 int64_t R, int64_t N, int64_t chunk, int64_t count, bool accumulate,
+                                 int64_t counters) {
   grid_dependency_wait();
   constexpr int kCols = kWideColumns<In>, kTile = kWideTileColumns<In>, kInFlight = kWideRowsInFlight<In>;
   __shared__ float part[kTileRows][kTile + 1];
@@ -253,7 +260,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int y = 1; y < kTileRows; ++y) v = Op::combine(v, part[y][t]);
     partial[s * N + j] = v;
   }
-  if (!arrive_last(finish_counter(tile), unsigned(splits))) return;
+  if (!arrive_last(finish_counter(counters + tile), unsigned(splits))) return;
   if (mine) {
     float v = load_partial(partial + j);
     for (int64_t k = 1; k < splits; ++k) v = Op::combine(v, load_partial(partial + k * N + j));
@@ -312,7 +319,7 @@ void column_sums_wide_load(const In* x, float* out, int64_t R, int64_t N, Device
   Tensor ws = workspace(size_t(splits * N) * sizeof(float), dev);
   const dim3 grid{unsigned(tiles), unsigned(splits)}, block{kTileCols, kTileRows};
   launch_kernel(column_sums_wide_load_kernel<Op, In>, grid, block, 0, st, x, static_cast<float*>(ws.data_ptr()), out, R,
-                N, chunk, R, accumulate);
+                N, chunk, R, accumulate, finish_counter_base(st, dev));
   REEL_CUDA_LAUNCH_CHECK();
 }
 
@@ -320,7 +327,7 @@ void column_sums_wide_load(const In* x, float* out, int64_t R, int64_t N, Device
 template <typename In>
 bool wide_load_fits(const In* x, int64_t outer, int64_t R, int64_t inner) {
   return outer == 1 && R > 0 && inner % kWideColumns<In> == 0 && reinterpret_cast<uintptr_t>(x) % kWideLoadBytes == 0 &&
-         ceil_div(inner, kWideTileColumns<In>) <= kFinishCounterSlots;
+         ceil_div(inner, kWideTileColumns<In>) <= kFinishCounterLaneSlots;
 }
 
 // out (outer * inner) = op over R of x (outer, R, inner); splits long reductions that would leave
@@ -352,12 +359,12 @@ void reduce_into(const In* x, Out* out, int64_t outer, int64_t R, int64_t inner,
   if (splits == 1) return reduce_direct<Op, In, Out>(x, out, outer, R, inner, R, st);
   // partial: (splits, M), combined by each tile's last block. splits > 1 means tiles < kTargetBlocks.
   const int64_t chunk = ceil_div(R, splits);
-  REEL_ASSERT(tiles <= kFinishCounterSlots, "reduce: ", tiles, " column tiles exceed the finish counters");
+  REEL_ASSERT(tiles <= kFinishCounterLaneSlots, "reduce: ", tiles, " column tiles exceed the finish counters");
   Tensor ws = workspace(size_t(splits * M) * sizeof(A), dev);
   A* partial = static_cast<A*>(ws.data_ptr());
   const dim3 grid{unsigned(tiles), unsigned(splits)}, block{kTileCols, kTileRows};
   launch_kernel(reduce_columns_split_kernel<Op, In, Out>, grid, block, 0, st, x, partial, out, outer, R, inner, chunk,
-                R);
+                R, finish_counter_base(st, dev));
   REEL_CUDA_LAUNCH_CHECK();
 }
 

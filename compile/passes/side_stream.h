@@ -1,0 +1,45 @@
+// A second stream beside the plan's main one, for kernels that nothing right after them waits for.
+//
+// A transformer's backward sums each Linear's bias gradient over the rows of a micro-batch (a
+// column_sums node: qkv's after attention's backward, fc's after GELU's), and nothing reads that sum
+// until the next micro-batch adds to it or the optimizer takes it. The GEMMs right after it read the
+// same gradient for the input and weight gradients. On one stream the sum's launch, its ramp and its
+// last blocks' finish lie between those kernels; on a second stream it runs beside them (a GEMM of
+// one wave or less leaves multiprocessors idle, and its tail leaves more), and the main stream waits
+// for it only where it must:
+//
+//   main:  ... gelu_backward ──────────── fc dX GEMM ── fc dW GEMM ── norm backward ── ...
+//                      └─ fork ─ side: column_sums (fc bias) ─┘ join (where a node needs it)
+//
+// Rules (side_join and buffer_lifetimes):
+//   - A node of stream 1 runs on the side stream after a fork: the side stream first waits for all
+//     the main stream has enqueued before the node. Side nodes run in graph order among themselves.
+//   - Its join is the first later main-stream node that reads or writes one of its outputs or writes
+//     one of its inputs, and at the latest the node after the main stream's last reader of its
+//     inputs (they live no longer than on one stream); the main stream waits for the side node before
+//     that node, or at the end of the plan's run (of its CUDA graph) when there is none.
+//   - Memory: the side node's buffers live until the node before its join (memory_plan.h's
+//     buffer_lifetimes), so the planner hands none of their bytes to a node the main stream runs
+//     meanwhile.
+//   - Finish counters: the column-sum kernels count their blocks in the side stream's own lane of
+//     counters (kernels/cuda/last_block.cuh), so they never share one with a main-stream kernel.
+// The values are the same as on one stream (the same kernels on the same data, the same order of
+// sums): only when the kernels run changes.
+//
+// The pass (side_stream) puts a column_sums node there when it is on a GPU and at least one node runs
+// between it and its join. It runs after every other pass; off under a memory limit, whose plan it
+// would lengthen lifetimes in.
+#pragma once
+#include <vector>
+
+#include "compile/ir/graph.h"
+#include "compile/passes/passes.h"
+
+namespace reel::compile {
+
+// For each node: its join (see above) if it runs on the side stream, -1 if it does not.
+std::vector<int> side_joins(const Graph& g);
+
+void run_column_sums_beside(Graph& g, PassStats& stats);
+
+}  // namespace reel::compile

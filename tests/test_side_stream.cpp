@@ -1,0 +1,168 @@
+// The side stream (compile/passes/side_stream.h): which column sums the pass puts beside the main
+// stream, where the main stream waits for them, and the memory plan that keeps their buffers until
+// then (hand-made graphs, no GPU needed); and, on a GPU, training steps that compute the same bits
+// with the pass on and off, captured in a CUDA graph and launched one by one.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "compile/passes/memory_plan.h"
+#include "compile/passes/side_stream.h"
+#include "compile_test_util.h"
+#include "nn/nn.h"
+#include "tensor/cuda.h"
+#include "test_util.h"
+
+namespace reel {
+namespace {
+
+using compile::BufferKind;
+using compile::Graph;
+using testing_util::graph_floats;
+using testing_util::graph_node;
+using testing_util::graph_ref;
+
+// A backward's tail as the passes leave it, its buffers on `device`:
+//   0: g    = fused_elementwise(x)          (the gradient, internal)
+//   1: db  += column_sums(g)                (the bias gradient, external)
+//   2: dx   = matmul(g, w)                  (reads g)
+//   3: t    = fused_elementwise(dx)         (a new internal buffer between fork and join)
+//   4: dw  += matmul_into(g, x)             (reads g)
+//   5: db2  = fused_elementwise(db)         (the first reader of db: the join)
+struct Tail {
+  Graph g;
+  int x, g_buf, db, dx, t, dw, w, db2;
+};
+
+Tail tail(Device device) {
+  Tail s;
+  Graph& g = s.g;
+  s.x = graph_floats(g, BufferKind::Input, 64 * 32);
+  s.g_buf = graph_floats(g, BufferKind::Internal, 64 * 32);
+  s.db = graph_floats(g, BufferKind::External, 32);
+  s.dx = graph_floats(g, BufferKind::Internal, 64 * 32);
+  s.t = graph_floats(g, BufferKind::Internal, 64 * 32);
+  s.dw = graph_floats(g, BufferKind::External, 32 * 32);
+  s.w = graph_floats(g, BufferKind::External, 32 * 32);
+  s.db2 = graph_floats(g, BufferKind::Internal, 32);
+  for (compile::Buffer& b : g.buffers) b.device = device;
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(s.x, {64, 32})}, graph_ref(s.g_buf, {64, 32})));
+  g.nodes.push_back(graph_node(OpKind::ColumnSums, {graph_ref(s.g_buf, {64, 32})}, graph_ref(s.db, {32}), true));
+  g.nodes.push_back(graph_node(OpKind::Matmul, {graph_ref(s.g_buf, {64, 32}), graph_ref(s.w, {32, 32})},
+                               graph_ref(s.dx, {64, 32})));
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(s.dx, {64, 32})}, graph_ref(s.t, {64, 32})));
+  g.nodes.push_back(graph_node(OpKind::MatmulInto, {graph_ref(s.g_buf, {64, 32}), graph_ref(s.x, {64, 32})},
+                               graph_ref(s.dw, {32, 32}), true));
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(s.db, {32})}, graph_ref(s.db2, {32})));
+  g.outputs.push_back(graph_ref(s.t, {64, 32}));
+  g.outputs.push_back(graph_ref(s.db2, {32}));
+  return s;
+}
+
+TEST(SideStreamPass, ColumnSumsRunBesideTheGemmsUntilTheirSumsAreRead) {
+  Tail s = tail(Device::cuda(0));
+  compile::PassStats stats;
+  compile::run_column_sums_beside(s.g, stats);
+  EXPECT_EQ(stats.beside, 1u);
+  EXPECT_EQ(s.g.nodes[1].stream, 1);
+  for (size_t i : {0, 2, 3, 4, 5}) EXPECT_EQ(s.g.nodes[i].stream, 0) << "node " << i;
+  const std::vector<int> joins = compile::side_joins(s.g);
+  EXPECT_EQ(joins, (std::vector<int>{-1, 5, -1, -1, -1, -1})) << "the main stream waits before db's first reader";
+  EXPECT_NE(s.g.str().find("1: column_sums (in place) (side stream)"), std::string::npos) << s.g.str();
+
+  // g's last reader is node 4, but the side node may still read it until the join: g lives to node 4
+  // at least, and so does the bias gradient's buffer; t, made at node 3, never shares g's bytes.
+  const std::vector<compile::Placement> life = compile::buffer_lifetimes(s.g);
+  EXPECT_EQ(life[size_t(s.g_buf)].last, 4);
+  EXPECT_EQ(life[size_t(s.db)].last, 5);
+  const compile::MemoryPlan plan = compile::plan_memory(s.g);
+  const compile::Arena* arena = plan.arena_for(Device::cuda(0));
+  ASSERT_NE(arena, nullptr);
+  const compile::Placement *pg = nullptr, *pt = nullptr;
+  for (const compile::Placement& p : arena->placements) {
+    if (p.buffer == s.g_buf) pg = &p;
+    if (p.buffer == s.t) pt = &p;
+  }
+  ASSERT_TRUE(pg && pt);
+  EXPECT_TRUE(pg->offset + pg->nbytes <= pt->offset || pt->offset + pt->nbytes <= pg->offset)
+      << "g at " << pg->offset << ", t at " << pt->offset;
+}
+
+TEST(SideStreamPass, AWriteOfItsInputIsAJoinToo) {
+  Tail s = tail(Device::cuda(0));
+  // Node 3 now overwrites g in place: the side node must have read g by then.
+  s.g.nodes[3] = graph_node(OpKind::FusedElementwise, {graph_ref(s.dx, {64, 32})}, graph_ref(s.g_buf, {64, 32}));
+  compile::PassStats stats;
+  compile::run_column_sums_beside(s.g, stats);
+  EXPECT_EQ(compile::side_joins(s.g)[1], 3);
+}
+
+TEST(SideStreamPass, JoinsWhereItsInputsWouldDieWhenNothingReadsItsSumsSooner) {
+  // Nothing reads db in the step (the optimizer's read comes in another plan): the join is the node
+  // after g's last reader, not the end, so g lives as long as on one stream.
+  Tail s = tail(Device::cuda(0));
+  s.g.nodes[5] = graph_node(OpKind::FusedElementwise, {graph_ref(s.dx, {64, 32})}, graph_ref(s.db2, {32}));
+  compile::PassStats stats;
+  compile::run_column_sums_beside(s.g, stats);
+  EXPECT_EQ(compile::side_joins(s.g)[1], 5);
+  EXPECT_EQ(compile::buffer_lifetimes(s.g)[size_t(s.g_buf)].last, 4);
+}
+
+TEST(SideStreamPass, StaysOnTheMainStreamWhereNothingCouldRunBesideIt) {
+  {
+    Tail s = tail(Device::cpu());  // a CPU plan runs one kernel at a time
+    compile::PassStats stats;
+    compile::run_column_sums_beside(s.g, stats);
+    EXPECT_EQ(stats.beside, 0u);
+    EXPECT_EQ(s.g.nodes[1].stream, 0);
+    EXPECT_EQ(compile::side_joins(s.g), std::vector<int>(6, -1));
+  }
+  {
+    Tail s = tail(Device::cuda(0));
+    // The very next node reads the sums: no node could overlap them.
+    std::swap(s.g.nodes[2], s.g.nodes[5]);
+    compile::PassStats stats;
+    compile::run_column_sums_beside(s.g, stats);
+    EXPECT_EQ(stats.beside, 0u);
+    EXPECT_EQ(s.g.nodes[1].stream, 0);
+  }
+}
+
+struct StepRun {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> state;
+  size_t beside = 0;
+};
+
+StepRun run_steps(const std::string& model, const char* precision, compile::Mode mode, bool side_stream) {
+  AutocastGuard amp(PrecisionPolicy::parse(precision));
+  testing_util::SmallTraining t = testing_util::small_training(model, Device::cuda(0));
+  compile::CompileOptions options(mode);
+  if (!side_stream) options.disabled_passes = {"side_stream"};
+  compile::CompiledFunction step = compile::compile_train_step(*t.opt, t.loss, options);
+  StepRun r;
+  r.losses = testing_util::step_losses(*t.opt, t.loss, t.micro, 3, &step);
+  r.state = t.state();
+  if (step.last_plan()) r.beside = step.last_plan()->stats().beside;
+  return r;
+}
+
+TEST(SideStreamCuda, TrainingStepsComputeTheSameBitsOnOneStreamAndTwo) {
+  REEL_REQUIRE_GPU();
+  for (compile::Mode mode : {compile::Mode::ReduceOverhead, compile::Mode::Default})
+    for (const char* precision : {"bf16", "fp16"}) {
+      SCOPED_TRACE(std::string("gpt-tiny ") + precision + " " + compile::mode_name(mode));
+      const StepRun one = run_steps("gpt-tiny", precision, mode, false);
+      const StepRun two = run_steps("gpt-tiny", precision, mode, true);
+      EXPECT_EQ(one.beside, 0u);
+      EXPECT_GT(two.beside, 0u) << "no column sums went to the side stream";
+      EXPECT_TRUE(testing_util::same_bits(two.losses, one.losses));
+      ASSERT_EQ(two.state.size(), one.state.size());
+      for (size_t i = 0; i < one.state.size(); ++i)
+        EXPECT_TRUE(testing_util::same_bits(two.state[i], one.state[i])) << "tensor " << i;
+    }
+}
+
+}  // namespace
+}  // namespace reel
