@@ -89,6 +89,28 @@ TEST(SideStreamPass, ColumnSumsRunBesideTheGemmsUntilTheirSumsAreRead) {
       << "g at " << pg->offset << ", t at " << pt->offset;
 }
 
+TEST(SideStreamPass, LateMovesItBesideItsInputsLastReaderAlone) {
+  // side_stream_late: the sums move to just before dW's GEMM (g's last reader), past dX's GEMM and
+  // the node after it; the main stream waits for them before db's reader as before.
+  Tail s = tail(Device::cuda(0));
+  compile::PassStats stats;
+  compile::run_column_sums_beside(s.g, stats);
+  compile::run_side_nodes_late(s.g, stats);
+  std::vector<OpKind> ops;
+  for (const compile::Node& n : s.g.nodes) ops.push_back(n.op);
+  EXPECT_EQ(ops, (std::vector<OpKind>{OpKind::FusedElementwise, OpKind::Matmul, OpKind::FusedElementwise,
+                                      OpKind::ColumnSums, OpKind::MatmulInto, OpKind::FusedElementwise}));
+  EXPECT_EQ(s.g.nodes[3].stream, 1);
+  EXPECT_EQ(compile::side_joins(s.g), (std::vector<int>{-1, -1, -1, 5, -1, -1}));
+  // A write of g before dW's GEMM is a conflict: the node is then left where it was.
+  Tail w = tail(Device::cuda(0));
+  w.g.nodes[3] = graph_node(OpKind::FusedElementwise, {graph_ref(w.dx, {64, 32})}, graph_ref(w.g_buf, {64, 32}));
+  compile::run_column_sums_beside(w.g, stats);
+  compile::run_side_nodes_late(w.g, stats);
+  EXPECT_EQ(w.g.nodes[1].op, OpKind::ColumnSums);
+  EXPECT_EQ(compile::side_joins(w.g)[1], 3);
+}
+
 TEST(SideStreamPass, AWriteOfItsInputIsAJoinToo) {
   Tail s = tail(Device::cuda(0));
   // Node 3 now overwrites g in place: the side node must have read g by then.

@@ -72,6 +72,9 @@ const std::vector<Pass>& pipeline() {
       {"side_stream", S::Schedule, run_column_sums_beside,
        "bias gradients' column sums on a second stream, beside the GEMMs after them",
        /*on_by_default=*/true, /*under_memory_limit=*/false},
+      {"side_stream_late", S::Schedule, run_side_nodes_late,
+       "side-stream nodes moved to just before their inputs' last reader (the weight-gradient GEMM)",
+       /*on_by_default=*/true, /*under_memory_limit=*/false},
   };
   return passes;
 }

@@ -11,6 +11,7 @@ namespace reel::compile {
 namespace {
 
 constexpr const char* kPass = "side_stream";
+constexpr const char* kLatePass = "side_stream_late";
 
 // Under REEL_LOG=fusion, why node i stays on the main stream.
 void stays(size_t i, const char* reason) {
@@ -23,29 +24,49 @@ bool writes(const Node& n, int buffer) {
   return false;
 }
 
-// The join of side node i: the first later main-stream node that touches one of its outputs or
-// writes one of its inputs, and at the latest the node after the main stream's last reader of its
-// inputs (so that they live no longer than they would on one stream: a gradient's sum is otherwise
-// read by nothing until the optimizer, and holding the gradient till then would hold the step's
-// memory); nodes.size() when neither comes.
-int join_of(const Graph& g, size_t i) {
+// What the main stream does after node i with node i's buffers: the first node that touches one of
+// its outputs or writes one of its inputs (nodes.size() when none), and the last node before that
+// which reads one of its inputs (i when none).
+struct Reach {
+  int conflict, last_reader;
+};
+Reach reach_of(const Graph& g, size_t i) {
   const Node& side = g.nodes[i];
-  int last_reader = int(i);
+  Reach r{int(g.nodes.size()), int(i)};
   for (size_t k = i + 1; k < g.nodes.size(); ++k) {
     const Node& n = g.nodes[k];
     if (n.stream != 0) continue;
-    for (const TensorRef& out : side.outputs)
-      if (refers_to(n, out.buffer)) return std::min(int(k), last_reader + 1);
-    for (const auto& in : side.inputs) {
-      if (!in) continue;
-      if (writes(n, in->buffer)) return std::min(int(k), last_reader + 1);
-      if (refers_to(n, in->buffer)) last_reader = int(k);
+    bool conflict = false, reads = false;
+    for (const TensorRef& out : side.outputs) conflict = conflict || refers_to(n, out.buffer);
+    for (const auto& in : side.inputs)
+      if (in) {
+        conflict = conflict || writes(n, in->buffer);
+        reads = reads || refers_to(n, in->buffer);
+      }
+    if (conflict) {
+      r.conflict = int(k);
+      return r;
     }
+    if (reads) r.last_reader = int(k);
   }
-  bool output_of_graph = false;
-  for (const auto& in : side.inputs)
-    for (const TensorRef& o : g.outputs) output_of_graph = output_of_graph || (in && o.buffer == in->buffer);
-  return output_of_graph ? int(g.nodes.size()) : std::min(int(g.nodes.size()), last_reader + 1);
+  return r;
+}
+
+bool reads_a_graph_output(const Graph& g, const Node& n) {
+  for (const auto& in : n.inputs)
+    for (const TensorRef& o : g.outputs)
+      if (in && o.buffer == in->buffer) return true;
+  return false;
+}
+
+// The join of side node i: its first conflict, and at the latest the node after the main stream's
+// last reader of its inputs (so that they live no longer than they would on one stream: a gradient's
+// sum is otherwise read by nothing until the optimizer, and holding the gradient till then would hold
+// the step's memory); the end when it reads a graph output (which lives to the end anyway).
+int join_of(const Graph& g, size_t i) {
+  const Reach r = reach_of(g, i);
+  if (reads_a_graph_output(g, g.nodes[i])) return r.conflict;
+  return std::min(r.conflict, r.last_reader + 1);
 }
 
 }  // namespace
@@ -72,6 +93,22 @@ void run_column_sums_beside(Graph& g, PassStats& stats) {
       continue;
     }
     ++stats.beside;
+  }
+}
+
+void run_side_nodes_late(Graph& g, PassStats&) {
+  // From the last node back, so that a node moved later is not met again.
+  for (size_t i = g.nodes.size(); i-- > 0;) {
+    if (g.nodes[i].stream == 0 || reads_a_graph_output(g, g.nodes[i])) continue;
+    const Reach r = reach_of(g, i);
+    // Beside the last reader alone: nothing between it and the node's first conflict touches it.
+    if (r.last_reader <= int(i) + 1 || r.last_reader >= r.conflict) continue;
+    Node moved = std::move(g.nodes[i]);
+    g.nodes.erase(g.nodes.begin() + long(i));
+    g.nodes.insert(g.nodes.begin() + (r.last_reader - 1), std::move(moved));
+    if (log_enabled("fusion"))
+      log_line("fusion", detail::cat(kLatePass, ": ", op_name(g.nodes[size_t(r.last_reader - 1)].op), " k", i,
+                                     " moved to k", r.last_reader - 1, ", beside its inputs' last reader"));
   }
 }
 

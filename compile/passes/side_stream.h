@@ -27,8 +27,12 @@
 // sums): only when the kernels run changes.
 //
 // The pass (side_stream) puts a column_sums node there when it is on a GPU and at least one node runs
-// between it and its join. It runs after every other pass; off under a memory limit, whose plan it
-// would lengthen lifetimes in.
+// between it and its join. A second pass (side_stream_late) then moves each side node to just before
+// the last main-stream reader of its inputs, so that it runs beside that reader alone: in a
+// transformer's backward that is the weight-gradient GEMM (few output tiles: d x 3d or d x 4d),
+// where the data-gradient GEMM before it (tokens x d) may fill the GPU by itself, so that a side
+// kernel's blocks would delay some of its tiles to a second wave. Both run after every other pass;
+// off under a memory limit, whose plan they would change lifetimes in.
 #pragma once
 #include <vector>
 
@@ -40,6 +44,7 @@ namespace reel::compile {
 // For each node: its join (see above) if it runs on the side stream, -1 if it does not.
 std::vector<int> side_joins(const Graph& g);
 
-void run_column_sums_beside(Graph& g, PassStats& stats);
+void run_column_sums_beside(Graph& g, PassStats& stats);  // side_stream
+void run_side_nodes_late(Graph& g, PassStats& stats);     // side_stream_late
 
 }  // namespace reel::compile
