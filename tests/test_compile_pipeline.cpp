@@ -53,15 +53,17 @@ size_t count_op(const compile::Plan& p, OpKind op) {
 
 }  // namespace
 
-TEST(PassPipeline, ListsEveryPassOnceCleanupFirst) {
+TEST(PassPipeline, ListsEveryPassOnceCleanupFirstScheduleLast) {
   const std::vector<compile::Pass>& p = compile::pipeline();
   std::set<std::string> names;
-  bool fusion_seen = false;
+  bool fusion_seen = false, schedule_seen = false;
   for (const compile::Pass& pass : p) {
     EXPECT_TRUE(names.insert(pass.name).second) << pass.name << " listed twice";
     EXPECT_NE(pass.run, nullptr) << pass.name;
     EXPECT_FALSE(fusion_seen && pass.stage == compile::PassStage::Cleanup) << pass.name << " after a fusion pass";
+    EXPECT_FALSE(schedule_seen && pass.stage != compile::PassStage::Schedule) << pass.name << " after a schedule pass";
     fusion_seen = fusion_seen || pass.stage == compile::PassStage::Fusion;
+    schedule_seen = schedule_seen || pass.stage == compile::PassStage::Schedule;
   }
   // identity_gathers leaves arange nodes without readers for dead code to take.
   EXPECT_EQ(p.front().name, std::string("identity_gathers"));
@@ -79,7 +81,10 @@ TEST(PassPipeline, ListsEveryPassOnceCleanupFirst) {
   EXPECT_LT(at("gemm_gelu"), at("elementwise"));
   // weight_casts takes the casts every other pass left (the GEMM epilogues' 16-bit biases among them).
   EXPECT_LT(at("elementwise"), at("optimizer"));
-  EXPECT_EQ(p.back().name, std::string("weight_casts"));
+  // The schedule stage (streams) last: side_stream_late moves what side_stream marked.
+  EXPECT_LT(at("weight_casts"), at("side_stream"));
+  EXPECT_EQ(at("side_stream") + 1, at("side_stream_late"));
+  EXPECT_EQ(p.back().name, std::string("side_stream_late"));
 }
 
 TEST(PassPipeline, APassTurnedOffByNameLeavesItsPatternAlone) {
