@@ -65,6 +65,9 @@ struct Node {
   // The stream that runs it: 0 the plan's main stream, 1 a second stream beside it, which the main
   // stream waits for only where it must (compile/passes/side_stream.h).
   int stream = 0;
+  // On the side stream: main-stream nodes after its inputs' last reader that it may still run beside
+  // (its inputs held that much longer), where the pass found the step's planned peak unchanged by it.
+  int hold = 0;
 };
 
 // Dropout and the rand ops: their kernels draw Philox numbers (tensor/rng.h).

@@ -69,8 +69,8 @@ const std::vector<Pass>& pipeline() {
       {"weight_casts", S::Fusion, fuse_weight_casts, "the step's casts of its weights as one multi-tensor kernel",
        /*on_by_default=*/true, /*under_memory_limit=*/false},
       // After every rewrite: it picks nodes by what runs after them.
-      {"side_stream", S::Schedule, run_column_sums_beside,
-       "bias gradients' column sums on a second stream, beside the GEMMs after them",
+      {"side_stream", S::Schedule, assign_side_stream,
+       "column sums, embedding gradients and gradient casts on a second stream, beside the next kernels",
        /*on_by_default=*/true, /*under_memory_limit=*/false},
       {"side_stream_late", S::Schedule, run_side_nodes_late,
        "side-stream nodes moved to just before their inputs' last reader (the weight-gradient GEMM)",

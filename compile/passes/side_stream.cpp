@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "compile/passes/memory_plan.h"
 #include "compile/passes/pattern.h"
 #include "tensor/log.h"
 
@@ -13,9 +14,14 @@ namespace {
 constexpr const char* kPass = "side_stream";
 constexpr const char* kLatePass = "side_stream_late";
 
+// Main-stream nodes a side node whose inputs have no later reader may run beside (Node::hold).
+constexpr int kMaxHold = 4;
+
 // Under REEL_LOG=fusion, why node i stays on the main stream.
-void stays(size_t i, const char* reason) {
-  if (log_enabled("fusion")) log_line("fusion", detail::cat(kPass, ": column_sums k", i, " stays on the main stream: ", reason));
+void stays(const Graph& g, size_t i, const char* reason) {
+  if (log_enabled("fusion"))
+    log_line("fusion",
+             detail::cat(kPass, ": ", op_name(g.nodes[i].op), " k", i, " stays on the main stream: ", reason));
 }
 
 bool writes(const Node& n, int buffer) {
@@ -66,7 +72,23 @@ bool reads_a_graph_output(const Graph& g, const Node& n) {
 int join_of(const Graph& g, size_t i) {
   const Reach r = reach_of(g, i);
   if (reads_a_graph_output(g, g.nodes[i])) return r.conflict;
-  return std::min(r.conflict, r.last_reader + 1);
+  // Past the last reader, `hold` more main-stream nodes run beside it.
+  int join = r.last_reader + 1;
+  for (int held = 0; held < g.nodes[i].hold && join < r.conflict; ++join) held += g.nodes[join].stream == 0;
+  return std::min(r.conflict, join);
+}
+
+// The ops whose CUDA kernels may run beside the main stream's: no cuBLAS or cuDNN handle or workspace
+// shared with the main stream, and finish counters only in the side stream's lane (the reduce
+// family's column sums); workspaces from the caching allocator are the side stream's own.
+bool runs_beside(OpKind op) {
+  return op == OpKind::ColumnSums || op == OpKind::EmbeddingBackward || op == OpKind::MultiTensorCast;
+}
+
+size_t planned_peak(const Graph& g) {
+  size_t bytes = 0;
+  for (const Arena& a : plan_memory(g).arenas) bytes += a.bytes;
+  return bytes;
 }
 
 }  // namespace
@@ -78,18 +100,42 @@ std::vector<int> side_joins(const Graph& g) {
   return joins;
 }
 
-void run_column_sums_beside(Graph& g, PassStats& stats) {
+void assign_side_stream(Graph& g, PassStats& stats) {
+  size_t peak = 0;  // the planned peak before the pass, once a node needs its inputs held
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node& n = g.nodes[i];
-    if (n.op != OpKind::ColumnSums || n.outputs.empty()) continue;
+    if (!runs_beside(n.op) || n.outputs.empty()) continue;
     if (!g.buffers[size_t(n.outputs[0].buffer)].device.is_cuda()) {
-      stays(i, "it is not on a GPU (a CPU plan runs one kernel at a time)");
+      stays(g, i, "it is not on a GPU (a CPU plan runs one kernel at a time)");
       continue;
     }
     n.stream = 1;
-    if (join_of(g, i) == int(i) + 1) {
+    if (join_of(g, i) > int(i) + 1) {
+      ++stats.beside;
+      continue;
+    }
+    // Nothing reads its inputs after it: it runs beside the next nodes only if its inputs live longer.
+    // As long as that leaves the step's planned peak where it was (a micro-batch's last kernels, held
+    // into the next one's first, are far from the peak at the end of the last forward).
+    const Reach r = reach_of(g, i);
+    if (r.conflict == int(i) + 1 || reads_a_graph_output(g, n)) {
       n.stream = 0;
-      stays(i, "the node right after it reads its sums or writes what it reads");
+      stays(g, i, "the node right after it reads what it writes or writes what it reads");
+      continue;
+    }
+    if (peak == 0) {
+      n.stream = 0;
+      peak = planned_peak(g);
+      n.stream = 1;
+    }
+    for (int hold : {kMaxHold, kMaxHold / 2, 1}) {
+      n.hold = hold;
+      if (planned_peak(g) <= peak) break;
+      n.hold = 0;
+    }
+    if (n.hold == 0) {
+      n.stream = 0;
+      stays(g, i, "holding its inputs past their last reader would raise the step's planned peak");
       continue;
     }
     ++stats.beside;

@@ -16,23 +16,31 @@
 //     the main stream has enqueued before the node. Side nodes run in graph order among themselves.
 //   - Its join is the first later main-stream node that reads or writes one of its outputs or writes
 //     one of its inputs, and at the latest the node after the main stream's last reader of its
-//     inputs (they live no longer than on one stream); the main stream waits for the side node before
-//     that node, or at the end of the plan's run (of its CUDA graph) when there is none.
+//     inputs (they live no longer than on one stream) and its `hold` main-stream nodes more; the main
+//     stream waits for the side node before that node, or at the end of the plan's run (of its CUDA
+//     graph) when there is none.
 //   - Memory: the side node's buffers live until the node before its join (memory_plan.h's
 //     buffer_lifetimes), so the planner hands none of their bytes to a node the main stream runs
 //     meanwhile.
 //   - Finish counters: the column-sum kernels count their blocks in the side stream's own lane of
-//     counters (kernels/cuda/last_block.cuh), so they never share one with a main-stream kernel.
+//     counters (kernels/cuda/last_block.cuh), so they never share one with a main-stream kernel; the
+//     other side ops count none.
 // The values are the same as on one stream (the same kernels on the same data, the same order of
 // sums): only when the kernels run changes.
 //
-// The pass (side_stream) puts a column_sums node there when it is on a GPU and at least one node runs
-// between it and its join. A second pass (side_stream_late) then moves each side node to just before
-// the last main-stream reader of its inputs, so that it runs beside that reader alone: in a
-// transformer's backward that is the weight-gradient GEMM (few output tiles: d x 3d or d x 4d),
-// where the data-gradient GEMM before it (tokens x d) may fill the GPU by itself, so that a side
-// kernel's blocks would delay some of its tiles to a second wave. Both run after every other pass;
-// off under a memory limit, whose plan they would change lifetimes in.
+// The pass (side_stream) puts a node there when it is on a GPU, its op's kernels may run beside the
+// main stream's (runs_beside in side_stream.cpp: column sums, embedding backward, multi-tensor casts;
+// none shares a library handle or workspace with the main stream) and at least one node runs between
+// it and its join. A node whose inputs nothing reads after it (a micro-batch's embedding gradient, its
+// weight gradients' casts into the f32 gradients) joins at once by the rule above; for it the pass
+// holds its inputs up to Node::hold = 4 main-stream nodes longer, so that it runs beside the next
+// micro-batch's first kernels, where the memory plan shows the step's planned peak unchanged.
+// A second pass (side_stream_late) then moves each side node to just before the last main-stream
+// reader of its inputs, so that it runs beside that reader alone: in a transformer's backward that is
+// the weight-gradient GEMM (few output tiles: d x 3d or d x 4d), where the data-gradient GEMM before
+// it (tokens x d) may fill the GPU by itself, so that a side kernel's blocks would delay some of its
+// tiles to a second wave. Both run after every other pass; off under a memory limit, whose plan they
+// would change lifetimes in.
 #pragma once
 #include <vector>
 
@@ -44,7 +52,7 @@ namespace reel::compile {
 // For each node: its join (see above) if it runs on the side stream, -1 if it does not.
 std::vector<int> side_joins(const Graph& g);
 
-void run_column_sums_beside(Graph& g, PassStats& stats);  // side_stream
+void assign_side_stream(Graph& g, PassStats& stats);      // side_stream
 void run_side_nodes_late(Graph& g, PassStats& stats);     // side_stream_late
 
 }  // namespace reel::compile
