@@ -1,4 +1,4 @@
-// Column sums on a second stream beside the main one (see side_stream.h).
+// Nodes on a second stream beside the main one, and where the main stream waits for them (side_stream.h).
 #include "compile/passes/side_stream.h"
 
 #include <algorithm>

@@ -8,10 +8,10 @@
 // one wave or less leaves multiprocessors idle, and its tail leaves more), and the main stream waits
 // for it only where it must:
 //
-//   main:  ... gelu_backward ──────────── fc dX GEMM ── fc dW GEMM ── norm backward ── ...
-//                      └─ fork ─ side: column_sums (fc bias) ─┘ join (where a node needs it)
+//   main:  ... gelu_backward ── fc dX GEMM ──────── fc dW GEMM ── norm backward ── ...
+//                                       └─ fork ─ side: column_sums (fc bias) ─┘ join
 //
-// Rules (side_join and buffer_lifetimes):
+// Rules (side_joins and buffer_lifetimes):
 //   - A node of stream 1 runs on the side stream after a fork: the side stream first waits for all
 //     the main stream has enqueued before the node. Side nodes run in graph order among themselves.
 //   - Its join is the first later main-stream node that reads or writes one of its outputs or writes
