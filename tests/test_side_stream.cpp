@@ -141,6 +141,16 @@ TEST(SideStreamPass, StaysOnTheMainStreamWhereNothingCouldRunBesideIt) {
     EXPECT_EQ(compile::side_joins(s.g), std::vector<int>(6, -1));
   }
   {
+    // gpt-small's fc gradient, (4096, 2048): the GEMMs after its sums fill the GPU by themselves.
+    Tail s = tail(Device::cuda(0));
+    s.g.nodes[1].inputs[0]->shape = {4096, 2048};
+    s.g.nodes[1].inputs[0]->strides = contiguous_strides({4096, 2048});
+    compile::PassStats stats;
+    compile::assign_side_stream(s.g, stats);
+    EXPECT_EQ(stats.beside, 0u);
+    EXPECT_EQ(s.g.nodes[1].stream, 0);
+  }
+  {
     Tail s = tail(Device::cuda(0));
     // The very next node reads the sums: no node could overlap them.
     std::swap(s.g.nodes[2], s.g.nodes[5]);

@@ -17,6 +17,19 @@ constexpr const char* kLatePass = "side_stream_late";
 // Main-stream nodes a side node whose inputs have no later reader may run beside (Node::hold).
 constexpr int kMaxHold = 4;
 
+// The most elements an input of a side node may have. The kernels it runs beside read the same
+// gradient, and at gpt-small's size (column sums of (4096, 2048)) those GEMMs fill the GPU on their
+// own: a side kernel's blocks then delay some of their tiles to a second wave. Measured side by side
+// with the pass off (bench/RESULTS.md, tenth step): gpt-tiny's (2048, 1024) step 4.4-4.5% faster with
+// its column sums beside (an H200 and an H100), gpt-small's 0.5% (H200) and 2% (H100) slower.
+constexpr int64_t kMaxBesideElements = int64_t(4) << 20;
+
+bool small_enough(const Node& n) {
+  for (const auto& in : n.inputs)
+    if (in && numel_of(in->shape) > kMaxBesideElements) return false;
+  return true;
+}
+
 // Under REEL_LOG=fusion, why node i stays on the main stream.
 void stays(const Graph& g, size_t i, const char* reason) {
   if (log_enabled("fusion"))
@@ -107,6 +120,10 @@ void assign_side_stream(Graph& g, PassStats& stats) {
     if (!runs_beside(n.op) || n.outputs.empty()) continue;
     if (!g.buffers[size_t(n.outputs[0].buffer)].device.is_cuda()) {
       stays(g, i, "it is not on a GPU (a CPU plan runs one kernel at a time)");
+      continue;
+    }
+    if (!small_enough(n)) {
+      stays(g, i, "an input of more than 4M elements: the GEMMs beside it would fill the GPU on their own");
       continue;
     }
     n.stream = 1;
