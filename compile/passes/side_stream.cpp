@@ -17,16 +17,18 @@ constexpr const char* kLatePass = "side_stream_late";
 // Main-stream nodes a side node whose inputs have no later reader may run beside (Node::hold).
 constexpr int kMaxHold = 4;
 
-// The most elements an input of a side node may have. The kernels it runs beside read the same
-// gradient, and at gpt-small's size (column sums of (4096, 2048)) those GEMMs fill the GPU on their
-// own: a side kernel's blocks then delay some of their tiles to a second wave. Measured side by side
-// with the pass off (bench/RESULTS.md, tenth step): gpt-tiny's (2048, 1024) step 4.4-4.5% faster with
-// its column sums beside (an H200 and an H100), gpt-small's 0.5% (H200) and 2% (H100) slower.
-constexpr int64_t kMaxBesideElements = int64_t(4) << 20;
+// The most bytes an input of a side node may have. The kernels it runs beside read the same gradient,
+// and at gpt-small's sizes those kernels fill the GPU on their own: a side kernel's blocks then delay
+// some of their tiles to a second wave. Measured side by side with the pass off (bench/RESULTS.md,
+// tenth step): gpt-tiny's step (bias gradients of 3-4 MiB, its embedding's 2 MiB) 4.4-4.5% faster
+// with them beside (an H200, an H100); gpt-small's 0.5% (H200) and 2% (H100) slower with its bias
+// gradients' sums (12-16 MiB) beside, and 0.4-0.6% slower (H100) with its embedding gradient's
+// (8 MiB) alone.
+constexpr size_t kMaxBesideBytes = size_t(4) << 20;
 
 bool small_enough(const Node& n) {
   for (const auto& in : n.inputs)
-    if (in && numel_of(in->shape) > kMaxBesideElements) return false;
+    if (in && in->nbytes() > kMaxBesideBytes) return false;
   return true;
 }
 
@@ -123,7 +125,7 @@ void assign_side_stream(Graph& g, PassStats& stats) {
       continue;
     }
     if (!small_enough(n)) {
-      stays(g, i, "an input of more than 4M elements: the GEMMs beside it would fill the GPU on their own");
+      stays(g, i, "an input of more than 4 MiB: the kernels beside it would fill the GPU on their own");
       continue;
     }
     n.stream = 1;

@@ -30,9 +30,9 @@
 //
 // The pass (side_stream) puts a node there when it is on a GPU, its op's kernels may run beside the
 // main stream's (runs_beside in side_stream.cpp: column sums, embedding backward, multi-tensor casts;
-// none shares a library handle or workspace with the main stream), its inputs have at most 4M elements
-// (beside the GEMMs of larger gradients, which fill the GPU by themselves, it measured slower) and at
-// least one node runs between it and its join. A node whose inputs nothing reads after it (a micro-batch's embedding gradient, its
+// none shares a library handle or workspace with the main stream), its inputs have at most 4 MiB each
+// (beside the kernels of larger gradients, which fill the GPU by themselves, it measured slower) and
+// at least one node runs between it and its join. A node whose inputs nothing reads after it (a micro-batch's embedding gradient, its
 // weight gradients' casts into the f32 gradients) joins at once by the rule above; for it the pass
 // holds its inputs up to Node::hold = 4 main-stream nodes longer, so that it runs beside the next
 // micro-batch's first kernels, where the memory plan shows the step's planned peak unchanged.
