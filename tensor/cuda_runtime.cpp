@@ -324,6 +324,12 @@ namespace {
 // lifetime, as capture_stream's: the caching allocator keys blocks by stream, so a workspace a side
 // kernel frees is only ever reused by the side stream's later kernels, which run after it.
 thread_local cudaStream_t side_streams[kMaxDevices] = {};
+// The calling thread's side stream on `device` (the current device), made if this thread has none yet:
+// a plan built on one thread may run on another.
+cudaStream_t side_stream_of_thread(int device) {
+  if (!side_streams[device]) REEL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_streams[device], cudaStreamNonBlocking));
+  return side_streams[device];
+}
 cudaEvent_t new_event() {
   cudaEvent_t e;
   REEL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -334,7 +340,7 @@ cudaEvent_t new_event() {
 StreamFork::StreamFork(int device) : device_(device) {
   REEL_CHECK(device >= 0 && device < kMaxDevices, "cuda: device index ", device, " out of range");
   DeviceScope scope(device);
-  if (!side_streams[device]) REEL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_streams[device], cudaStreamNonBlocking));
+  side_stream_of_thread(device);  // outside any capture, where the plan is built
   fork_event_ = new_event();
 }
 StreamFork::~StreamFork() {
@@ -345,9 +351,10 @@ void StreamFork::begin_side() {
   REEL_CHECK(main_ == nullptr, "cuda::StreamFork: begin_side twice without end_side");
   DeviceScope scope(device_);
   main_ = current_stream(device_);
+  cudaStream_t side = side_stream_of_thread(device_);
   REEL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(fork_event_), static_cast<cudaStream_t>(main_)));
-  REEL_CUDA_CHECK(cudaStreamWaitEvent(side_streams[device_], static_cast<cudaEvent_t>(fork_event_), 0));
-  set_current_stream(side_streams[device_], device_);
+  REEL_CUDA_CHECK(cudaStreamWaitEvent(side, static_cast<cudaEvent_t>(fork_event_), 0));
+  set_current_stream(side, device_);
 }
 int StreamFork::end_side() {
   REEL_CHECK(main_ != nullptr, "cuda::StreamFork: end_side without begin_side");
