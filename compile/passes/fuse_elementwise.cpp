@@ -218,14 +218,6 @@ bool reads_contiguously(const Node& n) {
   return true;
 }
 
-// Whether node m writes a buffer that node n reads (n may not move across m).
-bool writes_an_input_of(const Node& m, const Node& n) {
-  for (const TensorRef& w : m.outputs)
-    for (const auto& r : n.inputs)
-      if (r && r->buffer == w.buffer) return true;
-  return false;
-}
-
 // Whether a node in [from, to) reads or writes the buffer.
 bool referred_to(const Graph& g, int buffer, size_t from, size_t to) {
   for (size_t k = from; k < to; ++k)

@@ -62,6 +62,13 @@ bool refers_to(const Node& n, int buffer) {
   return false;
 }
 
+bool writes_an_input_of(const Node& m, const Node& n) {
+  for (const TensorRef& w : m.outputs)
+    for (const auto& r : n.inputs)
+      if (r && r->buffer == w.buffer) return true;
+  return false;
+}
+
 bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r) {
   return g.buffers[r.buffer].kind == BufferKind::Internal && u.writers[r.buffer].size() == 1;
 }

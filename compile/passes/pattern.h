@@ -47,6 +47,8 @@ void fuse_partners(Graph& g, const char* pass, const char* with, IsAnchor is_anc
 
 // Whether node n reads or writes the buffer.
 bool refers_to(const Node& n, int buffer);
+// Whether node m writes a buffer that node n reads (n may not move across m, nor run beside it).
+bool writes_an_input_of(const Node& m, const Node& n);
 // An Internal buffer written by exactly one node.
 bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r);
 // Contiguous, or a dense channels-last 4-D view (where autocast puts a convolution's 16-bit operands

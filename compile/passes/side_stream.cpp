@@ -39,12 +39,6 @@ void stays(const Graph& g, size_t i, const char* reason) {
              detail::cat(kPass, ": ", op_name(g.nodes[i].op), " k", i, " stays on the main stream: ", reason));
 }
 
-bool writes(const Node& n, int buffer) {
-  for (const TensorRef& r : n.outputs)
-    if (r.buffer == buffer) return true;
-  return false;
-}
-
 // What the main stream does after node i with node i's buffers: the first node that touches one of
 // its outputs or writes one of its inputs (nodes.size() when none), and the last node before that
 // which reads one of its inputs (i when none).
@@ -57,13 +51,9 @@ Reach reach_of(const Graph& g, size_t i) {
   for (size_t k = i + 1; k < g.nodes.size(); ++k) {
     const Node& n = g.nodes[k];
     if (n.stream != 0) continue;
-    bool conflict = false, reads = false;
+    bool conflict = writes_an_input_of(n, side), reads = false;
     for (const TensorRef& out : side.outputs) conflict = conflict || refers_to(n, out.buffer);
-    for (const auto& in : side.inputs)
-      if (in) {
-        conflict = conflict || writes(n, in->buffer);
-        reads = reads || refers_to(n, in->buffer);
-      }
+    for (const auto& in : side.inputs) reads = reads || (in && refers_to(n, in->buffer));
     if (conflict) {
       r.conflict = int(k);
       return r;
