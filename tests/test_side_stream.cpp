@@ -205,6 +205,48 @@ TEST(SideStreamPass, HoldsInputsWithoutALaterReaderOnlyWhereThePeakStays) {
   }
 }
 
+// A convolution's backward as the passes leave it, its buffers on a GPU (the step's peak at node 1,
+// where the layer above's larger gradient is still live):
+//   0: up   = fused_elementwise(x)              (the layer above's gradient)
+//   1: g    = fused_elementwise(up)             (the output's gradient)
+//   2: dx   = conv2d_backward_input(g, w)
+//   3: dw16 = conv2d_backward_weight(g, act)    (read by nothing but the cast right after it)
+//   4: dw  += multi_tensor_cast(dw16)           (the f32 gradient, external)
+//   5: t    = fused_elementwise(dx)             (the layer below, on the main stream)
+//   6: out  = fused_elementwise(t)
+TEST(SideStreamPass, AWeightGradientAndTheCastThatReadsItBothGoBeside) {
+  Graph g;
+  const int x = graph_floats(g, BufferKind::Input, 1024), grad = graph_floats(g, BufferKind::Internal, 1024);
+  const int w = graph_floats(g, BufferKind::External, 256), act = graph_floats(g, BufferKind::Input, 1024);
+  const int dx = graph_floats(g, BufferKind::Internal, 1024), dw16 = graph_floats(g, BufferKind::Internal, 256);
+  const int dw = graph_floats(g, BufferKind::External, 256), t = graph_floats(g, BufferKind::Internal, 1024);
+  const int out = graph_floats(g, BufferKind::Internal, 1024), up = graph_floats(g, BufferKind::Internal, 4096);
+  for (compile::Buffer& b : g.buffers) b.device = Device::cuda(0);
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(x, {1024})}, graph_ref(up, {4096})));
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(up, {4096})}, graph_ref(grad, {1024})));
+  g.nodes.push_back(
+      graph_node(OpKind::Conv2dBackwardInput, {graph_ref(grad, {1024}), graph_ref(w, {256})}, graph_ref(dx, {1024})));
+  g.nodes.push_back(graph_node(OpKind::Conv2dBackwardWeight, {graph_ref(grad, {1024}), graph_ref(act, {1024})},
+                               graph_ref(dw16, {256})));
+  g.nodes.push_back(graph_node(OpKind::MultiTensorCast, {graph_ref(dw16, {256})}, graph_ref(dw, {256}), true));
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(dx, {1024})}, graph_ref(t, {1024})));
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(t, {1024})}, graph_ref(out, {1024})));
+  g.outputs.push_back(graph_ref(out, {1024}));
+  const size_t before = arena_bytes(g);
+  compile::PassStats stats;
+  compile::assign_side_stream(g, stats);
+  // The weight gradient's next node reads its result; once that cast has gone beside (the first
+  // sweep), the gradient goes too (the second), and the side stream runs the two in order.
+  EXPECT_EQ(stats.beside, 2u);
+  EXPECT_EQ(g.nodes[3].stream, 1);
+  EXPECT_EQ(g.nodes[4].stream, 1);
+  EXPECT_GT(g.nodes[3].hold, 0);
+  const std::vector<int> joins = compile::side_joins(g);
+  EXPECT_GT(joins[3], 5);  // beside the layer below's node at least
+  EXPECT_GT(joins[4], 5);
+  EXPECT_EQ(arena_bytes(g), before);
+}
+
 struct StepRun {
   std::vector<double> losses;
   std::vector<std::vector<double>> state;

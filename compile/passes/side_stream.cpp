@@ -83,11 +83,15 @@ int join_of(const Graph& g, size_t i) {
   return std::min(r.conflict, join);
 }
 
-// The ops whose CUDA kernels may run beside the main stream's: no cuBLAS or cuDNN handle or workspace
-// shared with the main stream, and finish counters only in the side stream's lane (the reduce
-// family's column sums); workspaces from the caching allocator are the side stream's own.
+// The ops whose CUDA kernels may run beside the main stream's: no device memory shared with the main
+// stream's kernels but their operands. cuBLAS's workspace is one per thread (kernels/cuda/register.cu),
+// so no GEMM runs here; a convolution's weight gradient may: cuDNN's convolution calls take their
+// workspace as an argument (from the caching allocator, whose blocks are the side stream's own) and
+// the thread's handle is bound to the current stream at each call, and the stem's own kernel counts
+// its blocks, like the column sums, in the side stream's lane of finish counters.
 bool runs_beside(OpKind op) {
-  return op == OpKind::ColumnSums || op == OpKind::EmbeddingBackward || op == OpKind::MultiTensorCast;
+  return op == OpKind::ColumnSums || op == OpKind::EmbeddingBackward || op == OpKind::MultiTensorCast ||
+         op == OpKind::Conv2dBackwardWeight;
 }
 
 size_t planned_peak(const Graph& g) {
@@ -105,50 +109,57 @@ std::vector<int> side_joins(const Graph& g) {
   return joins;
 }
 
+namespace {
+
+// Why node i may not go beside, or nullptr when it went (n.stream = 1, with its hold). `peak` is the
+// planned peak of the plan before the pass, computed on first need.
+const char* try_beside(Graph& g, size_t i, size_t& peak) {
+  Node& n = g.nodes[i];
+  if (!g.buffers[size_t(n.outputs[0].buffer)].device.is_cuda())
+    return "it is not on a GPU (a CPU plan runs one kernel at a time)";
+  if (!small_enough(n)) return "an input of more than 4 MiB: the kernels beside it would fill the GPU on their own";
+  n.stream = 1;
+  if (join_of(g, i) > int(i) + 1) return nullptr;
+  // Nothing reads its inputs after it: it runs beside the next nodes only if its inputs live longer.
+  // As long as that leaves the step's planned peak where it was (a micro-batch's last kernels, held
+  // into the next one's first, are far from the peak at the end of the last forward).
+  const Reach r = reach_of(g, i);
+  if (r.conflict == int(i) + 1 || reads_a_graph_output(g, n)) {
+    n.stream = 0;
+    return "the node right after it reads what it writes or writes what it reads";
+  }
+  if (peak == 0) {
+    n.stream = 0;
+    peak = planned_peak(g);
+    n.stream = 1;
+  }
+  for (int hold : {kMaxHold, kMaxHold / 2, 1}) {
+    n.hold = hold;
+    if (planned_peak(g) <= peak) return nullptr;
+  }
+  n.hold = 0;
+  n.stream = 0;
+  return "holding its inputs past their last reader would raise the step's planned peak";
+}
+
+}  // namespace
+
 void assign_side_stream(Graph& g, PassStats& stats) {
   size_t peak = 0;  // the planned peak before the pass, once a node needs its inputs held
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    Node& n = g.nodes[i];
-    if (!runs_beside(n.op) || n.outputs.empty()) continue;
-    if (!g.buffers[size_t(n.outputs[0].buffer)].device.is_cuda()) {
-      stays(g, i, "it is not on a GPU (a CPU plan runs one kernel at a time)");
-      continue;
+  // Two sweeps: a node whose next node reads its result may go beside in the second, once that node
+  // has gone beside in the first (a weight gradient, then the cast that reads it: both beside, in
+  // order on the side stream).
+  std::vector<const char*> reasons(g.nodes.size(), nullptr);
+  for (int sweep = 0; sweep < 2; ++sweep)
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      Node& n = g.nodes[i];
+      if (!runs_beside(n.op) || n.outputs.empty() || n.stream != 0) continue;
+      if (sweep == 1 && reasons[i] == nullptr) continue;  // nothing changed for it
+      reasons[i] = try_beside(g, i, peak);
+      if (!reasons[i]) ++stats.beside;
     }
-    if (!small_enough(n)) {
-      stays(g, i, "an input of more than 4 MiB: the kernels beside it would fill the GPU on their own");
-      continue;
-    }
-    n.stream = 1;
-    if (join_of(g, i) > int(i) + 1) {
-      ++stats.beside;
-      continue;
-    }
-    // Nothing reads its inputs after it: it runs beside the next nodes only if its inputs live longer.
-    // As long as that leaves the step's planned peak where it was (a micro-batch's last kernels, held
-    // into the next one's first, are far from the peak at the end of the last forward).
-    const Reach r = reach_of(g, i);
-    if (r.conflict == int(i) + 1 || reads_a_graph_output(g, n)) {
-      n.stream = 0;
-      stays(g, i, "the node right after it reads what it writes or writes what it reads");
-      continue;
-    }
-    if (peak == 0) {
-      n.stream = 0;
-      peak = planned_peak(g);
-      n.stream = 1;
-    }
-    for (int hold : {kMaxHold, kMaxHold / 2, 1}) {
-      n.hold = hold;
-      if (planned_peak(g) <= peak) break;
-      n.hold = 0;
-    }
-    if (n.hold == 0) {
-      n.stream = 0;
-      stays(g, i, "holding its inputs past their last reader would raise the step's planned peak");
-      continue;
-    }
-    ++stats.beside;
-  }
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (reasons[i]) stays(g, i, reasons[i]);
 }
 
 void run_side_nodes_late(Graph& g, PassStats&) {

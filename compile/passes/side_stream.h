@@ -11,6 +11,9 @@
 //   main:  ... gelu_backward ── fc dX GEMM ──────── fc dW GEMM ── norm backward ── ...
 //                                       └─ fork ─ side: column_sums (fc bias) ─┘ join
 //
+// A CNN's backward is alike: a convolution's weight gradient (from dY and the layer's input) is read by
+// nothing until the gradients' casts or the optimizer, while the data gradient goes on down the net.
+//
 // Rules (side_joins and buffer_lifetimes):
 //   - A node of stream 1 runs on the side stream after a fork: the side stream first waits for all
 //     the main stream has enqueued before the node. Side nodes run in graph order among themselves.
@@ -22,26 +25,26 @@
 //   - Memory: the side node's buffers live until the node before its join (memory_plan.h's
 //     buffer_lifetimes), so the planner hands none of their bytes to a node the main stream runs
 //     meanwhile.
-//   - Finish counters: the column-sum kernels count their blocks in the side stream's own lane of
-//     counters (kernels/cuda/last_block.cuh), so they never share one with a main-stream kernel; the
-//     other side ops count none.
+//   - Finish counters: the column-sum kernels and the stem convolution's weight gradient count their
+//     blocks in the side stream's own lane of counters (kernels/cuda/last_block.cuh), so they never
+//     share one with a main-stream kernel; the other side ops count none.
 // The values are the same as on one stream (the same kernels on the same data, the same order of
 // sums): only when the kernels run changes.
 //
 // The pass (side_stream) puts a node there when it is on a GPU, its op's kernels may run beside the
-// main stream's (runs_beside in side_stream.cpp: column sums, embedding backward, multi-tensor casts;
-// none shares a library handle or workspace with the main stream), its inputs have at most 4 MiB each
+// main stream's (runs_beside in side_stream.cpp: column sums, embedding backward, multi-tensor casts,
+// a convolution's weight gradient; none shares a workspace with the main stream), its inputs have at
+// most 4 MiB each
 // (beside the kernels of larger gradients, which fill the GPU by themselves, it measured slower) and
-// at least one node runs between it and its join. A node whose inputs nothing reads after it (a micro-batch's embedding gradient, its
-// weight gradients' casts into the f32 gradients) joins at once by the rule above; for it the pass
-// holds its inputs up to Node::hold = 4 main-stream nodes longer, so that it runs beside the next
-// micro-batch's first kernels, where the memory plan shows the step's planned peak unchanged.
-// A second pass (side_stream_late) then moves each side node to just before the last main-stream
-// reader of its inputs, so that it runs beside that reader alone: in a transformer's backward that is
-// the weight-gradient GEMM (few output tiles: d x 3d or d x 4d), where the data-gradient GEMM before
-// it (tokens x d) may fill the GPU by itself, so that a side kernel's blocks would delay some of its
-// tiles to a second wave. Both run after every other pass; off under a memory limit, whose plan they
-// would change lifetimes in.
+// at least one node runs between it and its join. A node whose inputs nothing reads after it (a micro-batch's embedding
+// gradient, its weight gradients' casts into the f32 gradients) joins at once by the rule above; for it the pass holds
+// its inputs up to Node::hold = 4 main-stream nodes longer, so that it runs beside the next micro-batch's first
+// kernels, where the memory plan shows the step's planned peak unchanged. A second pass (side_stream_late) then moves
+// each side node to just before the last main-stream reader of its inputs, so that it runs beside that reader alone: in
+// a transformer's backward that is the weight-gradient GEMM (few output tiles: d x 3d or d x 4d), where the
+// data-gradient GEMM before it (tokens x d) may fill the GPU by itself, so that a side kernel's blocks would delay some
+// of its tiles to a second wave. Both run after every other pass; off under a memory limit, whose plan they would
+// change lifetimes in.
 #pragma once
 #include <vector>
 

@@ -370,6 +370,7 @@ bool stem_weight_gradient(const ConvGeom& g, DType dt) {
 struct StemGeom {
   int H, W, C, kW, Ho, Wo, sh, sw, ph, pw;
   int K, M, rows_per_block;
+  int counter;  // the finish counter of the launch: its stream's lane (last_block.cuh)
 };
 
 // OP = O (a multiple of 16), KP = stem_padded_k(K). Thread t stages row t / 4 of a slice: a quarter of
@@ -456,7 +457,7 @@ __global__ void __launch_bounds__(kStemThreads)
   if (warp < kTiles)
     nvcuda::wmma::store_matrix_sync(partials + int64_t(blockIdx.x) * kTile + ot * 16 * KP + kt * 16, acc, KP,
                                     nvcuda::wmma::mem_row_major);
-  if (!arrive_last(finish_counter(0), gridDim.x)) return;
+  if (!arrive_last(finish_counter(g.counter), gridDim.x)) return;
   // Thread pair (2q, 2q + 1) sums column quad q (four consecutive k of one o) over the first and the
   // second half of the blocks, 16 float4 loads in flight (__ldcg: from L2, where the other blocks'
   // partials are); the pair's halves then meet in shared memory, first half first.
@@ -523,6 +524,7 @@ void stem_weight_gradient_into(const Tensor& dy, const Tensor& x, const Tensor& 
       D* dwp = static_cast<D*>(dw.data_ptr());
       float* pp = static_cast<float*>(partials.data_ptr());
       const cudaStream_t s = stream_of(dw);
+      g.counter = int(finish_counter_base(s, dw.device()));
       if (O == 16) launch_stem_wgrad<D, 16>(kp, grid, s, xp, dyp, dwp, pp, g);
       else if (O == 32) launch_stem_wgrad<D, 32>(kp, grid, s, xp, dyp, dwp, pp, g);
       else if (O == 48) launch_stem_wgrad<D, 48>(kp, grid, s, xp, dyp, dwp, pp, g);

@@ -20,12 +20,19 @@
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "tensor/cuda.h"
 
 namespace reel::cuda {
 
 constexpr int kFinishCounterSlots = 4096;
 constexpr int kFinishCounterLaneSlots = kFinishCounterSlots / 2;  // a lane: the main or the side stream's
 static __device__ unsigned g_finish_counters[kFinishCounterSlots];
+
+// The first finish counter of a launch on `st`: the second lane on a plan's side stream, which runs
+// beside the main stream's kernels (tensor/cuda.h's StreamFork).
+inline int64_t finish_counter_base(cudaStream_t st, Device dev) {
+  return is_side_stream(st, dev.index) ? kFinishCounterLaneSlots : 0;
+}
 
 // The counter of group `group` (< kFinishCounterSlots).
 __device__ __forceinline__ unsigned* finish_counter(int64_t group) { return &g_finish_counters[group]; }

@@ -60,12 +60,6 @@ constexpr int64_t kTargetBlocks = 1024;  // about 8 resident blocks on each of a
 constexpr int64_t kMinRowChunk = 8192;   // a split row chunk has at least this many elements
 constexpr int64_t kMinColumnChunk = 256; // a split column chunk has at least this many rows (32 per thread)
 
-// The first finish counter of a launch on `st`: the second lane on a plan's side stream, which runs
-// beside the main stream's kernels (last_block.cuh, tensor/cuda.h's StreamFork).
-int64_t finish_counter_base(cudaStream_t st, Device dev) {
-  return is_side_stream(st, dev.index) ? kFinishCounterLaneSlots : 0;
-}
-
 // ---- reduction operators: identity, combine (also of two partial results), finish ----
 
 template <typename A>
