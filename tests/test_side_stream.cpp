@@ -28,7 +28,8 @@ using testing_util::graph_ref;
 //   1: db  += column_sums(g)                (the bias gradient, external)
 //   2: dx   = matmul(g, w)                  (reads g)
 //   3: t    = fused_elementwise(dx)         (a new internal buffer between fork and join)
-//   4: dw  += matmul_into(g, x)             (reads g)
+//   4: dw   = matmul(g, x)                  (reads g; a GEMM kept on the main stream here: the
+//                                             weight gradients' matmul_into may go beside too, below)
 //   5: db2  = fused_elementwise(db)         (the first reader of db: the join)
 struct Tail {
   Graph g;
@@ -52,8 +53,8 @@ Tail tail(Device device) {
   g.nodes.push_back(graph_node(OpKind::Matmul, {graph_ref(s.g_buf, {64, 32}), graph_ref(s.w, {32, 32})},
                                graph_ref(s.dx, {64, 32})));
   g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(s.dx, {64, 32})}, graph_ref(s.t, {64, 32})));
-  g.nodes.push_back(graph_node(OpKind::MatmulInto, {graph_ref(s.g_buf, {64, 32}), graph_ref(s.x, {64, 32})},
-                               graph_ref(s.dw, {32, 32}), true));
+  g.nodes.push_back(graph_node(OpKind::Matmul, {graph_ref(s.g_buf, {64, 32}), graph_ref(s.x, {64, 32})},
+                               graph_ref(s.dw, {32, 32})));
   g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(s.db, {32})}, graph_ref(s.db2, {32})));
   g.outputs.push_back(graph_ref(s.t, {64, 32}));
   g.outputs.push_back(graph_ref(s.db2, {32}));
@@ -99,7 +100,7 @@ TEST(SideStreamPass, LateMovesItBesideItsInputsLastReaderAlone) {
   std::vector<OpKind> ops;
   for (const compile::Node& n : s.g.nodes) ops.push_back(n.op);
   EXPECT_EQ(ops, (std::vector<OpKind>{OpKind::FusedElementwise, OpKind::Matmul, OpKind::FusedElementwise,
-                                      OpKind::ColumnSums, OpKind::MatmulInto, OpKind::FusedElementwise}));
+                                      OpKind::ColumnSums, OpKind::Matmul, OpKind::FusedElementwise}));
   EXPECT_EQ(s.g.nodes[3].stream, 1);
   EXPECT_EQ(compile::side_joins(s.g), (std::vector<int>{-1, -1, -1, 5, -1, -1}));
   // A write of g before dW's GEMM is a conflict: the node is then left where it was.
@@ -244,6 +245,39 @@ TEST(SideStreamPass, AWeightGradientAndTheCastThatReadsItBothGoBeside) {
   const std::vector<int> joins = compile::side_joins(g);
   EXPECT_GT(joins[3], 5);  // beside the layer below's node at least
   EXPECT_GT(joins[4], 5);
+  EXPECT_EQ(arena_bytes(g), before);
+}
+
+// A Linear's backward: its weight gradient's GEMM adds into the f32 gradient (matmul_into, in place)
+// and nothing reads it again in the micro-batch; it runs beside the layer below's first nodes, with
+// the output gradient it reads held for them, the planned arena as before (the peak is at node 1).
+//   0: up = fused_elementwise(x)   1: g = fused_elementwise(up)   2: dx = matmul(g, w)
+//   3: dw += matmul_into(g, act)   4: t = fused_elementwise(dx)   5: out = fused_elementwise(t)
+TEST(SideStreamPass, AWeightGradientGemmRunsBesideTheLayerBelow) {
+  Graph g;
+  const int x = graph_floats(g, BufferKind::Input, 1024), up = graph_floats(g, BufferKind::Internal, 4096);
+  const int grad = graph_floats(g, BufferKind::Internal, 1024), w = graph_floats(g, BufferKind::External, 1024);
+  const int act = graph_floats(g, BufferKind::Input, 1024), dx = graph_floats(g, BufferKind::Internal, 1024);
+  const int dw = graph_floats(g, BufferKind::External, 1024), t = graph_floats(g, BufferKind::Internal, 1024);
+  const int out = graph_floats(g, BufferKind::Internal, 1024);
+  for (compile::Buffer& b : g.buffers) b.device = Device::cuda(0);
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(x, {1024})}, graph_ref(up, {4096})));
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(up, {4096})}, graph_ref(grad, {1024})));
+  g.nodes.push_back(
+      graph_node(OpKind::Matmul, {graph_ref(grad, {32, 32}), graph_ref(w, {32, 32})}, graph_ref(dx, {32, 32})));
+  g.nodes.push_back(graph_node(OpKind::MatmulInto, {graph_ref(act, {32, 32}), graph_ref(grad, {32, 32})},
+                               graph_ref(dw, {32, 32}), true));
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(dx, {1024})}, graph_ref(t, {1024})));
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(t, {1024})}, graph_ref(out, {1024})));
+  g.outputs.push_back(graph_ref(out, {1024}));
+  const size_t before = arena_bytes(g);
+  compile::PassStats stats;
+  compile::assign_side_stream(g, stats);
+  EXPECT_EQ(stats.beside, 1u);
+  EXPECT_EQ(g.nodes[3].stream, 1);
+  EXPECT_GT(g.nodes[3].hold, 0);
+  EXPECT_GT(compile::side_joins(g)[3], 4);  // beside the layer below's node at least
+  EXPECT_GE(compile::buffer_lifetimes(g)[size_t(grad)].last, 4);  // g is held while the GEMM may read it
   EXPECT_EQ(arena_bytes(g), before);
 }
 

@@ -84,14 +84,15 @@ int join_of(const Graph& g, size_t i) {
 }
 
 // The ops whose CUDA kernels may run beside the main stream's: no device memory shared with the main
-// stream's kernels but their operands. cuBLAS's workspace is one per thread (kernels/cuda/register.cu),
-// so no GEMM runs here; a convolution's weight gradient may: cuDNN's convolution calls take their
-// workspace as an argument (from the caching allocator, whose blocks are the side stream's own) and
-// the thread's handle is bound to the current stream at each call, and the stem's own kernel counts
-// its blocks, like the column sums, in the side stream's lane of finish counters.
+// stream's kernels but their operands. A weight gradient's GEMM (matmul_into) may: cuBLAS's workspace
+// has a half for each stream (kernels/cuda/cuda_common.cuh's blas_workspace). So may a convolution's
+// weight gradient: cuDNN's convolution calls take their workspace as an argument (from the caching
+// allocator, whose blocks are the side stream's own), and the stem's own kernel counts its blocks,
+// like the column sums, in the side stream's lane of finish counters. The libraries' handles are the
+// thread's, bound to the current stream at each call.
 bool runs_beside(OpKind op) {
   return op == OpKind::ColumnSums || op == OpKind::EmbeddingBackward || op == OpKind::MultiTensorCast ||
-         op == OpKind::Conv2dBackwardWeight;
+         op == OpKind::Conv2dBackwardWeight || op == OpKind::MatmulInto;
 }
 
 size_t planned_peak(const Graph& g) {

@@ -62,11 +62,17 @@ cudnnHandle_t cudnn_handle(Device device);
 Tensor workspace(size_t bytes, Device device);
 // A workspace kept for the life of the process, recorded by name (kernels/library_workspaces.h).
 Tensor persistent_workspace(const char* name, size_t bytes, Device device);
-// The one workspace of cuBLAS and cuBLASLt on `device` (this thread's): kBlasWorkspaceBytes, made once
-// and kept ("cublas"). Every GEMM of a thread runs on that thread's stream one after another, so the
-// handle's GEMMs, the epilogue GEMMs and autotuning share it instead of holding 32 MiB each.
+// The workspace of cuBLAS and cuBLASLt on `device` (this thread's): kBlasWorkspaceBytes, made once and
+// kept ("cublas"), in two halves of kBlasGemmWorkspaceBytes: GEMMs on the main stream use the first,
+// GEMMs on a compiled plan's side stream (tensor/cuda.h's StreamFork) the second, so that two GEMMs
+// running at once never share workspace. The GEMMs of one stream run one after another, so the
+// handle's GEMMs, the epilogue GEMMs and autotuning share a half instead of holding one each. Every
+// GEMM, eager or compiled, on either stream, is given a half's size, so that one problem gets the
+// same algorithm (the same bits) wherever it runs.
 constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
-const Tensor& blas_workspace(Device device);
+constexpr size_t kBlasGemmWorkspaceBytes = kBlasWorkspaceBytes / 2;
+// The current stream's half (made on first use).
+void* blas_workspace(Device device);
 
 // Whether p is 16-byte aligned: what vector loads (float4, cp.async) and library kernels ask of an operand.
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

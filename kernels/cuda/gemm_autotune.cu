@@ -168,7 +168,7 @@ struct Candidate {
 std::vector<Candidate> lt_candidates(const LtPlan& plan, Device device, const Alignments& al, bool out16) {
   Preference owner;
   const cublasLtMatmulPreference_t pref = owner.p;
-  uint64_t ws = kBlasWorkspaceBytes;
+  uint64_t ws = kBlasGemmWorkspaceBytes;
   REEL_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   if (out16)
@@ -188,7 +188,7 @@ std::vector<Candidate> lt_candidates(const LtPlan& plan, Device device, const Al
   if (st != CUBLAS_STATUS_SUCCESS) return algos;
   for (int i = 0; i < n; ++i) {
     const cublasLtMatmulHeuristicResult_t& r = results[i];
-    if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > kBlasWorkspaceBytes) continue;
+    if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > kBlasGemmWorkspaceBytes) continue;
     if (out16 && !reduces_in_compute_type(r.algo)) continue;
     algos.push_back({r.algo});
   }
@@ -205,7 +205,7 @@ cublasStatus_t lt_matmul(const LtPlan& plan, const cublasLtMatmulAlgo_t& algo, b
   const void* alpha = plan.f64_scale ? static_cast<const void*>(&d[1]) : static_cast<const void*>(&f[1]);
   const void* beta = plan.f64_scale ? static_cast<const void*>(&d[accumulate]) : static_cast<const void*>(&f[accumulate]);
   return cublasLtMatmul(cublaslt_handle(device), plan.desc, alpha, a, plan.la, b, plan.lb, beta, c, plan.lc, c,
-                        plan.lc, &algo, blas_workspace(device).data_ptr(), kBlasWorkspaceBytes, stream_of(device));
+                        plan.lc, &algo, blas_workspace(device), kBlasGemmWorkspaceBytes, stream_of(device));
 }
 
 // Mean device time (ms) of run() over kTimedRuns after one warm-up (device_timing.h).
@@ -319,7 +319,7 @@ std::unique_ptr<LtPlan> split_plan(const GemmProblem& p, const Alignments& al) {
   auto valid = [&] {
     return cublasLtMatmulAlgoCheck(cublaslt_handle(p.device), plan->desc, plan->la, plan->lb, plan->lc, plan->lc,
                                    &algo, &check) == CUBLAS_STATUS_SUCCESS &&
-           check.workspaceSize <= kBlasWorkspaceBytes;
+           check.workspaceSize <= kBlasGemmWorkspaceBytes;
   };
   if (!valid()) return nullptr;
   const int splits = splits_for(check.wavesCount, p.k);

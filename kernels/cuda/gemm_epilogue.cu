@@ -137,7 +137,7 @@ const LtPlan& lt_plan(Epilogue e, const Operands& o) {
   }
   cublasLtMatmulPreference_t pref;
   REEL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  size_t ws = kBlasWorkspaceBytes;
+  size_t ws = kBlasGemmWorkspaceBytes;
   REEL_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   cublasLtMatmulHeuristicResult_t result{};
@@ -180,10 +180,9 @@ void run(Epilogue e, const Operands& o) {
     set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, o.aux->data_ptr());
   }
   const float one = 1.0f, zero = 0.0f;
-  const Tensor& ws = blas_workspace(o.y.device());
   REEL_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(o.y.device()), p.desc, &one, o.b.data_ptr(), p.la, o.a.data_ptr(),
-                                   p.lb, &zero, o.y.data_ptr(), p.ly, o.y.data_ptr(), p.ly, &p.algo, ws.data_ptr(),
-                                   kBlasWorkspaceBytes, stream_of(o.y)));
+                                   p.lb, &zero, o.y.data_ptr(), p.ly, o.y.data_ptr(), p.ly, &p.algo,
+                                   blas_workspace(o.y.device()), kBlasGemmWorkspaceBytes, stream_of(o.y)));
 }
 
 }  // namespace

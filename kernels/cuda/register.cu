@@ -36,15 +36,17 @@ void set_device(Device device) {
 }
 }  // namespace
 
-const Tensor& blas_workspace(Device device) {
+void* blas_workspace(Device device) {
   thread_local Tensor workspaces[kMaxDevices];
   Tensor& ws = workspaces[device.index];
   if (!ws.defined()) ws = persistent_workspace("cublas", kBlasWorkspaceBytes, device);
-  return ws;
+  const bool side = is_side_stream(stream_of(device), device.index);
+  return static_cast<char*>(ws.data_ptr()) + (side ? kBlasGemmWorkspaceBytes : 0);
 }
 
 // cuBLAS gets a workspace of ours: its own default pool allocates lazily, which would break a CUDA
-// graph capture, and cublasSetStream resets the workspace, so it is set again after every rebind.
+// graph capture, and cublasSetStream resets the workspace, so it is set again after every rebind
+// (to the half of the stream it is bound to).
 cublasHandle_t cublas_handle(Device device) {
   thread_local cublasHandle_t handles[kMaxDevices] = {};
   set_device(device);
@@ -56,7 +58,7 @@ cublasHandle_t cublas_handle(Device device) {
         h, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   }
   REEL_CUBLAS_CHECK(cublasSetStream(h, stream_of(device)));
-  REEL_CUBLAS_CHECK(cublasSetWorkspace(h, blas_workspace(device).data_ptr(), kBlasWorkspaceBytes));
+  REEL_CUBLAS_CHECK(cublasSetWorkspace(h, blas_workspace(device), kBlasGemmWorkspaceBytes));
   return h;
 }
 
