@@ -10,7 +10,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -260,7 +262,13 @@ TEST(FusionCuda, ReduceOverheadGptWithFusionFollowsEager) {
   EXPECT_GE(plan->graphs(), 1u);
   EXPECT_GE(nvrtc_kernels(*plan), 5u) << "elementwise chains of the step were not fused";
   auto pe = eager_model->parameters(), pf = fused_model->parameters();
-  for (size_t i = 0; i < pe.size(); ++i) EXPECT_LT(rel_l2(pf[i], pe[i]), 1e-4) << "parameter " << i;
+  double worst = 0;
+  for (size_t i = 0; i < pe.size(); ++i) {
+    worst = std::max(worst, rel_l2(pf[i], pe[i]));
+    EXPECT_LT(rel_l2(pf[i], pe[i]), 1e-4) << "parameter " << i;
+  }
+  std::printf("gpt (f32) compiled with fusion against eager after 20 steps: parameters' largest relative L2 "
+              "difference %.3g\n", worst);
 }
 
 TEST(FusionCuda, ASecondStartCompilesNothing) {

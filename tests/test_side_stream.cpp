@@ -304,7 +304,7 @@ TEST(SideStreamCuda, TrainingStepsComputeTheSameBitsOnOneStreamAndTwo) {
   REEL_REQUIRE_GPU();
   for (const char* model : {"gpt-tiny", "cnn-small"})
     for (compile::Mode mode : {compile::Mode::ReduceOverhead, compile::Mode::Default})
-      for (const char* precision : {"bf16", "fp16"}) {
+      for (const char* precision : {"fp32", "bf16", "fp16"}) {
         SCOPED_TRACE(std::string(model) + " " + precision + " " + compile::mode_name(mode));
         const StepRun one = run_steps(model, precision, mode, false);
         const StepRun two = run_steps(model, precision, mode, true);

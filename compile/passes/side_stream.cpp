@@ -5,6 +5,7 @@
 
 #include "compile/passes/memory_plan.h"
 #include "compile/passes/pattern.h"
+#include "compile/passes/step_cost.h"
 #include "tensor/log.h"
 
 namespace reel::compile {
@@ -26,10 +27,17 @@ constexpr int kMaxHold = 4;
 // (8 MiB) alone.
 constexpr size_t kMaxBesideBytes = size_t(4) << 20;
 
+// The most work a side node may have (floating-point operations, compile/passes/step_cost.h): the
+// weight gradients' GEMMs. Measured side by side with them on the main stream (bench/RESULTS.md,
+// eleventh step, an H100): gpt-tiny's (0.27-1.07 GFLOP each) beside, the step 5.4% faster; gpt-small's
+// smallest (its output projection's, 2.1 GFLOP; all its inputs within the byte bound) beside, 1.3%
+// slower: its GEMMs on the main stream fill the GPU by themselves.
+constexpr double kMaxBesideFlops = 1.5e9;
+
 bool small_enough(const Node& n) {
   for (const auto& in : n.inputs)
     if (in && in->nbytes() > kMaxBesideBytes) return false;
-  return true;
+  return node_flops(n) <= kMaxBesideFlops;
 }
 
 // Under REEL_LOG=fusion, why node i stays on the main stream.
@@ -118,7 +126,9 @@ const char* try_beside(Graph& g, size_t i, size_t& peak) {
   Node& n = g.nodes[i];
   if (!g.buffers[size_t(n.outputs[0].buffer)].device.is_cuda())
     return "it is not on a GPU (a CPU plan runs one kernel at a time)";
-  if (!small_enough(n)) return "an input of more than 4 MiB: the kernels beside it would fill the GPU on their own";
+  if (!small_enough(n))
+    return "an input of more than 4 MiB or more than 1.5 GFLOP of work: the kernels beside it would fill the GPU on "
+           "their own";
   n.stream = 1;
   if (join_of(g, i) > int(i) + 1) return nullptr;
   // Nothing reads its inputs after it: it runs beside the next nodes only if its inputs live longer.

@@ -34,7 +34,7 @@
 // The pass (side_stream) puts a node there when it is on a GPU, its op's kernels may run beside the
 // main stream's (runs_beside in side_stream.cpp: column sums, embedding backward, multi-tensor casts,
 // the weight gradients of Linears and convolutions; none shares a workspace with the main stream), its
-// inputs have at most 4 MiB each
+// inputs have at most 4 MiB each and its work at most 1.5 GFLOP
 // (beside the kernels of larger gradients, which fill the GPU by themselves, it measured slower) and
 // at least one node runs between it and its join. A node whose inputs nothing reads after it (a micro-batch's embedding
 // gradient, its weight gradients' casts into the f32 gradients) joins at once by the rule above; for it the pass holds

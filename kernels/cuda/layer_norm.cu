@@ -23,10 +23,9 @@
 //   f32 rows of 128 k columns (k <= 8) with 16-byte-aligned operands: a warp per row that loads its
 //     row once into registers as float4 (layer_norm_*_vec_kernel, below);
 //     the backward also sums each column's g xhat and g over the rows of its block there (warps
-//     added in order through shared memory), and the last blocks to finish add the blocks' partials
-//     (add_param_partials, layer_norm_rows.cuh): dw, db without reading g and x again, in the same
-//     launch. The backward's grid is one wave of resident blocks, each warp with its next row's loads
-//     in flight while it computes the current one.
+//     added in order through shared memory), and layer_norm_param_finish_kernel adds the blocks'
+//     partials: dw, db without reading g and x again. The backward's grid is one wave of resident
+//     blocks, each warp with its next row's loads in flight while it computes the current one.
 //   dw, db otherwise: a deterministic two-stage column reduction in one launch (the last block of a
 //     column tile does stage 2 for it: kernels/cuda/last_block.cuh). Stage 1 tiles (rows, cols) into
 //     blocks of 32 columns x one chunk of rows (32 x 8 threads; the 32 lanes read 32 adjacent columns,
@@ -234,7 +233,7 @@ int64_t param_chunks(int64_t rows, int64_t cols) {
 }
 
 // dx (+ residual) and dw, db of f32 rows in one pass, with the row-in-registers kernel
-// (layer_norm_rows.cuh), whose last blocks add the blocks' partials; false, with nothing
+// (layer_norm_rows.cuh) and the finish kernel that adds its blocks' partials; false, with nothing
 // launched, where those kernels do not apply (see visit_vec_row). With sums16 (cols, f32; dx16 given)
 // the same pass also sums dx16's values per column into it (added to it with `accumulate`).
 // g is f32 or 16-bit (G), widened as it is loaded.
@@ -250,17 +249,19 @@ bool layer_norm_bwd_vec(const G* pg, const float* px, const float* pw, const flo
     return visit_vec_row(cols, {g16 ? nullptr : pg, px, pw, presidual, pdx}, {p16, g16 ? pg : nullptr}, [&]<int K>() {
       auto launch = [&]<int kSums>() {
         // One wave of resident blocks (as many per SM as the kernel's registers allow, a row per warp
-        // at most): every block adds one row of partials for the last blocks to sum. A second wave
+        // at most): every block adds one row of partials for the finish kernel to sum. A second wave
         // would leave the first wave's SMs idle while it runs (gpt-small's rows, 150 registers a
         // thread: one block per SM).
         const int per_sm = resident_blocks_per_sm(layer_norm_bwd_vec_kernel<K, O, kSums, G>, 256);
         const int64_t blocks = std::min<int64_t>((rows + 7) / 8, int64_t(per_sm) * multiprocessor_count(dx.device().index));
         Tensor part = workspace(sizeof(float) * size_t(blocks * kSums * cols), dx.device());
         float* pp = out_ptr<float>(part);
-        const ParamSums sums{out_ptr<float>(dw), out_ptr<float>(db), kSums == 3 ? out_ptr<float>(sums16) : nullptr,
-                             accumulate, int(finish_counter_base(s, dx.device()))};
         launch_kernel(layer_norm_bwd_vec_kernel<K, O, kSums, G>, unsigned(blocks), 256, 0, s, pg, px, pw, pm, pr,
-                      presidual, pdx, p16, pp, rows, drop, sums);
+                      presidual, pdx, p16, pp, rows, drop);
+        REEL_CUDA_LAUNCH_CHECK();
+        launch_kernel(layer_norm_param_finish_kernel<kSums>, unsigned((cols + kFinishCols - 1) / kFinishCols),
+                      dim3(kFinishCols, kFinishRows), 0, s, pp, blocks, cols, out_ptr<float>(dw), out_ptr<float>(db),
+                      kSums == 3 ? out_ptr<float>(sums16) : nullptr, accumulate);
         REEL_CUDA_LAUNCH_CHECK();
       };
       if constexpr (std::is_same_v<O, float>)

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "kernels/cuda/last_block.cuh"
 #include "kernels/cuda/norm_common.cuh"
 #include "kernels/philox_args.h"
 #include "tensor/rng.h"
@@ -172,84 +171,17 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// ---- the parameters' sums of the backward: the blocks' partials added by the last blocks to finish
-//
-// Every block of layer_norm_bwd_vec_kernel writes its partial dw, db (and dx16's column sums) to
-// part (blocks, kSums, cols) and takes a ticket from a finish counter (last_block.cuh). The last
-// `finishers` tickets (one per group of kFinishCols columns, at most one per block) belong to the
-// blocks that add the partials: each waits until every block has counted in (the others have all
-// started by then, and their writes are fenced before their tickets), then sums its groups' columns.
-// One launch instead of two (the partials no longer wait for a second kernel's launch and ramp), and
-// the groups are summed by as many blocks at once as a separate finish kernel had.
-// In a group, thread (tx, ty) = (t % kFinishCols, t / kFinishCols) sums p = ty, ty + kFinishRows, ...
-// of column kFinishCols g + tx, then thread ty = 0 adds the kFinishRows sums in ty order: the same
-// order on every run, so the same bits.
-constexpr int kFinishRows = 32;  // threads per column of a group
-constexpr int kFinishCols = 8;   // columns per group: gpt-small's 512 columns make 64 groups
-static_assert(kFinishRows * kFinishCols == 256, "a group's threads are the 256 of a block");
-
-struct ParamSums {
-  float *dw, *db, *ds;  // (cols) each; ds only with kSums 3
-  bool accumulate;      // ds[j] += its sum (a gradient over micro-batches) rather than =
-  int counter;          // the launch's finish counter (its stream's lane)
-};
-
-template <int kSums>
-__device__ void add_param_partials(const float* part, unsigned blocks, int64_t cols, const ParamSums& out) {
-  const unsigned groups = unsigned((cols + kFinishCols - 1) / kFinishCols);
-  const unsigned finishers = min(groups, blocks);
-  unsigned* counter = finish_counter(out.counter);
-  __shared__ unsigned ticket;
-  __threadfence();  // this thread's partial writes are visible device-wide before the block counts in
-  __syncthreads();
-  if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
-  __syncthreads();
-  if (ticket + finishers < blocks) return;
-  const unsigned rank = ticket - (blocks - finishers);
-  if (threadIdx.x == 0) {
-    while (*static_cast<volatile unsigned*>(counter) < blocks) __nanosleep(32);
-    // Each finisher counts in once more after its wait; the last resets the counter, once no
-    // finisher can still be waiting on it.
-    if (atomicAdd(counter, 1u) == blocks + finishers - 1) atomicExch(counter, 0u);
-  }
-  __syncthreads();
-  __threadfence();
-  __shared__ float s[kSums][kFinishRows][kFinishCols + 1];
-  const int tx = int(threadIdx.x) % kFinishCols, ty = int(threadIdx.x) / kFinishCols;
-  for (unsigned gi = rank; gi < groups; gi += finishers) {
-    const int64_t j = int64_t(gi) * kFinishCols + tx;
-    float sum[kSums] = {};
-    if (j < cols)
-      for (int64_t p = ty; p < blocks; p += kFinishRows)
-#pragma unroll
-        for (int which = 0; which < kSums; ++which) sum[which] += load_partial(part + (p * kSums + which) * cols + j);
-#pragma unroll
-    for (int which = 0; which < kSums; ++which) s[which][ty][tx] = sum[which];
-    __syncthreads();
-    if (ty == 0 && j < cols) {
-      for (int k = 1; k < kFinishRows; ++k)
-#pragma unroll
-        for (int which = 0; which < kSums; ++which) sum[which] += s[which][k][tx];
-      out.dw[j] = sum[0], out.db[j] = sum[1];
-      if constexpr (kSums == 3) out.ds[j] = out.accumulate ? out.ds[j] + sum[2] : sum[2];
-    }
-    __syncthreads();  // s is free for the next group
-  }
-}
-
 // dx (+ residual; its 16-bit copy dx16 when given) of layer_norm_bwd_dx_rows_kernel for f32 rows, and
 // in the same pass the block's partial dw, db: each warp sums g xhat and g of its rows per column in
 // registers, the block adds its warps' sums in warp order through shared memory and writes them to
-// part (gridDim.x, kSums, cols); the last blocks to finish add the blocks' rows in a fixed order
-// (add_param_partials) into params.dw, params.db (and params.ds).
+// part (gridDim.x, kSums, cols); layer_norm_param_finish_kernel adds the blocks' rows in a fixed order.
 // kSums 3 (16-bit dx16 only) also sums dx16's values per column (as f32, the 16-bit values exactly):
 // the bias gradient of the Linear whose output gradient dx16 is (compile/passes/fuse_norm_backward_add.cpp).
 // g is f32 or 16-bit (G: a GEMM's input gradient), widened as it is loaded.
 template <int K, typename O, int kSums = 2, typename G = float>
 __global__ void __launch_bounds__(256)
     layer_norm_bwd_vec_kernel(const G* g, const float* x, const float* w, const float* mean, const float* rstd,
-                              const float* residual, float* dx, O* dx16, float* part, int64_t rows, RowDropout drop,
-                              ParamSums params) {
+                              const float* residual, float* dx, O* dx16, float* part, int64_t rows, RowDropout drop) {
   grid_dependency_wait();
   static_assert(kSums == 2 || (kSums == 3 && !std::is_same_v<O, float>), "the third sum is of the 16-bit copy");
   using Row = VecRow<K>;
@@ -332,7 +264,42 @@ __global__ void __launch_bounds__(256)
     const int which = t / (K * 32), i = t / 32 % K, l = t % 32;
     *reinterpret_cast<float4*>(out + which * Row::cols + 128 * i + 4 * l) = block_sums[which][i][l];
   }
-  add_param_partials<kSums>(part, gridDim.x, Row::cols, params);
+}
+
+constexpr int kFinishRows = 32;  // threads per column of layer_norm_param_finish_kernel
+// Columns per block of it: block (kFinishCols, kFinishRows). 8, not 32, so that gpt-small's 512
+// columns take 64 blocks rather than 16 (3.37 -> 3.18 us a launch on the H200; the same sums in the
+// same order).
+constexpr int kFinishCols = 8;
+
+// dw[j] = sum over p of part[p, 0, j], db[j] = sum of part[p, 1, j] (part: (parts, kSums, cols)), and
+// with kSums 3 ds[j] = the sum of part[p, 2, j], or ds[j] += it with `accumulate` (a parameter's
+// gradient over micro-batches: the bits of the sum and then an f32 add). Block (kFinishCols,
+// kFinishRows) per kFinishCols columns: thread (tx, ty) sums p = ty, ty + kFinishRows, ... of column
+// kFinishCols bx + tx (neighbouring lanes read adjacent columns), then the kFinishRows sums are added
+// in ty order.
+template <int kSums = 2>
+__global__ void layer_norm_param_finish_kernel(const float* part, int64_t parts, int64_t cols, float* dw, float* db,
+                                               float* ds = nullptr, bool accumulate = false) {
+  grid_dependency_wait();
+  __shared__ float s[kSums][kFinishRows][kFinishCols + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = int64_t(blockIdx.x) * kFinishCols + tx;
+  float sum[kSums] = {};
+  if (j < cols)
+    for (int64_t p = ty; p < parts; p += kFinishRows)
+#pragma unroll
+      for (int which = 0; which < kSums; ++which) sum[which] += part[(p * kSums + which) * cols + j];
+#pragma unroll
+  for (int which = 0; which < kSums; ++which) s[which][ty][tx] = sum[which];
+  __syncthreads();
+  if (ty == 0 && j < cols) {
+    for (int k = 1; k < kFinishRows; ++k)
+#pragma unroll
+      for (int which = 0; which < kSums; ++which) sum[which] += s[which][k][tx];
+    dw[j] = sum[0], db[j] = sum[1];
+    if constexpr (kSums == 3) ds[j] = accumulate ? ds[j] + sum[2] : sum[2];
+  }
 }
 
 // Calls fn.template operator()<K>() when f32 rows of `cols` columns take the row-in-registers kernels
