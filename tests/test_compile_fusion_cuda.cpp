@@ -7,7 +7,6 @@
 //   - a GPT trained 20 steps under reduce-overhead with fusion follows eager;
 //   - a second build after dropping the in-memory kernels compiles nothing: the disk serves it.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,13 +18,13 @@
 #include <optional>
 
 #include "compile/runtime/compile.h"
-#include "kernels/jit/kernel_cache.h"
 #include "compile/runtime/train_step.h"
+#include "compile_test_util.h"
+#include "kernels/jit/kernel_cache.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/cuda.h"
 #include "test_util.h"
-#include "compile_test_util.h"
 
 using namespace reel;
 using reel::testing_util::TempCacheDir;
@@ -261,14 +260,38 @@ TEST(FusionCuda, ReduceOverheadGptWithFusionFollowsEager) {
   ASSERT_NE(plan, nullptr);
   EXPECT_GE(plan->graphs(), 1u);
   EXPECT_GE(nvrtc_kernels(*plan), 5u) << "elementwise chains of the step were not fused";
-  auto pe = eager_model->parameters(), pf = fused_model->parameters();
-  double worst = 0;
+  // The key part of each qkv bias is compared apart: its gradient is zero in exact arithmetic (adding
+  // one vector to every key shifts all of a query's scores alike, which softmax ignores), so what the
+  // step computes for it is rounding noise (about 3e-10 here, against 2e-3 for the query and value
+  // parts) and AdamW, which divides by the gradient's own scale, moves those entries by steps of up to
+  // about lr whose signs are that noise: with two summation orders (eager's GEMM calls and the
+  // compiled step's fused ones, each with the algorithm cuBLAS picks for it) each run walks them its
+  // own way, at most 2 lr x steps apart. Everything else follows eager to 1e-4.
+  auto pe = eager_model->named_parameters(), pf = fused_model->named_parameters();
+  ASSERT_EQ(pe.size(), pf.size());
+  const int64_t d = 32;
+  const double key_bias_bound = 2 * 1e-3 * 20;  // 2 lr x steps
+  double worst = 0, worst_key = 0;
   for (size_t i = 0; i < pe.size(); ++i) {
-    worst = std::max(worst, rel_l2(pf[i], pe[i]));
-    EXPECT_LT(rel_l2(pf[i], pe[i]), 1e-4) << "parameter " << i;
+    const std::string& name = pe[i].first;
+    std::vector<double> e = pe[i].second.to_vector<double>(), f = pf[i].second.to_vector<double>();
+    ASSERT_EQ(e.size(), f.size()) << name;
+    if (name.size() >= 8 && name.compare(name.size() - 8, 8, "qkv.bias") == 0) {
+      ASSERT_EQ(int64_t(e.size()), 3 * d) << name;
+      for (int64_t k = d; k < 2 * d; ++k) {
+        worst_key = std::max(worst_key, std::abs(f[size_t(k)] - e[size_t(k)]));
+        f[size_t(k)] = e[size_t(k)] = 0;  // the key part, compared above
+      }
+    }
+    const double r = testing_util::rel_l2(f, e);
+    worst = std::max(worst, r);
+    EXPECT_LT(r, 1e-4) << name;
   }
-  std::printf("gpt (f32) compiled with fusion against eager after 20 steps: parameters' largest relative L2 "
-              "difference %.3g\n", worst);
+  EXPECT_LE(worst_key, key_bias_bound);
+  std::printf(
+      "gpt (f32) compiled with fusion against eager after 20 steps: parameters' largest relative L2 "
+      "difference %.3g (key biases apart: largest difference %.3g, bound %.3g)\n",
+      worst, worst_key, key_bias_bound);
 }
 
 TEST(FusionCuda, ASecondStartCompilesNothing) {

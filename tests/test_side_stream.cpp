@@ -53,8 +53,8 @@ Tail tail(Device device) {
   g.nodes.push_back(graph_node(OpKind::Matmul, {graph_ref(s.g_buf, {64, 32}), graph_ref(s.w, {32, 32})},
                                graph_ref(s.dx, {64, 32})));
   g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(s.dx, {64, 32})}, graph_ref(s.t, {64, 32})));
-  g.nodes.push_back(graph_node(OpKind::Matmul, {graph_ref(s.g_buf, {64, 32}), graph_ref(s.x, {64, 32})},
-                               graph_ref(s.dw, {32, 32})));
+  g.nodes.push_back(
+      graph_node(OpKind::Matmul, {graph_ref(s.g_buf, {64, 32}), graph_ref(s.x, {64, 32})}, graph_ref(s.dw, {32, 32})));
   g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(s.db, {32})}, graph_ref(s.db2, {32})));
   g.outputs.push_back(graph_ref(s.t, {64, 32}));
   g.outputs.push_back(graph_ref(s.db2, {32}));
@@ -276,7 +276,7 @@ TEST(SideStreamPass, AWeightGradientGemmRunsBesideTheLayerBelow) {
   EXPECT_EQ(stats.beside, 1u);
   EXPECT_EQ(g.nodes[3].stream, 1);
   EXPECT_GT(g.nodes[3].hold, 0);
-  EXPECT_GT(compile::side_joins(g)[3], 4);  // beside the layer below's node at least
+  EXPECT_GT(compile::side_joins(g)[3], 4);                        // beside the layer below's node at least
   EXPECT_GE(compile::buffer_lifetimes(g)[size_t(grad)].last, 4);  // g is held while the GEMM may read it
   EXPECT_EQ(arena_bytes(g), before);
 }

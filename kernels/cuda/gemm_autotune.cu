@@ -204,8 +204,8 @@ cublasStatus_t lt_matmul(const LtPlan& plan, const cublasLtMatmulAlgo_t& algo, b
   static const double d[2] = {0.0, 1.0};
   const void* alpha = plan.f64_scale ? static_cast<const void*>(&d[1]) : static_cast<const void*>(&f[1]);
   const void* beta = plan.f64_scale ? static_cast<const void*>(&d[accumulate]) : static_cast<const void*>(&f[accumulate]);
-  return cublasLtMatmul(cublaslt_handle(device), plan.desc, alpha, a, plan.la, b, plan.lb, beta, c, plan.lc, c,
-                        plan.lc, &algo, blas_workspace(device), kBlasGemmWorkspaceBytes, stream_of(device));
+  return cublasLtMatmul(cublaslt_handle(device), plan.desc, alpha, a, plan.la, b, plan.lb, beta, c, plan.lc, c, plan.lc,
+                        &algo, blas_workspace(device), kBlasGemmWorkspaceBytes, stream_of(device));
 }
 
 // Mean device time (ms) of run() over kTimedRuns after one warm-up (device_timing.h).
@@ -317,8 +317,8 @@ std::unique_ptr<LtPlan> split_plan(const GemmProblem& p, const Alignments& al) {
   cublasLtMatmulAlgo_t algo = algos.front().algo;
   cublasLtMatmulHeuristicResult_t check{};
   auto valid = [&] {
-    return cublasLtMatmulAlgoCheck(cublaslt_handle(p.device), plan->desc, plan->la, plan->lb, plan->lc, plan->lc,
-                                   &algo, &check) == CUBLAS_STATUS_SUCCESS &&
+    return cublasLtMatmulAlgoCheck(cublaslt_handle(p.device), plan->desc, plan->la, plan->lb, plan->lc, plan->lc, &algo,
+                                   &check) == CUBLAS_STATUS_SUCCESS &&
            check.workspaceSize <= kBlasGemmWorkspaceBytes;
   };
   if (!valid()) return nullptr;
