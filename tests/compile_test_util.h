@@ -3,6 +3,7 @@
 #pragma once
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -191,5 +192,47 @@ class TempCacheDir {
   std::string dir_;
   std::optional<std::string> old_;
 };
+
+// Two runs of one GPT's training, parameter by parameter (by name): the largest relative L2 difference
+// and its parameter, with the key part of every qkv bias (the middle third) compared apart, as the
+// largest absolute difference of its entries. That part's gradient is zero in exact arithmetic (one
+// vector added to every key shifts all of a query's scores alike, which softmax ignores), so a step
+// computes rounding noise for it (3e-10 against 2e-3 for the query and value parts in the tests' GPT
+// of width 32), which AdamW, dividing by the gradient's own scale, turns into steps of up to about lr
+// whose signs are that noise: two runs that sum in different orders (eager's GEMM calls and a
+// compiled step's fused ones, each with the algorithm cuBLAS picks for it) walk those entries apart,
+// by up to 2 lr x steps.
+struct GptParamDiff {
+  double worst_rel = 0;
+  std::string worst_name;
+  double key_bias_abs = 0;
+};
+inline GptParamDiff compare_gpt_params(nn::Module& a, nn::Module& b) {
+  GptParamDiff d;
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  if (pa.size() != pb.size()) return {INFINITY, "(a different parameter count)", 0};
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const std::string& name = pa[i].first;
+    std::vector<double> x = pa[i].second.to_vector<double>(), y = pb[i].second.to_vector<double>();
+    if (x.size() != y.size()) return {INFINITY, name, 0};
+    const std::string suffix = "qkv.bias";
+    if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      const size_t third = x.size() / 3;
+      for (size_t k = third; k < 2 * third; ++k) {
+        d.key_bias_abs = std::max(d.key_bias_abs, std::abs(x[k] - y[k]));
+        x[k] = y[k] = 0;
+      }
+    }
+    double num = 0, den = 0;
+    for (size_t k = 0; k < x.size(); ++k) {
+      if (std::isnan(x[k]) || std::isnan(y[k])) return {INFINITY, name, d.key_bias_abs};
+      num += (x[k] - y[k]) * (x[k] - y[k]);
+      den += x[k] * x[k];
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    if (rel > d.worst_rel) d.worst_rel = rel, d.worst_name = name;
+  }
+  return d;
+}
 
 }  // namespace reel::testing_util

@@ -289,16 +289,11 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
       EXPECT_EQ(attention_bwd16, 2 * 3);
     }
     EXPECT_GT(step.last_plan()->stats().fused, 0u);
-    auto pe = eager_model->parameters(), pf = fused_model->parameters();
-    for (size_t i = 0; i < pe.size(); ++i) {
-      std::vector<double> a = pe[i].to_vector<double>(), b = pf[i].to_vector<double>();
-      double num = 0, den = 0;
-      for (size_t k = 0; k < a.size(); ++k) {
-        num += (a[k] - b[k]) * (a[k] - b[k]);
-        den += a[k] * a[k];
-      }
-      EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), param_tol) << prec << " parameter " << i;
-    }
+    // The qkv biases' key part apart (compile_test_util.h: its gradient is rounding noise, which
+    // AdamW turns into lr-sized steps of that noise's sign): at most 2 lr x steps apart.
+    const testing_util::GptParamDiff diff = testing_util::compare_gpt_params(*eager_model, *fused_model);
+    EXPECT_LE(diff.worst_rel, param_tol) << prec << " " << diff.worst_name;
+    EXPECT_LE(diff.key_bias_abs, 2 * 1e-3 * 20) << prec;
   }
 }
 
