@@ -206,79 +206,72 @@ TEST(SideStreamPass, HoldsInputsWithoutALaterReaderOnlyWhereThePeakStays) {
   }
 }
 
-// A convolution's backward as the passes leave it, its buffers on a GPU (the step's peak at node 1,
-// where the layer above's larger gradient is still live):
-//   0: up   = fused_elementwise(x)              (the layer above's gradient)
-//   1: g    = fused_elementwise(up)             (the output's gradient)
-//   2: dx   = conv2d_backward_input(g, w)
-//   3: dw16 = conv2d_backward_weight(g, act)    (read by nothing but the cast right after it)
-//   4: dw  += multi_tensor_cast(dw16)           (the f32 gradient, external)
-//   5: t    = fused_elementwise(dx)             (the layer below, on the main stream)
-//   6: out  = fused_elementwise(t)
-TEST(SideStreamPass, AWeightGradientAndTheCastThatReadsItBothGoBeside) {
+// A layer's backward as the passes leave it, its buffers on a GPU (the step's peak at node 1, where the
+// layer above's larger gradient is still live):
+//   0: up  = fused_elementwise(x)          (the layer above's gradient)
+//   1: g   = fused_elementwise(up)         (the layer's output gradient)
+//   2: dx  = data_op(g, w)                 (the data gradient: the layer below waits for it)
+//   3: dw  = weight_op(g, act)             (the weight gradient: nothing reads it again in the micro-batch,
+//                                           unless a cast into the f32 gradient follows)
+//  [4: dwf += multi_tensor_cast(dw)]       (with `cast`: the weight gradient is a 16-bit internal buffer)
+//   then t = fused_elementwise(dx), out = fused_elementwise(t): the layer below, on the main stream.
+struct LayerBackward {
   Graph g;
-  const int x = graph_floats(g, BufferKind::Input, 1024), grad = graph_floats(g, BufferKind::Internal, 1024);
-  const int w = graph_floats(g, BufferKind::External, 256), act = graph_floats(g, BufferKind::Input, 1024);
-  const int dx = graph_floats(g, BufferKind::Internal, 1024), dw16 = graph_floats(g, BufferKind::Internal, 256);
-  const int dw = graph_floats(g, BufferKind::External, 256), t = graph_floats(g, BufferKind::Internal, 1024);
-  const int out = graph_floats(g, BufferKind::Internal, 1024), up = graph_floats(g, BufferKind::Internal, 4096);
+  int grad;
+};
+LayerBackward layer_backward(OpKind data_op, OpKind weight_op, bool cast) {
+  LayerBackward l;
+  Graph& g = l.g;
+  const int x = graph_floats(g, BufferKind::Input, 1024), up = graph_floats(g, BufferKind::Internal, 4096);
+  l.grad = graph_floats(g, BufferKind::Internal, 1024);
+  const int w = graph_floats(g, BufferKind::External, 1024), act = graph_floats(g, BufferKind::Input, 1024);
+  const int dx = graph_floats(g, BufferKind::Internal, 1024);
+  const int dw = graph_floats(g, cast ? BufferKind::Internal : BufferKind::External, 1024);
+  const int dwf = graph_floats(g, BufferKind::External, 1024), t = graph_floats(g, BufferKind::Internal, 1024);
+  const int out = graph_floats(g, BufferKind::Internal, 1024);
   for (compile::Buffer& b : g.buffers) b.device = Device::cuda(0);
+  const Shape m{32, 32};
   g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(x, {1024})}, graph_ref(up, {4096})));
-  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(up, {4096})}, graph_ref(grad, {1024})));
-  g.nodes.push_back(
-      graph_node(OpKind::Conv2dBackwardInput, {graph_ref(grad, {1024}), graph_ref(w, {256})}, graph_ref(dx, {1024})));
-  g.nodes.push_back(graph_node(OpKind::Conv2dBackwardWeight, {graph_ref(grad, {1024}), graph_ref(act, {1024})},
-                               graph_ref(dw16, {256})));
-  g.nodes.push_back(graph_node(OpKind::MultiTensorCast, {graph_ref(dw16, {256})}, graph_ref(dw, {256}), true));
-  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(dx, {1024})}, graph_ref(t, {1024})));
-  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(t, {1024})}, graph_ref(out, {1024})));
-  g.outputs.push_back(graph_ref(out, {1024}));
-  const size_t before = arena_bytes(g);
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(up, {4096})}, graph_ref(l.grad, m)));
+  g.nodes.push_back(graph_node(data_op, {graph_ref(l.grad, m), graph_ref(w, m)}, graph_ref(dx, m)));
+  g.nodes.push_back(graph_node(weight_op, {graph_ref(act, m), graph_ref(l.grad, m)}, graph_ref(dw, m), !cast));
+  if (cast) g.nodes.push_back(graph_node(OpKind::MultiTensorCast, {graph_ref(dw, m)}, graph_ref(dwf, m), true));
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(dx, m)}, graph_ref(t, m)));
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(t, m)}, graph_ref(out, m)));
+  g.outputs.push_back(graph_ref(out, m));
+  return l;
+}
+
+TEST(SideStreamPass, AWeightGradientAndTheCastThatReadsItBothGoBeside) {
+  LayerBackward l = layer_backward(OpKind::Conv2dBackwardInput, OpKind::Conv2dBackwardWeight, true);
+  const size_t before = arena_bytes(l.g);
   compile::PassStats stats;
-  compile::assign_side_stream(g, stats);
+  compile::assign_side_stream(l.g, stats);
   // The weight gradient's next node reads its result; once that cast has gone beside (the first
   // sweep), the gradient goes too (the second), and the side stream runs the two in order.
   EXPECT_EQ(stats.beside, 2u);
-  EXPECT_EQ(g.nodes[3].stream, 1);
-  EXPECT_EQ(g.nodes[4].stream, 1);
-  EXPECT_GT(g.nodes[3].hold, 0);
-  const std::vector<int> joins = compile::side_joins(g);
+  EXPECT_EQ(l.g.nodes[3].stream, 1);
+  EXPECT_EQ(l.g.nodes[4].stream, 1);
+  EXPECT_GT(l.g.nodes[3].hold, 0);
+  const std::vector<int> joins = compile::side_joins(l.g);
   EXPECT_GT(joins[3], 5);  // beside the layer below's node at least
   EXPECT_GT(joins[4], 5);
-  EXPECT_EQ(arena_bytes(g), before);
+  EXPECT_EQ(arena_bytes(l.g), before);
 }
 
-// A Linear's backward: its weight gradient's GEMM adds into the f32 gradient (matmul_into, in place)
-// and nothing reads it again in the micro-batch; it runs beside the layer below's first nodes, with
-// the output gradient it reads held for them, the planned arena as before (the peak is at node 1).
-//   0: up = fused_elementwise(x)   1: g = fused_elementwise(up)   2: dx = matmul(g, w)
-//   3: dw += matmul_into(g, act)   4: t = fused_elementwise(dx)   5: out = fused_elementwise(t)
+// A Linear's weight gradient adds into the f32 gradient (matmul_into, in place): it runs beside the
+// layer below's first nodes, with the output gradient it reads held for them, the planned arena as before.
 TEST(SideStreamPass, AWeightGradientGemmRunsBesideTheLayerBelow) {
-  Graph g;
-  const int x = graph_floats(g, BufferKind::Input, 1024), up = graph_floats(g, BufferKind::Internal, 4096);
-  const int grad = graph_floats(g, BufferKind::Internal, 1024), w = graph_floats(g, BufferKind::External, 1024);
-  const int act = graph_floats(g, BufferKind::Input, 1024), dx = graph_floats(g, BufferKind::Internal, 1024);
-  const int dw = graph_floats(g, BufferKind::External, 1024), t = graph_floats(g, BufferKind::Internal, 1024);
-  const int out = graph_floats(g, BufferKind::Internal, 1024);
-  for (compile::Buffer& b : g.buffers) b.device = Device::cuda(0);
-  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(x, {1024})}, graph_ref(up, {4096})));
-  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(up, {4096})}, graph_ref(grad, {1024})));
-  g.nodes.push_back(
-      graph_node(OpKind::Matmul, {graph_ref(grad, {32, 32}), graph_ref(w, {32, 32})}, graph_ref(dx, {32, 32})));
-  g.nodes.push_back(graph_node(OpKind::MatmulInto, {graph_ref(act, {32, 32}), graph_ref(grad, {32, 32})},
-                               graph_ref(dw, {32, 32}), true));
-  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(dx, {1024})}, graph_ref(t, {1024})));
-  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(t, {1024})}, graph_ref(out, {1024})));
-  g.outputs.push_back(graph_ref(out, {1024}));
-  const size_t before = arena_bytes(g);
+  LayerBackward l = layer_backward(OpKind::Matmul, OpKind::MatmulInto, false);
+  const size_t before = arena_bytes(l.g);
   compile::PassStats stats;
-  compile::assign_side_stream(g, stats);
+  compile::assign_side_stream(l.g, stats);
   EXPECT_EQ(stats.beside, 1u);
-  EXPECT_EQ(g.nodes[3].stream, 1);
-  EXPECT_GT(g.nodes[3].hold, 0);
-  EXPECT_GT(compile::side_joins(g)[3], 4);                        // beside the layer below's node at least
-  EXPECT_GE(compile::buffer_lifetimes(g)[size_t(grad)].last, 4);  // g is held while the GEMM may read it
-  EXPECT_EQ(arena_bytes(g), before);
+  EXPECT_EQ(l.g.nodes[3].stream, 1);
+  EXPECT_GT(l.g.nodes[3].hold, 0);
+  EXPECT_GT(compile::side_joins(l.g)[3], 4);                          // beside the layer below's node at least
+  EXPECT_GE(compile::buffer_lifetimes(l.g)[size_t(l.grad)].last, 4);  // g is held while the GEMM may read it
+  EXPECT_EQ(arena_bytes(l.g), before);
 }
 
 struct StepRun {
