@@ -61,8 +61,8 @@ class StreamGuard {
 // replayed graph runs the side kernels on a branch of their own. The side stream is one per thread and
 // device, like a capture's stream; its kernels that count blocks in finish counters use a lane of
 // counters of their own (is_side_stream, kernels/cuda/last_block.cuh), so the two streams' kernels never
-// share one. Only the reduce family's kernels do that on the side stream: the pass that puts nodes there
-// takes column sums only.
+// share one: on the side stream, the column sums and the stem convolution's weight gradient. cuBLAS's
+// GEMMs there use the second half of the thread's workspace (kernels/cuda/cuda_common.cuh).
 class StreamFork {
  public:
   explicit StreamFork(int device = 0);
