@@ -70,7 +70,8 @@ const std::vector<Pass>& pipeline() {
        /*on_by_default=*/true, /*under_memory_limit=*/false},
       // After every rewrite: it picks nodes by what runs after them.
       {"side_stream", S::Schedule, assign_side_stream,
-       "column sums, embedding gradients and gradient casts on a second stream, beside the next kernels",
+       "weight gradients (GEMMs, convolutions), column sums, embedding gradients and gradient casts on a "
+       "second stream, beside the next kernels",
        /*on_by_default=*/true, /*under_memory_limit=*/false},
       {"side_stream_late", S::Schedule, run_side_nodes_late,
        "side-stream nodes moved to just before their inputs' last reader (the weight-gradient GEMM)",
