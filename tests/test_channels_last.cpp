@@ -138,9 +138,10 @@ TEST(ChannelsLastConv2dCuda, AllThreeOpsMatchNchwAndTheCpu) {
     int64_t stride;
     bool bias;
   };
-  // Few input channels and O a multiple of 16 take the stem kernel for the 16-bit NHWC weight
-  // gradient: one or many slices per block (40 x 32 x 32 positions: five a block, loaded four at a
-  // time, then one), K padded to 16, 32 and 64, O 16 to 64; O = 8 does not.
+  // Few input channels and O a multiple of 16 take the stem kernels for the 16-bit NHWC forward and
+  // weight gradient: one or many slices per block (40 x 32 x 32 positions: five a block, loaded four
+  // at a time, then one), K padded to 16, 32 and 64, O 16 to 64, stride 1 and 2, with and without a
+  // bias; O = 8 does not.
   for (const Case& c : {Case{{4, 16, 12, 10}, {32, 16, 3, 3}, 1, true}, Case{{3, 3, 16, 16}, {16, 3, 3, 3}, 1, false},
                         Case{{2, 3, 11, 9}, {16, 3, 3, 3}, 2, true}, Case{{8, 3, 40, 40}, {32, 3, 3, 3}, 1, false},
                         Case{{4, 1, 20, 20}, {48, 1, 3, 3}, 1, false}, Case{{2, 6, 10, 10}, {64, 6, 3, 3}, 1, true},

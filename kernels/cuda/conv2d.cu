@@ -1,5 +1,6 @@
 // CUDA kernels of conv2d and its two backward ops on cuDNN's legacy convolution API, plus a small
-// bias-add kernel.
+// bias-add kernel and reel's own forward and weight-gradient kernels for a stem convolution (few input
+// channels: an RGB image's), which cuDNN's kernels serve badly.
 //
 //   forward          y (N, O, Ho, Wo) = x (N, C, H, W) (*) w (O, C/G, kH, kW) + bias (O)
 //                    y[n, o, oh, ow] = sum_{c,i,j} w[o, c, i, j] x[n, q*C/G + c, oh*sh - ph + i, ow*sw - pw + j]
@@ -349,7 +350,7 @@ struct Workspace {
 //   - the last block to finish (kernels/cuda/last_block.cuh) adds the partials in block order, four
 //     columns per load and two threads per column quad, and rounds once: the same bits every run.
 // Taken for 16-bit NHWC calls with one group, C < 8, K <= 64 and O in {16, 32, 48, 64} (at most 16
-// tiles, one warp each).
+// tiles, one warp each): stem_convolution, which also picks the forward below.
 
 constexpr int kStemRows = 128;     // positions staged per slice
 constexpr int kStemBlocks = 64;    // blocks (partials) at most: the last block's serial sum stays short
@@ -360,7 +361,7 @@ constexpr int kStemDepthValues = 64;  // values a thread holds for the slices wh
 // Kp: K rounded up to a power of two >= 16 (so a thread's share of a row is a fixed count).
 int64_t stem_padded_k(int64_t K) { return K <= 16 ? 16 : K <= 32 ? 32 : 64; }
 
-bool stem_weight_gradient(const ConvGeom& g, DType dt) {
+bool stem_convolution(const ConvGeom& g, DType dt) {
   const int64_t K = g.C * g.kH * g.kW;
   return (dt == DType::bf16 || dt == DType::f16) && g.format == MemoryFormat::ChannelsLast && g.G == 1 && g.C < 8 &&
          K <= 64 && g.O % 16 == 0 && g.O <= 64 && g.N * g.Ho * g.Wo < (int64_t(1) << 31) &&
@@ -533,6 +534,97 @@ void stem_weight_gradient_into(const Tensor& dy, const Tensor& x, const Tensor& 
   });
 }
 
+// ---- the forward of a stem convolution ----
+//
+// y[n, ho, wo, o] = sum over k = (i, j, c) of x[n, ho*sh - ph + i, wo*sw - pw + j, c] * w[o, k]
+// (NHWC x and y, KRSC w seen as (O, K)). For an RGB stem the sum is 27 long and the output has a few
+// dozen channels: cuDNN runs a generic direct-convolution kernel for it (10.5 us a call in cnn-small
+// on an H100, timed alone) rather than a tensor-core one, since C = 3 fits none of those. It is
+// little work (27 x 32 multiply-adds an output pixel), so one thread per output pixel: the weights in
+// shared memory as f32, (k, o)-major so that every thread of a warp reads the same one (a broadcast),
+// the O sums in registers in k order (f32, one fused multiply-add a term; taps in the padding add
+// nothing), each rounded once to 16 bits and stored 16 bytes at a time. Taken where the weight
+// gradient's kernel is (stem_convolution).
+constexpr int kStemForwardThreads = 256;
+
+template <typename T, int O>
+__global__ void __launch_bounds__(kStemForwardThreads)
+    conv2d_stem_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, StemGeom g) {
+  grid_dependency_wait();
+  __shared__ float sw[64 * O];  // (K, O): K <= 64
+  for (int t = threadIdx.x; t < g.K * O; t += blockDim.x) {
+    const int o = t / g.K, k = t - o * g.K;  // reading w (O, K) in order
+    sw[k * O + o] = to_acc(w[t]);
+  }
+  __syncthreads();
+  const int m = int(blockIdx.x) * kStemForwardThreads + int(threadIdx.x);
+  if (m >= g.M) return;
+  const int t = m / g.Wo, wo = m - t * g.Wo, n = t / g.Ho, ho = t - n * g.Ho;
+  const int top = ho * g.sh - g.ph, left = wo * g.sw - g.pw;
+  const int kH = g.K / (g.kW * g.C);
+  float acc[O];
+#pragma unroll
+  for (int o = 0; o < O; ++o) acc[o] = 0.0f;
+  for (int i = 0; i < kH; ++i) {
+    const int h = top + i;
+    if (h < 0 || h >= g.H) continue;
+    for (int j = 0; j < g.kW; ++j) {
+      const int wc = left + j;
+      if (wc < 0 || wc >= g.W) continue;
+      const T* px = x + ((int64_t(n) * g.H + h) * g.W + wc) * g.C;
+      const float* pw = sw + (i * g.kW + j) * g.C * O;
+      for (int c = 0; c < g.C; ++c) {
+        const float v = to_acc(px[c]);
+#pragma unroll
+        for (int o = 0; o < O; ++o) acc[o] = fmaf(v, pw[c * O + o], acc[o]);
+      }
+    }
+  }
+  T* py = y + int64_t(m) * O;
+#pragma unroll
+  for (int o = 0; o < O; o += 8) {
+    struct alignas(16) Eight {
+      T v[8];
+    } out;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) out.v[u] = from_acc<T>(acc[o + u]);
+    *reinterpret_cast<Eight*>(py + o) = out;  // O is a multiple of 16 and y 16-byte aligned
+  }
+}
+
+// x NHWC dense, w KRSC dense, y NHWC dense and 16-byte aligned.
+void stem_forward_into(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& geo) {
+  StemGeom g{};
+  g.H = int(geo.H), g.W = int(geo.W), g.C = int(geo.C), g.kW = int(geo.kW), g.Ho = int(geo.Ho), g.Wo = int(geo.Wo);
+  g.sh = int(geo.sh), g.sw = int(geo.sw), g.ph = int(geo.ph), g.pw = int(geo.pw);
+  g.K = int(geo.C * geo.kH * geo.kW), g.M = int(geo.N * geo.Ho * geo.Wo);
+  const unsigned grid = unsigned((g.M + kStemForwardThreads - 1) / kStemForwardThreads);
+  visit_float_dtype(y.dtype(), "conv2d", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      using D = Dev<T>;
+      const D* xp = static_cast<const D*>(x.data_ptr());
+      const D* wp = static_cast<const D*>(w.data_ptr());
+      D* yp = static_cast<D*>(y.data_ptr());
+      const cudaStream_t s = stream_of(y);
+      switch (geo.O) {
+        case 16:
+          launch_kernel(conv2d_stem_fwd_kernel<D, 16>, grid, kStemForwardThreads, 0, s, xp, wp, yp, g);
+          break;
+        case 32:
+          launch_kernel(conv2d_stem_fwd_kernel<D, 32>, grid, kStemForwardThreads, 0, s, xp, wp, yp, g);
+          break;
+        case 48:
+          launch_kernel(conv2d_stem_fwd_kernel<D, 48>, grid, kStemForwardThreads, 0, s, xp, wp, yp, g);
+          break;
+        default:
+          launch_kernel(conv2d_stem_fwd_kernel<D, 64>, grid, kStemForwardThreads, 0, s, xp, wp, yp, g);
+          break;
+      }
+      REEL_CUDA_LAUNCH_CHECK();
+    }
+  });
+}
+
 // ---- the three ops ----
 
 // x: (N, C, H, W), w: (O, C/G, kH, kW), bias: (O) or undefined -> y: (N, O, Ho, Wo)
@@ -547,6 +639,11 @@ void conv2d_fwd_cudnn_kernel(const KernelCall& c) {
   } else {
     Tensor x = dense_for_cudnn(c.in[0], format), w = dense_for_cudnn(c.in[1], format);
     const ConvGeom g = make_geom(x.shape(), w.shape(), y.shape(), c.attrs, format);
+    if (stem_convolution(g, y.dtype()) && aligned16(y.data_ptr())) {
+      stem_forward_into(x, w, y, g);
+      if (bias.defined()) add_bias(y, bias, format);
+      return finish(out, y);
+    }
     cudnnHandle_t h = cudnn_handle(y.device());
     const ConvPlan& p = conv_plan(ConvOp::Forward, g, y.dtype(), y.device(), h, {x.data_ptr(), w.data_ptr(), y.data_ptr()});
     const Blend blend(y.dtype());
@@ -589,7 +686,7 @@ void conv2d_bwd_weight_cudnn_kernel(const KernelCall& c) {
   } else {
     Tensor g = dense_for_cudnn(c.in[0], format), x = dense_for_cudnn(c.in[1], format);
     const ConvGeom geo = make_geom(x.shape(), dw.shape(), g.shape(), c.attrs, format);
-    if (stem_weight_gradient(geo, dw.dtype())) {
+    if (stem_convolution(geo, dw.dtype())) {
       stem_weight_gradient_into(g, x, dw, geo);
       return finish(out, dw);
     }
