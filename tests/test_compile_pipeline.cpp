@@ -81,9 +81,14 @@ TEST(PassPipeline, ListsEveryPassOnceCleanupFirstScheduleLast) {
   EXPECT_LT(at("gemm_gelu"), at("elementwise"));
   // weight_casts takes the casts every other pass left (the GEMM epilogues' 16-bit biases among them).
   EXPECT_LT(at("elementwise"), at("optimizer"));
-  // The schedule stage (streams) last: side_stream_late moves what side_stream marked.
+  // The schedule stage (streams) last: input_casts_early after side_stream (whose peak it keeps),
+  // side_stream_late moves what both marked.
   EXPECT_LT(at("weight_casts"), at("side_stream"));
-  EXPECT_EQ(at("side_stream") + 1, at("side_stream_late"));
+  EXPECT_EQ(at("side_stream") + 1, at("input_casts_early"));
+  EXPECT_EQ(at("input_casts_early") + 1, at("side_stream_late"));
+  // The classifier head's fusion takes the nodes the GEMM-epilogue and cross-entropy passes wrote.
+  EXPECT_LT(at("gemm_epilogue"), at("linear_cross_entropy"));
+  EXPECT_LT(at("cross_entropy"), at("linear_cross_entropy"));
   EXPECT_EQ(p.back().name, std::string("side_stream_late"));
 }
 

@@ -274,6 +274,59 @@ TEST(SideStreamPass, AWeightGradientGemmRunsBesideTheLayerBelow) {
   EXPECT_EQ(arena_bytes(l.g), before);
 }
 
+// A micro-batch's start: three nodes of other work, then the cast of a step input x and its reader.
+//   0: a = fused_elementwise(e)      1: b = fused_elementwise(a)      2: c = fused_elementwise(b)
+//   3: x16 = copy(x) to bf16         4: y = fused_elementwise(x16, c)
+// b has `b_floats` floats: large, it makes the step's peak where b lives (nodes 1 and 2).
+struct InputCast {
+  Graph g;
+  int x16;
+};
+InputCast input_cast(int64_t b_floats) {
+  InputCast s;
+  Graph& g = s.g;
+  const int e = graph_floats(g, BufferKind::Input, 1000), x = graph_floats(g, BufferKind::Input, 1000);
+  const int a = graph_floats(g, BufferKind::Internal, 1000), b = graph_floats(g, BufferKind::Internal, b_floats);
+  const int c = graph_floats(g, BufferKind::Internal, 1000), y = graph_floats(g, BufferKind::Internal, 8000);
+  s.x16 = testing_util::graph_buffer(g, BufferKind::Internal, 1000 * 2);
+  for (compile::Buffer& buf : g.buffers) buf.device = Device::cuda(0);
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(e, {1000})}, graph_ref(a, {1000})));
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(a, {1000})}, graph_ref(b, {b_floats})));
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(b, {b_floats})}, graph_ref(c, {1000})));
+  g.nodes.push_back(graph_node(OpKind::Copy, {graph_ref(x, {1000})}, graph_ref(s.x16, {1000}, DType::bf16)));
+  g.nodes.push_back(graph_node(OpKind::FusedElementwise, {graph_ref(s.x16, {1000}, DType::bf16), graph_ref(c, {1000})},
+                               graph_ref(y, {8000})));
+  g.outputs.push_back(graph_ref(y, {8000}));
+  return s;
+}
+
+TEST(SideStreamPass, AStepInputsCastStartsEarlierBesideTheMainStream) {
+  InputCast s = input_cast(1000);  // the peak at the reader (y), where x16 is live anyway
+  const size_t before = arena_bytes(s.g);
+  compile::PassStats stats;
+  compile::cast_inputs_early(s.g, stats);
+  ASSERT_EQ(s.g.nodes[0].op, OpKind::Copy) << s.g.str();
+  EXPECT_EQ(s.g.nodes[0].stream, 1);
+  EXPECT_EQ(stats.beside, 1u);
+  EXPECT_EQ(compile::side_joins(s.g)[0], 4);  // the main stream waits for it at its reader
+  EXPECT_EQ(arena_bytes(s.g), before);
+}
+
+TEST(SideStreamPass, AStepInputsCastStaysWhereStartingItEarlierRaisesThePeak) {
+  InputCast s = input_cast(20000);  // the peak where b lives: x16 live there too would add to it
+  const size_t before = arena_bytes(s.g);
+  compile::PassStats stats;
+  compile::cast_inputs_early(s.g, stats);
+  // It may pass c's node alone (b is dead once c is written), never b's.
+  for (size_t i = 0; i < 3; ++i) EXPECT_NE(s.g.nodes[i].op, OpKind::Copy) << s.g.str();
+  EXPECT_EQ(arena_bytes(s.g), before);
+  compile::Graph cpu = input_cast(1000).g;
+  for (compile::Buffer& buf : cpu.buffers) buf.device = Device::cpu();
+  compile::cast_inputs_early(cpu, stats);
+  EXPECT_EQ(cpu.nodes[3].op, OpKind::Copy) << "a CPU plan runs one kernel at a time";
+  EXPECT_EQ(cpu.nodes[3].stream, 0);
+}
+
 struct StepRun {
   std::vector<double> losses;
   std::vector<std::vector<double>> state;
@@ -284,7 +337,7 @@ StepRun run_steps(const std::string& model, const char* precision, compile::Mode
   AutocastGuard amp(PrecisionPolicy::parse(precision));
   testing_util::SmallTraining t = testing_util::small_training(model, Device::cuda(0));
   compile::CompileOptions options(mode);
-  if (!side_stream) options.disabled_passes = {"side_stream"};
+  if (!side_stream) options.disabled_passes = {"side_stream", "input_casts_early"};
   compile::CompiledFunction step = compile::compile_train_step(*t.opt, t.loss, options);
   StepRun r;
   r.losses = testing_util::step_losses(*t.opt, t.loss, t.micro, 3, &step);

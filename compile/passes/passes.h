@@ -45,6 +45,7 @@ void fuse_matmul_cast(Graph& g, PassStats& stats);        // matmul_into (f32 re
 void fuse_matmul_accumulate(Graph& g, PassStats& stats);  // matmul_into (into a gradient)
 void fuse_masked_softmax(Graph& g, PassStats& stats);     // masked_softmax(_backward)
 void fuse_cross_entropy(Graph& g, PassStats& stats);      // cross_entropy_with_grad
+void fuse_linear_cross_entropy(Graph& g, PassStats& stats);  // linear_cross_entropy_with_grad
 void fuse_norm_cast(Graph& g, PassStats& stats);          // layer_norm_cast
 void fuse_attention_cast(Graph& g, PassStats& stats);     // attention(_backward)_cast
 void store_gemm_bias_16bit(Graph& g, PassStats& stats);   // gemm_epilogue in 16 bits (store_gemm_16bit.cpp)

@@ -31,6 +31,9 @@ const std::vector<Pass>& pipeline() {
       {"masked_softmax", S::Fusion, fuse_masked_softmax, "mask + softmax (+ cast), forward and backward"},
       {"cross_entropy", S::Fusion, fuse_cross_entropy,
        "cross-entropy and its backward (+ the gradient's cast) in one kernel"},
+      // After cross_entropy and gemm_epilogue (the two nodes it takes with the matmul after them).
+      {"linear_cross_entropy", S::Fusion, fuse_linear_cross_entropy,
+       "a small classifier head: its GEMM, loss, gradient and input gradient in one kernel"},
       {"norm_cast", S::Fusion, fuse_norm_cast, "(add +) layer norm writing its GEMM's 16-bit input"},
       {"attention_cast", S::Fusion, fuse_attention_cast, "attention also writing its GEMM's 16-bit input"},
       // After attention_cast: the attention nodes it reads are final.
@@ -72,6 +75,9 @@ const std::vector<Pass>& pipeline() {
       {"side_stream", S::Schedule, assign_side_stream,
        "weight gradients (GEMMs, convolutions), column sums, embedding gradients and gradient casts on a "
        "second stream, beside the next kernels",
+       /*on_by_default=*/true, /*under_memory_limit=*/false},
+      {"input_casts_early", S::Schedule, cast_inputs_early,
+       "casts of the step's inputs started earlier, on the second stream, under the previous micro-batch",
        /*on_by_default=*/true, /*under_memory_limit=*/false},
       {"side_stream_late", S::Schedule, run_side_nodes_late,
        "side-stream nodes moved to just before their inputs' last reader (the weight-gradient GEMM)",

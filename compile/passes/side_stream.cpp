@@ -6,6 +6,7 @@
 #include "compile/passes/memory_plan.h"
 #include "compile/passes/pattern.h"
 #include "compile/passes/step_cost.h"
+#include "kernels/fused_expr.h"
 #include "tensor/log.h"
 
 namespace reel::compile {
@@ -14,6 +15,7 @@ namespace {
 
 constexpr const char* kPass = "side_stream";
 constexpr const char* kLatePass = "side_stream_late";
+constexpr const char* kEarlyPass = "input_casts_early";
 
 // Main-stream nodes a side node whose inputs have no later reader may run beside (Node::hold).
 constexpr int kMaxHold = 4;
@@ -78,29 +80,61 @@ bool reads_a_graph_output(const Graph& g, const Node& n) {
   return false;
 }
 
+// Whether every input of n is the step's own memory (its inputs, parameters, state), which lives
+// through the whole step whatever reads it.
+bool reads_step_memory_only(const Graph& g, const Node& n) {
+  for (const auto& in : n.inputs)
+    if (in && g.buffers[size_t(in->buffer)].kind == BufferKind::Internal) return false;
+  return true;
+}
+
 // The join of side node i: its first conflict, and at the latest the node after the main stream's
 // last reader of its inputs (so that they live no longer than they would on one stream: a gradient's
 // sum is otherwise read by nothing until the optimizer, and holding the gradient till then would hold
-// the step's memory); the end when it reads a graph output (which lives to the end anyway).
+// the step's memory); the first conflict alone when it reads a graph output or only the step's own
+// memory (which live to the end anyway).
 int join_of(const Graph& g, size_t i) {
   const Reach r = reach_of(g, i);
-  if (reads_a_graph_output(g, g.nodes[i])) return r.conflict;
+  if (reads_a_graph_output(g, g.nodes[i]) || reads_step_memory_only(g, g.nodes[i])) return r.conflict;
   // Past the last reader, `hold` more main-stream nodes run beside it.
   int join = r.last_reader + 1;
   for (int held = 0; held < g.nodes[i].hold && join < r.conflict; ++join) held += g.nodes[join].stream == 0;
   return std::min(r.conflict, join);
 }
 
-// The ops whose CUDA kernels may run beside the main stream's: no device memory shared with the main
-// stream's kernels but their operands. A weight gradient's GEMM (matmul_into) may: cuBLAS's workspace
-// has a half for each stream (kernels/cuda/cuda_common.cuh's blas_workspace). So may a convolution's
-// weight gradient: cuDNN's convolution calls take their workspace as an argument (from the caching
-// allocator, whose blocks are the side stream's own), and the stem's own kernel counts its blocks,
-// like the column sums, in the side stream's lane of finish counters. The libraries' handles are the
-// thread's, bound to the current stream at each call.
-bool runs_beside(OpKind op) {
-  return op == OpKind::ColumnSums || op == OpKind::EmbeddingBackward || op == OpKind::MultiTensorCast ||
-         op == OpKind::Conv2dBackwardWeight || op == OpKind::MatmulInto;
+// The nodes whose CUDA kernels may run beside the main stream's: no device memory shared with the
+// main stream's kernels but their operands. A weight gradient's GEMM (matmul_into) may: cuBLAS's
+// workspace has a half for each stream (kernels/cuda/cuda_common.cuh's blas_workspace). So may a
+// convolution's weight gradient: cuDNN's convolution calls take their workspace as an argument (from
+// the caching allocator, whose blocks are the side stream's own), and the stem's own kernel counts its
+// blocks, like the column sums, in the side stream's lane of finish counters. The libraries' handles
+// are the thread's, bound to the current stream at each call. And a fused elementwise kernel that only
+// updates its inputs in place (a micro-batch's norm weight gradients added into the step's): its
+// generated kernel touches nothing else, unless it also sums columns (a workspace and counters of the
+// main lane), which keeps it on the main stream.
+// Every output of n is one of its inputs, written in place.
+bool updates_in_place_only(const Node& n) {
+  for (const TensorRef& out : n.outputs) {
+    bool read = false;
+    for (const auto& in : n.inputs) read = read || (in && same_ref(*in, out));
+    if (!read) return false;
+  }
+  return !n.outputs.empty();
+}
+
+bool runs_beside(const Node& n) {
+  switch (n.op) {
+    case OpKind::ColumnSums:
+    case OpKind::EmbeddingBackward:
+    case OpKind::MultiTensorCast:
+    case OpKind::Conv2dBackwardWeight:
+    case OpKind::MatmulInto:
+      return true;
+    case OpKind::FusedElementwise:
+      return updates_in_place_only(n) && !fused_column_sums_of(n.attrs).on();
+    default:
+      return false;
+  }
 }
 
 size_t planned_peak(const Graph& g) {
@@ -164,13 +198,72 @@ void assign_side_stream(Graph& g, PassStats& stats) {
   for (int sweep = 0; sweep < 2; ++sweep)
     for (size_t i = 0; i < g.nodes.size(); ++i) {
       Node& n = g.nodes[i];
-      if (!runs_beside(n.op) || n.outputs.empty() || n.stream != 0) continue;
+      if (!runs_beside(n) || n.outputs.empty() || n.stream != 0) continue;
       if (sweep == 1 && reasons[i] == nullptr) continue;  // nothing changed for it
       reasons[i] = try_beside(g, i, peak);
       if (!reasons[i]) ++stats.beside;
     }
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (reasons[i]) stays(g, i, reasons[i]);
+}
+
+namespace {
+
+// How many main-stream nodes a cast of a step input may move up, at most (then fewer, where the
+// planned peak would grow): enough to start it under the previous micro-batch's backward,
+// few enough that the side nodes before it (graph order is the side stream's order) are long done.
+constexpr int kMaxHoist = 32;
+
+// Node i as a copy (a cast, a layout change) of a step input that no node writes, into a buffer that
+// only it writes: its input's values are there before the step starts.
+bool casts_a_step_input(const Graph& g, const BufferUses& u, size_t i) {
+  const Node& n = g.nodes[i];
+  if (n.op != OpKind::Copy || n.in_place || n.inputs.size() != 1 || !n.inputs[0] || n.outputs.size() != 1 ||
+      n.stream != 0)
+    return false;
+  const int in = n.inputs[0]->buffer;
+  return g.buffers[size_t(in)].kind == BufferKind::Input && u.writers[size_t(in)].empty() &&
+         internal_once(g, u, n.outputs[0]) && g.buffers[size_t(n.outputs[0].buffer)].device.is_cuda();
+}
+
+}  // namespace
+
+void cast_inputs_early(Graph& g, PassStats& stats) {
+  size_t peak = 0;
+  size_t last_early = 0;  // just after the last input cast moved: the side stream runs them in graph order
+  for (size_t i = 1; i < g.nodes.size(); ++i) {
+    const BufferUses u = buffer_uses(g);
+    if (!casts_a_step_input(g, u, i)) continue;
+    if (peak == 0) peak = planned_peak(g);
+    const size_t floor_at = last_early;
+    bool moved = false;
+    const char* why = "starting it earlier would raise the step's planned peak";
+    for (int up = kMaxHoist; up > 0; --up) {
+      size_t to = i;  // `up` main-stream nodes up
+      int passed = 0;
+      for (; to > floor_at && passed < up; --to) passed += g.nodes[to - 1].stream == 0;
+      if (passed == 0) {
+        why = "no main-stream node since the previous input's cast to run beside";
+        break;
+      }
+      Graph trial = g;
+      Node n = std::move(trial.nodes[i]);
+      n.stream = 1;
+      trial.nodes.erase(trial.nodes.begin() + long(i));
+      trial.nodes.insert(trial.nodes.begin() + long(to), std::move(n));
+      if (planned_peak(trial) > peak) continue;
+      g = std::move(trial);
+      ++stats.beside;
+      moved = true;
+      last_early = to + 1;
+      if (log_enabled("fusion"))
+        log_line("fusion", detail::cat(kEarlyPass, ": the cast of a step input k", i, " moved to k", to, ", beside"));
+      break;
+    }
+    if (!moved) last_early = i + 1;
+    if (!moved && log_enabled("fusion"))
+      log_line("fusion", detail::cat(kEarlyPass, ": the cast of a step input k", i, " stays: ", why));
+  }
 }
 
 void run_side_nodes_late(Graph& g, PassStats&) {

@@ -58,5 +58,9 @@ std::vector<int> side_joins(const Graph& g);
 
 void assign_side_stream(Graph& g, PassStats& stats);      // side_stream
 void run_side_nodes_late(Graph& g, PassStats& stats);     // side_stream_late
+// The casts of a step's inputs (a CNN's images into 16-bit channels-last) moved up to kMaxHoist
+// main-stream nodes earlier, onto the side stream: the next micro-batch's first convolution finds its
+// input cast while the previous micro-batch's backward ran. Where the planned peak allows.
+void cast_inputs_early(Graph& g, PassStats& stats);  // input_casts_early
 
 }  // namespace reel::compile

@@ -561,6 +561,19 @@ void cross_entropy_with_grad_kernel(const KernelCall& c) {
   if (cast) cpu::run_op(OpKind::Copy, {dlogits}, {c.out[1]});
 }
 
+// logits = x @ w + bias in f32; loss, dlogits = cross_entropy_with_grad(logits) with the gradient in
+// x's dtype; dx = dlogits @ w^T. in: x, w, bias, target, g. The unfused ops, one after another.
+void linear_cross_entropy_with_grad_kernel(const KernelCall& c) {
+  const Tensor &x = c.in[0], &w = c.in[1], &dlogits = c.out[1];
+  Tensor logits = cpu::scratch({x.shape()[0], w.shape()[1]}, DType::f32);
+  cpu::run_op(OpKind::GemmEpilogue, {x, w, c.in[2]}, {logits}, Attrs().set("dtype", DType::f32));
+  Attrs a = Attrs().set("ignore_index", c.attrs.i("ignore_index", -100)).set("reduction", c.attrs.i("reduction", 0));
+  if (dlogits.dtype() != DType::f32) a.set("dtype", dlogits.dtype());
+  cpu::run_op(OpKind::CrossEntropyWithGrad, {logits, c.in[3], c.in[4]}, {c.out[0], dlogits}, a);
+  const Tensor wt = Tensor::make_view(w, {w.shape()[1], w.shape()[0]}, {w.strides()[1], w.strides()[0]}, w.offset());
+  cpu::run_op(OpKind::Matmul, {dlogits, wt}, {c.out[2]});
+}
+
 // The f32 result into out[0] when kept, and its 16-bit copy into the last output when asked for.
 void softmax_results(const KernelCall& c, const std::function<void(const Tensor&)>& compute) {
   const bool keep = c.attrs.b("keep_f32", true);
@@ -601,6 +614,7 @@ void register_reduce_cpu_kernels() {
   register_kernel(cpu, OpKind::CrossEntropy, cross_entropy_kernel);
   register_kernel(cpu, OpKind::CrossEntropyBackward, cross_entropy_backward_kernel);
   register_kernel(cpu, OpKind::CrossEntropyWithGrad, cross_entropy_with_grad_kernel);
+  register_kernel(cpu, OpKind::LinearCrossEntropyWithGrad, linear_cross_entropy_with_grad_kernel);
   register_kernel(cpu, OpKind::GlobalNorm, global_norm_kernel);
   register_kernel(cpu, OpKind::ColumnSums, column_sums_kernel);
   register_kernel(cpu, OpKind::MaskedSoftmax, masked_softmax_kernel);

@@ -25,6 +25,13 @@
 // kernels above: the loss and the gradient have the bits of cross_entropy, cross_entropy_backward
 // and the cast, where those take five launches.
 //
+// Fused classifier head (linear_cross_entropy_with_grad): a block per row of x computes the row's
+// logits (x @ w + bias, f32), its loss and gradient as cross_entropy_with_grad_kernel does (the
+// same fold and formulas over the same f32 logits), and the input's gradient dlogits @ w^T from the
+// gradient as rounded to its dtype, so the head's three kernels (its two GEMMs and the loss) are one.
+// Taken for heads too small for a GEMM to pay (linear_cross_entropy_supported): ten classes over a
+// CNN's pooled features, where cuBLAS's kernels are all launch and no arithmetic.
+//
 // Difference from the CPU: the CPU refuses a target outside [0, C) that is not ignore_index. The
 // targets live on the GPU and reading them back would synchronise the host, so here such a row is
 // not checked: it counts as a row, its loss is NaN and its gradient row is NaN (never an
@@ -286,6 +293,111 @@ void cross_entropy_with_grad_kernel(const KernelCall& c) {
   grad_out.commit();
 }
 
+// ---- a small classifier's head in one launch ----
+//
+//   logits[n, k] = sum_c x[n, c] w[c, k] + bias[k]        x (N, C), w (C, K) in T; f32 sums, never stored
+//   loss, dlogits[n, k] = cross_entropy_with_grad(logits)  dlogits (N, K) rounded to T
+//   dx[n, c] = sum_k dlogits[n, k] w[c, k]                 dx (N, C) in T, from the rounded dlogits
+//
+// A block per row (rows n = block, block + grid, ...): the row of x staged in shared memory as f32, a
+// warp per logit (lanes over c, the warp's fixed-order sum), warp 0 the loss and gradient of the row
+// over the staged logits, a thread per dx column. The sums' orders are fixed: the same bits every run.
+// Against cuBLAS's GEMMs the logits and dx are within f32 rounding (other orders of the same sums).
+constexpr int kHeadThreads = 256;
+constexpr int64_t kHeadMaxC = 2048;  // staged x row: 8 KiB of f32
+constexpr int64_t kHeadMaxK = 1024;  // staged logits: 4 KiB
+// At most this many multiply-adds a launch (N C K): cnn-small's head is 41 k, ResNet-18's 164 k; a
+// GPT's (4 M rows x a vocabulary) belongs to the tensor cores.
+constexpr int64_t kHeadMaxWork = int64_t(1) << 22;
+
+template <typename T>
+__global__ void __launch_bounds__(kHeadThreads)
+    linear_cross_entropy_kernel(const T* x, const T* w, const float* bias, const int64_t* target, const float* g,
+                                double* row_loss, float* loss, T* dlogits, T* dx, int64_t N, int C, int K,
+                                int64_t ignore_index, bool mean) {
+  grid_dependency_wait();
+  __shared__ float sx[kHeadMaxC];  // (C): the row of x
+  __shared__ float sl[kHeadMaxK];  // (K): its logits, then its gradient as rounded to T
+  const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp, warps = kHeadThreads / kWarp;
+  int64_t count = 0;
+  for (int64_t k = threadIdx.x; k < N; k += blockDim.x) count += target[k] != ignore_index;
+  count = block_reduce<AddOp<int64_t>>(count);  // every thread gets it
+  const float scale = mean ? *g / float(count) : *g;
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    for (int c = int(threadIdx.x); c < C; c += kHeadThreads) sx[c] = to_acc(x[n * C + c]);
+    __syncthreads();
+    for (int k = warp; k < K; k += warps) {
+      float acc = 0.0f;
+      for (int c = lane; c < C; c += kWarp) acc = fmaf(sx[c], to_acc(w[int64_t(c) * K + k]), acc);
+      acc = warp_reduce<AddOp<float>>(acc);
+      if (lane == 0) sl[k] = acc + bias[k];
+    }
+    __syncthreads();
+    if (warp == 0) {
+      using Team = RowTeam<false>;
+      MaxSum<float> t = strided_fold<MaxSumOp<float>, MaxSum<float>>(Team::rank(), K, Team::size(), PushFn<float>(),
+                                                                     [&](int64_t k) { return sl[k]; });
+      t = finalize(Team::template reduce<MaxSumOp<float>>(t));
+      const float l = t.m + log_acc(t.s);
+      const int64_t tn = target[n];
+      const bool ignored = tn == ignore_index, valid = tn >= 0 && tn < K;
+      const double row = ignored ? 0.0 : valid ? double(l - sl[tn]) : double(NAN);
+      __syncwarp();  // every lane has read sl[tn] before the gradient overwrites it
+      if (lane == 0) row_loss[n] = row;
+      for (int k = lane; k < K; k += kWarp) {
+        float v = 0.0f;
+        if (!ignored) {
+          v = valid ? exp_acc(sl[k] - l) * scale : float(NAN);
+          if (k == tn) v -= scale;
+        }
+        const T r = from_acc<T>(v);
+        dlogits[n * K + k] = r;
+        sl[k] = to_acc(r);
+      }
+    }
+    __syncthreads();
+    for (int c = int(threadIdx.x); c < C; c += kHeadThreads) {
+      float acc = 0.0f;
+      const T* wc = w + int64_t(c) * K;
+      for (int k = 0; k < K; ++k) acc = fmaf(sl[k], to_acc(wc[k]), acc);
+      dx[n * C + c] = from_acc<T>(acc);
+    }
+    __syncthreads();  // sx and sl are the next row's
+  }
+  if (arrive_last(finish_counter(0), gridDim.x)) cross_entropy_total(row_loss, N, count, mean, loss);
+}
+
+// Dense operands and results on one GPU, a head small enough (kHeadMax*), at least one row.
+bool linear_cross_entropy_supported(const KernelCall& c) {
+  const Tensor &x = c.in[0], &w = c.in[1];
+  const int64_t N = x.size(0), C = x.size(1), K = w.size(1);
+  bool dense = true;
+  for (const Tensor& t : {c.in[0], c.in[1], c.in[2], c.in[3], c.out[1], c.out[2]}) dense = dense && t.is_contiguous();
+  return dense && N > 0 && C <= kHeadMaxC && K <= kHeadMaxK && N * C * K <= kHeadMaxWork && x.dtype() != DType::f64;
+}
+
+void linear_cross_entropy_with_grad_kernel(const KernelCall& c) {
+  const Tensor &x = c.in[0], &w = c.in[1], &bias = c.in[2], &target = c.in[3], &g = c.in[4];
+  const Tensor &loss = c.out[0], &dlogits = c.out[1], &dx = c.out[2];
+  REEL_CHECK(linear_cross_entropy_supported(c), "linear_cross_entropy_with_grad: no CUDA kernel for x ",
+             shape_str(x.shape()), " and w ", shape_str(w.shape()), " (dense, C <= ", kHeadMaxC, ", K <= ", kHeadMaxK,
+             ", N C K <= ", kHeadMaxWork, ")");
+  const int64_t N = x.size(0);
+  cudaStream_t st = stream_of(x);
+  Tensor ws = workspace(size_t(N) * sizeof(double), x.device());
+  const unsigned grid = unsigned(std::min<int64_t>(N, int64_t(4) * multiprocessor_count(x.device().index)));
+  visit_float(x.dtype(), "linear_cross_entropy_with_grad", [&]<typename D>() {
+    if constexpr (!std::is_same_v<D, double>) {
+      launch_kernel(linear_cross_entropy_kernel<D>, grid, kHeadThreads, 0, st, in_ptr<D>(x), in_ptr<D>(w),
+                    in_ptr<float>(bias), in_ptr<int64_t>(target), static_cast<const float*>(g.data_ptr()),
+                    static_cast<double*>(ws.data_ptr()), static_cast<float*>(loss.data_ptr()),
+                    static_cast<D*>(dlogits.data_ptr()), static_cast<D*>(dx.data_ptr()), N, int(x.size(1)),
+                    int(w.size(1)), c.attrs.i("ignore_index", -100), c.attrs.i("reduction", 0) == 0);
+      REEL_CUDA_LAUNCH_CHECK();
+    }
+  });
+}
+
 }  // namespace
 
 void register_cross_entropy_cuda_kernels() {
@@ -293,6 +405,8 @@ void register_cross_entropy_cuda_kernels() {
   register_kernel(gpu, OpKind::CrossEntropy, cross_entropy_kernel);
   register_kernel(gpu, OpKind::CrossEntropyBackward, cross_entropy_backward_kernel);
   register_kernel(gpu, OpKind::CrossEntropyWithGrad, cross_entropy_with_grad_kernel);
+  register_kernel(gpu, OpKind::LinearCrossEntropyWithGrad, linear_cross_entropy_with_grad_kernel);
+  register_supports(gpu, OpKind::LinearCrossEntropyWithGrad, linear_cross_entropy_supported);
 }
 
 }  // namespace cuda

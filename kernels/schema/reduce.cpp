@@ -47,6 +47,16 @@
 //                      The classifier's loss and gradient from one read of the logits: the lse
 //                      stays in the kernel, the f32 gradient is not stored when a 16-bit one is
 //                      asked for. g must be ready when the loss is computed (a step's seed).
+//   linear_cross_entropy_with_grad (x (N, C), w (C, K), bias (K) f32, target (N) i64, g (one f32))
+//                      attrs ignore_index, reduction (as cross_entropy). x and w of one float dtype
+//                      T (f32, bf16 or f16):
+//                         logits (N, K) f32 = gemm_epilogue(x, w, bias) in f32 (never stored)
+//                      -> loss: 0-dim f32, dlogits (N, K) T = cross_entropy_with_grad(logits, target, g)
+//                                                            with the gradient in T
+//                         dx (N, C) T           = matmul(dlogits, w^T)
+//                      A classifier head whose GEMMs are too small to fill a GPU (ten classes over a
+//                      pooled feature vector): the forward GEMM, the loss and its gradient, and the
+//                      input's gradient in one kernel.
 #include "kernels/schema/schema_util.h"
 
 namespace reel {
@@ -116,6 +126,16 @@ std::vector<TensorMeta> infer_softmax_backward(const std::vector<Tensor>& in, co
 }
 
 // Checks logits (N, C) float and target (N) i64 plus the attrs shared by cross_entropy and its backward.
+// target (N) i64 for logits (N, C), and the reduction attr.
+void check_targets(OpKind op, const Shape& logits, const Tensor& target, const Attrs& a) {
+  REEL_CHECK(target.dtype() == DType::i64, op_name(op), ": target must be i64 class indices, got ",
+             schema::desc(target));
+  REEL_CHECK(target.shape() == Shape{logits[0]}, op_name(op), ": target of shape ", shape_str(target.shape()),
+             " does not match logits of shape ", shape_str(logits), " (expected (", logits[0], ",))");
+  int64_t reduction = a.i("reduction", 0);
+  REEL_CHECK(reduction == 0 || reduction == 1, op_name(op), ": reduction ", reduction, " is not 0 (mean) or 1 (sum)");
+}
+
 void check_cross_entropy_args(OpKind op, const Tensor& logits, const Tensor& target, const Attrs& a) {
   schema::expect_defined(op, logits, "logits");
   schema::expect_defined(op, target, "target");
@@ -123,14 +143,7 @@ void check_cross_entropy_args(OpKind op, const Tensor& logits, const Tensor& tar
   REEL_CHECK(logits.dim() == 2, op_name(op), ": logits must have 2 dims (N, C), got shape ",
              shape_str(logits.shape()));
   REEL_CHECK(logits.shape()[1] > 0, op_name(op), ": logits of shape ", shape_str(logits.shape()), " have no classes");
-  REEL_CHECK(target.dtype() == DType::i64, op_name(op), ": target must be i64 class indices, got ",
-             schema::desc(target));
-  REEL_CHECK(target.shape() == Shape{logits.shape()[0]}, op_name(op), ": target of shape ", shape_str(target.shape()),
-             " does not match logits of shape ", shape_str(logits.shape()), " (expected (",
-             logits.shape()[0], ",))");
-  int64_t reduction = a.i("reduction", 0);
-  REEL_CHECK(reduction == 0 || reduction == 1, op_name(op), ": reduction ", reduction,
-             " is not 0 (mean) or 1 (sum)");
+  check_targets(op, logits.shape(), target, a);
 }
 
 std::vector<TensorMeta> infer_cross_entropy(const std::vector<Tensor>& in, const Attrs& a) {
@@ -169,6 +182,29 @@ std::vector<TensorMeta> infer_cross_entropy_with_grad(const std::vector<Tensor>&
              op_name(op), ": the gradient's dtype ", dtype_name(d), " must be the logits' (", schema::desc(logits),
              ") or, for f32 logits, bf16 or f16");
   return {{{}, logits.dtype(), logits.device()}, {logits.shape(), d, logits.device()}};
+}
+
+std::vector<TensorMeta> infer_linear_cross_entropy_with_grad(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::LinearCrossEntropyWithGrad;
+  schema::expect_inputs(op, in, 5);
+  const char* names[] = {"x", "w", "bias", "target", "gradient"};
+  for (size_t i = 0; i < 5; ++i) schema::expect_defined(op, in[i], names[i]);
+  const Tensor &x = in[0], &w = in[1], &bias = in[2], &g = in[4];
+  schema::expect_ndim(op, x, 2, "x");
+  schema::expect_ndim(op, w, 2, "w");
+  const DType t = x.dtype();
+  REEL_CHECK(t == DType::f32 || t == DType::bf16 || t == DType::f16, op_name(op), ": x ", schema::desc(x),
+             " must be f32, bf16 or f16");
+  REEL_CHECK(w.dtype() == t && w.size(0) == x.size(1), op_name(op), ": w ", schema::desc(w), " must be (", x.size(1),
+             ", K) ", dtype_name(t), " for x ", schema::desc(x));
+  const int64_t N = x.size(0), K = w.size(1);
+  REEL_CHECK(bias.shape() == Shape{K} && bias.dtype() == DType::f32, op_name(op), ": bias ", schema::desc(bias),
+             " must be (", K, ") f32");
+  REEL_CHECK(K > 0, op_name(op), ": w ", schema::desc(w), " has no classes");
+  check_targets(op, {N, K}, in[3], a);
+  REEL_CHECK(g.numel() == 1 && g.dtype() == DType::f32, op_name(op),
+             ": gradient must be a one-element f32 tensor, got ", schema::desc(g));
+  return {{{}, DType::f32, x.device()}, {{N, K}, t, x.device()}, {x.shape(), t, x.device()}};
 }
 
 std::vector<TensorMeta> infer_global_norm(const std::vector<Tensor>& in, const Attrs&) {
@@ -253,6 +289,7 @@ void register_reduce_schemas() {
   register_schema(OpKind::CrossEntropy, infer_cross_entropy);
   register_schema(OpKind::CrossEntropyBackward, infer_cross_entropy_backward);
   register_schema(OpKind::CrossEntropyWithGrad, infer_cross_entropy_with_grad);
+  register_schema(OpKind::LinearCrossEntropyWithGrad, infer_linear_cross_entropy_with_grad);
   register_schema(OpKind::GlobalNorm, infer_global_norm);
   register_schema(OpKind::ColumnSums, infer_column_sums);
   register_schema(OpKind::MaskedSoftmax, infer_masked_softmax);

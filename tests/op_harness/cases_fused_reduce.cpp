@@ -1,5 +1,6 @@
 // Op-harness cases of the reduce family's fused ops (kernels/ops.def's "fused:" lines there): a bias
-// gradient's column sums, the masked softmax and its backward, and cross-entropy with its gradient.
+// gradient's column sums, the masked softmax and its backward, cross-entropy with its gradient, and a
+// small classifier head (its GEMMs with the cross-entropy).
 // As in cases_fused.cpp, each reference is the unfused chain run op by op on the CPU
 // (fused_references.h), and on the GPU the same cases compare the fused CUDA kernels against the CPU.
 #include <cmath>
@@ -131,12 +132,77 @@ void add_cross_entropy_with_grad_cases(std::vector<OpTestCase>& cases) {
   }
 }
 
+// A small classifier head: logits = x @ w + bias in f32, the loss and its gradient in x's dtype, and
+// dx = dlogits @ w^T. The reference is plain loops in double over the inputs' values (the gradient
+// not rounded to 16 bits before dx: within the dtype's tolerance).
+Expected linear_cross_entropy_reference(const OpCall& c) {
+  const std::vector<double> x = host_values(c.inputs[0]), w = host_values(c.inputs[1]), b = host_values(c.inputs[2]),
+                            t = host_values(c.inputs[3]);
+  const double g = host_values(c.inputs[4])[0];
+  const int64_t N = c.inputs[0].size(0), C = c.inputs[0].size(1), K = c.inputs[1].size(1);
+  const bool mean = c.attrs.i("reduction", 0) == 0;
+  int64_t count = 0;
+  for (double v : t) count += v != -100;
+  const double scale = mean ? g / double(count) : g;
+  double total = 0;
+  std::vector<double> d(size_t(N * K), 0.0), dx(size_t(N * C), 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<double> l(static_cast<size_t>(K));
+    double m = -INFINITY;
+    for (int64_t k = 0; k < K; ++k) {
+      l[size_t(k)] = b[size_t(k)];
+      for (int64_t j = 0; j < C; ++j) l[size_t(k)] += x[size_t(n * C + j)] * w[size_t(j * K + k)];
+      m = std::max(m, l[size_t(k)]);
+    }
+    double s = 0;
+    for (double v : l) s += std::exp(v - m);
+    const double lse = m + std::log(s);
+    const int64_t tn = int64_t(t[size_t(n)]);
+    if (tn == -100) continue;
+    total += lse - l[size_t(tn)];
+    for (int64_t k = 0; k < K; ++k)
+      d[size_t(n * K + k)] = (std::exp(l[size_t(k)] - lse) - (k == tn ? 1.0 : 0.0)) * scale;
+    for (int64_t j = 0; j < C; ++j)
+      for (int64_t k = 0; k < K; ++k) dx[size_t(n * C + j)] += d[size_t(n * K + k)] * w[size_t(j * K + k)];
+  }
+  return {{mean ? total / double(count) : total}, d, dx};
+}
+
+void add_linear_cross_entropy_cases(std::vector<OpTestCase>& cases) {
+  struct Variant {
+    const char* name;
+    int64_t N, C, K, reduction;
+    std::vector<int64_t> ignored;
+  };
+  // cnn-small's head; rows ignored under a sum; one class; more rows than the CUDA grid's blocks
+  // (each block then takes several rows).
+  for (const Variant& v :
+       {Variant{"mean_32x128_to_10", 32, 128, 10, 0, {}}, Variant{"sum_ignoring_rows_0_3_5x7_to_3", 5, 7, 3, 1, {0, 3}},
+        Variant{"mean_4x33_to_1", 4, 33, 1, 0, {}}, Variant{"mean_ignoring_row_7_700x24_to_12", 700, 24, 12, 0, {7}}}) {
+    cases.push_back({.op = OpKind::LinearCrossEntropyWithGrad,
+                     .name = std::string("linear_cross_entropy_with_grad_") + v.name,
+                     .dtypes = {DType::f32, DType::f16, DType::bf16},
+                     .make =
+                         [v](Device, DType t) {
+                           std::vector<double> target = host_values(index_input({v.N}, v.K, 241));
+                           for (int64_t n : v.ignored) target[size_t(n)] = -100;
+                           return OpCall{{randn_input({v.N, v.C}, t, 242),
+                                          randn_input({v.C, v.K}, t, 243, Layout::contiguous, 0.2),
+                                          randn_input({v.K}, DType::f32, 244), values_input(target, {v.N}, DType::i64),
+                                          scalar_input(0.75, DType::f32)},
+                                         Attrs().set("reduction", v.reduction)};
+                         },
+                     .reference = linear_cross_entropy_reference});
+  }
+}
+
 }  // namespace
 
 std::vector<OpTestCase> fused_reduce_cases() {
   std::vector<OpTestCase> cases;
   add_reduce_cases(cases);
   add_cross_entropy_with_grad_cases(cases);
+  add_linear_cross_entropy_cases(cases);
   return cases;
 }
 
