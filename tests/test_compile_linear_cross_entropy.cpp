@@ -1,8 +1,9 @@
 // A small classifier head as one node (compile/passes/fuse_linear_cross_entropy.cpp): the logits'
-// GEMM, cross_entropy_with_grad and the input gradient's matmul become linear_cross_entropy_with_grad.
+// GEMM, cross_entropy_with_grad and the input gradient's matmul (and under autocast the cast of the
+// GEMM's input) become linear_cross_entropy_with_grad.
 //   - cnn-small's compiled step (ACCUM 2) with the pass on follows the step with it off to the bit on
-//     the CPU (whose kernel runs the three ops in turn), in fp32, bf16 and fp16, one node a
-//     micro-batch in place of three;
+//     the CPU (whose kernel runs the ops in turn), in fp32, bf16 and fp16, one node a micro-batch in
+//     place of three (four under autocast);
 //   - on the GPU (one kernel, other orders of the same sums) within f32 rounding of it;
 //   - a head the GPU's kernel does not take (a GPT's vocabulary over 4096 rows) is refused there, and
 //     the schema names the op and the shapes of a call it cannot run.
@@ -42,15 +43,17 @@ double largest_difference(const std::vector<std::vector<double>>& a, const std::
   return worst;
 }
 
-void expect_the_head_fused(const testing_util::CompiledSteps& on, const testing_util::CompiledSteps& off) {
+// Under autocast the cast of the pooled features into the GEMM's 16-bit input goes into the node too.
+void expect_the_head_fused(const testing_util::CompiledSteps& on, const testing_util::CompiledSteps& off,
+                           bool autocast) {
   ASSERT_NE(on.plan(), nullptr);
   ASSERT_NE(off.plan(), nullptr);
   const size_t micro_batches = 2;
   EXPECT_EQ(count_op(*on.plan(), OpKind::LinearCrossEntropyWithGrad), micro_batches);
   EXPECT_EQ(count_op(*on.plan(), OpKind::CrossEntropyWithGrad), 0u);
   EXPECT_EQ(count_op(*off.plan(), OpKind::LinearCrossEntropyWithGrad), 0u);
-  // Per micro-batch the GEMM and the input gradient's matmul go.
-  EXPECT_EQ(on.plan()->kernels() + 2 * micro_batches, off.plan()->kernels());
+  // Per micro-batch the GEMM and the input gradient's matmul go, and under autocast the cast.
+  EXPECT_EQ(on.plan()->kernels() + (autocast ? 3 : 2) * micro_batches, off.plan()->kernels());
 }
 
 TEST(LinearCrossEntropyPass, CnnSmallFollowsTheStepWithoutItToTheBitOnTheCpu) {
@@ -59,7 +62,7 @@ TEST(LinearCrossEntropyPass, CnnSmallFollowsTheStepWithoutItToTheBitOnTheCpu) {
     const testing_util::CompiledSteps off =
         testing_util::compiled_steps("cnn-small", Device::cpu(), precision, {"linear_cross_entropy"});
     const testing_util::CompiledSteps on = testing_util::compiled_steps("cnn-small", Device::cpu(), precision, {});
-    expect_the_head_fused(on, off);
+    expect_the_head_fused(on, off, std::string(precision) != "fp32");
     EXPECT_TRUE(testing_util::same_training(on, off));
   }
 }
@@ -74,7 +77,7 @@ TEST(LinearCrossEntropyPass, CnnSmallFollowsTheStepWithoutItOnTheGpu) {
     const testing_util::CompiledSteps off =
         testing_util::compiled_steps("cnn-small", gpu, precision, {"linear_cross_entropy"});
     const testing_util::CompiledSteps on = testing_util::compiled_steps("cnn-small", gpu, precision, {});
-    expect_the_head_fused(on, off);
+    expect_the_head_fused(on, off, std::string(precision) != "fp32");
     ASSERT_EQ(on.losses.size(), off.losses.size());
     for (size_t i = 0; i < on.losses.size(); ++i)
       EXPECT_NEAR(on.losses[i], off.losses[i], bound * std::abs(off.losses[i])) << "step " << i;

@@ -3,8 +3,9 @@
 //   logits      = gemm_epilogue(x, w, bias)                 x (N, C), w (C, K): W^T; logits (N, K) f32
 //   loss, dlog  = cross_entropy_with_grad(logits, target, g) dlog (N, K) in x's dtype
 //   dx          = matmul(dlog, w^T)                          dx (N, C) in x's dtype: the input's gradient
-// become one linear_cross_entropy_with_grad node at the loss's place. For a CNN's ten classes over a
-// pooled feature vector each of those is a launch of a few microseconds around a few thousand
+// become one linear_cross_entropy_with_grad node at the loss's place (with autocast's cast of x from
+// f32 before the GEMM, when nothing else reads x before the loss: the node then writes that cast). For a CNN's ten
+// classes over a pooled feature vector each of those is a launch of a few microseconds around a few thousand
 // multiply-adds; fused, the logits never leave the kernel. The node's outputs are the loss and dlog
 // (which the weight and bias gradients still read) and dx. The device decides which heads are small
 // enough (kernels/cuda/cross_entropy.cu: linear_cross_entropy_supported); the CPU's kernel is the
@@ -30,7 +31,25 @@ bool is_transpose_of(const TensorRef& r, const TensorRef& w) {
 
 struct Head {
   int gemm = -1, matmul = -1;
+  int cast = -1;  // autocast's cast of the GEMM's input from f32, folded in too, or -1
 };
+
+// The node that casts all of a contiguous f32 (N, C) into the GEMM's 16-bit input x16, where the fused
+// node at j may do it instead: nothing reads x16 between the cast and j but the GEMM e, and nothing
+// writes the f32 source in between. Its index, or -1.
+int foldable_cast(const Graph& g, const BufferUses& u, const TensorRef& x16, int e, size_t j) {
+  const int c = u.producer(x16.buffer);
+  if (c < 0 || c >= e || !is_16bit(x16.dtype) || !is_contiguous(x16) || x16.offset != 0) return -1;
+  const Node& cast = g.nodes[size_t(c)];
+  if (cast.inputs.size() != 1 || !cast.inputs[0]) return -1;
+  const TensorRef& src = *cast.inputs[0];
+  if (!is_plain_cast_of(g, u, c, src) || !same_ref(cast.outputs[0], x16) || src.dtype != DType::f32 ||
+      !is_contiguous(src) || u.written_between(src.buffer, c, int(j)))
+    return -1;
+  for (int r : u.readers[x16.buffer])
+    if (r != e && r <= int(j)) return -1;
+  return c;
+}
 
 // The GEMM before cross_entropy_with_grad node j and the matmul after it, or nullopt with the reason.
 std::optional<Head> match(const Graph& g, const BufferUses& u, size_t j, Why& why) {
@@ -72,7 +91,7 @@ std::optional<Head> match(const Graph& g, const BufferUses& u, size_t j, Why& wh
            "the input's gradient is not a fresh buffer of the input's shape and dtype") ||
       !why(!u.written_between(w.buffer, int(j), m), "w is written between the loss and the input's gradient"))
     return std::nullopt;
-  return Head{e, m};
+  return Head{e, m, foldable_cast(g, u, in, e, j)};
 }
 
 }  // namespace
@@ -93,6 +112,13 @@ void fuse_linear_cross_entropy(Graph& g, PassStats& stats) {
                {x.outputs[0], x.outputs[1], mm.outputs[0]},
                false,
                {}};
+    if (h->cast >= 0) {
+      // The f32 source in, its 16-bit cast out (the weight gradient's GEMM reads it after the loss).
+      fused.inputs[0] = g.nodes[size_t(h->cast)].inputs[0];
+      fused.outputs.push_back(g.nodes[size_t(h->cast)].outputs[0]);
+      fused.attrs.set("dtype", gemm.inputs[0]->dtype);
+      fused.fused.push_back("copy");
+    }
     for (const Node* n : {&gemm, &x, &mm}) {
       if (n->fused.empty()) fused.fused.push_back(op_name(n->op));
       fused.fused.insert(fused.fused.end(), n->fused.begin(), n->fused.end());
@@ -101,8 +127,9 @@ void fuse_linear_cross_entropy(Graph& g, PassStats& stats) {
     if (!device_supports(g, x.outputs[0], fused.op) || !call_supported(g, fused))
       return why_not(kPass, g, j, "the head's GEMMs", "the device's kernel does not take the head (too large)");
     drop[size_t(h->gemm)] = drop[size_t(h->matmul)] = true;
+    if (h->cast >= 0) drop[size_t(h->cast)] = true;
     g.nodes[j] = std::move(fused);
-    stats.fused += 2;
+    stats.fused += h->cast >= 0 ? 3 : 2;
   });
 }
 

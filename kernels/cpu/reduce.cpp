@@ -561,10 +561,13 @@ void cross_entropy_with_grad_kernel(const KernelCall& c) {
   if (cast) cpu::run_op(OpKind::Copy, {dlogits}, {c.out[1]});
 }
 
-// logits = x @ w + bias in f32; loss, dlogits = cross_entropy_with_grad(logits) with the gradient in
-// x's dtype; dx = dlogits @ w^T. in: x, w, bias, target, g. The unfused ops, one after another.
+// [xt = x.to(dtype)]; logits = xt @ w + bias in f32; loss, dlogits = cross_entropy_with_grad(logits)
+// with the gradient in xt's dtype; dx = dlogits @ w^T. in: x, w, bias, target, g. The unfused ops,
+// one after another.
 void linear_cross_entropy_with_grad_kernel(const KernelCall& c) {
-  const Tensor &x = c.in[0], &w = c.in[1], &dlogits = c.out[1];
+  const Tensor &w = c.in[1], &dlogits = c.out[1];
+  if (c.attrs.has("dtype")) cpu::run_op(OpKind::Copy, {c.in[0]}, {c.out[3]});
+  const Tensor& x = c.attrs.has("dtype") ? c.out[3] : c.in[0];
   Tensor logits = cpu::scratch({x.shape()[0], w.shape()[1]}, DType::f32);
   cpu::run_op(OpKind::GemmEpilogue, {x, w, c.in[2]}, {logits}, Attrs().set("dtype", DType::f32));
   Attrs a = Attrs().set("ignore_index", c.attrs.i("ignore_index", -100)).set("reduction", c.attrs.i("reduction", 0));

@@ -28,7 +28,8 @@
 // Fused classifier head (linear_cross_entropy_with_grad): a block per row of x computes the row's
 // logits (x @ w + bias, f32), its loss and gradient as cross_entropy_with_grad_kernel does (the
 // same fold and formulas over the same f32 logits), and the input's gradient dlogits @ w^T from the
-// gradient as rounded to its dtype, so the head's three kernels (its two GEMMs and the loss) are one.
+// gradient as rounded to its dtype, so the head's three kernels (its two GEMMs and the loss) are one,
+// four with autocast's cast of an f32 x before them, which it also writes.
 // Taken for heads too small for a GEMM to pay (linear_cross_entropy_supported): ten classes over a
 // CNN's pooled features, where cuBLAS's kernels are all launch and no arithmetic.
 //
@@ -310,10 +311,12 @@ constexpr int64_t kHeadMaxK = 1024;  // staged logits: 4 KiB
 // GPT's (4 M rows x a vocabulary) belongs to the tensor cores.
 constexpr int64_t kHeadMaxWork = int64_t(1) << 22;
 
-template <typename T>
+// X: x's type, T or float (then each x is rounded to T, which the kernel also stores in xt: the cast
+// autocast made for the GEMMs, which the weight gradient still reads).
+template <typename X, typename T>
 __global__ void __launch_bounds__(kHeadThreads)
-    linear_cross_entropy_kernel(const T* x, const T* w, const float* bias, const int64_t* target, const float* g,
-                                double* row_loss, float* loss, T* dlogits, T* dx, int64_t N, int C, int K,
+    linear_cross_entropy_kernel(const X* x, const T* w, const float* bias, const int64_t* target, const float* g,
+                                double* row_loss, float* loss, T* dlogits, T* dx, T* xt, int64_t N, int C, int K,
                                 int64_t ignore_index, bool mean) {
   grid_dependency_wait();
   __shared__ float sx[kHeadMaxC];  // (C): the row of x
@@ -324,7 +327,15 @@ __global__ void __launch_bounds__(kHeadThreads)
   count = block_reduce<AddOp<int64_t>>(count);  // every thread gets it
   const float scale = mean ? *g / float(count) : *g;
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
-    for (int c = int(threadIdx.x); c < C; c += kHeadThreads) sx[c] = to_acc(x[n * C + c]);
+    for (int c = int(threadIdx.x); c < C; c += kHeadThreads) {
+      if constexpr (std::is_same_v<X, T>) {
+        sx[c] = to_acc(x[n * C + c]);
+      } else {
+        const T r = from_acc<T>(x[n * C + c]);
+        xt[n * C + c] = r;
+        sx[c] = to_acc(r);
+      }
+    }
     __syncthreads();
     for (int k = warp; k < K; k += warps) {
       float acc = 0.0f;
@@ -372,8 +383,9 @@ bool linear_cross_entropy_supported(const KernelCall& c) {
   const Tensor &x = c.in[0], &w = c.in[1];
   const int64_t N = x.size(0), C = x.size(1), K = w.size(1);
   bool dense = true;
-  for (const Tensor& t : {c.in[0], c.in[1], c.in[2], c.in[3], c.out[1], c.out[2]}) dense = dense && t.is_contiguous();
-  return dense && N > 0 && C <= kHeadMaxC && K <= kHeadMaxK && N * C * K <= kHeadMaxWork && x.dtype() != DType::f64;
+  for (const Tensor& t : c.in) dense = dense && t.is_contiguous();
+  for (const Tensor& t : c.out) dense = dense && t.is_contiguous();
+  return dense && N > 0 && C <= kHeadMaxC && K <= kHeadMaxK && N * C * K <= kHeadMaxWork && w.dtype() != DType::f64;
 }
 
 void linear_cross_entropy_with_grad_kernel(const KernelCall& c) {
@@ -386,14 +398,23 @@ void linear_cross_entropy_with_grad_kernel(const KernelCall& c) {
   cudaStream_t st = stream_of(x);
   Tensor ws = workspace(size_t(N) * sizeof(double), x.device());
   const unsigned grid = unsigned(std::min<int64_t>(N, int64_t(4) * multiprocessor_count(x.device().index)));
-  visit_float(x.dtype(), "linear_cross_entropy_with_grad", [&]<typename D>() {
-    if constexpr (!std::is_same_v<D, double>) {
-      launch_kernel(linear_cross_entropy_kernel<D>, grid, kHeadThreads, 0, st, in_ptr<D>(x), in_ptr<D>(w),
+  visit_float(w.dtype(), "linear_cross_entropy_with_grad", [&]<typename D>() {
+    auto launch = [&]<typename X>() {
+      D* xt = c.out.size() > 3 ? static_cast<D*>(c.out[3].data_ptr()) : nullptr;
+      launch_kernel(linear_cross_entropy_kernel<X, D>, grid, kHeadThreads, 0, st, in_ptr<X>(x), in_ptr<D>(w),
                     in_ptr<float>(bias), in_ptr<int64_t>(target), static_cast<const float*>(g.data_ptr()),
                     static_cast<double*>(ws.data_ptr()), static_cast<float*>(loss.data_ptr()),
-                    static_cast<D*>(dlogits.data_ptr()), static_cast<D*>(dx.data_ptr()), N, int(x.size(1)),
+                    static_cast<D*>(dlogits.data_ptr()), static_cast<D*>(dx.data_ptr()), xt, N, int(x.size(1)),
                     int(w.size(1)), c.attrs.i("ignore_index", -100), c.attrs.i("reduction", 0) == 0);
       REEL_CUDA_LAUNCH_CHECK();
+    };
+    if constexpr (std::is_same_v<D, float>) {
+      launch.template operator()<float>();
+    } else if constexpr (!std::is_same_v<D, double>) {
+      if (x.dtype() == DType::f32)
+        launch.template operator()<float>();
+      else
+        launch.template operator()<D>();
     }
   });
 }

@@ -48,12 +48,14 @@
 //                      stays in the kernel, the f32 gradient is not stored when a 16-bit one is
 //                      asked for. g must be ready when the loss is computed (a step's seed).
 //   linear_cross_entropy_with_grad (x (N, C), w (C, K), bias (K) f32, target (N) i64, g (one f32))
-//                      attrs ignore_index, reduction (as cross_entropy). x and w of one float dtype
-//                      T (f32, bf16 or f16):
-//                         logits (N, K) f32 = gemm_epilogue(x, w, bias) in f32 (never stored)
+//                      attrs ignore_index, reduction (as cross_entropy), dtype (optional). The
+//                      operands' dtype T is x's (f32, bf16 or f16), or with dtype (16 bits) x is f32
+//                      and xt = x.to(dtype) is what the GEMMs read; w is in T:
+//                         logits (N, K) f32 = gemm_epilogue(xt, w, bias) in f32 (never stored)
 //                      -> loss: 0-dim f32, dlogits (N, K) T = cross_entropy_with_grad(logits, target, g)
 //                                                            with the gradient in T
 //                         dx (N, C) T           = matmul(dlogits, w^T)
+//                         [xt (N, C) T]         with dtype: the cast, which the weight gradient reads
 //                      A classifier head whose GEMMs are too small to fill a GPU (ten classes over a
 //                      pooled feature vector): the forward GEMM, the loss and its gradient, and the
 //                      input's gradient in one kernel.
@@ -192,9 +194,12 @@ std::vector<TensorMeta> infer_linear_cross_entropy_with_grad(const std::vector<T
   const Tensor &x = in[0], &w = in[1], &bias = in[2], &g = in[4];
   schema::expect_ndim(op, x, 2, "x");
   schema::expect_ndim(op, w, 2, "w");
-  const DType t = x.dtype();
+  const bool cast = a.has("dtype");
+  const DType t = cast ? a.dtype("dtype") : x.dtype();
   REEL_CHECK(t == DType::f32 || t == DType::bf16 || t == DType::f16, op_name(op), ": x ", schema::desc(x),
              " must be f32, bf16 or f16");
+  REEL_CHECK(!cast || (x.dtype() == DType::f32 && (t == DType::bf16 || t == DType::f16)), op_name(op), ": x ",
+             schema::desc(x), " cast to ", dtype_name(t), ": only f32 x is cast, to bf16 or f16");
   REEL_CHECK(w.dtype() == t && w.size(0) == x.size(1), op_name(op), ": w ", schema::desc(w), " must be (", x.size(1),
              ", K) ", dtype_name(t), " for x ", schema::desc(x));
   const int64_t N = x.size(0), K = w.size(1);
@@ -204,7 +209,9 @@ std::vector<TensorMeta> infer_linear_cross_entropy_with_grad(const std::vector<T
   check_targets(op, {N, K}, in[3], a);
   REEL_CHECK(g.numel() == 1 && g.dtype() == DType::f32, op_name(op),
              ": gradient must be a one-element f32 tensor, got ", schema::desc(g));
-  return {{{}, DType::f32, x.device()}, {{N, K}, t, x.device()}, {x.shape(), t, x.device()}};
+  std::vector<TensorMeta> out = {{{}, DType::f32, x.device()}, {{N, K}, t, x.device()}, {x.shape(), t, x.device()}};
+  if (cast) out.push_back({x.shape(), t, x.device()});
+  return out;
 }
 
 std::vector<TensorMeta> infer_global_norm(const std::vector<Tensor>& in, const Attrs&) {

@@ -165,7 +165,9 @@ Expected linear_cross_entropy_reference(const OpCall& c) {
     for (int64_t j = 0; j < C; ++j)
       for (int64_t k = 0; k < K; ++k) dx[size_t(n * C + j)] += d[size_t(n * K + k)] * w[size_t(j * K + k)];
   }
-  return {{mean ? total / double(count) : total}, d, dx};
+  Expected out = {{mean ? total / double(count) : total}, d, dx};
+  if (c.attrs.has("dtype")) out.push_back(x);  // the cast of x, rounded by the comparison's dtype
+  return out;
 }
 
 void add_linear_cross_entropy_cases(std::vector<OpTestCase>& cases) {
@@ -173,24 +175,30 @@ void add_linear_cross_entropy_cases(std::vector<OpTestCase>& cases) {
     const char* name;
     int64_t N, C, K, reduction;
     std::vector<int64_t> ignored;
+    bool cast = false;  // an f32 x, cast to the case's 16-bit dtype by the op (attr dtype)
   };
   // cnn-small's head; rows ignored under a sum; one class; more rows than the CUDA grid's blocks
-  // (each block then takes several rows).
+  // (each block then takes several rows); cnn-small's head under autocast, the cast folded in.
   for (const Variant& v :
        {Variant{"mean_32x128_to_10", 32, 128, 10, 0, {}}, Variant{"sum_ignoring_rows_0_3_5x7_to_3", 5, 7, 3, 1, {0, 3}},
-        Variant{"mean_4x33_to_1", 4, 33, 1, 0, {}}, Variant{"mean_ignoring_row_7_700x24_to_12", 700, 24, 12, 0, {7}}}) {
+        Variant{"mean_4x33_to_1", 4, 33, 1, 0, {}}, Variant{"mean_ignoring_row_7_700x24_to_12", 700, 24, 12, 0, {7}},
+        Variant{"mean_f32_x_cast_32x128_to_10", 32, 128, 10, 0, {}, true}}) {
+    const std::vector<DType> dtypes =
+        v.cast ? std::vector<DType>{DType::f16, DType::bf16} : std::vector<DType>{DType::f32, DType::f16, DType::bf16};
     cases.push_back({.op = OpKind::LinearCrossEntropyWithGrad,
                      .name = std::string("linear_cross_entropy_with_grad_") + v.name,
-                     .dtypes = {DType::f32, DType::f16, DType::bf16},
+                     .dtypes = dtypes,
                      .make =
                          [v](Device, DType t) {
                            std::vector<double> target = host_values(index_input({v.N}, v.K, 241));
                            for (int64_t n : v.ignored) target[size_t(n)] = -100;
-                           return OpCall{{randn_input({v.N, v.C}, t, 242),
+                           Attrs a = Attrs().set("reduction", v.reduction);
+                           if (v.cast) a.set("dtype", t);
+                           return OpCall{{randn_input({v.N, v.C}, v.cast ? DType::f32 : t, 242),
                                           randn_input({v.C, v.K}, t, 243, Layout::contiguous, 0.2),
                                           randn_input({v.K}, DType::f32, 244), values_input(target, {v.N}, DType::i64),
                                           scalar_input(0.75, DType::f32)},
-                                         Attrs().set("reduction", v.reduction)};
+                                         a};
                          },
                      .reference = linear_cross_entropy_reference});
   }
