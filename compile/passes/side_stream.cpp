@@ -209,8 +209,8 @@ void assign_side_stream(Graph& g, PassStats& stats) {
 
 namespace {
 
-// How many main-stream nodes a cast of a step input may move up, at most (then fewer, where the
-// planned peak would grow): enough to start it under the previous micro-batch's backward,
+// How many main-stream nodes a cast of a step input may move up, at most (then half as many, down to
+// one, where the planned peak would grow): enough to start it under the previous micro-batch's backward,
 // few enough that the side nodes before it (graph order is the side stream's order) are long done.
 constexpr int kMaxHoist = 32;
 
@@ -229,16 +229,21 @@ bool casts_a_step_input(const Graph& g, const BufferUses& u, size_t i) {
 }  // namespace
 
 void cast_inputs_early(Graph& g, PassStats& stats) {
-  size_t peak = 0;
-  size_t last_early = 0;  // just after the last input cast moved: the side stream runs them in graph order
-  for (size_t i = 1; i < g.nodes.size(); ++i) {
+  // The candidates, in order: moving one up shifts only the nodes between its new place and its old.
+  std::vector<size_t> casts;
+  {
     const BufferUses u = buffer_uses(g);
-    if (!casts_a_step_input(g, u, i)) continue;
+    for (size_t i = 1; i < g.nodes.size(); ++i)
+      if (casts_a_step_input(g, u, i)) casts.push_back(i);
+  }
+  size_t peak = 0;
+  size_t last_early = 0;  // just after the last input cast: the side stream runs them in graph order
+  for (size_t i : casts) {
     if (peak == 0) peak = planned_peak(g);
     const size_t floor_at = last_early;
     bool moved = false;
     const char* why = "starting it earlier would raise the step's planned peak";
-    for (int up = kMaxHoist; up > 0; --up) {
+    for (int up = kMaxHoist; up > 0; up /= 2) {
       size_t to = i;  // `up` main-stream nodes up
       int passed = 0;
       for (; to > floor_at && passed < up; --to) passed += g.nodes[to - 1].stream == 0;
