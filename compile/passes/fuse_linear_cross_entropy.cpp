@@ -125,7 +125,7 @@ void fuse_linear_cross_entropy(Graph& g, PassStats& stats) {
     }
     fused.phase = x.phase;
     if (!device_supports(g, x.outputs[0], fused.op) || !call_supported(g, fused))
-      return why_not(kPass, g, j, "the head's GEMMs", "the device's kernel does not take the head (too large)");
+      return why_not(kPass, g, j, "the head's GEMMs", "the device's kernel does not take the call (a head too large, or operands not dense)");
     drop[size_t(h->gemm)] = drop[size_t(h->matmul)] = true;
     if (h->cast >= 0) drop[size_t(h->cast)] = true;
     g.nodes[j] = std::move(fused);

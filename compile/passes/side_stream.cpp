@@ -6,7 +6,6 @@
 #include "compile/passes/memory_plan.h"
 #include "compile/passes/pattern.h"
 #include "compile/passes/step_cost.h"
-#include "kernels/fused_expr.h"
 #include "tensor/log.h"
 
 namespace reel::compile {
@@ -108,20 +107,9 @@ int join_of(const Graph& g, size_t i) {
 // convolution's weight gradient: cuDNN's convolution calls take their workspace as an argument (from
 // the caching allocator, whose blocks are the side stream's own), and the stem's own kernel counts its
 // blocks, like the column sums, in the side stream's lane of finish counters. The libraries' handles
-// are the thread's, bound to the current stream at each call. And a fused elementwise kernel that only
-// updates its inputs in place (a micro-batch's norm weight gradients added into the step's): its
-// generated kernel touches nothing else, unless it also sums columns (a workspace and counters of the
-// main lane), which keeps it on the main stream.
-// Every output of n is one of its inputs, written in place.
-bool updates_in_place_only(const Node& n) {
-  for (const TensorRef& out : n.outputs) {
-    bool read = false;
-    for (const auto& in : n.inputs) read = read || (in && same_ref(*in, out));
-    if (!read) return false;
-  }
-  return !n.outputs.empty();
-}
-
+// are the thread's, bound to the current stream at each call. (A fused elementwise kernel that only
+// adds a micro-batch's norm weight gradients into the step's could too; beside, it made gpt-tiny's step
+// 1.1% and gpt-small's 0.5% slower on an H100, bench/RESULTS.md, twelfth step.)
 bool runs_beside(const Node& n) {
   switch (n.op) {
     case OpKind::ColumnSums:
@@ -130,8 +118,6 @@ bool runs_beside(const Node& n) {
     case OpKind::Conv2dBackwardWeight:
     case OpKind::MatmulInto:
       return true;
-    case OpKind::FusedElementwise:
-      return updates_in_place_only(n) && !fused_column_sums_of(n.attrs).on();
     default:
       return false;
   }

@@ -300,7 +300,8 @@ void cross_entropy_with_grad_kernel(const KernelCall& c) {
 //   loss, dlogits[n, k] = cross_entropy_with_grad(logits)  dlogits (N, K) rounded to T
 //   dx[n, c] = sum_k dlogits[n, k] w[c, k]                 dx (N, C) in T, from the rounded dlogits
 //
-// A block per row (rows n = block, block + grid, ...): the row of x staged in shared memory as f32, a
+// w (C, K) of any strides (wc, wk): a Linear's W^T, a view of the (K, C) weight in f32, or autocast's
+// 16-bit copy. A block per row (rows n = block, block + grid, ...): the row of x staged in shared memory as f32, a
 // warp per logit (lanes over c, the warp's fixed-order sum), warp 0 the loss and gradient of the row
 // over the staged logits, a thread per dx column. The sums' orders are fixed: the same bits every run.
 // Against cuBLAS's GEMMs the logits and dx are within f32 rounding (other orders of the same sums).
@@ -315,9 +316,9 @@ constexpr int64_t kHeadMaxWork = int64_t(1) << 22;
 // autocast made for the GEMMs, which the weight gradient still reads).
 template <typename X, typename T>
 __global__ void __launch_bounds__(kHeadThreads)
-    linear_cross_entropy_kernel(const X* x, const T* w, const float* bias, const int64_t* target, const float* g,
-                                double* row_loss, float* loss, T* dlogits, T* dx, T* xt, int64_t N, int C, int K,
-                                int64_t ignore_index, bool mean) {
+    linear_cross_entropy_kernel(const X* x, const T* w, int64_t wc, int64_t wk, const float* bias,
+                                const int64_t* target, const float* g, double* row_loss, float* loss, T* dlogits,
+                                T* dx, T* xt, int64_t N, int C, int K, int64_t ignore_index, bool mean) {
   grid_dependency_wait();
   __shared__ float sx[kHeadMaxC];  // (C): the row of x
   __shared__ float sl[kHeadMaxK];  // (K): its logits, then its gradient as rounded to T
@@ -339,7 +340,7 @@ __global__ void __launch_bounds__(kHeadThreads)
     __syncthreads();
     for (int k = warp; k < K; k += warps) {
       float acc = 0.0f;
-      for (int c = lane; c < C; c += kWarp) acc = fmaf(sx[c], to_acc(w[int64_t(c) * K + k]), acc);
+      for (int c = lane; c < C; c += kWarp) acc = fmaf(sx[c], to_acc(w[c * wc + k * wk]), acc);
       acc = warp_reduce<AddOp<float>>(acc);
       if (lane == 0) sl[k] = acc + bias[k];
     }
@@ -369,8 +370,8 @@ __global__ void __launch_bounds__(kHeadThreads)
     __syncthreads();
     for (int c = int(threadIdx.x); c < C; c += kHeadThreads) {
       float acc = 0.0f;
-      const T* wc = w + int64_t(c) * K;
-      for (int k = 0; k < K; ++k) acc = fmaf(sl[k], to_acc(wc[k]), acc);
+      const T* wrow = w + c * wc;
+      for (int k = 0; k < K; ++k) acc = fmaf(sl[k], to_acc(wrow[k * wk]), acc);
       dx[n * C + c] = from_acc<T>(acc);
     }
     __syncthreads();  // sx and sl are the next row's
@@ -378,12 +379,13 @@ __global__ void __launch_bounds__(kHeadThreads)
   if (arrive_last(finish_counter(0), gridDim.x)) cross_entropy_total(row_loss, N, count, mean, loss);
 }
 
-// Dense operands and results on one GPU, a head small enough (kHeadMax*), at least one row.
+// Dense operands (w of any strides) and results on one GPU, a head small enough (kHeadMax*), at least
+// one row.
 bool linear_cross_entropy_supported(const KernelCall& c) {
   const Tensor &x = c.in[0], &w = c.in[1];
   const int64_t N = x.size(0), C = x.size(1), K = w.size(1);
   bool dense = true;
-  for (const Tensor& t : c.in) dense = dense && t.is_contiguous();
+  for (size_t i = 0; i < c.in.size(); ++i) dense = dense && (i == 1 || c.in[i].is_contiguous());
   for (const Tensor& t : c.out) dense = dense && t.is_contiguous();
   return dense && N > 0 && C <= kHeadMaxC && K <= kHeadMaxK && N * C * K <= kHeadMaxWork && w.dtype() != DType::f64;
 }
@@ -392,7 +394,7 @@ void linear_cross_entropy_with_grad_kernel(const KernelCall& c) {
   const Tensor &x = c.in[0], &w = c.in[1], &bias = c.in[2], &target = c.in[3], &g = c.in[4];
   const Tensor &loss = c.out[0], &dlogits = c.out[1], &dx = c.out[2];
   REEL_CHECK(linear_cross_entropy_supported(c), "linear_cross_entropy_with_grad: no CUDA kernel for x ",
-             shape_str(x.shape()), " and w ", shape_str(w.shape()), " (dense, C <= ", kHeadMaxC, ", K <= ", kHeadMaxK,
+             shape_str(x.shape()), " and w ", shape_str(w.shape()), " (dense x, C <= ", kHeadMaxC, ", K <= ", kHeadMaxK,
              ", N C K <= ", kHeadMaxWork, ")");
   const int64_t N = x.size(0);
   cudaStream_t st = stream_of(x);
@@ -402,7 +404,7 @@ void linear_cross_entropy_with_grad_kernel(const KernelCall& c) {
     auto launch = [&]<typename X>() {
       D* xt = c.out.size() > 3 ? static_cast<D*>(c.out[3].data_ptr()) : nullptr;
       launch_kernel(linear_cross_entropy_kernel<X, D>, grid, kHeadThreads, 0, st, in_ptr<X>(x), in_ptr<D>(w),
-                    in_ptr<float>(bias), in_ptr<int64_t>(target), static_cast<const float*>(g.data_ptr()),
+                    w.strides()[0], w.strides()[1], in_ptr<float>(bias), in_ptr<int64_t>(target), static_cast<const float*>(g.data_ptr()),
                     static_cast<double*>(ws.data_ptr()), static_cast<float*>(loss.data_ptr()),
                     static_cast<D*>(dlogits.data_ptr()), static_cast<D*>(dx.data_ptr()), xt, N, int(x.size(1)),
                     int(w.size(1)), c.attrs.i("ignore_index", -100), c.attrs.i("reduction", 0) == 0);

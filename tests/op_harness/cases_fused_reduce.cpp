@@ -176,13 +176,16 @@ void add_linear_cross_entropy_cases(std::vector<OpTestCase>& cases) {
     int64_t N, C, K, reduction;
     std::vector<int64_t> ignored;
     bool cast = false;  // an f32 x, cast to the case's 16-bit dtype by the op (attr dtype)
+    Layout w_layout = Layout::contiguous;  // transposed: a Linear's W^T as a view of its (K, C) weight
   };
   // cnn-small's head; rows ignored under a sum; one class; more rows than the CUDA grid's blocks
-  // (each block then takes several rows); cnn-small's head under autocast, the cast folded in.
+  // (each block then takes several rows); cnn-small's head under autocast, the cast folded in; and
+  // as in f32, where w is the weight's transposed view.
   for (const Variant& v :
        {Variant{"mean_32x128_to_10", 32, 128, 10, 0, {}}, Variant{"sum_ignoring_rows_0_3_5x7_to_3", 5, 7, 3, 1, {0, 3}},
         Variant{"mean_4x33_to_1", 4, 33, 1, 0, {}}, Variant{"mean_ignoring_row_7_700x24_to_12", 700, 24, 12, 0, {7}},
-        Variant{"mean_f32_x_cast_32x128_to_10", 32, 128, 10, 0, {}, true}}) {
+        Variant{"mean_f32_x_cast_32x128_to_10", 32, 128, 10, 0, {}, true},
+        Variant{"mean_transposed_w_32x128_to_10", 32, 128, 10, 0, {}, false, Layout::transposed}}) {
     const std::vector<DType> dtypes =
         v.cast ? std::vector<DType>{DType::f16, DType::bf16} : std::vector<DType>{DType::f32, DType::f16, DType::bf16};
     cases.push_back({.op = OpKind::LinearCrossEntropyWithGrad,
@@ -195,7 +198,7 @@ void add_linear_cross_entropy_cases(std::vector<OpTestCase>& cases) {
                            Attrs a = Attrs().set("reduction", v.reduction);
                            if (v.cast) a.set("dtype", t);
                            return OpCall{{randn_input({v.N, v.C}, v.cast ? DType::f32 : t, 242),
-                                          randn_input({v.C, v.K}, t, 243, Layout::contiguous, 0.2),
+                                          randn_input({v.C, v.K}, t, 243, v.w_layout, 0.2),
                                           randn_input({v.K}, DType::f32, 244), values_input(target, {v.N}, DType::i64),
                                           scalar_input(0.75, DType::f32)},
                                          a};
