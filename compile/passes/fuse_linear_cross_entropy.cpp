@@ -3,13 +3,13 @@
 //   logits      = gemm_epilogue(x, w, bias)                 x (N, C), w (C, K): W^T; logits (N, K) f32
 //   loss, dlog  = cross_entropy_with_grad(logits, target, g) dlog (N, K) in x's dtype
 //   dx          = matmul(dlog, w^T)                          dx (N, C) in x's dtype: the input's gradient
-// become one linear_cross_entropy_with_grad node at the loss's place (with autocast's cast of x from
-// f32 before the GEMM, when nothing else reads x before the loss: the node then writes that cast). For a CNN's ten
-// classes over a pooled feature vector each of those is a launch of a few microseconds around a few thousand
-// multiply-adds; fused, the logits never leave the kernel. The node's outputs are the loss and dlog
-// (which the weight and bias gradients still read) and dx. The device decides which heads are small
-// enough (kernels/cuda/cross_entropy.cu: linear_cross_entropy_supported); the CPU's kernel is the
-// three ops in turn, so a CPU plan keeps its bits.
+// become one linear_cross_entropy_with_grad node at the loss's place, with autocast's cast of x from
+// f32 before the GEMM when nothing else reads x before the loss (the node then writes that cast). For
+// a CNN's ten classes over a pooled feature vector each of those is a launch of a few microseconds
+// around a few thousand multiply-adds; fused, the logits never leave the kernel. The node's outputs are
+// the loss and dlog (which the weight and bias gradients still read), dx and the cast. The device
+// decides which heads are small enough (kernels/cuda/cross_entropy.cu: linear_cross_entropy_supported);
+// the CPU's kernel is the ops in turn, so a CPU plan keeps its bits.
 //
 // The fused node stands where the loss was computed, so: the logits are read by the loss alone,
 // nothing writes x, w or bias between the GEMM and the loss, the matmul reads the loss's gradient and
@@ -125,7 +125,8 @@ void fuse_linear_cross_entropy(Graph& g, PassStats& stats) {
     }
     fused.phase = x.phase;
     if (!device_supports(g, x.outputs[0], fused.op) || !call_supported(g, fused))
-      return why_not(kPass, g, j, "the head's GEMMs", "the device's kernel does not take the call (a head too large, or operands not dense)");
+      return why_not(kPass, g, j, "the head's GEMMs",
+                     "the device's kernel does not take the call (a head too large, or operands not dense)");
     drop[size_t(h->gemm)] = drop[size_t(h->matmul)] = true;
     if (h->cast >= 0) drop[size_t(h->cast)] = true;
     g.nodes[j] = std::move(fused);

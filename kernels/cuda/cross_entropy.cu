@@ -317,8 +317,8 @@ constexpr int64_t kHeadMaxWork = int64_t(1) << 22;
 template <typename X, typename T>
 __global__ void __launch_bounds__(kHeadThreads)
     linear_cross_entropy_kernel(const X* x, const T* w, int64_t wc, int64_t wk, const float* bias,
-                                const int64_t* target, const float* g, double* row_loss, float* loss, T* dlogits,
-                                T* dx, T* xt, int64_t N, int C, int K, int64_t ignore_index, bool mean) {
+                                const int64_t* target, const float* g, double* row_loss, float* loss, T* dlogits, T* dx,
+                                T* xt, int64_t N, int C, int K, int64_t ignore_index, bool mean) {
   grid_dependency_wait();
   __shared__ float sx[kHeadMaxC];  // (C): the row of x
   __shared__ float sl[kHeadMaxK];  // (K): its logits, then its gradient as rounded to T
@@ -404,10 +404,11 @@ void linear_cross_entropy_with_grad_kernel(const KernelCall& c) {
     auto launch = [&]<typename X>() {
       D* xt = c.out.size() > 3 ? static_cast<D*>(c.out[3].data_ptr()) : nullptr;
       launch_kernel(linear_cross_entropy_kernel<X, D>, grid, kHeadThreads, 0, st, in_ptr<X>(x), in_ptr<D>(w),
-                    w.strides()[0], w.strides()[1], in_ptr<float>(bias), in_ptr<int64_t>(target), static_cast<const float*>(g.data_ptr()),
-                    static_cast<double*>(ws.data_ptr()), static_cast<float*>(loss.data_ptr()),
-                    static_cast<D*>(dlogits.data_ptr()), static_cast<D*>(dx.data_ptr()), xt, N, int(x.size(1)),
-                    int(w.size(1)), c.attrs.i("ignore_index", -100), c.attrs.i("reduction", 0) == 0);
+                    w.strides()[0], w.strides()[1], in_ptr<float>(bias), in_ptr<int64_t>(target),
+                    static_cast<const float*>(g.data_ptr()), static_cast<double*>(ws.data_ptr()),
+                    static_cast<float*>(loss.data_ptr()), static_cast<D*>(dlogits.data_ptr()),
+                    static_cast<D*>(dx.data_ptr()), xt, N, int(x.size(1)), int(w.size(1)),
+                    c.attrs.i("ignore_index", -100), c.attrs.i("reduction", 0) == 0);
       REEL_CUDA_LAUNCH_CHECK();
     };
     if constexpr (std::is_same_v<D, float>) {
