@@ -237,13 +237,15 @@ void cast_inputs_early(Graph& g, PassStats& stats) {
         why = "no main-stream node since the previous input's cast to run beside";
         break;
       }
-      Graph trial = g;
-      Node n = std::move(trial.nodes[i]);
-      n.stream = 1;
-      trial.nodes.erase(trial.nodes.begin() + long(i));
-      trial.nodes.insert(trial.nodes.begin() + long(to), std::move(n));
-      if (planned_peak(trial) > peak) continue;
-      g = std::move(trial);
+      // Node i to place `to` on the side stream, and back where the peak would grow.
+      const auto first = g.nodes.begin() + long(to), last = g.nodes.begin() + long(i) + 1;
+      std::rotate(first, last - 1, last);
+      first->stream = 1;
+      if (planned_peak(g) > peak) {
+        first->stream = 0;
+        std::rotate(first, first + 1, last);
+        continue;
+      }
       ++stats.beside;
       moved = true;
       last_early = to + 1;

@@ -566,8 +566,9 @@ void cross_entropy_with_grad_kernel(const KernelCall& c) {
 // one after another.
 void linear_cross_entropy_with_grad_kernel(const KernelCall& c) {
   const Tensor &w = c.in[1], &dlogits = c.out[1];
-  if (c.attrs.has("dtype")) cpu::run_op(OpKind::Copy, {c.in[0]}, {c.out[3]});
-  const Tensor& x = c.attrs.has("dtype") ? c.out[3] : c.in[0];
+  const bool cast = c.attrs.has("dtype");
+  if (cast) cpu::run_op(OpKind::Copy, {c.in[0]}, {c.out[3]});
+  const Tensor& x = cast ? c.out[3] : c.in[0];
   Tensor logits = cpu::scratch({x.shape()[0], w.shape()[1]}, DType::f32);
   cpu::run_op(OpKind::GemmEpilogue, {x, w, c.in[2]}, {logits}, Attrs().set("dtype", DType::f32));
   Attrs a = Attrs().set("ignore_index", c.attrs.i("ignore_index", -100)).set("reduction", c.attrs.i("reduction", 0));

@@ -127,7 +127,6 @@ std::vector<TensorMeta> infer_softmax_backward(const std::vector<Tensor>& in, co
   return {schema::meta_like(in[1])};
 }
 
-// Checks logits (N, C) float and target (N) i64 plus the attrs shared by cross_entropy and its backward.
 // target (N) i64 for logits (N, C), and the reduction attr.
 void check_targets(OpKind op, const Shape& logits, const Tensor& target, const Attrs& a) {
   REEL_CHECK(target.dtype() == DType::i64, op_name(op), ": target must be i64 class indices, got ",
@@ -138,6 +137,7 @@ void check_targets(OpKind op, const Shape& logits, const Tensor& target, const A
   REEL_CHECK(reduction == 0 || reduction == 1, op_name(op), ": reduction ", reduction, " is not 0 (mean) or 1 (sum)");
 }
 
+// Checks logits (N, C) float and target (N) i64 plus the attrs shared by cross_entropy and its backward.
 void check_cross_entropy_args(OpKind op, const Tensor& logits, const Tensor& target, const Attrs& a) {
   schema::expect_defined(op, logits, "logits");
   schema::expect_defined(op, target, "target");
