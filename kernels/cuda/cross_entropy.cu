@@ -53,6 +53,45 @@ constexpr int kThreads = 256;       // warp-per-row kernels (8 rows per block) a
 constexpr int kRowThreads = 512;    // block-per-row kernels
 constexpr int64_t kWarpRow = 1024;  // rows up to this long get one warp each
 
+// The rows whose target is not ignore_index (the mean's divisor), counted by the whole block: every
+// thread gets the count.
+__device__ __forceinline__ int64_t counted_rows(const int64_t* target, int64_t N, int64_t ignore_index) {
+  int64_t count = 0;
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) count += target[n] != ignore_index;
+  return block_reduce<AddOp<int64_t>>(count);
+}
+
+// One row of dlogits, (exp(x[c] - l) - [c == tn]) * scale for c < C, by the team's ranks: x[c] is
+// load(c), each value goes to store(c, v); 0 for an ignored row, NaN for a target outside [0, C).
+template <typename Team, typename A, typename Load, typename Store>
+__device__ __forceinline__ void gradient_values(int64_t C, int64_t tn, bool ignored, A l, A scale, Load load,
+                                                Store store) {
+  const bool valid = tn >= 0 && tn < C;
+  for (int64_t c = Team::rank(); c < C; c += Team::size()) {
+    A v = A(0);
+    if (!ignored) {
+      v = valid ? exp_acc(load(c) - l) * scale : A(NAN);
+      if (c == tn) v -= scale;
+    }
+    store(c, v);
+  }
+}
+
+// The row xr's dlogits written to dr in the gradient's dtype G.
+template <typename Team, typename D, typename G, typename A>
+__device__ __forceinline__ void gradient_row(const D* xr, G* dr, int64_t C, int64_t tn, bool ignored, A l, A scale) {
+  gradient_values<Team>(
+      C, tn, ignored, l, scale, [&](int64_t c) { return to_acc(xr[c]); },
+      [&](int64_t c, A v) { dr[c] = from_acc<G>(v); });
+}
+
+// A row's loss, l - x[tn] with x[tn] = load(tn): 0 for an ignored row, NaN for a target outside [0, C).
+template <typename A, typename Load>
+__device__ __forceinline__ double row_loss_value(A l, int64_t tn, bool ignored, int64_t C, Load load) {
+  if (ignored) return 0.0;
+  return tn >= 0 && tn < C ? double(l - load(tn)) : double(NAN);
+}
+
 // logits: (N, C), target: (N) -> lse: (N) Acc, row_loss: (N) double (0 for an ignored row).
 template <typename D, bool kBlock>
 __global__ void cross_entropy_fwd_row_kernel(const D* logits, const int64_t* target, Acc<D>* lse, double* row_loss,
@@ -69,9 +108,7 @@ __global__ void cross_entropy_fwd_row_kernel(const D* logits, const int64_t* tar
       const A l = t.m + log_acc(t.s);
       const int64_t tn = target[n];
       lse[n] = l;
-      double loss = 0;
-      if (tn != ignore_index) loss = (tn >= 0 && tn < C) ? double(l - to_acc(xr[tn])) : double(NAN);
-      row_loss[n] = loss;
+      row_loss[n] = row_loss_value(l, tn, tn == ignore_index, C, [&](int64_t c) { return to_acc(xr[c]); });
     }
   }
 }
@@ -96,9 +133,7 @@ template <typename D>
 __global__ void cross_entropy_fwd_total_kernel(const double* row_loss, const int64_t* target, int64_t N,
                                                int64_t ignore_index, bool mean, D* loss) {
   grid_dependency_wait();
-  int64_t count = 0;
-  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) count += target[n] != ignore_index;
-  cross_entropy_total(row_loss, N, block_reduce<AddOp<int64_t>>(count), mean, loss);
+  cross_entropy_total(row_loss, N, counted_rows(target, N, ignore_index), mean, loss);
 }
 
 // scale (one Acc) = g / count (mean) or g (sum); g is one element. One block.
@@ -107,27 +142,9 @@ __global__ void cross_entropy_bwd_scale_kernel(const D* g, const int64_t* target
                                                bool mean, Acc<D>* scale) {
   grid_dependency_wait();
   using A = Acc<D>;
-  int64_t count = 0;
-  if (mean)
-    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) count += target[n] != ignore_index;
-  count = block_reduce<AddOp<int64_t>>(count);
+  const int64_t count = mean ? counted_rows(target, N, ignore_index) : 0;  // mean: alike in every thread
   // With every row ignored the scale is g / 0, but no row uses it.
   if (threadIdx.x == 0) *scale = mean ? to_acc(*g) / A(count) : to_acc(*g);
-}
-
-// One row of dlogits, dr[c] = (exp(xr[c] - l) - [c == tn]) * scale, written by the team's ranks in
-// the gradient's dtype G: 0 for an ignored row, NaN for a target outside [0, C).
-template <typename Team, typename D, typename G, typename A>
-__device__ __forceinline__ void gradient_row(const D* xr, G* dr, int64_t C, int64_t tn, bool ignored, A l, A scale) {
-  const bool valid = tn >= 0 && tn < C;
-  for (int64_t c = Team::rank(); c < C; c += Team::size()) {
-    A v = A(0);
-    if (!ignored) {
-      v = valid ? exp_acc(to_acc(xr[c]) - l) * scale : A(NAN);
-      if (c == tn) v -= scale;
-    }
-    dr[c] = from_acc<G>(v);
-  }
 }
 
 // logits, dx: (N, C); target, lse: (N). One team (warp or block) per row.
@@ -167,9 +184,7 @@ __global__ void cross_entropy_with_grad_kernel(const D* logits, const int64_t* t
   int64_t n = Team::first_row();
   MaxSum<A> t{};
   if (n < N) t = fold(n);
-  int64_t count = 0;
-  for (int64_t k = threadIdx.x; k < N; k += blockDim.x) count += target[k] != ignore_index;
-  count = block_reduce<AddOp<int64_t>>(count);  // every thread gets it
+  const int64_t count = counted_rows(target, N, ignore_index);
   // As cross_entropy_bwd_scale_kernel: with every row ignored the scale is g / 0, used by no row.
   const A scale = mean ? to_acc(*g) / A(count) : to_acc(*g);
   for (bool first = true; n < N; n += Team::row_stride(), first = false) {
@@ -177,8 +192,8 @@ __global__ void cross_entropy_with_grad_kernel(const D* logits, const int64_t* t
     const D* xr = logits + n * C;
     const A l = t.m + log_acc(t.s);
     const int64_t tn = target[n];
-    const bool ignored = tn == ignore_index, valid = tn >= 0 && tn < C;
-    if (Team::rank() == 0) row_loss[n] = ignored ? 0.0 : valid ? double(l - to_acc(xr[tn])) : double(NAN);
+    const bool ignored = tn == ignore_index;
+    if (Team::rank() == 0) row_loss[n] = row_loss_value(l, tn, ignored, C, [&](int64_t c) { return to_acc(xr[c]); });
     gradient_row<Team>(xr, dx + n * C, C, tn, ignored, l, scale);
   }
   if (arrive_last(finish_counter(0), gridDim.x)) cross_entropy_total(row_loss, N, count, mean, loss);
@@ -323,9 +338,7 @@ __global__ void __launch_bounds__(kHeadThreads)
   __shared__ float sx[kHeadMaxC];  // (C): the row of x
   __shared__ float sl[kHeadMaxK];  // (K): its logits, then its gradient as rounded to T
   const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp, warps = kHeadThreads / kWarp;
-  int64_t count = 0;
-  for (int64_t k = threadIdx.x; k < N; k += blockDim.x) count += target[k] != ignore_index;
-  count = block_reduce<AddOp<int64_t>>(count);  // every thread gets it
+  const int64_t count = counted_rows(target, N, ignore_index);
   const float scale = mean ? *g / float(count) : *g;
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     for (int c = int(threadIdx.x); c < C; c += kHeadThreads) {
@@ -352,20 +365,18 @@ __global__ void __launch_bounds__(kHeadThreads)
       t = finalize(Team::template reduce<MaxSumOp<float>>(t));
       const float l = t.m + log_acc(t.s);
       const int64_t tn = target[n];
-      const bool ignored = tn == ignore_index, valid = tn >= 0 && tn < K;
-      const double row = ignored ? 0.0 : valid ? double(l - sl[tn]) : double(NAN);
+      const bool ignored = tn == ignore_index;
+      const double row = row_loss_value(l, tn, ignored, K, [&](int64_t k) { return sl[k]; });
       __syncwarp();  // every lane has read sl[tn] before the gradient overwrites it
       if (lane == 0) row_loss[n] = row;
-      for (int k = lane; k < K; k += kWarp) {
-        float v = 0.0f;
-        if (!ignored) {
-          v = valid ? exp_acc(sl[k] - l) * scale : float(NAN);
-          if (k == tn) v -= scale;
-        }
-        const T r = from_acc<T>(v);
-        dlogits[n * K + k] = r;
-        sl[k] = to_acc(r);
-      }
+      // Each lane reads and then overwrites its own logits: sl holds the gradient as rounded to T after.
+      gradient_values<Team>(
+          K, tn, ignored, l, scale, [&](int64_t k) { return sl[k]; },
+          [&](int64_t k, float v) {
+            const T r = from_acc<T>(v);
+            dlogits[n * K + k] = r;
+            sl[k] = to_acc(r);
+          });
     }
     __syncthreads();
     for (int c = int(threadIdx.x); c < C; c += kHeadThreads) {
