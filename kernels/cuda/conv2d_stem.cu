@@ -58,6 +58,15 @@ struct StemGeom {
   int counter;  // the finish counter of the launch: its stream's lane (last_block.cuh)
 };
 
+// The kernels' geometry of a stem convolution (rows_per_block and counter left for the launcher).
+StemGeom stem_geom(const ConvGeom& geo) {
+  StemGeom g{};
+  g.H = int(geo.H), g.W = int(geo.W), g.C = int(geo.C), g.kW = int(geo.kW), g.Ho = int(geo.Ho), g.Wo = int(geo.Wo);
+  g.sh = int(geo.sh), g.sw = int(geo.sw), g.ph = int(geo.ph), g.pw = int(geo.pw);
+  g.K = int(geo.C * geo.kH * geo.kW), g.M = int(geo.N * geo.Ho * geo.Wo);
+  return g;
+}
+
 // OP = O (a multiple of 16), KP = stem_padded_k(K). Thread t stages row t / 4 of a slice: a quarter of
 // its dy row (OP / 4 contiguous values) and a quarter of its im2col row (KP / 4 gathered values, with
 // (i, j, c) of each column from a table). The loads of kStemDepth slices (as many as 64 values a
@@ -194,10 +203,7 @@ void launch_stem_wgrad(int kp, int grid, cudaStream_t s, const D* x, const D* dy
 
 // dy NHWC dense, x NHWC dense, dw KRSC dense: dw as (O, K) row-major.
 void stem_weight_gradient_into(const Tensor& dy, const Tensor& x, const Tensor& dw, const ConvGeom& geo) {
-  StemGeom g{};
-  g.H = int(geo.H), g.W = int(geo.W), g.C = int(geo.C), g.kW = int(geo.kW), g.Ho = int(geo.Ho), g.Wo = int(geo.Wo);
-  g.sh = int(geo.sh), g.sw = int(geo.sw), g.ph = int(geo.ph), g.pw = int(geo.pw);
-  g.K = int(geo.C * geo.kH * geo.kW), g.M = int(geo.N * geo.Ho * geo.Wo);
+  StemGeom g = stem_geom(geo);
   const int kp = int(stem_padded_k(g.K)), O = int(geo.O);
   const int slices = (g.M + kStemRows - 1) / kStemRows, blocks = std::min(kStemBlocks, slices);
   g.rows_per_block = (slices + blocks - 1) / blocks * kStemRows;
@@ -284,10 +290,7 @@ __global__ void __launch_bounds__(kStemForwardThreads)
 
 // x NHWC dense, w KRSC dense, y NHWC dense and 16-byte aligned.
 void stem_forward_into(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& geo) {
-  StemGeom g{};
-  g.H = int(geo.H), g.W = int(geo.W), g.C = int(geo.C), g.kW = int(geo.kW), g.Ho = int(geo.Ho), g.Wo = int(geo.Wo);
-  g.sh = int(geo.sh), g.sw = int(geo.sw), g.ph = int(geo.ph), g.pw = int(geo.pw);
-  g.K = int(geo.C * geo.kH * geo.kW), g.M = int(geo.N * geo.Ho * geo.Wo);
+  StemGeom g = stem_geom(geo);
   const unsigned grid = unsigned((g.M + kStemForwardThreads - 1) / kStemForwardThreads);
   visit_float_dtype(y.dtype(), "conv2d", [&]<typename T>() {
     if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
