@@ -108,8 +108,10 @@ void fuse_forward(Graph& g, const BufferUses& u, size_t i, std::vector<bool>& dr
 }
 
 // Norm backward i's g as relu_backward(dy, r) that only it reads: that node's index, or -1 with the
-// reason in `why`. Its operands must be dense, of x's shape and the norm's dtype, and written by
-// nothing between it and the norm.
+// reason in `why`. Its operands must be of x's shape and the norm's dtype, written by nothing between
+// it and the norm, and dense, but for dy, which may also be a pool's gradient broadcast over the
+// positions for group norm, whose kernels read that where it lies (compile/passes/fuse_norm_pool.cpp
+// folds the pool's scale in afterwards).
 int relu_backward_before(const Graph& g, const BufferUses& u, size_t i, Why& why) {
   const Node& n = g.nodes[i];
   const TensorRef &gr = *n.inputs[0], &x = *n.inputs[1];
@@ -122,8 +124,10 @@ int relu_backward_before(const Graph& g, const BufferUses& u, size_t i, Why& why
       !why(internal_once(g, u, gr) && sole_reader(g, u, gr) == int(i), "relu_backward's result has other readers"))
     return -1;
   for (const auto& in : rb.inputs) {
-    if (!why(in->shape == x.shape && in->dtype == gr.dtype && is_dense(*in),
-             "relu_backward reads a broadcast or strided operand, or one of another dtype") ||
+    const bool layout_ok =
+        is_dense(*in) || (&in == &rb.inputs[0] && n.op == OpKind::GroupNormBackward && is_position_broadcast(*in));
+    if (!why(in->shape == x.shape && in->dtype == gr.dtype && layout_ok,
+             "relu_backward reads a strided operand, or one of another dtype") ||
         !why(!u.written_between(in->buffer, p, int(i)), "an operand of relu_backward is written before the norm"))
       return -1;
   }

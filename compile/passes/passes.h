@@ -55,6 +55,7 @@ void fuse_gemm_gelu(Graph& g, PassStats& stats);          // gemm_epilogue with 
 void read_norm_input_16bit(Graph& g, PassStats& stats);   // group/batch norms reading a 16-bit x (attr dtype)
 void write_norm_grad_16bit(Graph& g, PassStats& stats);   // group/batch norm backward writing a 16-bit dx (dx_dtype)
 void fuse_norm_relu(Graph& g, PassStats& stats);          // group/batch norm (backward) with the relu (attr relu)
+void fuse_norm_pool(Graph& g, PassStats& stats);          // group norm (backward) with the pool (pool, grad_scale)
 void redraw_dropout_masks(Graph& g, PassStats& stats);    // dropout_mask where the mask is read
 void sink_state_updates(Graph& g, PassStats& stats);      // none: moves counters' updates together
 void write_results_into_grads(Graph& g, PassStats& stats);  // none: a producer writes the new gradient

@@ -51,6 +51,9 @@ const std::vector<Pass>& pipeline() {
       // After the two above (whose 16-bit x and dx it keeps), before elementwise would take the relus.
       {"norm_relu", S::Fusion, fuse_norm_relu,
        "batch/group norm with the relu after it (and its 16-bit copy); their backward with relu_backward"},
+      // After norm_relu (its relu and 16-bit operands), before elementwise would take the pool's scale.
+      {"norm_pool", S::Fusion, fuse_norm_pool,
+       "group norm writing the global average pool of its output; its backward reading the pool's gradient"},
       // Before elementwise: the counters it gathers at the end are fused there.
       {"sink_updates", S::Fusion, sink_state_updates,
        "in-place updates of step state (counters) moved to the end, to fuse"},

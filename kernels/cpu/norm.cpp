@@ -21,7 +21,8 @@
 // copy kernel's rounding into the 16-bit one: the bits of the two ops it stands for.
 // Their fused relu: the forward runs the relu (in place) and copy kernels after the plain one
 // (norm_fwd); the backward kernels read g through relu_backward's selection (grad_at), a 16-bit g
-// widened like a 16-bit x. The bits of the ops they stand for.
+// widened like a 16-bit x. The bits of the ops they stand for. Group norm's pool (attr pool) runs the
+// mean kernel over y afterwards, and its backward's grad_scale the mul_scalar kernel over g first.
 //
 // dropout: element i (row-major) is kept iff philox_uniform(seed, offset, i) >= float(p) (the Philox
 // convention of tensor/rng.h, shared with the CUDA kernel); mask = kept ? 1/(1-p) : 0 rounded to x's
@@ -288,9 +289,16 @@ void group_norm_bwd_set(const T* g, const T* yr, const T* x, const T* w, int64_t
   }
 }
 
-// g (16 bits read as its widening when the outputs are f32) and, with a fused relu, the relu's output
-// y (in[5]) as the group and batch norm backward kernels read them: contiguous, in the outputs' dtype.
-Tensor grad_of(const KernelCall& c) { return dense_as(c.in[0], c.out[1].dtype()); }
+// g (16 bits read as its widening when the outputs are f32; times attr grad_scale, by the mul_scalar
+// kernel, when given) and, with a fused relu, the relu's output y (in[5]) as the group and batch norm
+// backward kernels read them: contiguous, in the outputs' dtype.
+Tensor grad_of(const KernelCall& c) {
+  const Tensor g = dense_as(c.in[0], c.out[1].dtype());
+  if (!c.attrs.has("grad_scale")) return g;
+  Tensor scaled = cpu::scratch(g.shape(), g.dtype());  // g may be the caller's own tensor
+  cpu::run_op(OpKind::MulScalar, {g}, {scaled}, Attrs().set("value", c.attrs.f("grad_scale")));
+  return scaled;
+}
 Tensor relu_output_of(const KernelCall& c) { return c.attrs.b("relu", false) ? dense(c.in[5]) : Tensor(); }
 
 void group_norm_bwd_kernel(const KernelCall& c) {
@@ -448,13 +456,19 @@ void norm_bwd_16bit_dx(const KernelCall& c, KernelFn f32_kernel) {
   cpu::run_op(OpKind::Copy, {out[0]}, {c.out[0]});
 }
 
-// A group or batch norm with its fused relu (attr relu) and y's 16-bit copy (attr cast_dtype, out[3]):
-// the plain kernel, then the relu (in place) and copy kernels: the bits of the three ops it stands for.
+// A group or batch norm with its fused relu (attr relu), y's 16-bit copy (attr cast_dtype, out[3]) and
+// group norm's pool (attr pool, the last output): the plain kernel, then the relu (in place), copy and
+// mean kernels: the bits of the ops it stands for.
 void norm_fwd(const KernelCall& c, KernelFn kernel) {
   const std::vector<Tensor> out{c.out[0], c.out[1], c.out[2]};
   cpu::run_into_contiguous(KernelCall{c.op, c.in, out, c.attrs}, kernel);
   if (c.attrs.b("relu", false)) cpu::run_op(OpKind::Relu, {c.out[0]}, {c.out[0]});
-  if (c.out.size() > 3) cpu::run_op(OpKind::Copy, {c.out[0]}, {c.out[3]});
+  if (c.attrs.has("cast_dtype")) cpu::run_op(OpKind::Copy, {c.out[0]}, {c.out[3]});
+  if (c.attrs.b("pool", false)) {
+    std::vector<int64_t> spatial;
+    for (int64_t d = 2; d < c.out[0].dim(); ++d) spatial.push_back(d);
+    cpu::run_op(OpKind::Mean, {c.out[0]}, {c.out.back()}, Attrs().set("dims", spatial).set("keepdim", false));
+  }
 }
 
 // A group or batch norm's backward (the kernels read a 16-bit g and a fused relu's y themselves).

@@ -51,7 +51,6 @@ using namespace reduce_detail;
 
 constexpr int kThreads = 256;       // warp-per-row kernels (8 rows per block) and one-block kernels
 constexpr int kRowThreads = 512;    // block-per-row kernels
-constexpr int64_t kWarpRow = 1024;  // rows up to this long get one warp each
 
 // The rows whose target is not ignore_index (the mean's divisor), counted by the whole block: every
 // thread gets the count.

@@ -18,7 +18,6 @@ using namespace reduce_detail;
 
 constexpr int kThreads = 256;
 constexpr int kRowThreads = 512;
-constexpr int64_t kWarpRow = 1024;
 
 template <typename H, bool kBlock>
 __global__ void masked_softmax_fwd_row_kernel(const float* x, const float* mask, int64_t mask_rows, float fill, float* y,

@@ -25,6 +25,7 @@
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/cuda/last_block.cuh"
 #include "kernels/cuda/norm_common.cuh"
+#include "kernels/cuda/reduce_common.cuh"
 
 namespace reel {
 namespace cuda {
@@ -41,11 +42,15 @@ constexpr int64_t kFoldedParamSums = int64_t(1) << 16;
 
 // Where element i of set `set` (n, group) lies in an (N, C, S) operand, i = k S + s running over the
 // set's Cg channels k and each one's S positions s: at set Cg S + i when (N, C, S)-contiguous, at
-// (n S + s) C + group Cg + k when channels-last.
+// (n S + s) C + group Cg + k when channels-last, and at n C + group Cg + k = set Cg + k when the
+// operand is an (N, C) tensor broadcast over the positions (a global average pool's gradient: strides
+// (C, 1, 0, ...)).
 struct SetLayout {
   int64_t G, Cg, S;
   bool channels_last;
+  bool broadcast = false;
   __device__ int64_t at(int64_t set, int64_t i) const {
+    if (broadcast) return set * Cg + i / S;
     if (!channels_last) return set * Cg * S + i;
     const int64_t k = i / S, s = i - k * S, n = set / G;
     return (n * S + s) * (G * Cg) + (set - n * G) * Cg + k;
@@ -145,10 +150,14 @@ __global__ void group_norm_param_sum_kernel(const A* ds, const A* dbias, int64_t
 // x (layout Lx), y (N, C, S)-contiguous: sets (n, group) of Cg * S values; w, b: (C = G Cg) or null;
 // mean, rstd: (N, G). One block per set. With a fused relu y = relu(xhat w + b), and y16 (non-null:
 // attr cast_dtype) gets y's 16-bit copy in its layout L16. With `staged`, a channels-last x is read
-// and a channels-last y16 written through one staged array (dynamic shared memory).
+// and a channels-last y16 written through one staged array (dynamic shared memory). pooled (non-null:
+// attr pool; (N, C), kShortRow < S <= kWarpRow) gets each channel's mean of y over its S positions,
+// summed as the mean op's warp-per-row kernel sums a row (reduce_common.cuh): a warp per channel, from
+// the y the block has just stored.
 template <typename X, typename D, typename Y16, typename A = Acc<D>>
 __global__ void group_norm_fwd_kernel(const X* x, SetLayout Lx, const D* w, const D* b, D* y, A* mean, A* rstd,
-                                      int64_t sets, A eps, bool relu, Y16* y16, SetLayout L16, bool staged) {
+                                      int64_t sets, A eps, bool relu, Y16* y16, SetLayout L16, bool staged,
+                                      D* pooled) {
   grid_dependency_wait();
   extern __shared__ __align__(16) unsigned char stage_bytes[];
   A* buf = reinterpret_cast<A*>(stage_bytes);  // [Cg][S + 1]
@@ -192,6 +201,15 @@ __global__ void group_norm_fwd_kernel(const X* x, SetLayout Lx, const D* w, cons
       stage_set_out(y16, buf, L16, set);
       __syncthreads();
     }
+    if (pooled) {
+      __syncthreads();  // the block's stores of ys are visible to all its threads
+      const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+      for (int64_t k = warp; k < Cg; k += warps) {
+        const A sum = reduce_detail::warp_row_fold<reduce_detail::AddOp<A>, A>(
+            S, [&](int64_t s) { return to_acc(ys[k * S + s]); });
+        if (lane == 0) pooled[set * Cg + k] = from_acc<D>(sum / A(S));  // (N, C) index n C + group Cg + k
+      }
+    }
   }
 }
 
@@ -203,11 +221,18 @@ __global__ void group_norm_fwd_kernel(const X* x, SetLayout Lx, const D* w, cons
 // sum_over_samples). With a fused relu (yr
 // non-null, layout Ly) g stands for relu_backward(g, yr). Gr: g's type (D, or a 16-bit x's). With
 // `staged`, channels-last operands go through two staged arrays: g's (which dx then overwrites) and x's.
+// With `scale_g` (attr grad_scale) each g is first multiplied by g_scale, rounded on its own as
+// mul_scalar rounds it (never contracted into an FMA with what follows).
 template <typename X, typename D, typename O, typename Gr, typename A = Acc<D>>
 __global__ void group_norm_bwd_kernel(const Gr* g, SetLayout Lg, const D* yr, SetLayout Ly, const X* x, SetLayout Lx,
                                       const D* w, const A* mean, const A* rstd, O* dx, SetLayout Ldx, A* ds, A* dbias,
-                                      int64_t sets, bool staged, D* dw, D* db) {
+                                      int64_t sets, bool staged, D* dw, D* db, bool scale_g, A g_scale) {
   grid_dependency_wait();
+  auto grad_in = [&](A v) {
+    if (!scale_g) return v;
+    if constexpr (std::is_same_v<A, double>) return __dmul_rn(v, g_scale);
+    else return __fmul_rn(v, g_scale);
+  };
   const int64_t G = Lx.G, Cg = Lx.Cg, S = Lx.S, len = Cg * S;
   extern __shared__ __align__(16) unsigned char stage_bytes[];
   const bool g_staged = staged && Lg.channels_last, x_staged = staged && Lx.channels_last,
@@ -221,17 +246,17 @@ __global__ void group_norm_bwd_kernel(const Gr* g, SetLayout Lg, const D* yr, Se
       if (g_staged) stage_set_in(gbuf, g, Lg, set);
       if (x_staged) stage_set_in(xbuf, x, Lx, set);
       __syncthreads();
-      if (g_staged && yr) {  // the relu's mask, read in y's own (k, s) order
+      if (g_staged && (yr || scale_g)) {  // the scale and the relu's mask, read in y's own (k, s) order
         for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
           A& gi = gbuf[staged_slot(i, S)];
-          gi = relu_grad(gi, yr, Ly.at(set, i));
+          gi = yr ? relu_grad(grad_in(gi), yr, Ly.at(set, i)) : grad_in(gi);
         }
         __syncthreads();
       }
     }
     auto gv = [&](int64_t i) {
       if (g_staged) return gbuf[staged_slot(i, S)];
-      const A v = to_acc(g[Lg.at(set, i)]);
+      const A v = grad_in(A(to_acc(g[Lg.at(set, i)])));
       return yr ? relu_grad(v, yr, Ly.at(set, i)) : v;
     };
     auto xv = [&](int64_t i) { return x_staged ? xbuf[staged_slot(i, S)] : to_acc(x[Lx.at(set, i)]); };
@@ -293,12 +318,25 @@ size_t stage_bytes_of(const SetLayout& L, int arrays) {
   return bytes <= kStageBytes ? bytes : 0;
 }
 
-// An operand read where it lies when (N, C, S)-contiguous or dense channels-last, else a contiguous copy.
+// Whether v (N, C, *) is an (N, C) tensor broadcast over the positions: strides (C, 1, 0, ...) on
+// every dim longer than 1 (what a global average pool's backward expands its gradient to).
+bool is_position_broadcast(const Tensor& v, const NCS& d) {
+  if (v.dim() < 3) return false;
+  const auto &shape = v.shape(), &strides = v.strides();
+  if ((shape[0] > 1 && strides[0] != d.C) || (shape[1] > 1 && strides[1] != 1)) return false;
+  for (int64_t k = 2; k < v.dim(); ++k)
+    if (shape[k] > 1 && strides[k] != 0) return false;
+  return true;
+}
+
+// An operand read where it lies when (N, C, S)-contiguous, dense channels-last or (`broadcast_ok`, a
+// gradient) a position broadcast, else a contiguous copy.
 struct SetOperand {
   Tensor t;
   SetLayout layout;
 };
-SetOperand set_operand(const Tensor& v, int64_t G, const NCS& d) {
+SetOperand set_operand(const Tensor& v, int64_t G, const NCS& d, bool broadcast_ok = false) {
+  if (broadcast_ok && is_position_broadcast(v, d)) return {v, {G, d.C / G, d.S, false, true}};
   const bool cl = is_channels_last_only(v);
   return {cl ? v : contiguous_on_device(v), {G, d.C / G, d.S, cl}};
 }
@@ -309,7 +347,11 @@ void group_norm_fwd(const KernelCall& c) {
   const SetOperand xo = set_operand(c.in[0], G, d);
   Tensor w = contiguous_on_device(c.in[1]), b = contiguous_on_device(c.in[2]);
   const Tensor &x = xo.t, &y = c.out[0], &mean = c.out[1], &rstd = c.out[2];
-  const Tensor y16 = c.out.size() > 3 ? c.out[3] : Tensor();  // attr cast_dtype: y's 16-bit copy
+  const Tensor y16 = c.attrs.has("cast_dtype") ? c.out[3] : Tensor();  // y's 16-bit copy
+  const Tensor pooled = c.attrs.b("pool", false) ? c.out.back() : Tensor();  // (N, C): mean of y over S
+  REEL_CHECK(!pooled.defined() || (d.S > reduce_detail::kShortRow && d.S <= reduce_detail::kWarpRow),
+             "group_norm: attr pool on the GPU takes ", reduce_detail::kShortRow + 1, " to ", reduce_detail::kWarpRow,
+             " positions per channel, got x ", shape_str(c.in[0].shape()));
   const SetLayout L16{G, d.C / std::max<int64_t>(G, 1), d.S, is_channels_last_only(y16)};
   const bool relu = c.attrs.b("relu", false);
   if (sets == 0) return;
@@ -319,7 +361,8 @@ void group_norm_fwd(const KernelCall& c) {
       const size_t bytes = stage_bytes_of<A>(xo.layout, xo.layout.channels_last || L16.channels_last ? 1 : 0);
       launch_kernel(group_norm_fwd_kernel<X, D, Y16>, grid_for(sets), kSetThreads, bytes, stream_of(x), in_ptr<X>(x),
                     xo.layout, in_ptr<D>(w), in_ptr<D>(b), out_ptr<D>(y), out_ptr<A>(mean), out_ptr<A>(rstd), sets,
-                    A(c.attrs.f("eps")), relu, y16.defined() ? out_ptr<Y16>(y16) : nullptr, L16, bytes > 0);
+                    A(c.attrs.f("eps")), relu, y16.defined() ? out_ptr<Y16>(y16) : nullptr, L16, bytes > 0,
+                    pooled.defined() ? out_ptr<D>(pooled) : nullptr);
       REEL_CUDA_LAUNCH_CHECK();
     });
   });
@@ -331,7 +374,8 @@ void group_norm_bwd(const KernelCall& c) {
   const NCS d = ncs_of(c.in[1]);
   const int64_t N = d.N, C = d.C, G = c.attrs.i("groups"), sets = N * G;
   const bool relu = c.attrs.b("relu", false);  // g is relu_backward(g, y), y = in[5]
-  const SetOperand go = set_operand(c.in[0], G, d), xo = set_operand(c.in[1], G, d);
+  const SetOperand go = set_operand(c.in[0], G, d, true), xo = set_operand(c.in[1], G, d);
+  const bool scale_g = c.attrs.has("grad_scale");
   const SetOperand yo = relu ? set_operand(c.in[5], G, d) : SetOperand{Tensor(), {}};
   const Tensor &g = go.t, &x = xo.t, w = contiguous_on_device(c.in[2]);
   Tensor mean = contiguous_on_device(c.in[3]), rstd = contiguous_on_device(c.in[4]);
@@ -353,7 +397,8 @@ void group_norm_bwd(const KernelCall& c) {
           launch_kernel(group_norm_bwd_kernel<X, D, O, Gr>, grid_for(sets), kSetThreads, bytes, s, in_ptr<Gr>(g),
                         go.layout, relu ? in_ptr<D>(yo.t) : nullptr, yo.layout, in_ptr<X>(x), xo.layout, in_ptr<D>(w),
                         in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<O>(dx), Ldx, pp, pp + N * C, sets, bytes > 0,
-                        fold ? out_ptr<D>(dw) : nullptr, fold ? out_ptr<D>(db) : nullptr);
+                        fold ? out_ptr<D>(dw) : nullptr, fold ? out_ptr<D>(db) : nullptr, scale_g,
+                        A(scale_g ? c.attrs.f("grad_scale") : 1.0));
           REEL_CUDA_LAUNCH_CHECK();
         });
       });
@@ -378,10 +423,17 @@ void register_norm_cuda_kernels() {
   register_kernel(gpu, OpKind::GroupNorm, [](const KernelCall& c) {
     // A channels-last copy of y (attr cast_dtype) is written where it lies; any other strided output
     // through a temporary.
-    const bool direct = c.out.size() > 3 && cuda::is_channels_last_only(c.out[3]) && c.out[0].is_contiguous() &&
-                        c.out[1].is_contiguous() && c.out[2].is_contiguous();
+    bool direct = c.attrs.has("cast_dtype") && cuda::is_channels_last_only(c.out[3]);
+    for (size_t i = 0; i < c.out.size(); ++i) direct = direct && (i == 3 || c.out[i].is_contiguous());
     if (direct) return cuda::group_norm_fwd(c);
     run_into_contiguous(c, cuda::group_norm_fwd);
+  });
+  // The pool (attr pool) sums a channel as the mean op's warp-per-row kernel sums a row: for the rows
+  // that kernel takes.
+  register_supports(gpu, OpKind::GroupNorm, [](const KernelCall& c) {
+    if (!c.attrs.b("pool", false)) return true;
+    const int64_t S = cuda::norm_detail::ncs_of(c.in[0]).S;
+    return S > cuda::reduce_detail::kShortRow && S <= cuda::reduce_detail::kWarpRow;
   });
   register_kernel(gpu, OpKind::GroupNormBackward, [](const KernelCall& c) {
     // A channels-last dx is written where it lies; any other strided output through a temporary.

@@ -54,8 +54,6 @@ using namespace reduce_detail;
 constexpr int kThreads = 256;
 constexpr int kTileCols = 32;            // outputs per column tile (threadIdx.x)
 constexpr int kTileRows = 8;             // threads along R per column tile (threadIdx.y)
-constexpr int64_t kShortRow = 16;        // rows up to this long go to the column kernel
-constexpr int64_t kWarpRow = 1024;       // rows up to this long get one warp each
 constexpr int64_t kTargetBlocks = 1024;  // about 8 resident blocks on each of an H200's 132 SMs
 constexpr int64_t kMinRowChunk = 8192;   // a split row chunk has at least this many elements
 constexpr int64_t kMinColumnChunk = 256; // a split column chunk has at least this many rows (32 per thread)
@@ -105,9 +103,7 @@ __global__ void reduce_rows_warp_kernel(const In* x, Out* out, int64_t rows, int
   using Team = RowTeam<false>;
   for (int64_t row = Team::first_row(); row < rows; row += Team::row_stride()) {
     const In* xr = x + row * R;
-    A acc = strided_fold<Op, A>(Team::rank(), R, kWarp, combine_fn<Op, A>(),
-                                [&](int64_t r) { return to_acc(xr[r]); });
-    acc = warp_reduce<Op>(acc);
+    const A acc = warp_row_fold<Op, A>(R, [&](int64_t r) { return to_acc(xr[r]); });
     if (Team::rank() == 0) out[row] = result<Op, Out>(acc, count, finish);
   }
 }

@@ -83,6 +83,19 @@ __device__ __forceinline__ T strided_fold(int64_t first, int64_t end, int64_t st
   return Op::combine(Op::combine(acc[0], acc[1]), Op::combine(acc[2], acc[3]));
 }
 
+// Rows of kShortRow < R <= kWarpRow values (with inner == 1) get a warp each in reduce.cu.
+constexpr int64_t kShortRow = 16;
+constexpr int64_t kWarpRow = 1024;
+
+// One row of R values folded by the warp that owns it (lane l folds elements l, l + 32, ..., then
+// the lanes' folds are combined): every lane gets the result. What reduce.cu's warp-per-row kernel
+// computes for each row, and what a fused kernel calls to give a reduction's bits (group norm's pool
+// in norm.cu).
+template <typename Op, typename A, typename Load>
+__device__ __forceinline__ A warp_row_fold(int64_t R, Load load) {
+  return warp_reduce<Op>(strided_fold<Op, A>(threadIdx.x % kWarp, R, kWarp, combine_fn<Op, A>(), load));
+}
+
 // The threads that share one row of a row-wise kernel: a warp (short rows; blockDim.x / 32 rows per
 // block) or the whole block (long rows). Rows are visited in a grid-stride loop, so a team's loop
 // condition is uniform across the team, as its reductions require.

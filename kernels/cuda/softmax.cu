@@ -26,7 +26,6 @@ using namespace reduce_detail;
 
 constexpr int kThreads = 256;       // warp-per-row and column kernels
 constexpr int kRowThreads = 512;    // block-per-row kernels
-constexpr int64_t kWarpRow = 1024;  // rows up to this long get one warp each
 
 // ---- forward ----
 

@@ -34,6 +34,12 @@
 //       convolution reads, of x's shape in any layout (channels-last on the GPU).
 //       Their backward with attr relu takes a 6th input y, that relu's output (x's shape, dtype d), and
 //       back-propagates relu_backward(g, y) = (y > 0 ? g : 0): the gradient at the norm's output.
+//   group_norm with attr pool (compile/passes/fuse_norm_pool.cpp): one more output, last, pooled
+//       (N, C) = mean(y, dims 2..): the global average pool of y (after the relu), with the mean op's
+//       bits. x needs a spatial dim.
+//   group_norm_backward with attr grad_scale (a finite number): g stands for g * grad_scale, the
+//       product rounded to d as mul_scalar rounds it (before the relu's selection): a pool's
+//       backward, whose 1/S the compiler folds in. Batch norm takes neither attr.
 //   dropout (x[, state])                   attrs p in [0, 1], seed, offset (state: tensor/rng.h's PhiloxArgs)
 //       -> y (x.shape), mask (x.shape, x's dtype, values 0 or 1/(1-p); all 0 when p == 1)
 // Fused (the compiler writes them; kernels/ops.def):
@@ -58,6 +64,8 @@
 //       -> mask: dropout's mask alone, drawn by the same rule: the mask a dropout of x of this shape
 //          and dtype with the same p, seed and offset makes (what a compiled plan draws again
 //          where the mask is read, instead of storing it)
+#include <cmath>
+
 #include "kernels/philox_args.h"
 #include "kernels/schema/schema_util.h"
 
@@ -296,7 +304,18 @@ std::vector<TensorMeta> infer_group_norm(const std::vector<Tensor>& in, const At
   Shape stats{x.shape()[0], G};
   std::vector<TensorMeta> out{{x.shape(), d, x.device()}, {stats, st, x.device()}, {stats, st, x.device()}};
   expect_norm_relu_forward(op, x, a, d, out);
+  if (a.b("pool", false)) {
+    REEL_CHECK(x.dim() >= 3, "group_norm: attr pool (the mean over the spatial dims) needs x (N, C, *spatial), got x ",
+               schema::desc(x));
+    out.push_back({{x.shape()[0], x.shape()[1]}, d, x.device()});
+  }
   return out;
+}
+
+// Attrs only group norm's kernels take (see the top): refused by batch norm with the op named.
+void expect_no_group_norm_only_attrs(OpKind op, const Attrs& a) {
+  for (const char* name : {"pool", "grad_scale"})
+    REEL_CHECK(!a.has(name), op_name(op), ": attr ", name, " is not supported (group_norm and its backward take it)");
 }
 
 // The dtype of a group or batch norm's dx: d (the outputs' dtype), or attr dx_dtype, 16 bits from f32.
@@ -317,6 +336,9 @@ std::vector<TensorMeta> infer_group_norm_backward(const std::vector<Tensor>& in,
   const DType d = param_dtype(op, x, a);
   expect_norm_relu_backward(op, in, x, a, d);
   expect_norm_grad(op, in[0], x, d);
+  if (a.has("grad_scale"))
+    REEL_CHECK(std::isfinite(a.f("grad_scale")), "group_norm_backward: attr grad_scale must be finite, got ",
+               a.f("grad_scale"));
   int64_t G = checked_groups(op, x, a);
   Shape channels{x.shape()[1]};
   expect_param(op, in[2], x, channels, "weight", d);
@@ -336,6 +358,7 @@ void expect_running_stat(const Tensor& r, const Tensor& x, const char* what) {
 std::vector<TensorMeta> infer_batch_norm(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::BatchNorm;
   schema::expect_inputs(op, in, 5);
+  expect_no_group_norm_only_attrs(op, a);
   const Tensor& x = in[0];
   expect_x(op, x);
   expect_channels(op, x);
@@ -367,6 +390,7 @@ std::vector<TensorMeta> infer_batch_norm(const std::vector<Tensor>& in, const At
 std::vector<TensorMeta> infer_batch_norm_backward(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::BatchNormBackward;
   REEL_ASSERT(in.size() >= 2, "batch_norm_backward takes at least g and x, got ", in.size(), " inputs");
+  expect_no_group_norm_only_attrs(op, a);
   const Tensor& x = in[1];
   expect_x(op, x);
   expect_channels(op, x);

@@ -7,6 +7,8 @@
 // Group and batch norm, forward and backward, also read a bf16/f16 x as f32 (attr dtype = f32, what
 // compile/passes/read_norm_input_16bit.cpp writes): their reference is the composition the compiler
 // replaced, x cast to f32 and then the f32 op (tests/test_norm_16bit_input.cpp checks the bits).
+// Group norm also writes a global average pool of y and reads that pool's broadcast gradient (attrs
+// pool, grad_scale: add_pool_cases).
 // Plain-loop references: all three norms are "normalise each set by its own mean and variance, then
 // an affine map per feature" (sets: rows; (n, group)s; channels), so one forward and one backward
 // formula over a (set, feature) labelling of the elements serves them; dropout's mask is Philox's,
@@ -73,8 +75,10 @@ Expected normalise(const Sets& s, const OpCall& c) {
 // (dx, dw, db) from inputs (g, x, w?, mean, rstd): with gw = g w and means over each set,
 // dx = rstd (gw - mean(gw) - xhat mean(gw xhat)); dw = sum g xhat, db = sum g per feature.
 // frozen (batch norm in eval): the statistics are constants and dx = gw rstd.
-Expected normalise_backward(const Sets& s, const OpCall& c, bool frozen = false) {
-  std::vector<double> g = host_values(c.inputs[0]), x = host_values(c.inputs[1]);
+// `g_values`, when given, stands for g's values (a fused op's gradient at the norm's output).
+Expected normalise_backward(const Sets& s, const OpCall& c, bool frozen = false,
+                            const std::vector<double>* g_values = nullptr) {
+  std::vector<double> g = g_values ? *g_values : host_values(c.inputs[0]), x = host_values(c.inputs[1]);
   std::vector<double> w = values_or(c.inputs[2], s.features, 1.0), mean = host_values(c.inputs[3]);
   std::vector<double> rstd = host_values(c.inputs[4]), dx(x.size()), dw(size_t(s.features), 0.0), db = dw;
   std::vector<double> sum_gw(size_t(s.sets), 0.0), sum_gwx(size_t(s.sets), 0.0), count(size_t(s.sets), 0.0);
@@ -443,6 +447,143 @@ void add_widened_cases(std::vector<OpTestCase>& cases) {
   }
 }
 
+// ---- group norm before a global average pool ----
+// attr pool (the forward's last output: each (n, c)'s mean of y over the positions) and attr
+// grad_scale (the backward's g multiplied by it first), with the backward's g the (N, C) gradient of
+// the pool broadcast over the positions: what compile/passes/fuse_norm_pool.cpp writes. Plain-loop
+// references on the normalise formulas above; the 16-bit x variants (cnn-small's last norm) against
+// the f32 op on the widened x as above.
+
+// Each (n, c)'s mean of row-major (N, C, S) values v.
+std::vector<double> position_means(const std::vector<double>& v, const Shape& x) {
+  const int64_t N = x[0], C = x[1], S = numel_of(x) / (N * C);
+  std::vector<double> p(size_t(N * C), 0.0);
+  for (size_t e = 0; e < v.size(); ++e) p[e / size_t(S)] += v[e];
+  for (double& m : p) m /= double(S);
+  return p;
+}
+
+double one_over_positions(const Shape& x) { return 1.0 / double(numel_of(x) / (x[0] * x[1])); }
+
+// An (N, C) tensor of dtype t broadcast over x's positions: strides (C, 1, 0, ...).
+Tensor pool_gradient(const Shape& x, DType t, uint64_t seed) {
+  Tensor g = randn_input({x[0], x[1]}, t, seed);
+  Shape strides(x.size(), 0);
+  strides[0] = x[1], strides[1] = 1;
+  return Tensor::make_view(g, x, strides, 0);
+}
+
+// g's values at the norm's output: g times the scale, then (with y) relu_backward's selection.
+std::vector<double> scaled_relu_grad(const OpCall& c, double scale, bool relu) {
+  std::vector<double> g = host_values(c.inputs[0]);
+  const std::vector<double> y = relu ? host_values(c.inputs[5]) : std::vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) g[i] = relu && !(y[i] > 0) ? 0.0 : g[i] * scale;
+  return g;
+}
+
+struct Pooled {
+  const char* name;
+  Shape x;
+  Layout layout;
+  int64_t groups;
+  bool relu;
+};
+
+void add_pool_cases(std::vector<OpTestCase>& cases) {
+  using L = Layout;
+  for (const Pooled& p : {Pooled{"relu_3x4x6x5_groups_2", {3, 4, 6, 5}, L::contiguous, 2, true},
+                          Pooled{"channels_last_relu_4x32x8x8_groups_4", {4, 32, 8, 8}, L::channels_last, 4, true},
+                          // No relu: sets of two channels (with one, a g constant over its set gives dx = dw = 0).
+                          Pooled{"2x4x17_groups_2", {2, 4, 17}, L::transposed, 2, false}}) {
+    const Norm n{p.name, p.x, p.layout, p.groups, true, true, false};
+    cases.push_back({.op = OpKind::GroupNorm,
+                     .name = std::string("group_norm_pool_") + p.name,
+                     .dtypes = kFloatTypes,
+                     .make =
+                         [n, p](Device, DType t) {
+                           OpCall c = norm_call(n, t, false);
+                           c.attrs.set("relu", p.relu).set("pool", true);
+                           return c;
+                         },
+                     .reference =
+                         [p](const OpCall& c) {
+                           Expected e = normalise(channel_sets(p.x, p.groups, true), c);
+                           if (p.relu)
+                             for (double& y : e[0]) y = y > 0 || y != y ? y : 0;
+                           e.push_back(position_means(e[0], p.x));
+                           return e;
+                         }});
+    cases.push_back({.op = OpKind::GroupNormBackward,
+                     .name = std::string("group_norm_backward_pool_gradient_") + p.name,
+                     .dtypes = kFloatTypes,
+                     .make =
+                         [n, p](Device, DType t) {
+                           OpCall c = backward_call(OpKind::GroupNorm, norm_call(n, t, false), t,
+                                                    Attrs().set("groups", p.groups));
+                           c.inputs[0] = pool_gradient(p.x, t, 148);
+                           c.attrs.set("grad_scale", one_over_positions(p.x));
+                           if (p.relu) {
+                             c.inputs.push_back(dispatch(OpKind::Relu, {randn_input(p.x, t, 149)})[0]);
+                             c.attrs.set("relu", true);
+                           }
+                           return c;
+                         },
+                     .reference =
+                         [p](const OpCall& c) {
+                           const std::vector<double> g = scaled_relu_grad(c, c.attrs.f("grad_scale"), p.relu);
+                           return normalise_backward(channel_sets(p.x, p.groups, true), c, false, &g);
+                         }});
+  }
+  // cnn-small's last norm: a bf16/f16 x read as f32 (channels-last), relu, the pool, with and without
+  // y's 16-bit copy; its backward from the head's 16-bit gradient.
+  const Widened v{"channels_last_4x128x8x8_groups_8", {4, 128, 8, 8}, L::channels_last, false, true, true, false, 8};
+  const double f32_tol = tolerance(DType::f32) / tolerance(DType::f16);
+  for (bool copy : {false, true}) {
+    cases.push_back({.op = OpKind::GroupNorm,
+                     .name = std::string("group_norm_relu_pool_16bit_x") + (copy ? "_and_copy_" : "_") + v.name,
+                     .dtypes = {DType::bf16, DType::f16},
+                     .make =
+                         [v, copy](Device, DType t) {
+                           OpCall c = widened_call(v, t);
+                           c.attrs.set("relu", true).set("pool", true);
+                           if (copy) c.attrs.set("cast_dtype", t);
+                           c.outputs = given_outputs(OpKind::GroupNorm, c, {false, false, false, copy});
+                           return c;
+                         },
+                     .tol_scale = copy ? 1.0 : f32_tol,
+                     .reference =
+                         [v, copy](const OpCall& c) {
+                           Expected e = cast_then_f32(OpKind::GroupNorm, OpCall{c.inputs, widened_attrs(v)}, 0);
+                           for (double& y : e[0]) y = y > 0 || y != y ? y : 0;
+                           if (copy) e.push_back(rounded(e[0], c.attrs.dtype("cast_dtype")));
+                           e.push_back(position_means(e[0], v.x));
+                           return e;
+                         }});
+  }
+  cases.push_back(
+      {.op = OpKind::GroupNormBackward,
+       .name = std::string("group_norm_backward_relu_pool_16bit_g_and_dx_") + v.name,
+       .dtypes = {DType::bf16, DType::f16},
+       .make =
+           [v](Device, DType t) {
+             OpCall c = widened_backward_call(v, t);
+             c.inputs[0] = pool_gradient(v.x, t, 150);  // the head's 16-bit input gradient
+             c.inputs.push_back(dispatch(OpKind::Relu, {randn_input(v.x, DType::f32, 151)})[0]);
+             c.attrs.set("relu", true).set("grad_scale", one_over_positions(v.x)).set("dx_dtype", t);
+             c.outputs = given_outputs(OpKind::GroupNormBackward, c, {true});
+             return c;
+           },
+       .reference =
+           [v](const OpCall& c) {
+             const std::vector<double> g = scaled_relu_grad(c, c.attrs.f("grad_scale"), true);
+             std::vector<Tensor> in(c.inputs.begin(), c.inputs.begin() + 5);
+             in[0] = f32_tensor(g, v.x);
+             Expected e = cast_then_f32(OpKind::GroupNormBackward, OpCall{in, widened_backward_attrs(v)}, 1);
+             e[0] = rounded(e[0], c.attrs.dtype("dx_dtype"));
+             return e;
+           }});
+}
+
 // ---- dropout ----
 
 struct Drop {
@@ -544,6 +685,7 @@ std::vector<OpTestCase> norm_cases() {
   add_layer_and_group_norm_cases(cases);
   add_batch_norm_cases(cases);
   add_widened_cases(cases);
+  add_pool_cases(cases);
   add_dropout_cases(cases);
   add_dropout_mask_cases(cases);
   return cases;
