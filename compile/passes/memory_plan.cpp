@@ -48,18 +48,25 @@ namespace {
 
 bool overlaps(const Placement& a, const Placement& b) { return a.first <= b.last && b.first <= a.last; }
 
-// Lowest offset where `p` fits beside every placed buffer whose lifetime overlaps its own.
+// Lowest offset where `p` fits beside every placed buffer whose lifetime overlaps its own. `placed`
+// is kept in order of [offset, offset + nbytes), so the overlapping ones come in that order without a
+// sort of their own (the side_stream pass plans a step's memory once per trial placement).
 size_t lowest_fit(const Placement& p, const std::vector<Placement>& placed) {
-  std::vector<std::pair<size_t, size_t>> taken;  // [begin, end) of overlapping buffers, by begin
-  for (const Placement& q : placed)
-    if (overlaps(p, q)) taken.emplace_back(q.offset, q.offset + q.nbytes);
-  std::sort(taken.begin(), taken.end());
   size_t at = 0;
-  for (const auto& [begin, end] : taken) {
-    if (begin >= at + p.nbytes) break;  // the gap before this one fits
-    at = std::max(at, end);
+  for (const Placement& q : placed) {
+    if (!overlaps(p, q)) continue;
+    if (q.offset >= at + p.nbytes) break;  // the gap before this one fits
+    at = std::max(at, q.offset + q.nbytes);
   }
   return at;
+}
+
+// Inserts p into `placed` at its place in that order.
+void insert_placed(std::vector<Placement>& placed, const Placement& p) {
+  const auto key = [](const Placement& q) { return std::pair(q.offset, q.offset + q.nbytes); };
+  const auto at = std::upper_bound(placed.begin(), placed.end(), p,
+                                   [&](const Placement& a, const Placement& b) { return key(a) < key(b); });
+  placed.insert(at, p);
 }
 
 }  // namespace
@@ -144,11 +151,12 @@ MemoryPlan plan_memory(const Graph& g) {
       return x.nbytes != y.nbytes ? x.nbytes > y.nbytes : x.first < y.first;
     });
     std::vector<Placement> placed;
+    placed.reserve(a.placements.size());
     for (Placement p : a.placements) {
       p.offset = lowest_fit(p, placed);
       a.bytes = std::max(a.bytes, p.offset + p.nbytes);
       a.unplanned_bytes += p.nbytes;
-      placed.push_back(p);
+      insert_placed(placed, p);
     }
     std::sort(placed.begin(), placed.end(), [](const Placement& x, const Placement& y) { return x.buffer < y.buffer; });
     a.placements = std::move(placed);
