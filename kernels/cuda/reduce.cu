@@ -252,8 +252,19 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (!arrive_last(finish_counter(counters + tile), unsigned(splits))) return;
   if (mine) {
+    // The chunks' partials in order, kPartialsInFlight loads issued before the first is added: the
+    // last block walks up to 64 of them from L2, one latency per batch rather than per partial.
+    constexpr int kPartialsInFlight = 8;
     float v = load_partial(partial + j);
-    for (int64_t k = 1; k < splits; ++k) v = Op::combine(v, load_partial(partial + k * N + j));
+    int64_t k = 1;
+    for (; k + kPartialsInFlight <= splits; k += kPartialsInFlight) {
+      float p[kPartialsInFlight];
+#pragma unroll
+      for (int q = 0; q < kPartialsInFlight; ++q) p[q] = load_partial(partial + (k + q) * N + j);
+#pragma unroll
+      for (int q = 0; q < kPartialsInFlight; ++q) v = Op::combine(v, p[q]);
+    }
+    for (; k < splits; ++k) v = Op::combine(v, load_partial(partial + k * N + j));
     const float result = Op::finish(v, count);
     out[j] = accumulate ? out[j] + result : result;  // accumulate: out += the sums, as an add would
   }
