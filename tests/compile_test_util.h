@@ -160,6 +160,23 @@ inline CompiledSteps compiled_steps(const std::string& model, Device device, con
   return r;
 }
 
+// How many of a plan's nodes run `op`.
+inline size_t count_op(const compile::Plan& p, OpKind op) {
+  return size_t(std::count_if(p.graph().nodes.begin(), p.graph().nodes.end(),
+                              [op](const compile::Node& n) { return n.op == op; }));
+}
+
+// A pass's A/B on a model's compiled steps: every pass on, and `pass` off.
+struct PassAB {
+  CompiledSteps on, off;
+};
+inline PassAB pass_on_and_off(const std::string& model, Device device, const char* precision, const std::string& pass) {
+  PassAB r;
+  r.off = compiled_steps(model, device, precision, {pass});
+  r.on = compiled_steps(model, device, precision, {});
+  return r;
+}
+
 // Whether two runs trained to the same bits: every loss, and every tensor of the state after.
 inline bool same_training(const CompiledSteps& a, const CompiledSteps& b) {
   if (!same_bits(a.losses, b.losses) || a.state.size() != b.state.size()) return false;

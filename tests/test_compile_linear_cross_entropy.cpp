@@ -23,11 +23,7 @@
 namespace reel {
 namespace {
 
-size_t count_op(const compile::Plan& p, OpKind op) {
-  size_t n = 0;
-  for (const compile::Node& node : p.graph().nodes) n += node.op == op;
-  return n;
-}
+using testing_util::count_op;
 
 // The largest relative L2 difference between two runs' state tensors, and between their losses.
 double largest_difference(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
@@ -59,9 +55,7 @@ void expect_the_head_fused(const testing_util::CompiledSteps& on, const testing_
 TEST(LinearCrossEntropyPass, CnnSmallFollowsTheStepWithoutItToTheBitOnTheCpu) {
   for (const char* precision : {"fp32", "bf16", "fp16"}) {
     SCOPED_TRACE(precision);
-    const testing_util::CompiledSteps off =
-        testing_util::compiled_steps("cnn-small", Device::cpu(), precision, {"linear_cross_entropy"});
-    const testing_util::CompiledSteps on = testing_util::compiled_steps("cnn-small", Device::cpu(), precision, {});
+    const auto [on, off] = testing_util::pass_on_and_off("cnn-small", Device::cpu(), precision, "linear_cross_entropy");
     expect_the_head_fused(on, off, std::string(precision) != "fp32");
     EXPECT_TRUE(testing_util::same_training(on, off));
   }
@@ -74,9 +68,7 @@ TEST(LinearCrossEntropyPass, CnnSmallFollowsTheStepWithoutItOnTheGpu) {
   for (const auto& [precision, bound] : {std::pair{"fp32", 1e-5}, std::pair{"bf16", 1e-2}}) {
     SCOPED_TRACE(precision);
     const Device gpu = Device::cuda(0);
-    const testing_util::CompiledSteps off =
-        testing_util::compiled_steps("cnn-small", gpu, precision, {"linear_cross_entropy"});
-    const testing_util::CompiledSteps on = testing_util::compiled_steps("cnn-small", gpu, precision, {});
+    const auto [on, off] = testing_util::pass_on_and_off("cnn-small", gpu, precision, "linear_cross_entropy");
     expect_the_head_fused(on, off, std::string(precision) != "fp32");
     ASSERT_EQ(on.losses.size(), off.losses.size());
     for (size_t i = 0; i < on.losses.size(); ++i)

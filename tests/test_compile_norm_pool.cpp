@@ -23,11 +23,7 @@
 namespace reel {
 namespace {
 
-size_t count_op(const compile::Plan& p, OpKind op) {
-  size_t n = 0;
-  for (const compile::Node& node : p.graph().nodes) n += node.op == op;
-  return n;
-}
+using testing_util::count_op;
 
 size_t count_attr(const compile::Plan& p, OpKind op, const char* attr) {
   size_t n = 0;
@@ -57,9 +53,7 @@ void expect_the_pool_fused(const testing_util::CompiledSteps& on, const testing_
 TEST(NormPoolPass, CnnSmallFollowsTheStepWithoutItToTheBitOnTheCpu) {
   for (const char* precision : {"fp32", "bf16", "fp16"}) {
     SCOPED_TRACE(precision);
-    const testing_util::CompiledSteps off =
-        testing_util::compiled_steps("cnn-small", Device::cpu(), precision, {"norm_pool"});
-    const testing_util::CompiledSteps on = testing_util::compiled_steps("cnn-small", Device::cpu(), precision, {});
+    const auto [on, off] = testing_util::pass_on_and_off("cnn-small", Device::cpu(), precision, "norm_pool");
     expect_the_pool_fused(on, off, std::string(precision) != "fp32");
     EXPECT_TRUE(testing_util::same_training(on, off));
   }
@@ -70,8 +64,7 @@ TEST(NormPoolPass, CnnSmallFollowsTheStepWithoutItToTheBitOnTheGpu) {
   for (const char* precision : {"fp32", "bf16", "fp16"}) {
     SCOPED_TRACE(precision);
     const Device gpu = Device::cuda(0);
-    const testing_util::CompiledSteps off = testing_util::compiled_steps("cnn-small", gpu, precision, {"norm_pool"});
-    const testing_util::CompiledSteps on = testing_util::compiled_steps("cnn-small", gpu, precision, {});
+    const auto [on, off] = testing_util::pass_on_and_off("cnn-small", gpu, precision, "norm_pool");
     expect_the_pool_fused(on, off, std::string(precision) != "fp32");
     EXPECT_TRUE(testing_util::same_training(on, off));
   }

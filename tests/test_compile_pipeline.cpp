@@ -47,9 +47,7 @@ GptPlan gpt_plan(compile::CompileOptions options) {
   return p;
 }
 
-size_t count_op(const compile::Plan& p, OpKind op) {
-  return size_t(std::count_if(p.graph().nodes.begin(), p.graph().nodes.end(), [op](const compile::Node& n) { return n.op == op; }));
-}
+using testing_util::count_op;
 
 }  // namespace
 
