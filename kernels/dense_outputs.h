@@ -13,4 +13,11 @@ using StridedCopyFn = void (*)(const Tensor& dst, const Tensor& src);
 
 void run_into_contiguous(const KernelCall& call, KernelFn kernel, StridedCopyFn copy);
 
+// For a kernel that adds into outputs out[first_out + k] the values of inputs in[first_in + k] (k < n;
+// an attr accumulate): each such output is made to hold its input first (nothing to do where they are
+// the same memory, as the compiler passes them), and must be contiguous, since run_into_contiguous
+// would hand the kernel a temporary that does not hold them.
+void prepare_accumulated_outputs(const KernelCall& call, size_t first_out, size_t first_in, size_t n,
+                                 StridedCopyFn copy);
+
 }  // namespace reel

@@ -59,7 +59,7 @@ const std::vector<Pass>& pipeline() {
        "in-place updates of step state (counters) moved to the end, to fuse"},
       // After the passes that rewrite the producers, before elementwise takes the copies.
       {"results_into_grads", S::Fusion, write_results_into_grads,
-       "a new gradient written by the node that computes it"},
+       "a new gradient written by the node that computes it; a norm backward adding into the later ones"},
       {"elementwise", S::Fusion, fuse_elementwise, "runs of elementwise ops as one generated kernel"},
       // After elementwise: it extends the kernels that pass made. Off by default: on the H200 it
       // made gpt-small's step 3-4% slower than the elementwise kernel and the column-sum kernel it

@@ -249,6 +249,14 @@ void group_norm_fwd_kernel(const KernelCall& c) {
   });
 }
 
+// A parameter's gradient sum v stored to p, or (attr accumulate) added to what p holds as the add op
+// adds a result of T's dtype: the bits of storing it and then adding.
+template <typename T, typename A>
+void put_param_grad(T* p, A v, bool accumulate) {
+  const T r = store<T>(v);
+  *p = accumulate ? store<T>(math::binary<OpKind::Add>(load(*p), load(r))) : r;
+}
+
 // The gradient at the norm's output: g, or with a fused relu (yr non-null) relu_backward(g, yr).
 template <typename T>
 AccType<T> grad_at(const T* g, const T* yr, int64_t i) {
@@ -320,14 +328,15 @@ void group_norm_bwd_kernel(const KernelCall& c) {
                          ds.data() + ng * Cg, dbias.data() + ng * Cg);
     }
     T *pdw = dw.data<T>(), *pdb = db.data<T>();
+    const bool accumulate = c.attrs.b("accumulate", false);
     for (int64_t ch = 0; ch < C; ++ch) {
       A sw = 0, sb = 0;
       for (int64_t n = 0; n < N; ++n) {
         sw += ds[n * C + ch];
         sb += dbias[n * C + ch];
       }
-      pdw[ch] = store<T>(sw);
-      pdb[ch] = store<T>(sb);
+      put_param_grad(pdw + ch, sw, accumulate);
+      put_param_grad(pdb + ch, sb, accumulate);
     }
   });
 }
@@ -432,7 +441,7 @@ void batch_norm_bwd_kernel(const KernelCall& c) {
   Tensor mean = dense(c.in[3]), rstd = dense(c.in[4]);
   Tensor dx = c.out[0], dw = c.out[1], db = c.out[2];
   auto [N, C, S] = ncs_of(x);
-  bool training = c.attrs.b("training");
+  const bool training = c.attrs.b("training"), accumulate = c.attrs.b("accumulate", false);
   visit_float_dtype(x.dtype(), "batch_norm_backward", [&]<typename T>() {
     using A = AccType<T>;
     const T *pg = g.data<T>(), *py = data_or_null<T>(yr), *px = x.data<T>(), *pw = data_or_null<T>(w);
@@ -443,8 +452,8 @@ void batch_norm_bwd_kernel(const KernelCall& c) {
       A dwc = 0, dbc = 0, wc = pw ? load(pw[ch]) : A(1);
       batch_norm_bwd_channel(pg + ch * S, py ? py + ch * S : nullptr, px + ch * S, wc, pm[ch], pr[ch], N, S, C * S,
                              training, pdx + ch * S, dwc, dbc);
-      pdw[ch] = store<T>(dwc);
-      pdb[ch] = store<T>(dbc);
+      put_param_grad(pdw + ch, dwc, accumulate);
+      put_param_grad(pdb + ch, dbc, accumulate);
     }
   });
 }
@@ -471,8 +480,10 @@ void norm_fwd(const KernelCall& c, KernelFn kernel) {
   }
 }
 
-// A group or batch norm's backward (the kernels read a 16-bit g and a fused relu's y themselves).
+// A group or batch norm's backward (the kernels read a 16-bit g and a fused relu's y themselves; with
+// attr accumulate they add dw, db into the outputs, which first hold the last two inputs).
 void norm_bwd(const KernelCall& c, KernelFn kernel) {
+  if (c.attrs.b("accumulate", false)) prepare_accumulated_outputs(c, 1, c.in.size() - 2, 2, cpu::copy_strided);
   if (c.attrs.has("dx_dtype")) return norm_bwd_16bit_dx(c, kernel);
   cpu::run_into_contiguous(c, kernel);
 }

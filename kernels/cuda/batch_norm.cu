@@ -195,21 +195,22 @@ __global__ void batch_norm_bwd_partial_kernel(const G* g, const D* yr, const X* 
 
 // Backward, stage 2: one thread per channel sums its chunks in order.
 template <typename D, typename A = Acc<D>>
-__device__ void finalize_channel_grads(int64_t c, const A* part, const ChannelSplit& sp, bool training, D* dw, D* db,
-                                       A* coef) {
+__device__ void finalize_channel_grads(int64_t c, const A* part, const ChannelSplit& sp, bool training,
+                                       const ParamGrads<D>& grads, A* coef) {
   A s_g = 0, s_gx = 0;
   for (int64_t k = 0; k < sp.parts; ++k) {
     s_g += load_partial(part + c * sp.parts + k);
     s_gx += load_partial(part + (sp.C + c) * sp.parts + k);
   }
-  store_channel_grads(c, s_g, s_gx, sp.C, sp.count, training, dw, db, coef);
+  store_channel_grads(c, s_g, s_gx, sp.C, sp.count, training, grads, coef);
 }
 
 template <typename D, typename A = Acc<D>>
-__global__ void batch_norm_bwd_finalize_kernel(const A* part, ChannelSplit sp, bool training, D* dw, D* db, A* coef) {
+__global__ void batch_norm_bwd_finalize_kernel(const A* part, ChannelSplit sp, bool training, ParamGrads<D> grads,
+                                               A* coef) {
   grid_dependency_wait();
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < sp.C; c += int64_t(gridDim.x) * blockDim.x)
-    finalize_channel_grads(c, part, sp, training, dw, db, coef);
+    finalize_channel_grads(c, part, sp, training, grads, coef);
 }
 
 // dx = w rstd (g - mean(g) - xhat mean(g xhat)). g, x, dx (and a fused relu's y): (N, C, S) flat; w:
@@ -337,7 +338,7 @@ void batch_norm_bwd(const KernelCall& c) {
   const PlaneOperand yo = relu ? plane_operand(c.in[5], d) : PlaneOperand{Tensor(), {d.C, d.S, false}};
   const Tensor &g = go.t, &x = xo.t, w = contiguous_on_device(c.in[2]);
   Tensor mean = contiguous_on_device(c.in[3]), rstd = contiguous_on_device(c.in[4]);
-  const Tensor &dx = c.out[0], &dw = c.out[1], &db = c.out[2];
+  const Tensor &dx = c.out[0], &dw = c.out[1];
   if (d.C == 0) return;
   // dx dense channels-last (the 16-bit gradient a channels-last convolution's backward reads, with attr
   // dx_dtype) is written so by the tiles, not through a temporary.
@@ -359,13 +360,13 @@ void batch_norm_bwd(const KernelCall& c) {
       if (tiled) {
         launch_kernel(batch_norm_bwd_sums_tiled_kernel<X, D, G>, grid_for(channel_tiles(d) * sp.parts),
                       dim3(kTile, kTileRows), 0, s, pg, go.layout, py, yo.layout, px, xo.layout, pm, pr, sp,
-                      out_ptr<A>(part), training, out_ptr<D>(dw), out_ptr<D>(db), out_ptr<A>(coef));
+                      out_ptr<A>(part), training, param_grads_of<D>(c), out_ptr<A>(coef));
       } else {
         launch_kernel(batch_norm_bwd_partial_kernel<X, D, G>, grid_for(d.C * sp.parts), kChannelThreads, 0, s, pg, py,
                       px, pm, pr, sp, out_ptr<A>(part));
         REEL_CUDA_LAUNCH_CHECK();
         launch_kernel(batch_norm_bwd_finalize_kernel<D>, blocks_for(d.C), 256, 0, s, in_ptr<A>(part), sp, training,
-                      out_ptr<D>(dw), out_ptr<D>(db), out_ptr<A>(coef));
+                      param_grads_of<D>(c), out_ptr<A>(coef));
       }
       REEL_CUDA_LAUNCH_CHECK();
       const int64_t total = x.numel();
@@ -403,6 +404,7 @@ void register_batch_norm_cuda_kernels() {
     run_into_contiguous(c, cuda::batch_norm_fwd);
   });
   register_kernel(gpu, OpKind::BatchNormBackward, [](const KernelCall& c) {
+    if (c.attrs.b("accumulate", false)) prepare_accumulated_outputs(c, 1, c.in.size() - 2, 2, cuda::copy_on_device);
     const bool direct = cuda::tiles_channels_last(c.out[0], cuda::norm_detail::ncs_of(c.in[1])) &&
                         c.out[1].is_contiguous() && c.out[2].is_contiguous();
     if (direct) return cuda::batch_norm_bwd(c);

@@ -68,13 +68,12 @@ __device__ void store_channel_stats(int64_t c, A mu, A var, int64_t count, A eps
   }
 }
 
-// dw = sum(g xhat), db = sum(g) (D, (C)) and the coefficients of dx, coef: (2, C) = mean(g),
-// mean(g xhat) in training, zeros in eval.
+// dw = sum(g xhat), db = sum(g) (D, (C); stored or added: ParamGrads) and the coefficients of dx,
+// coef: (2, C) = mean(g), mean(g xhat) in training, zeros in eval.
 template <typename D, typename A>
-__device__ void store_channel_grads(int64_t c, A s_g, A s_gx, int64_t C, int64_t count, bool training, D* dw, D* db,
-                                    A* coef) {
-  dw[c] = from_acc<D>(s_gx);
-  db[c] = from_acc<D>(s_g);
+__device__ void store_channel_grads(int64_t c, A s_g, A s_gx, int64_t C, int64_t count, bool training,
+                                    const ParamGrads<D>& grads, A* coef) {
+  grads.store(c, s_gx, s_g);
   coef[c] = training ? s_g / A(count) : A(0);
   coef[C + c] = training ? s_gx / A(count) : A(0);
 }

@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
 // finalize_channel_grads stores them.
 template <typename D, typename A>
 __device__ void combine_tile_grads(int64_t c0, const A* part, const ChannelSplit& sp, A (&scratch)[kTileRows][kTile],
-                                   bool training, D* dw, D* db, A* coef) {
+                                   bool training, const ParamGrads<D>& grads, A* coef) {
   const int64_t c = c0 + threadIdx.x;
   const bool live = c < sp.C;
   A s_g = 0, s_gx = 0;
@@ -294,7 +294,7 @@ __device__ void combine_tile_grads(int64_t c0, const A* part, const ChannelSplit
   }
   s_g = column_sum(s_g, scratch);
   s_gx = column_sum(s_gx, scratch);
-  if (threadIdx.y == 0 && live) store_channel_grads(c, s_g, s_gx, sp.C, sp.count, training, dw, db, coef);
+  if (threadIdx.y == 0 && live) store_channel_grads(c, s_g, s_gx, sp.C, sp.count, training, grads, coef);
 }
 
 // Backward, stage 1, tiled: g and x each in its layout, staged through tiles; sums of g and g xhat
@@ -304,7 +304,7 @@ template <typename X, typename D, typename G, typename A = Acc<D>>
 __global__ void __launch_bounds__(kTile* kTileRows, 2)
     batch_norm_bwd_sums_tiled_kernel(const G* g, PlaneLayout Lg, const D* yr, PlaneLayout Ly, const X* x,
                                      PlaneLayout Lx, const A* mean, const A* rstd, ChannelSplit sp, A* part,
-                                     bool training, D* dw, D* db, A* coef) {
+                                     bool training, ParamGrads<D> grads, A* coef) {
   grid_dependency_wait();
   __shared__ Tile<A> tg, tx;
   __shared__ MaskTile<A> mask;
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
       part[(sp.parts + k) * C + c] = s_gx;
     }
     if (arrive_last(finish_counter(j), unsigned(sp.parts)))
-      combine_tile_grads(c0, part, sp, scratch, training, dw, db, coef);
+      combine_tile_grads(c0, part, sp, scratch, training, grads, coef);
   }
 }
 

@@ -139,12 +139,10 @@ __device__ A sum_over_samples(const A* column, int64_t N, int64_t C) {
 // Stage 2, where the backward's last block does not sum them: dw[j], db[j] from ds, dbias: (N, C).
 // N == 0 gives zeros.
 template <typename D, typename A = Acc<D>>
-__global__ void group_norm_param_sum_kernel(const A* ds, const A* dbias, int64_t N, int64_t C, D* dw, D* db) {
+__global__ void group_norm_param_sum_kernel(const A* ds, const A* dbias, int64_t N, int64_t C, ParamGrads<D> grads) {
   grid_dependency_wait();
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < C; j += int64_t(gridDim.x) * blockDim.x) {
-    dw[j] = from_acc<D>(sum_over_samples(ds + j, N, C));
-    db[j] = from_acc<D>(sum_over_samples(dbias + j, N, C));
-  }
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < C; j += int64_t(gridDim.x) * blockDim.x)
+    grads.store(j, sum_over_samples(ds + j, N, C), sum_over_samples(dbias + j, N, C));
 }
 
 // x (layout Lx), y (N, C, S)-contiguous: sets (n, group) of Cg * S values; w, b: (C = G Cg) or null;
@@ -216,8 +214,8 @@ __global__ void group_norm_fwd_kernel(const X* x, SetLayout Lx, const D* w, cons
 // g, x, dx: (N, C, S) in layouts Lg, Lx, Ldx; w: (C) or null; mean, rstd: (N, G). One block per set
 // (n, group); warp k reduces channels k, k + warps, ... of the group over S. Writes dx (in O: D, or
 // 16 bits with attr dx_dtype, the f32 value rounded once) and the per-sample channel sums
-// ds = sum_s g xhat, dbias = sum_s g, both (N, C), which are summed over N into dw and db by the last
-// block to finish when dw is non-null, else by stage 2 (group_norm_param_sum_kernel; both through
+// ds = sum_s g xhat, dbias = sum_s g, both (N, C), which are summed over N into dw and db (stored or
+// added: ParamGrads) by the last block to finish when grads.dw is non-null, else by stage 2 (group_norm_param_sum_kernel; both through
 // sum_over_samples). With a fused relu (yr
 // non-null, layout Ly) g stands for relu_backward(g, yr). Gr: g's type (D, or a 16-bit x's). With
 // `staged`, channels-last operands go through two staged arrays: g's (which dx then overwrites) and x's.
@@ -226,7 +224,7 @@ __global__ void group_norm_fwd_kernel(const X* x, SetLayout Lx, const D* w, cons
 template <typename X, typename D, typename O, typename Gr, typename A = Acc<D>>
 __global__ void group_norm_bwd_kernel(const Gr* g, SetLayout Lg, const D* yr, SetLayout Ly, const X* x, SetLayout Lx,
                                       const D* w, const A* mean, const A* rstd, O* dx, SetLayout Ldx, A* ds, A* dbias,
-                                      int64_t sets, bool staged, D* dw, D* db, bool scale_g, A g_scale) {
+                                      int64_t sets, bool staged, ParamGrads<D> grads, bool scale_g, A g_scale) {
   grid_dependency_wait();
   auto grad_in = [&](A v) {
     if (!scale_g) return v;
@@ -298,14 +296,11 @@ __global__ void group_norm_bwd_kernel(const Gr* g, SetLayout Lg, const D* yr, Se
       __syncthreads();
     }
   }
-  if (dw && arrive_last(finish_counter(0), gridDim.x)) {
+  if (grads.dw && arrive_last(finish_counter(0), gridDim.x)) {
     const int64_t C = G * Cg, N = sets / G;
     for (int64_t j = threadIdx.x; j < 2 * C; j += blockDim.x) {  // dw's columns, then db's
       const A sum = sum_over_samples(j < C ? ds + j : dbias + (j - C), N, C);
-      if (j < C)
-        dw[j] = from_acc<D>(sum);
-      else
-        db[j - C] = from_acc<D>(sum);
+      grads.put(j < C ? grads.dw + j : grads.db + (j - C), sum);
     }
   }
 }
@@ -379,7 +374,7 @@ void group_norm_bwd(const KernelCall& c) {
   const SetOperand yo = relu ? set_operand(c.in[5], G, d) : SetOperand{Tensor(), {}};
   const Tensor &g = go.t, &x = xo.t, w = contiguous_on_device(c.in[2]);
   Tensor mean = contiguous_on_device(c.in[3]), rstd = contiguous_on_device(c.in[4]);
-  const Tensor &dx = c.out[0], &dw = c.out[1], &db = c.out[2];
+  const Tensor &dx = c.out[0], &dw = c.out[1];
   const SetLayout Ldx{G, C / std::max<int64_t>(G, 1), d.S, is_channels_last_only(dx)};
   if (C == 0) return;
   cudaStream_t s = stream_of(x);
@@ -397,15 +392,15 @@ void group_norm_bwd(const KernelCall& c) {
           launch_kernel(group_norm_bwd_kernel<X, D, O, Gr>, grid_for(sets), kSetThreads, bytes, s, in_ptr<Gr>(g),
                         go.layout, relu ? in_ptr<D>(yo.t) : nullptr, yo.layout, in_ptr<X>(x), xo.layout, in_ptr<D>(w),
                         in_ptr<A>(mean), in_ptr<A>(rstd), out_ptr<O>(dx), Ldx, pp, pp + N * C, sets, bytes > 0,
-                        fold ? out_ptr<D>(dw) : nullptr, fold ? out_ptr<D>(db) : nullptr, scale_g,
+                        fold ? param_grads_of<D>(c) : ParamGrads<D>{}, scale_g,
                         A(scale_g ? c.attrs.f("grad_scale") : 1.0));
           REEL_CUDA_LAUNCH_CHECK();
         });
       });
     }
     if (fold) return;
-    launch_kernel(group_norm_param_sum_kernel<D>, blocks_for(C), 256, 0, s, pp, pp + N * C, N, C, out_ptr<D>(dw),
-                  out_ptr<D>(db));
+    launch_kernel(group_norm_param_sum_kernel<D>, blocks_for(C), 256, 0, s, pp, pp + N * C, N, C,
+                  param_grads_of<D>(c));
     REEL_CUDA_LAUNCH_CHECK();
   });
 }
@@ -436,6 +431,7 @@ void register_norm_cuda_kernels() {
     return S > cuda::reduce_detail::kShortRow && S <= cuda::reduce_detail::kWarpRow;
   });
   register_kernel(gpu, OpKind::GroupNormBackward, [](const KernelCall& c) {
+    if (c.attrs.b("accumulate", false)) prepare_accumulated_outputs(c, 1, c.in.size() - 2, 2, cuda::copy_on_device);
     // A channels-last dx is written where it lies; any other strided output through a temporary.
     const bool direct = cuda::is_channels_last_only(c.out[0]) && c.out[1].is_contiguous() && c.out[2].is_contiguous();
     if (direct) return cuda::group_norm_bwd(c);

@@ -110,6 +110,27 @@ __device__ __forceinline__ A relu_grad_at(const G* g, const D* y, int64_t i) {
   return relu_grad(A(to_acc(g[i])), y, i);
 }
 
+// Where a group or batch norm's backward puts dw and db (D, (C)): stored, or with `accumulate` (attr
+// accumulate: the compiler's write of a later micro-batch's dw, db into the parameters' gradients)
+// added to what they hold as the add op adds a result of dtype D to them: the bits of storing them
+// and then adding. dw null: the caller stores nothing (the sums are finished elsewhere).
+template <typename D>
+struct ParamGrads {
+  D* dw = nullptr;
+  D* db = nullptr;
+  bool accumulate = false;
+  template <typename A>
+  __device__ void put(D* p, A v) const {
+    const D r = from_acc<D>(v);
+    *p = accumulate ? from_acc<D>(math::binary<OpKind::Add>(to_acc(*p), to_acc(r))) : r;
+  }
+  template <typename A>
+  __device__ void store(int64_t c, A dw_c, A db_c) const {
+    put(dw + c, dw_c);
+    put(db + c, db_c);
+  }
+};
+
 // Typed device pointers of a tensor; nullptr for an absent optional input.
 template <typename D>
 const D* in_ptr(const Tensor& t) {
@@ -118,6 +139,12 @@ const D* in_ptr(const Tensor& t) {
 template <typename D>
 D* out_ptr(const Tensor& t) {
   return static_cast<D*>(t.data_ptr());
+}
+
+// dw, db of a backward call (out[1], out[2]), added to with attr accumulate.
+template <typename D>
+ParamGrads<D> param_grads_of(const KernelCall& c) {
+  return {out_ptr<D>(c.out[1]), out_ptr<D>(c.out[2]), c.attrs.b("accumulate", false)};
 }
 
 // Grid size for a grid-stride loop over `items` blocks' worth of work (at least 1).

@@ -34,6 +34,10 @@
 //       convolution reads, of x's shape in any layout (channels-last on the GPU).
 //       Their backward with attr relu takes a 6th input y, that relu's output (x's shape, dtype d), and
 //       back-propagates relu_backward(g, y) = (y > 0 ? g : 0): the gradient at the norm's output.
+//   group and batch norm's backward with attr accumulate (compile/passes/write_results_into_grads.cpp)
+//       take two more inputs, last: the gradients dw and db are added to (their outputs' own memory),
+//       each sum added as the add op adds it, rounded to d first: a later micro-batch's parameter
+//       gradients accumulated by the backward itself.
 //   group_norm with attr pool (compile/passes/fuse_norm_pool.cpp): one more output, last, pooled
 //       (N, C) = mean(y, dims 2..): the global average pool of y (after the relu), with the mean op's
 //       bits. x needs a spatial dim.
@@ -140,9 +144,18 @@ void expect_norm_relu_forward(OpKind op, const Tensor& x, const Attrs& a, DType 
   out.push_back({x.shape(), cast, x.device()});
 }
 void expect_norm_relu_backward(OpKind op, const std::vector<Tensor>& in, const Tensor& x, const Attrs& a, DType d) {
-  const bool relu = a.b("relu", false);
-  REEL_CHECK(in.size() == (relu ? 6u : 5u), op_name(op), " takes g, x, w, mean, rstd",
-             relu ? " and (attr relu) the relu's output y: 6 inputs" : ": 5 inputs", ", got ", in.size());
+  const bool relu = a.b("relu", false), accumulate = a.b("accumulate", false);
+  const size_t want = 5 + (relu ? 1 : 0) + (accumulate ? 2 : 0);
+  REEL_CHECK(
+      in.size() == want, op_name(op), " takes g, x, w, mean, rstd", relu ? ", (attr relu) the relu's output y" : "",
+      accumulate ? ", (attr accumulate) the gradients dw and db add to" : "", ": ", want, " inputs, got ", in.size());
+  if (accumulate) {
+    for (size_t k = want - 2; k < want; ++k) {
+      schema::expect_defined(op, in[k], k == want - 2 ? "accumulated dw" : "accumulated db");
+      REEL_CHECK(in[k].shape() == Shape{x.shape()[1]} && in[k].dtype() == d, op_name(op), ": accumulated ",
+                 k == want - 2 ? "dw " : "db ", schema::desc(in[k]), " must be (", x.shape()[1], ") ", dtype_name(d));
+    }
+  }
   if (!relu) return;
   const Tensor& y = in[5];
   schema::expect_defined(op, y, "relu output y");

@@ -8,7 +8,8 @@
 // compile/passes/read_norm_input_16bit.cpp writes): their reference is the composition the compiler
 // replaced, x cast to f32 and then the f32 op (tests/test_norm_16bit_input.cpp checks the bits).
 // Group norm also writes a global average pool of y and reads that pool's broadcast gradient (attrs
-// pool, grad_scale: add_pool_cases).
+// pool, grad_scale: add_pool_cases); group and batch norm backward add dw, db into given gradients
+// (attr accumulate: accumulating()).
 // Plain-loop references: all three norms are "normalise each set by its own mean and variance, then
 // an affine map per feature" (sets: rows; (n, group)s; channels), so one forward and one backward
 // formula over a (set, feature) labelling of the elements serves them; dropout's mask is Philox's,
@@ -128,6 +129,34 @@ OpCall backward_call(OpKind forward, const OpCall& f, DType t, Attrs attrs) {
                 std::move(attrs)};
 }
 
+// Group or batch norm backward case c with attr accumulate: dw and db added to two given (C)
+// gradients (a later micro-batch's, compile/passes/write_results_into_grads.cpp). The reference is
+// c's, plus those gradients.
+OpTestCase accumulating(OpTestCase c) {
+  c.name += "_accumulate";
+  c.grad = {};
+  c.make = [make = c.make, op = c.op](Device d, DType t) {
+    OpCall call = make(d, t);
+    const TensorMeta dw = infer_outputs(op, call.inputs, call.attrs)[1];
+    call.inputs.push_back(randn_input(dw.shape, dw.dtype, 152));
+    call.inputs.push_back(randn_input(dw.shape, dw.dtype, 153));
+    call.attrs.set("accumulate", true);
+    return call;
+  };
+  c.reference = [reference = c.reference](const OpCall& call) {
+    const size_t n = call.inputs.size();
+    OpCall plain{std::vector<Tensor>(call.inputs.begin(), call.inputs.end() - 2), Attrs(call.attrs)};
+    plain.attrs.set("accumulate", false);
+    Expected e = reference(plain);
+    for (size_t k : {1, 2}) {
+      const std::vector<double> before = host_values(call.inputs[n - 3 + k]);
+      for (size_t i = 0; i < before.size(); ++i) e[k][i] += before[i];
+    }
+    return e;
+  };
+  return c;
+}
+
 void add_norm_pair(std::vector<OpTestCase>& cases, const Norm& n, bool layer, std::vector<DType> dtypes) {
   const OpKind op = layer ? OpKind::LayerNorm : OpKind::GroupNorm;
   const OpKind backward = layer ? OpKind::LayerNormBackward : OpKind::GroupNormBackward;
@@ -151,6 +180,7 @@ void add_norm_pair(std::vector<OpTestCase>& cases, const Norm& n, bool layer, st
                          return backward_call(op, f, t, layer ? Attrs() : Attrs().set("groups", n.k_or_groups));
                        },
                    .reference = [sets](const OpCall& c) { return normalise_backward(sets(c.inputs[1].shape()), c); }});
+  if (!layer) cases.push_back(accumulating(cases.back()));
 }
 
 void add_layer_and_group_norm_cases(std::vector<OpTestCase>& cases) {
@@ -227,6 +257,7 @@ void add_batch_pair(std::vector<OpTestCase>& cases, const Batch& b, GradcheckFn 
                        [b](const OpCall& c) {
                          return normalise_backward(channel_sets(c.inputs[1].shape(), b.x[1], false), c, !b.training);
                        }});
+  cases.push_back(accumulating(cases.back()));
 }
 
 void add_batch_norm_cases(std::vector<OpTestCase>& cases) {
@@ -444,6 +475,7 @@ void add_widened_cases(std::vector<OpTestCase>& cases) {
                }});
     }
     add_relu_cases(cases, v);
+    cases.push_back(accumulating(cases.back()));  // the relu backward with a 16-bit g and dx
   }
 }
 
