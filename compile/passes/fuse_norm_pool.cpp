@@ -6,8 +6,8 @@
 //             dy = expand(s) over the S positions             strides (C, 1, 0, 0))
 //             dx, dw, db = group_norm_backward(dy, x, w, mean, rstd[, y])
 // Each of the mean, the cast and the scale is a launch of a few microseconds on a few thousand
-// values (the expand was already read in place by norm_relu's fused relu_backward), between the
-// network's last convolution and its head. Here:
+// values (relu_backward is already the norm's, norm_relu having let it read the expand where it
+// lies), between the network's last convolution and its head. Here:
 // - the norm writes p itself (attr pool, its last output): its kernel sums each channel of y as the
 //   mean op's kernel sums a row, so p keeps the mean's bits (kernels/cuda/norm.cu; the CPU runs the
 //   mean op);
@@ -17,6 +17,7 @@
 // Batch norm's kernels take neither attr (its schema refuses them), nor pools over other dims.
 // Runs after norm_relu (whose relu and 16-bit operands it keeps) and before elementwise fusion, which
 // would take the cast and the scale.
+#include <algorithm>
 #include <numeric>
 #include <string>
 
