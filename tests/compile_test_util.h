@@ -160,11 +160,11 @@ inline CompiledSteps compiled_steps(const std::string& model, Device device, con
   return r;
 }
 
-// How many of a plan's nodes run `op`.
-inline size_t count_op(const compile::Plan& p, OpKind op) {
-  return size_t(std::count_if(p.graph().nodes.begin(), p.graph().nodes.end(),
-                              [op](const compile::Node& n) { return n.op == op; }));
+// How many of a graph's (a plan's) nodes run `op`.
+inline size_t count_op(const compile::Graph& g, OpKind op) {
+  return size_t(std::count_if(g.nodes.begin(), g.nodes.end(), [op](const compile::Node& n) { return n.op == op; }));
 }
+inline size_t count_op(const compile::Plan& p, OpKind op) { return count_op(p.graph(), op); }
 
 // A pass's A/B on a model's compiled steps: every pass on, and `pass` off.
 struct PassAB {

@@ -10,10 +10,12 @@
 //   - the schema names the op: batch norm takes neither attr, a pool needs spatial dims.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "autograd/ops.h"
+#include "compile/passes/passes.h"
 #include "compile/runtime/compile.h"
 #include "compile/runtime/train_step.h"
 #include "compile_test_util.h"
@@ -45,9 +47,10 @@ void expect_the_pool_fused(const testing_util::CompiledSteps& on, const testing_
   // cast of the head's 16-bit gradient before it): relu_backward is the norm's with the pass off too.
   EXPECT_EQ(on.plan()->kernels() + 2 * micro_batches, off.plan()->kernels());
   EXPECT_EQ(count_op(*off.plan(), OpKind::ReluBackward), 0u);
-  if (autocast)
+  if (autocast) {
     EXPECT_EQ(count_op(*on.plan(), OpKind::FusedElementwise),
               count_op(*off.plan(), OpKind::FusedElementwise) - micro_batches);
+  }
 }
 
 TEST(NormPoolPass, CnnSmallFollowsTheStepWithoutItToTheBitOnTheCpu) {
@@ -68,6 +71,43 @@ TEST(NormPoolPass, CnnSmallFollowsTheStepWithoutItToTheBitOnTheGpu) {
     expect_the_pool_fused(on, off, std::string(precision) != "fp32");
     EXPECT_TRUE(testing_util::same_training(on, off));
   }
+}
+
+// x (2, 4, 3, 3) -> group_norm -> y [-> relu_(y), in place] -> mean(y, dims) -> p (2, 4): a
+// hand-made graph on the CPU for the pass's declines.
+compile::Graph pool_graph(bool relu_in_place_between, std::optional<std::vector<int64_t>> dims) {
+  using compile::BufferKind;
+  using testing_util::graph_floats, testing_util::graph_node, testing_util::graph_ref;
+  compile::Graph g;
+  const int x = graph_floats(g, BufferKind::Input, 72), y = graph_floats(g, BufferKind::Internal, 72);
+  const int mean = graph_floats(g, BufferKind::Internal, 4), rstd = graph_floats(g, BufferKind::Internal, 4);
+  const int p = graph_floats(g, BufferKind::Internal, 8);
+  compile::Node norm = graph_node(OpKind::GroupNorm, {graph_ref(x, {2, 4, 3, 3})},
+                                  {graph_ref(y, {2, 4, 3, 3}), graph_ref(mean, {2, 2}), graph_ref(rstd, {2, 2})});
+  norm.inputs.push_back(std::nullopt), norm.inputs.push_back(std::nullopt);  // no w, b
+  norm.attrs.set("groups", int64_t(2)).set("eps", 1e-5);
+  g.nodes.push_back(norm);
+  if (relu_in_place_between)
+    g.nodes.push_back(graph_node(OpKind::Relu, {graph_ref(y, {2, 4, 3, 3})}, graph_ref(y, {2, 4, 3, 3}), true));
+  compile::Node m = graph_node(OpKind::Mean, {graph_ref(y, {2, 4, 3, 3})}, graph_ref(p, {2, 4}));
+  if (dims) m.attrs.set("dims", *dims);
+  m.attrs.set("keepdim", false);
+  g.nodes.push_back(m);
+  g.outputs = {graph_ref(p, {2, 4})};
+  return g;
+}
+
+TEST(NormPoolPass, TakesTheSpatialMeanOfAFreshYOnly) {
+  auto pooled = [](compile::Graph g) {
+    compile::PassStats st;
+    compile::fuse_norm_pool(g, st);
+    return g.nodes.front().attrs.b("pool", false) && testing_util::count_op(g, OpKind::Mean) == 0;
+  };
+  EXPECT_TRUE(pooled(pool_graph(false, std::vector<int64_t>{2, 3})));
+  EXPECT_TRUE(pooled(pool_graph(false, std::vector<int64_t>{-1, -2})));
+  EXPECT_FALSE(pooled(pool_graph(true, std::vector<int64_t>{2, 3})));  // y changed before the mean
+  EXPECT_FALSE(pooled(pool_graph(false, std::vector<int64_t>{1, 2, 3})));
+  EXPECT_FALSE(pooled(pool_graph(false, std::nullopt)));  // a mean over all of y
 }
 
 // The pool's call: x (N, C, *spatial) f32 on `device`, groups 2, relu and pool.

@@ -30,26 +30,28 @@ namespace {
 constexpr const char* kPass = "norm_pool";
 
 // A mean of all of y over its spatial dims (2, 3, ...) into a contiguous (N, C) buffer written only
-// there: its index among y's readers, or -1 with the reason in `why`.
-int pool_of(const Graph& g, const BufferUses& u, const TensorRef& y, Why& why) {
+// there, after norm i with nothing writing y in between: its index among y's readers, or -1 with the
+// reason in `why`.
+int pool_of(const Graph& g, const BufferUses& u, size_t i, const TensorRef& y, Why& why) {
   const int64_t rank = int64_t(y.shape.size());
   std::vector<int64_t> spatial(size_t(std::max<int64_t>(rank - 2, 0)));
   std::iota(spatial.begin(), spatial.end(), 2);
   for (int k : u.readers[y.buffer]) {
-    if (k >= int(g.nodes.size())) continue;
+    if (k <= int(i) || k >= int(g.nodes.size())) continue;
     const Node& m = g.nodes[size_t(k)];
-    if (m.op != OpKind::Mean || m.in_place || m.inputs.size() != 1 || !m.inputs[0] || !same_ref(*m.inputs[0], y))
+    if (m.op != OpKind::Mean || m.in_place || m.inputs.size() != 1 || !m.inputs[0] || !same_ref(*m.inputs[0], y) ||
+        !m.attrs.has("dims"))  // no dims: a mean over all of y
       continue;
     std::vector<int64_t> dims = m.attrs.ints("dims");
     for (int64_t& d : dims) d = d < 0 ? d + rank : d;
     std::sort(dims.begin(), dims.end());
     const TensorRef& p = m.outputs[0];
-    if (!why(rank >= 3 && dims == spatial && !m.attrs.b("keepdim", false), "y's mean is not over every spatial dim") ||
-        !why(p.dtype == y.dtype && p.shape == Shape{y.shape[0], y.shape[1]} && is_contiguous(p) &&
-                 internal_once(g, u, p),
-             "the mean writes a view or a buffer written elsewhere too"))
-      return -1;
-    return k;
+    if (why(rank >= 3 && dims == spatial && !m.attrs.b("keepdim", false), "y's mean is not over every spatial dim") &&
+        why(p.dtype == y.dtype && p.shape == Shape{y.shape[0], y.shape[1]} && is_contiguous(p) &&
+                internal_once(g, u, p),
+            "the mean writes a view or a buffer written elsewhere too") &&
+        why(!u.written_between(y.buffer, int(i), k), "y is written between the norm and the mean"))
+      return k;
   }
   why(false, "no mean reads all of y");
   return -1;
@@ -57,7 +59,7 @@ int pool_of(const Graph& g, const BufferUses& u, const TensorRef& y, Why& why) {
 
 void fuse_forward(Graph& g, const BufferUses& u, size_t i, std::vector<bool>& drop, PassStats& stats) {
   Why why;
-  const int k = pool_of(g, u, g.nodes[i].outputs[0], why);
+  const int k = pool_of(g, u, i, g.nodes[i].outputs[0], why);
   if (k < 0 || drop[size_t(k)]) return why_not(kPass, g, i, "the mean after it", why.reason());
   Node m = g.nodes[i];
   m.outputs.push_back(g.nodes[size_t(k)].outputs[0]);
@@ -102,6 +104,9 @@ void fuse_backward(Graph& g, const BufferUses& u, size_t i, std::vector<bool>& d
   const int s = writer_of_broadcast(g, u, i, dy, OpKind::MulScalar);
   if (s < 0 || drop[size_t(s)])
     return why_not(kPass, g, i, "the pool's scale", "g is not the expand of a mul_scalar only it reads");
+  // The norm rounds the product to its own dtype (dw's), as mul_scalar rounds it to its output's.
+  if (g.nodes[size_t(s)].outputs[0].dtype != n.outputs[1].dtype)
+    return why_not(kPass, g, i, "the pool's scale", "the scale writes another dtype than the norm computes in");
   const Node& scale = g.nodes[size_t(s)];
   Node m = n;
   m.inputs[0] = seen_as(*scale.inputs[0], dy);

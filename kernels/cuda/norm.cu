@@ -219,8 +219,8 @@ __global__ void group_norm_fwd_kernel(const X* x, SetLayout Lx, const D* w, cons
 // sum_over_samples). With a fused relu (yr
 // non-null, layout Ly) g stands for relu_backward(g, yr). Gr: g's type (D, or a 16-bit x's). With
 // `staged`, channels-last operands go through two staged arrays: g's (which dx then overwrites) and x's.
-// With `scale_g` (attr grad_scale) each g is first multiplied by g_scale, rounded on its own as
-// mul_scalar rounds it (never contracted into an FMA with what follows).
+// With `scale_g` (attr grad_scale) each g is first multiplied by g_scale and rounded to D as mul_scalar
+// rounds and stores it (never contracted into an FMA with what follows).
 template <typename X, typename D, typename O, typename Gr, typename A = Acc<D>>
 __global__ void group_norm_bwd_kernel(const Gr* g, SetLayout Lg, const D* yr, SetLayout Ly, const X* x, SetLayout Lx,
                                       const D* w, const A* mean, const A* rstd, O* dx, SetLayout Ldx, A* ds, A* dbias,
@@ -229,7 +229,7 @@ __global__ void group_norm_bwd_kernel(const Gr* g, SetLayout Lg, const D* yr, Se
   auto grad_in = [&](A v) {
     if (!scale_g) return v;
     if constexpr (std::is_same_v<A, double>) return __dmul_rn(v, g_scale);
-    else return __fmul_rn(v, g_scale);
+    else return A(to_acc(from_acc<D>(__fmul_rn(v, g_scale))));  // rounded to D, as mul_scalar stores it
   };
   const int64_t G = Lx.G, Cg = Lx.Cg, S = Lx.S, len = Cg * S;
   extern __shared__ __align__(16) unsigned char stage_bytes[];
