@@ -26,8 +26,8 @@ using FamilyCases = std::vector<OpTestCase> (*)();
 
 // Every family of ops.def, in its order; a new family file adds one line here.
 constexpr FamilyCases kFamilies[] = {
-    memory_cases, views_cases,     elementwise_cases, reduce_cases, linalg_cases,       pool_cases,
-    norm_cases,   attention_cases, optim_cases,       fused_cases,  fused_reduce_cases,
+    memory_cases, views_cases,   elementwise_cases, reduce_cases, linalg_cases, pool_cases,
+    norm_cases,   dropout_cases, attention_cases,   optim_cases,  fused_cases,  fused_reduce_cases,
 };
 
 }  // namespace

@@ -71,6 +71,7 @@ std::vector<OpTestCase> reduce_cases();
 std::vector<OpTestCase> linalg_cases();
 std::vector<OpTestCase> pool_cases();
 std::vector<OpTestCase> norm_cases();
+std::vector<OpTestCase> dropout_cases();  // the norm family's random ops (cases_dropout.cpp)
 std::vector<OpTestCase> attention_cases();
 std::vector<OpTestCase> optim_cases();
 std::vector<OpTestCase> fused_cases();         // the fused ops of the other families (cases_fused.cpp)
