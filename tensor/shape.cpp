@@ -45,6 +45,14 @@ bool has_format(const Shape& shape, const Shape& strides, MemoryFormat format) {
   return true;
 }
 
+bool is_position_broadcast(const Shape& shape, const Shape& strides) {
+  if (shape.size() < 3) return false;
+  if ((shape[0] > 1 && strides[0] != shape[1]) || (shape[1] > 1 && strides[1] != 1)) return false;
+  for (size_t d = 2; d < shape.size(); ++d)
+    if (shape[d] > 1 && strides[d] != 0) return false;
+  return true;
+}
+
 std::string shape_str(const Shape& shape) {
   std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) {

@@ -25,6 +25,10 @@ const char* memory_format_name(MemoryFormat format);
 Shape strides_for(const Shape& shape, MemoryFormat format);
 // Whether (shape, strides) is dense in `format`; size-1 dims may have any stride (as is_contiguous).
 bool has_format(const Shape& shape, const Shape& strides, MemoryFormat format);
+// Whether (shape, strides), shape (N, C, *positions), is an (N, C) row-major tensor broadcast over
+// the positions: strides (C, 1, 0, ...) on every dim longer than 1 (a global average pool's gradient,
+// as the mean's backward expands it).
+bool is_position_broadcast(const Shape& shape, const Shape& strides);
 std::string shape_str(const Shape& shape);  // "(4, 3)"
 
 // Wraps a possibly negative dim into [0, ndim); throws reel::Error naming `op` when out of range.

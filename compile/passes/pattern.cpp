@@ -146,13 +146,7 @@ bool is_dense(const TensorRef& r) {
   return is_contiguous(r) || (r.shape.size() == 4 && r.strides == strides_for(r.shape, MemoryFormat::ChannelsLast));
 }
 
-bool is_position_broadcast(const TensorRef& r) {
-  if (r.shape.size() < 3) return false;
-  if ((r.shape[0] > 1 && r.strides[0] != r.shape[1]) || (r.shape[1] > 1 && r.strides[1] != 1)) return false;
-  for (size_t d = 2; d < r.shape.size(); ++d)
-    if (r.shape[d] > 1 && r.strides[d] != 0) return false;
-  return true;
-}
+bool is_position_broadcast(const TensorRef& r) { return reel::is_position_broadcast(r.shape, r.strides); }
 
 bool call_supported(const Graph& g, const Node& n) {
   std::vector<Tensor> in, out;

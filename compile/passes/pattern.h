@@ -54,8 +54,7 @@ bool internal_once(const Graph& g, const BufferUses& u, const TensorRef& r);
 // Contiguous, or a dense channels-last 4-D view (where autocast puts a convolution's 16-bit operands
 // on the GPU): a layout the norm kernels read and write where it lies.
 bool is_dense(const TensorRef& r);
-// An (N, C) tensor broadcast over the positions of an (N, C, *) shape: strides (C, 1, 0, ...) on each
-// dim longer than 1 (a global average pool's gradient, as the mean's backward expands it).
+// tensor/shape.h's is_position_broadcast of r's shape and strides.
 bool is_position_broadcast(const TensorRef& r);
 // bf16 or f16: the compute dtypes of autocast.
 inline bool is_16bit(DType d) { return d == DType::bf16 || d == DType::f16; }

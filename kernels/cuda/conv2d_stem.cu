@@ -41,6 +41,22 @@ constexpr int kStemDepthValues = 64;  // values a thread holds for the slices wh
 // Kp: K rounded up to a power of two >= 16 (so a thread's share of a row is a fixed count).
 int64_t stem_padded_k(int64_t K) { return K <= 16 ? 16 : K <= 32 ? 32 : 64; }
 
+// Calls fn.template operator()<D, kO>() with D the device type of a 16-bit dtype and kO the output
+// channels O (16, 32, 48 or 64): the instances both kernels are built for, which stem_convolution
+// alone lets through (another dtype calls nothing).
+template <typename Fn>
+void visit_stem_instance(DType dtype, int64_t O, const char* op, Fn&& fn) {
+  visit_float_dtype(dtype, op, [&]<typename T>() {
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      using D = Dev<T>;
+      if (O == 16) fn.template operator()<D, 16>();
+      else if (O == 32) fn.template operator()<D, 32>();
+      else if (O == 48) fn.template operator()<D, 48>();
+      else fn.template operator()<D, 64>();
+    }
+  });
+}
+
 }  // namespace
 
 bool stem_convolution(const ConvGeom& g, DType dt) {
@@ -209,20 +225,11 @@ void stem_weight_gradient_into(const Tensor& dy, const Tensor& x, const Tensor& 
   g.rows_per_block = (slices + blocks - 1) / blocks * kStemRows;
   const int grid = (g.M + g.rows_per_block - 1) / g.rows_per_block;
   Tensor partials = Tensor::empty({int64_t(grid) * O * kp}, DType::f32, dw.device());
-  visit_float_dtype(dw.dtype(), "conv2d_backward_weight", [&]<typename T>() {
-    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-      using D = Dev<T>;
-      const D* xp = static_cast<const D*>(x.data_ptr());
-      const D* dyp = static_cast<const D*>(dy.data_ptr());
-      D* dwp = static_cast<D*>(dw.data_ptr());
-      float* pp = static_cast<float*>(partials.data_ptr());
-      const cudaStream_t s = stream_of(dw);
-      g.counter = int(finish_counter_base(s, dw.device()));
-      if (O == 16) launch_stem_wgrad<D, 16>(kp, grid, s, xp, dyp, dwp, pp, g);
-      else if (O == 32) launch_stem_wgrad<D, 32>(kp, grid, s, xp, dyp, dwp, pp, g);
-      else if (O == 48) launch_stem_wgrad<D, 48>(kp, grid, s, xp, dyp, dwp, pp, g);
-      else launch_stem_wgrad<D, 64>(kp, grid, s, xp, dyp, dwp, pp, g);
-    }
+  const cudaStream_t s = stream_of(dw);
+  g.counter = int(finish_counter_base(s, dw.device()));
+  visit_stem_instance(dw.dtype(), O, "conv2d_backward_weight", [&]<typename D, int kO>() {
+    launch_stem_wgrad<D, kO>(kp, grid, s, static_cast<const D*>(x.data_ptr()), static_cast<const D*>(dy.data_ptr()),
+                             static_cast<D*>(dw.data_ptr()), static_cast<float*>(partials.data_ptr()), g);
   });
 }
 
@@ -292,29 +299,11 @@ __global__ void __launch_bounds__(kStemForwardThreads)
 void stem_forward_into(const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeom& geo) {
   StemGeom g = stem_geom(geo);
   const unsigned grid = unsigned((g.M + kStemForwardThreads - 1) / kStemForwardThreads);
-  visit_float_dtype(y.dtype(), "conv2d", [&]<typename T>() {
-    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-      using D = Dev<T>;
-      const D* xp = static_cast<const D*>(x.data_ptr());
-      const D* wp = static_cast<const D*>(w.data_ptr());
-      D* yp = static_cast<D*>(y.data_ptr());
-      const cudaStream_t s = stream_of(y);
-      switch (geo.O) {
-        case 16:
-          launch_kernel(conv2d_stem_fwd_kernel<D, 16>, grid, kStemForwardThreads, 0, s, xp, wp, yp, g);
-          break;
-        case 32:
-          launch_kernel(conv2d_stem_fwd_kernel<D, 32>, grid, kStemForwardThreads, 0, s, xp, wp, yp, g);
-          break;
-        case 48:
-          launch_kernel(conv2d_stem_fwd_kernel<D, 48>, grid, kStemForwardThreads, 0, s, xp, wp, yp, g);
-          break;
-        default:
-          launch_kernel(conv2d_stem_fwd_kernel<D, 64>, grid, kStemForwardThreads, 0, s, xp, wp, yp, g);
-          break;
-      }
-      REEL_CUDA_LAUNCH_CHECK();
-    }
+  visit_stem_instance(y.dtype(), geo.O, "conv2d", [&]<typename D, int kO>() {
+    launch_kernel(conv2d_stem_fwd_kernel<D, kO>, grid, kStemForwardThreads, 0, stream_of(y),
+                  static_cast<const D*>(x.data_ptr()), static_cast<const D*>(w.data_ptr()),
+                  static_cast<D*>(y.data_ptr()), g);
+    REEL_CUDA_LAUNCH_CHECK();
   });
 }
 

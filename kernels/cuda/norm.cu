@@ -313,17 +313,6 @@ size_t stage_bytes_of(const SetLayout& L, int arrays) {
   return bytes <= kStageBytes ? bytes : 0;
 }
 
-// Whether v (N, C, *) is an (N, C) tensor broadcast over the positions: strides (C, 1, 0, ...) on
-// every dim longer than 1 (what a global average pool's backward expands its gradient to).
-bool is_position_broadcast(const Tensor& v, const NCS& d) {
-  if (v.dim() < 3) return false;
-  const auto &shape = v.shape(), &strides = v.strides();
-  if ((shape[0] > 1 && strides[0] != d.C) || (shape[1] > 1 && strides[1] != 1)) return false;
-  for (int64_t k = 2; k < v.dim(); ++k)
-    if (shape[k] > 1 && strides[k] != 0) return false;
-  return true;
-}
-
 // An operand read where it lies when (N, C, S)-contiguous, dense channels-last or (`broadcast_ok`, a
 // gradient) a position broadcast, else a contiguous copy.
 struct SetOperand {
@@ -331,7 +320,7 @@ struct SetOperand {
   SetLayout layout;
 };
 SetOperand set_operand(const Tensor& v, int64_t G, const NCS& d, bool broadcast_ok = false) {
-  if (broadcast_ok && is_position_broadcast(v, d)) return {v, {G, d.C / G, d.S, false, true}};
+  if (broadcast_ok && is_position_broadcast(v.shape(), v.strides())) return {v, {G, d.C / G, d.S, false, true}};
   const bool cl = is_channels_last_only(v);
   return {cl ? v : contiguous_on_device(v), {G, d.C / G, d.S, cl}};
 }
