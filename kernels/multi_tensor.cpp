@@ -12,7 +12,9 @@ const MultiTensorLayout& multi_tensor_layout(OpKind op) {
 std::vector<OptimTensor> multi_tensor_list(const KernelCall& c) {
   const MultiTensorLayout& l = multi_tensor_layout(c.op);
   const size_t k = size_t(c.attrs.i("tensors"));
+  const bool writes_grad = c.attrs.b("clip", false) && c.attrs.b("clip_writes_grad", false);
   const size_t out_per_tensor = k ? c.out.size() / k : 0;
+  const size_t update_outs = out_per_tensor - (writes_grad ? 1 : 0);  // p m v, or p b?
   std::vector<OptimTensor> list(k);
   for (size_t i = 0; i < k; ++i) {
     const Tensor& p = c.in[i * l.per_tensor];
@@ -24,9 +26,10 @@ std::vector<OptimTensor> multi_tensor_list(const KernelCall& c) {
     if (c.op == OpKind::MultiTensorAdamW) {
       t.state0 = c.out[i * out_per_tensor + 1].data_ptr();
       t.state1 = c.out[i * out_per_tensor + 2].data_ptr();
-    } else if (out_per_tensor == 2 && c.attrs.f("momentum") != 0) {  // as sgd_step: a buffer only with momentum
+    } else if (update_outs == 2 && c.attrs.f("momentum") != 0) {  // as sgd_step: a buffer only with momentum
       t.state0 = c.out[i * out_per_tensor + 1].data_ptr();
     }
+    if (writes_grad) t.grad_out = c.out[i * out_per_tensor + update_outs].data_ptr();
   }
   return list;
 }
@@ -34,7 +37,8 @@ std::vector<OptimTensor> multi_tensor_list(const KernelCall& c) {
 MultiTensorShared multi_tensor_shared(const KernelCall& c) {
   const MultiTensorLayout& l = multi_tensor_layout(c.op);
   const size_t tail = size_t(c.attrs.i("tensors")) * l.per_tensor;
-  return {&c.in[tail], &c.in[tail + 1], c.op == OpKind::MultiTensorAdamW ? &c.in[tail + 2] : nullptr};
+  const Tensor* clip = c.attrs.b("clip", false) ? &c.in[tail + l.shared] : nullptr;
+  return {&c.in[tail], &c.in[tail + 1], c.op == OpKind::MultiTensorAdamW ? &c.in[tail + 2] : nullptr, clip};
 }
 
 }  // namespace reel

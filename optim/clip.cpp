@@ -32,9 +32,11 @@ void clip_grads_with_norm_(const std::vector<Tensor>& grads, const Tensor& total
   Tensor coef = clamp_scalar(mul(pow(add(total, 1e-6), -1.0), max_norm), -INFINITY, 1.0);  // 0-dim
   std::vector<Tensor> in = grads, out = grads;
   in.push_back(coef);
-  in.push_back(found_inf);
-  out.push_back(found_inf);
-  dispatch_out(OpKind::UnscaleCheck, in, out);
+  if (found_inf.defined()) {
+    in.push_back(found_inf);
+    out.push_back(found_inf);
+  }
+  dispatch_out(OpKind::UnscaleCheck, in, out, Attrs().set("check_finite", found_inf.defined()));
 }
 
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, const Tensor& found_inf) {
@@ -46,8 +48,7 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, const
     return zeros({}, TensorOptions().with_device(d));
   }
   Tensor total = global_norm(grads);  // 0-dim
-  Tensor flag = found_inf.defined() ? found_inf : zeros({}, TensorOptions().with_device(total.device()));
-  clip_grads_with_norm_(grads, total, max_norm, flag);
+  clip_grads_with_norm_(grads, total, max_norm, found_inf);
   return total;
 }
 

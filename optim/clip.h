@@ -22,9 +22,10 @@ std::vector<Tensor> grads_of(const std::vector<Tensor>& params);
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, const Tensor& found_inf = Tensor());
 
 // The clipping half alone, given the norm `total` already computed from `grads` (the optimizer
-// computes it once for its report); found_inf (0-dim f32) is required here.
+// computes it once for its report). found_inf (0-dim f32), when given, is set as clip_grad_norm_ sets
+// it; without it the gradients are only scaled (unscale_check with check_finite false).
 void clip_grads_with_norm_(const std::vector<Tensor>& grads, const Tensor& total, double max_norm,
-                           const Tensor& found_inf);
+                           const Tensor& found_inf = Tensor());
 
 }  // namespace reel::optim
 

@@ -364,7 +364,11 @@ StepResult Optimizer::boundary(double correction) {
   if (scaled) found = scaler_->found_inf();
   else found = nonfinite_flag(r.grad_norm);
   if (max_grad_norm_ > 0) {
-    clip_grads_with_norm_(grads, r.grad_norm, max_grad_norm_, found);
+    // Unscaled, found is nonfinite_flag(norm) already: a gradient holding inf or NaN makes the norm
+    // inf or NaN (its square is, and a sum of squares only grows), so the clip's own check could not
+    // raise it, and the clip only scales. Scaled, found is the scaler's, which the clip's check still
+    // raises for a finite gradient that unscaling overflowed.
+    clip_grads_with_norm_(grads, r.grad_norm, max_grad_norm_, scaled ? found : Tensor());
   }
   r.lr_tensor = advance(scaled || skip_nonfinite_ ? found : Tensor(), true);
   if (scaled) {

@@ -111,13 +111,14 @@ struct SmallTraining {
   }
 };
 
-inline SmallTraining small_training(const std::string& model, Device device, int64_t accum = 2,
-                                    int64_t micro_batch = 2) {
+inline SmallTraining small_training(const std::string& model, Device device, int64_t accum = 2, int64_t micro_batch = 2,
+                                    bool grad_scaler = false) {
   SmallTraining t;
   t.w = nn::make_workload(model, device, accum, micro_batch);
   for (const auto& [x, y] : t.w.micro) t.micro.push_back({x, y});
   t.opt = std::make_unique<optim::AdamW>(t.w.model->parameters(), optim::AdamWOptions(1e-3).weight_decay(0.01));
   t.opt->set_accum_steps(accum).set_max_grad_norm(1.0);
+  if (grad_scaler) t.opt->set_grad_scaler(std::make_shared<optim::GradScaler>());
   nn::Module* m = t.w.model.get();
   t.loss = [m](const Tensor& x, const Tensor& y) { return nn::model_loss(*m, x, y); };
   return t;
@@ -146,9 +147,9 @@ struct CompiledSteps {
 
 inline CompiledSteps compiled_steps(const std::string& model, Device device, const char* precision,
                                     std::vector<std::string> disabled_passes, size_t memory_limit = 0, int steps = 3,
-                                    std::vector<std::string> enabled_passes = {}) {
+                                    std::vector<std::string> enabled_passes = {}, bool grad_scaler = false) {
   AutocastGuard amp(PrecisionPolicy::parse(precision));
-  SmallTraining t = small_training(model, device);
+  SmallTraining t = small_training(model, device, 2, 2, grad_scaler);
   compile::CompileOptions o(device.is_cuda() ? compile::Mode::ReduceOverhead : compile::Mode::Default);
   o.disabled_passes = std::move(disabled_passes);
   o.enabled_passes = std::move(enabled_passes);
@@ -170,10 +171,11 @@ inline size_t count_op(const compile::Plan& p, OpKind op) { return count_op(p.gr
 struct PassAB {
   CompiledSteps on, off;
 };
-inline PassAB pass_on_and_off(const std::string& model, Device device, const char* precision, const std::string& pass) {
+inline PassAB pass_on_and_off(const std::string& model, Device device, const char* precision, const std::string& pass,
+                              bool grad_scaler = false) {
   PassAB r;
-  r.off = compiled_steps(model, device, precision, {pass});
-  r.on = compiled_steps(model, device, precision, {});
+  r.off = compiled_steps(model, device, precision, {pass}, 0, 3, {}, grad_scaler);
+  r.on = compiled_steps(model, device, precision, {}, 0, 3, {}, grad_scaler);
   return r;
 }
 

@@ -63,6 +63,7 @@ void fuse_grad_casts(Graph& g, PassStats& stats);           // multi_tensor_cast
 void fuse_elementwise(Graph& g, PassStats& stats);        // fused_elementwise
 void fuse_elementwise_column_sums(Graph& g, PassStats& stats);  // fused_elementwise with column sums
 void fuse_optimizer(Graph& g, PassStats& stats);          // multi_tensor_adamw / multi_tensor_sgd
+void fuse_clip_into_optimizer(Graph& g, PassStats& stats);  // multi_tensor_* with clip (global_norm check_finite)
 void fuse_weight_casts(Graph& g, PassStats& stats);       // multi_tensor_cast
 
 // ---- memory ----

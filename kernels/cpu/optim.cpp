@@ -28,19 +28,19 @@ double scalar_of(const Tensor& t) { return *t.data<double>(); }
 // Element i of an AdamW (SGD) update: what the per-tensor kernels and the multi-tensor kernel's
 // chunks both run.
 template <typename T, typename A>
-void adamw_at(int64_t i, T* p, const T* g, T* m, T* v, const math::AdamWScalars<A>& s) {
+void adamw_at(int64_t i, T* p, A gi, T* m, T* v, const math::AdamWScalars<A>& s) {
   A pi = load(p[i]), mi = load(m[i]), vi = load(v[i]);
-  math::adamw_update(pi, load(g[i]), mi, vi, s);
+  math::adamw_update(pi, gi, mi, vi, s);
   p[i] = store<T>(pi);
   m[i] = store<T>(mi);
   v[i] = store<T>(vi);
 }
 
 template <typename T, typename A>
-void sgd_at(int64_t i, T* p, const T* g, T* buf, const math::SgdScalars<A>& s) {
+void sgd_at(int64_t i, T* p, A gi, T* buf, const math::SgdScalars<A>& s) {
   A pi = load(p[i]);
   A bi = buf ? load(buf[i]) : A(0);
-  math::sgd_update(pi, load(g[i]), buf != nullptr, bi, s);
+  math::sgd_update(pi, gi, buf != nullptr, bi, s);
   p[i] = store<T>(pi);
   if (buf) buf[i] = store<T>(bi);
 }
@@ -60,7 +60,7 @@ void adamw_kernel(const KernelCall& c) {
         math::adamw_scalars<A>(a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay"), lr, t);
     const int64_t n = c.in[0].numel();
 #pragma omp parallel for if (n >= cpu::kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) adamw_at(i, p, g, m, v, s);
+    for (int64_t i = 0; i < n; ++i) adamw_at(i, p, load(g[i]), m, v, s);
   });
 }
 
@@ -78,15 +78,20 @@ void sgd_kernel(const KernelCall& c) {
                                                        a.f("weight_decay"), a.b("nesterov"), a.b("first_step"));
     const int64_t n = c.in[0].numel();
 #pragma omp parallel for if (n >= cpu::kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) sgd_at(i, p, g, buf, s);
+    for (int64_t i = 0; i < n; ++i) sgd_at(i, p, load(g[i]), buf, s);
   });
 }
 
-// g_i: contiguous (n_i), any float dtype; inv_scale: 0-dim f32/f64; found_inf: 0-dim f32.
+// The value of a 0-dim f32 or f64 factor (unscale_check's inv_scale, the clip coefficient), as double.
+double factor_of(const Tensor& t) { return t.dtype() == DType::f64 ? *t.data<double>() : double(*t.data<float>()); }
+
+// g_i: contiguous (n_i), any float dtype; inv_scale: 0-dim f32/f64; found_inf: 0-dim f32 (absent
+// without attr check_finite).
 void unscale_check_kernel(const KernelCall& c) {
-  const size_t k = c.in.size() - 2;
+  const bool check = c.attrs.b("check_finite", true);
+  const size_t k = c.in.size() - (check ? 2 : 1);
   const Tensor& inv = c.in[k];
-  const double inv_scale = inv.dtype() == DType::f64 ? *inv.data<double>() : double(*inv.data<float>());
+  const double inv_scale = factor_of(inv);
   bool found = false;
   for (size_t j = 0; j < k; ++j) {
     visit_float_dtype(c.in[j].dtype(), "unscale_check", [&]<typename T>() {
@@ -104,7 +109,7 @@ void unscale_check_kernel(const KernelCall& c) {
       found = found || bad;
     });
   }
-  if (found) *c.out[k].data<float>() = 1.f;
+  if (check && found) *c.out[k].data<float>() = 1.f;
 }
 
 template <typename Tr>
@@ -159,28 +164,55 @@ struct TensorChunk {
   int64_t begin, end;
 };
 
+// The step-wide values of a call, read once on the CPU.
+struct StepValues {
+  bool skip;           // found_inf set: the update does nothing (a clip still scales its gradients)
+  double lr, t;        // t: AdamW's step count (0 for SGD)
+  const Tensor* clip;  // the clip coefficient, or null
+};
+
 template <typename T>
-void multi_tensor_chunk(OpKind op, const Attrs& a, const OptimTensor& x, const TensorChunk& c, double lr, double t) {
+void multi_tensor_chunk(OpKind op, const Attrs& a, const OptimTensor& x, const TensorChunk& c, const StepValues& v) {
   using A = AccType<T>;
   T* p = static_cast<T*>(x.param);
-  const T* g = static_cast<const T*>(x.grad);
+  // The gradient the update reads: element i at src[i - off]. With a clip, g * c rounded to T as
+  // unscale_check stores it, written first (into g where the call stores it, else a buffer of the
+  // chunk) and read back in a second loop: so the compiler cannot contract the product into the
+  // update's FMAs, and the update sees unscale_check's bits.
+  if (v.skip && !x.grad_out) return;
+  const T* src = static_cast<const T*>(x.grad);
+  int64_t off = 0;
+  std::vector<T> scaled;
+  if (v.clip) {
+    const A coef = A(factor_of(*v.clip));
+    T* to = static_cast<T*>(x.grad_out);
+    if (!to) {
+      scaled.resize(size_t(c.end - c.begin));
+      to = scaled.data();
+      off = c.begin;
+    }
+    for (int64_t i = c.begin; i < c.end; ++i) to[i - off] = store<T>(A(load(src[i]) * coef));
+    src = to;
+  }
+  if (v.skip) return;  // found_inf: no update (a clip has still stored its gradients)
   if (op == OpKind::MultiTensorAdamW) {
     T* m = static_cast<T*>(x.state0);
-    T* v = static_cast<T*>(x.state1);
-    const auto s = math::adamw_scalars<A>(a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay"), lr, t);
-    for (int64_t i = c.begin; i < c.end; ++i) adamw_at(i, p, g, m, v, s);
+    T* vs = static_cast<T*>(x.state1);
+    const auto s = math::adamw_scalars<A>(a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay"), v.lr, v.t);
+    for (int64_t i = c.begin; i < c.end; ++i) adamw_at(i, p, load(src[i - off]), m, vs, s);
     return;
   }
   T* buf = static_cast<T*>(x.state0);
-  const auto s = math::sgd_scalars<A>(lr, a.f("momentum"), a.f("dampening"), a.f("weight_decay"), a.b("nesterov"),
+  const auto s = math::sgd_scalars<A>(v.lr, a.f("momentum"), a.f("dampening"), a.f("weight_decay"), a.b("nesterov"),
                                       a.b("first_step"));
-  for (int64_t i = c.begin; i < c.end; ++i) sgd_at(i, p, g, buf, s);
+  for (int64_t i = c.begin; i < c.end; ++i) sgd_at(i, p, load(src[i - off]), buf, s);
 }
 
 void multi_tensor_kernel(const KernelCall& c) {
   const MultiTensorShared shared = multi_tensor_shared(c);
-  if (flag_set(*shared.found_inf)) return;
-  const double lr = scalar_of(*shared.lr), t = shared.step ? scalar_of(*shared.step) : 0.0;
+  const bool skip = flag_set(*shared.found_inf);
+  if (skip && !(shared.clip && c.attrs.b("clip_writes_grad", false))) return;
+  const StepValues values{skip, scalar_of(*shared.lr), shared.step ? scalar_of(*shared.step) : 0.0, shared.clip};
   const std::vector<OptimTensor> tensors = multi_tensor_list(c);
   std::vector<TensorChunk> chunks;
   int64_t total = 0;
@@ -195,7 +227,7 @@ void multi_tensor_kernel(const KernelCall& c) {
   for (int64_t k = 0; k < n; ++k) {
     const TensorChunk& chunk = chunks[size_t(k)];
     visit_float_dtype(tensors[chunk.tensor].dtype, op_name(c.op), [&]<typename T>() {
-      multi_tensor_chunk<T>(c.op, c.attrs, tensors[chunk.tensor], chunk, lr, t);
+      multi_tensor_chunk<T>(c.op, c.attrs, tensors[chunk.tensor], chunk, values);
     });
   }
 }

@@ -511,19 +511,36 @@ void cross_entropy_backward_kernel(const KernelCall& c) {
 
 // sqrt of the sum of squares of every input. Each input's sum of squares accumulates in AccType
 // (blocked, threaded for large inputs); the per-input sums add up in double.
+// With attr check_finite the last input is found_inf, set (c.out[1], in place) when an element of
+// an x_i is inf or NaN: an input whose sum of squares is not finite is scanned again, since squares
+// of finite values overflow too.
 void global_norm_kernel(const KernelCall& c) {
+  const bool check = c.attrs.b("check_finite", false);
+  const size_t k = c.in.size() - (check ? 1 : 0);
   double total = 0;
+  bool nonfinite = false;
   visit_float_dtype(c.in[0].dtype(), "global_norm", [&]<typename T>() {
-    for (const Tensor& t : c.in) {
+    for (size_t j = 0; j < k; ++j) {
+      const Tensor& t = c.in[j];
       if (t.numel() == 0) continue;
       Tensor d = dense(t);
-      total += double(reduce_contiguous_parallel<SumSquaresOp<AccType<T>>>(d.data<T>(), d.numel()));
+      const T* x = d.data<T>();
+      const int64_t n = d.numel();
+      const AccType<T> squares = reduce_contiguous_parallel<SumSquaresOp<AccType<T>>>(x, n);
+      total += double(squares);
+      // A finite sum of squares has no inf or NaN among its terms; one that is not may be an overflow.
+      if (!check || nonfinite || std::isfinite(squares)) continue;
+      bool bad = false;
+#pragma omp parallel for reduction(|| : bad) if (n >= cpu::kParallelGrain)
+      for (int64_t i = 0; i < n; ++i) bad = bad || !std::isfinite(load(x[i]));
+      nonfinite = bad;
     }
   });
   DenseOut out(c.out[0]);
   if (out.buf.dtype() == DType::f64) out.buf.data<double>()[0] = std::sqrt(total);
   else out.buf.data<float>()[0] = float(std::sqrt(total));
   out.commit();
+  if (nonfinite) *c.out[1].data<float>() = 1.f;
 }
 
 // ---- fused (kernels/ops.def): references composed of the kernels above ----

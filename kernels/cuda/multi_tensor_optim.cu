@@ -13,11 +13,17 @@
 // The table is a __grid_constant__ kernel argument: it lives in the launch's parameter space, is
 // read without a local copy, and becomes part of the kernel node when a stream is captured.
 // Arithmetic runs in A = Acc<D> (f32 for f32/f16/bf16, f64 for f64); a kernel that sees
-// found_inf != 0 returns before touching anything (the GradScaler's skipped step).
+// found_inf != 0 updates nothing (the GradScaler's skipped step). A whole chunk of f32 tensors with
+// 16-byte-aligned operands goes one float4 a thread (the element formula unchanged: the same bits), the
+// rest element by element. With a clip (attr clip: the step's clip_grad_norm_ folded in) each gradient
+// is first scaled as unscale_check scales it, one rounded product (__fmul_rn: no FMA contraction into
+// the update), and stored back where the call keeps the clipped gradients.
 #include "kernels/cuda/multi_tensor_optim.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/multi_tensor_common.cuh"
@@ -33,6 +39,7 @@ constexpr int64_t kChunk = 4 * kThreads;  // elements per virtual block
 struct LaunchTable {
   void* param[kMaxTensorsPerLaunch];
   const void* grad[kMaxTensorsPerLaunch];
+  void* grad_out[kMaxTensorsPerLaunch];  // where a clip stores g * c, or null
   void* state0[kMaxTensorsPerLaunch];
   void* state1[kMaxTensorsPerLaunch];
   int64_t numel[kMaxTensorsPerLaunch];
@@ -49,25 +56,95 @@ __device__ __forceinline__ int tensor_of_block(const LaunchTable& t, int64_t b) 
   return cuda::tensor_of_block(t.first_block, t.count, b);
 }
 
-// p, g, m, v of each tensor: (numel) contiguous; lr, step: 0-dim f64 (step = t, 1-based).
+// x * c rounded once (no FMA contraction into the update that reads it): unscale_check's product.
+__device__ __forceinline__ float mul_rn(float x, float c) { return __fmul_rn(x, c); }
+__device__ __forceinline__ double mul_rn(double x, double c) { return __dmul_rn(x, c); }
+
+// The clip's coefficient in A (as unscale_check reads its inv_scale), or 1 without a clip.
+template <typename A>
+__device__ __forceinline__ A clip_coef(const GradClip& clip) {
+  if (!clip.coef) return A(1);
+  return clip.f64 ? A(*static_cast<const double*>(clip.coef)) : A(*static_cast<const float*>(clip.coef));
+}
+
+// The chunk [begin, end) of tensor k, and what each element of it is given: gradient(i) is the
+// gradient the update reads (with a clip: g * c rounded to D, also stored where grad_out is set).
+template <typename D, typename A>
+struct Chunk {
+  int64_t begin, end;
+  const D* g;
+  D* g_out;
+  bool clip;
+  A coef;
+
+  __device__ __forceinline__ Chunk(const LaunchTable& t, int k, int64_t b, const GradClip& c, A coef_)
+      : g(static_cast<const D*>(t.grad[k])), g_out(static_cast<D*>(t.grad_out[k])), clip(c.coef != nullptr),
+        coef(coef_) {
+    begin = (b - t.first_block[k]) * kChunk;
+    end = begin + kChunk < t.numel[k] ? begin + kChunk : t.numel[k];
+  }
+  __device__ __forceinline__ A gradient(int64_t i) const {
+    if (!clip) return to_acc(g[i]);
+    const D scaled = from_acc<D>(mul_rn(to_acc(g[i]), coef));
+    if (g_out) g_out[i] = scaled;
+    return to_acc(scaled);
+  }
+  // A whole chunk of f32 tensors whose operands are all 16-byte aligned: one float4 a thread.
+  __device__ __forceinline__ bool vectorizable(const void* p, const void* m, const void* v) const {
+    if (!std::is_same_v<D, float> || end - begin != kChunk) return false;
+    const uintptr_t bits = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g) |
+                           reinterpret_cast<uintptr_t>(g_out) | reinterpret_cast<uintptr_t>(m) |
+                           reinterpret_cast<uintptr_t>(v);
+    return (bits & 15) == 0;
+  }
+};
+
+__device__ __forceinline__ float4 load4(const float* p, int64_t i) { return *reinterpret_cast<const float4*>(p + i); }
+__device__ __forceinline__ void store4(float* p, int64_t i, float4 v) { *reinterpret_cast<float4*>(p + i) = v; }
+__device__ __forceinline__ float& lane(float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+// p, g, m, v of each tensor: (numel) contiguous; lr, step: 0-dim f64 (step = t, 1-based). A found_inf
+// skips the update; a clip's stored gradients are written all the same (unscale_check writes them
+// before the step reads found_inf).
 template <typename D, typename A = Acc<D>>
 __global__ void adamw_step_multi_tensor_kernel(const __grid_constant__ LaunchTable table, const float* found_inf,
-                                               const double* lr, const double* step, AdamWHyper h) {
+                                               const double* lr, const double* step, AdamWHyper h, GradClip clip) {
   grid_dependency_wait();
-  if (flag_set(found_inf)) return;
+  const bool skip = flag_set(found_inf);
+  if (skip && !clip.coef) return;
+  const A coef = clip_coef<A>(clip);
   const math::AdamWScalars<A> s = math::adamw_scalars<A>(h.beta1, h.beta2, h.eps, h.weight_decay, *lr, *step);
   const int64_t blocks = table.first_block[table.count];
   for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
     const int k = tensor_of_block(table, b);
-    const int64_t begin = (b - table.first_block[k]) * kChunk;
-    const int64_t end = begin + kChunk < table.numel[k] ? begin + kChunk : table.numel[k];
+    const Chunk<D, A> c(table, k, b, clip, coef);
+    if (skip) {
+      if (c.g_out)
+        for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) c.gradient(i);
+      continue;
+    }
     D* p = static_cast<D*>(table.param[k]);
-    const D* g = static_cast<const D*>(table.grad[k]);
     D* m = static_cast<D*>(table.state0[k]);
     D* v = static_cast<D*>(table.state1[k]);
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    if constexpr (std::is_same_v<D, float>) {
+      if (c.vectorizable(p, m, v)) {  // kChunk = 4 kThreads: thread t takes elements 4t .. 4t + 3
+        const int64_t i = c.begin + 4 * int64_t(threadIdx.x);
+        float4 p4 = load4(p, i), g4 = load4(c.g, i), m4 = load4(m, i), v4 = load4(v, i);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (c.clip) lane(g4, j) = mul_rn(lane(g4, j), coef);
+          math::adamw_update(lane(p4, j), lane(g4, j), lane(m4, j), lane(v4, j), s);
+        }
+        store4(p, i, p4);
+        store4(m, i, m4);
+        store4(v, i, v4);
+        if (c.g_out) store4(static_cast<float*>(c.g_out), i, g4);
+        continue;
+      }
+    }
+    for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
       A pi = to_acc(p[i]), mi = to_acc(m[i]), vi = to_acc(v[i]);
-      math::adamw_update(pi, to_acc(g[i]), mi, vi, s);
+      math::adamw_update(pi, c.gradient(i), mi, vi, s);
       p[i] = from_acc<D>(pi);
       m[i] = from_acc<D>(mi);
       v[i] = from_acc<D>(vi);
@@ -78,23 +155,28 @@ __global__ void adamw_step_multi_tensor_kernel(const __grid_constant__ LaunchTab
 // p, g, buf (state0; null without momentum) of each tensor: (numel) contiguous; lr: 0-dim f64.
 template <typename D, typename A = Acc<D>>
 __global__ void sgd_step_multi_tensor_kernel(const __grid_constant__ LaunchTable table, const float* found_inf,
-                                             const double* lr, SgdHyper h) {
+                                             const double* lr, SgdHyper h, GradClip clip) {
   grid_dependency_wait();
-  if (flag_set(found_inf)) return;
+  const bool skip = flag_set(found_inf);
+  if (skip && !clip.coef) return;
+  const A coef = clip_coef<A>(clip);
   const math::SgdScalars<A> s =
       math::sgd_scalars<A>(*lr, h.momentum, h.dampening, h.weight_decay, h.nesterov, h.first_step);
   const int64_t blocks = table.first_block[table.count];
   for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
     const int k = tensor_of_block(table, b);
-    const int64_t begin = (b - table.first_block[k]) * kChunk;
-    const int64_t end = begin + kChunk < table.numel[k] ? begin + kChunk : table.numel[k];
+    const Chunk<D, A> c(table, k, b, clip, coef);
+    if (skip) {
+      if (c.g_out)
+        for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) c.gradient(i);
+      continue;
+    }
     D* p = static_cast<D*>(table.param[k]);
-    const D* g = static_cast<const D*>(table.grad[k]);
     D* buf = static_cast<D*>(table.state0[k]);
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
       A pi = to_acc(p[i]);
       A bi = buf ? to_acc(buf[i]) : A(0);
-      math::sgd_update(pi, to_acc(g[i]), buf != nullptr, bi, s);
+      math::sgd_update(pi, c.gradient(i), buf != nullptr, bi, s);
       if (buf) buf[i] = from_acc<D>(bi);
       p[i] = from_acc<D>(pi);
     }
@@ -123,6 +205,7 @@ struct MultiTensorList::Impl {
     const int k = tb.count++;
     tb.param[k] = t.param;
     tb.grad[k] = t.grad;
+    tb.grad_out[k] = t.grad_out;
     tb.state0[k] = t.state0;
     tb.state1[k] = t.state1;
     tb.numel[k] = t.numel;
@@ -155,21 +238,23 @@ MultiTensorList::~MultiTensorList() = default;
 
 size_t MultiTensorList::launches() const { return impl_->launches.size(); }
 
-void MultiTensorList::adamw(const float* found_inf, const double* lr, const double* step, const AdamWHyper& h) const {
+void MultiTensorList::adamw(const float* found_inf, const double* lr, const double* step, const AdamWHyper& h,
+                            GradClip clip) const {
   cudaStream_t stream = stream_of(Device::cuda(impl_->device));
   for (const Impl::Launch& l : impl_->launches) {
     visit_float(l.dtype, "adamw_step", [&]<typename D>() {
-      launch_kernel(adamw_step_multi_tensor_kernel<D>, l.grid, kThreads, 0, stream, l.table, found_inf, lr, step, h);
+      launch_kernel(adamw_step_multi_tensor_kernel<D>, l.grid, kThreads, 0, stream, l.table, found_inf, lr, step, h,
+                    clip);
       REEL_CUDA_LAUNCH_CHECK();
     });
   }
 }
 
-void MultiTensorList::sgd(const float* found_inf, const double* lr, const SgdHyper& h) const {
+void MultiTensorList::sgd(const float* found_inf, const double* lr, const SgdHyper& h, GradClip clip) const {
   cudaStream_t stream = stream_of(Device::cuda(impl_->device));
   for (const Impl::Launch& l : impl_->launches) {
     visit_float(l.dtype, "sgd_step", [&]<typename D>() {
-      launch_kernel(sgd_step_multi_tensor_kernel<D>, l.grid, kThreads, 0, stream, l.table, found_inf, lr, h);
+      launch_kernel(sgd_step_multi_tensor_kernel<D>, l.grid, kThreads, 0, stream, l.table, found_inf, lr, h, clip);
       REEL_CUDA_LAUNCH_CHECK();
     });
   }

@@ -38,6 +38,14 @@ struct SgdHyper {
   bool nesterov = false, first_step = false;
 };
 
+// The clip folded into an update (attr clip, kernels/multi_tensor.h): a device pointer to the 0-dim
+// coefficient c, f32 or f64; null: no clip. Each g is read as g * c rounded to its dtype, and stored
+// back where the tensor's grad_out is set, even when found_inf skips the update.
+struct GradClip {
+  const void* coef = nullptr;
+  bool f64 = false;
+};
+
 class MultiTensorList {
  public:
   // Throws reel::Error naming `op` for a dtype other than f32, f64, f16 or bf16.
@@ -46,10 +54,13 @@ class MultiTensorList {
   MultiTensorList(const MultiTensorList&) = delete;
   MultiTensorList& operator=(const MultiTensorList&) = delete;
 
-  // p, m, v of every tensor updated in place (torch.optim.AdamW); nothing changes if *found_inf != 0.
-  void adamw(const float* found_inf, const double* lr, const double* step, const AdamWHyper& h) const;
-  // p and the momentum buffers updated in place (torch.optim.SGD); nothing changes if *found_inf != 0.
-  void sgd(const float* found_inf, const double* lr, const SgdHyper& h) const;
+  // p, m, v of every tensor updated in place (torch.optim.AdamW); nothing changes if *found_inf != 0
+  // (but a clip's stored gradients).
+  void adamw(const float* found_inf, const double* lr, const double* step, const AdamWHyper& h,
+             GradClip clip = {}) const;
+  // p and the momentum buffers updated in place (torch.optim.SGD); nothing changes if *found_inf != 0
+  // (but a clip's stored gradients).
+  void sgd(const float* found_inf, const double* lr, const SgdHyper& h, GradClip clip = {}) const;
 
   size_t launches() const;  // kernels per call: one per dtype and per kMaxTensorsPerLaunch tensors
 

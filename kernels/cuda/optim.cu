@@ -76,7 +76,8 @@ struct UnscaleTable {
 };
 static_assert(sizeof(UnscaleTable) + 64 <= 32764, "unscale table too large for the kernel arguments");
 
-// g *= inv_scale in place, found_inf = 1 if any g was not finite; S: the inv_scale type (float or double).
+// g *= inv_scale in place, found_inf = 1 if any g was not finite (no flag: null); S: the inv_scale type
+// (float or double).
 template <typename D, typename S, typename A = Acc<D>>
 __global__ void unscale_check_kernel(const __grid_constant__ UnscaleTable t, const S* inv_scale, float* found_inf) {
   grid_dependency_wait();
@@ -92,7 +93,7 @@ __global__ void unscale_check_kernel(const __grid_constant__ UnscaleTable t, con
       g[i] = from_acc<D>(A(x * s));
     }
   }
-  if (bad) *found_inf = 1.f;
+  if (bad && found_inf) *found_inf = 1.f;
 }
 
 // One thread: PyTorch's _amp_update_scale_ (see kernels/schema/optim.cpp).
@@ -166,9 +167,10 @@ void sgd_step(const KernelCall& c) {
 }
 
 void unscale_check(const KernelCall& c) {
-  const size_t k = c.in.size() - 2;
+  const bool check = c.attrs.b("check_finite", true);
+  const size_t k = c.in.size() - (check ? 2 : 1);
   const Tensor& inv = c.in[k];
-  float* found = static_cast<float*>(c.out[k].data_ptr());
+  float* found = check ? static_cast<float*>(c.out[k].data_ptr()) : nullptr;
   // The gradients grouped by dtype, in order, in launches of at most kUnscaleTensors.
   for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
     UnscaleTable t{};
@@ -246,11 +248,13 @@ void multi_tensor_step(const KernelCall& c) {
   const float* flag = shared.found_inf->defined() ? static_cast<const float*>(shared.found_inf->data_ptr()) : nullptr;
   const double* lr = static_cast<const double*>(shared.lr->data_ptr());
   const Attrs& a = c.attrs;
+  const GradClip clip = shared.clip ? GradClip{shared.clip->data_ptr(), shared.clip->dtype() == DType::f64} : GradClip{};
   if (c.op == OpKind::MultiTensorAdamW) {
     list.adamw(flag, lr, static_cast<const double*>(shared.step->data_ptr()),
-               {a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay")});
+               {a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay")}, clip);
   } else {
-    list.sgd(flag, lr, {a.f("momentum"), a.f("dampening"), a.f("weight_decay"), a.b("nesterov"), a.b("first_step")});
+    list.sgd(flag, lr, {a.f("momentum"), a.f("dampening"), a.f("weight_decay"), a.b("nesterov"), a.b("first_step")},
+             clip);
   }
 }
 

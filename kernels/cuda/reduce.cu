@@ -407,21 +407,33 @@ struct NormBatch {
 };
 
 // partial: (inputs, blocks_per_input) doubles; block (b, k) writes partial[k, b], the sum of squares
-// (in Acc) of input k's elements b * blockDim.x + t, stepping by gridDim.x * blockDim.x.
+// (in Acc) of input k's elements b * blockDim.x + t, stepping by gridDim.x * blockDim.x. With
+// found_inf (attr check_finite), a block whose sum is not finite walks its elements again and sets
+// the flag if one is inf or NaN (a finite sum has none; a sum that is not may be an overflow of
+// finite squares): no cost to a step whose gradients are finite.
 template <typename D>
-__global__ void global_norm_partial_kernel(NormBatch<D> batch, double* partial) {
+__global__ void global_norm_partial_kernel(NormBatch<D> batch, double* partial, float* found_inf) {
   grid_dependency_wait();
   using A = Acc<D>;
   const int k = blockIdx.y;
   const D* x = batch.x[k];
   const int64_t n = batch.n[k];
-  A acc = strided_fold<AddOp<A>, A>(blockIdx.x * int64_t(blockDim.x) + threadIdx.x, n, int64_t(gridDim.x) * blockDim.x,
-                                    combine_fn<AddOp<A>, A>(), [&](int64_t i) {
-                                      const A v = to_acc(x[i]);
-                                      return v * v;
-                                    });
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  A acc = strided_fold<AddOp<A>, A>(first, n, stride, combine_fn<AddOp<A>, A>(), [&](int64_t i) {
+    const A v = to_acc(x[i]);
+    return v * v;
+  });
   acc = block_reduce<AddOp<A>>(acc);
-  if (threadIdx.x == 0) partial[int64_t(k) * gridDim.x + blockIdx.x] = double(acc);
+  __shared__ bool rescan;
+  if (threadIdx.x == 0) {
+    partial[int64_t(k) * gridDim.x + blockIdx.x] = double(acc);
+    rescan = found_inf && !isfinite(acc);
+  }
+  __syncthreads();
+  if (!rescan) return;
+  bool bad = false;
+  for (int64_t i = first; i < n; i += stride) bad = bad || !isfinite(to_acc(x[i]));
+  if (bad) *found_inf = 1.f;
 }
 
 // out (0-dim) = sqrt(sum of partial[0 .. n)), added in double by one block in a fixed order: thread t
@@ -452,13 +464,17 @@ void global_norm_kernel(const KernelCall& c) {
   const Tensor& out = c.out[0];  // 0-dim: one element, whatever its strides
   const Device dev = out.device();
   cudaStream_t st = stream_of(out);
+  const bool check = c.attrs.b("check_finite", false);  // then the last input is found_inf, c.out[1] in place
+  float* found_inf = check ? static_cast<float*>(c.out[1].data_ptr()) : nullptr;
   std::vector<Tensor> xs;  // the non-empty inputs, contiguous
   int64_t largest = 0;
-  for (const Tensor& t : c.in)
+  for (size_t j = 0; j < c.in.size() - (check ? 1 : 0); ++j) {
+    const Tensor& t = c.in[j];
     if (t.numel() > 0) {
       xs.push_back(contiguous_on_device(t));
       largest = std::max(largest, t.numel());
     }
+  }
   const int64_t blocks = std::clamp<int64_t>(ceil_div(largest, kNormPerBlock), 1, kNormMaxBlocks);
   Tensor ws = workspace(std::max<size_t>(xs.size(), 1) * size_t(blocks) * sizeof(double), dev);
   double* partial = static_cast<double*>(ws.data_ptr());
@@ -471,7 +487,7 @@ void global_norm_kernel(const KernelCall& c) {
         batch.n[k] = xs[k0 + size_t(k)].numel();
       }
       launch_kernel(global_norm_partial_kernel<D>, dim3(unsigned(blocks), unsigned(nb)), kThreads, 0, st, batch,
-                    partial + int64_t(k0) * blocks);
+                    partial + int64_t(k0) * blocks, found_inf);
       REEL_CUDA_LAUNCH_CHECK();
     }
   });

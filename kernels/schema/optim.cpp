@@ -18,6 +18,12 @@
 //   unscale_check (g0, ..., gk, inv_scale, found_inf) -> (g0, ..., gk, found_inf)
 //       g_i *= inv_scale; found_inf = 1 if any g_i held inf/NaN, else unchanged
 //       (PyTorch's _amp_foreach_non_finite_check_and_unscale_). inv_scale: 0-dim f32 or f64.
+//       attr check_finite (default true); false: (g0, ..., gk, inv_scale) -> (g0, ..., gk), the
+//       scaling alone (a clip whose caller's flag already covers non-finite gradients).
+//   multi_tensor_adamw / multi_tensor_sgd: kernels/multi_tensor.h; with attr clip, the gradients are
+//       first scaled as unscale_check (check_finite false) scales them, by one more step-wide input
+//       (the clip coefficient), even when found_inf skips the update; attr clip_writes_grad says
+//       whether the scaled gradients are also stored (one more output per tensor).
 //   scaler_update (scale, growth_tracker, found_inf) -> (scale, growth_tracker)
 //       attrs growth_factor backoff_factor growth_interval; PyTorch's _amp_update_scale_:
 //       found_inf: scale *= backoff, tracker = 0; else tracker += 1, and at growth_interval
@@ -110,11 +116,19 @@ std::vector<TensorMeta> infer_sgd(const std::vector<Tensor>& in, const Attrs& a)
 std::vector<TensorMeta> infer_multi_tensor(OpKind op, const std::vector<Tensor>& in, const Attrs& a) {
   const MultiTensorLayout& l = multi_tensor_layout(op);
   const int64_t k = a.i("tensors");
+  const bool clip = a.b("clip", false), writes_grad = clip && a.b("clip_writes_grad", false);
   REEL_CHECK(k >= 1, op_name(op), ": tensors ", k, " must be >= 1");
-  REEL_ASSERT(in.size() == size_t(k) * l.per_tensor + l.shared, op_name(op), " of ", k, " tensors takes ",
-              size_t(k) * l.per_tensor + l.shared, " inputs, got ", in.size());
+  const size_t shared_count = l.shared + (clip ? 1 : 0);
+  REEL_ASSERT(in.size() == size_t(k) * l.per_tensor + shared_count, op_name(op), " of ", k, " tensors takes ",
+              size_t(k) * l.per_tensor + shared_count, " inputs, got ", in.size());
+  if (clip) {
+    const Tensor& coef = in.back();
+    schema::expect_defined(op, coef, "clip coefficient");
+    REEL_CHECK(coef.dim() == 0 && (coef.dtype() == DType::f32 || coef.dtype() == DType::f64), op_name(op),
+               ": the clip coefficient must be a 0-dim f32 or f64 tensor, got ", schema::desc(coef));
+  }
   std::vector<TensorMeta> out;
-  const std::vector<Tensor> shared(in.end() - long(l.shared), in.end());
+  const std::vector<Tensor> shared(in.end() - long(shared_count), in.end() - long(shared_count - l.shared));
   for (int64_t i = 0; i < k; ++i) {
     std::vector<Tensor> one(in.begin() + long(size_t(i) * l.per_tensor), in.begin() + long(size_t(i + 1) * l.per_tensor));
     one.insert(one.end(), shared.begin(), shared.end());
@@ -122,6 +136,7 @@ std::vector<TensorMeta> infer_multi_tensor(OpKind op, const std::vector<Tensor>&
                " has ", one[2].defined() ? "a" : "no", " momentum buffer, unlike tensor 0");
     std::vector<TensorMeta> m = op == OpKind::MultiTensorAdamW ? infer_adamw(one, a) : infer_sgd(one, a);
     out.insert(out.end(), m.begin(), m.end());
+    if (writes_grad) out.push_back(schema::meta_like(one[1]));
   }
   return out;
 }
@@ -176,17 +191,20 @@ std::vector<TensorMeta> infer_broadcast(const std::vector<Tensor>& in, const Att
   return {schema::meta_like(in[0])};
 }
 
-std::vector<TensorMeta> infer_unscale(const std::vector<Tensor>& in, const Attrs&) {
+std::vector<TensorMeta> infer_unscale(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::UnscaleCheck;
-  REEL_CHECK(in.size() >= 3, "unscale_check: takes (g0, ..., gk, inv_scale, found_inf), got ", in.size(),
-             " inputs");
-  size_t k = in.size() - 2;
+  const bool check = a.b("check_finite", true);
+  REEL_CHECK(in.size() >= (check ? 3u : 2u), "unscale_check: takes (g0, ..., gk, inv_scale", check ? ", found_inf" : "",
+             "), got ", in.size(), " inputs");
+  size_t k = in.size() - (check ? 2 : 1);
   const Tensor& inv = in[k];
   schema::expect_defined(op, inv, "inv_scale");
   REEL_CHECK(inv.dim() == 0 && (inv.dtype() == DType::f32 || inv.dtype() == DType::f64),
              "unscale_check: inv_scale must be a 0-dim f32 or f64 tensor, got ", schema::desc(inv));
-  schema::expect_defined(op, in[k + 1], "found_inf");
-  expect_flag(op, in[k + 1], "found_inf");
+  if (check) {
+    schema::expect_defined(op, in[k + 1], "found_inf");
+    expect_flag(op, in[k + 1], "found_inf");
+  }
   std::vector<TensorMeta> out;
   for (size_t i = 0; i < k; ++i) {
     REEL_CHECK(in[i].defined(), "unscale_check: gradient ", i, " is undefined");
@@ -195,7 +213,7 @@ std::vector<TensorMeta> infer_unscale(const std::vector<Tensor>& in, const Attrs
                " must be contiguous (it is updated in place)");
     out.push_back(schema::meta_like(in[i]));
   }
-  out.push_back(schema::meta_like(in[k + 1]));
+  if (check) out.push_back(schema::meta_like(in[k + 1]));
   return out;
 }
 

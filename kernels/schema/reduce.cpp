@@ -27,6 +27,10 @@
 //                         rows whose target is ignore_index get 0.
 //   global_norm (x0, ..., xk)   -> 0-dim sqrt(sum over every element of every x_i of x^2)
 //                      inputs: at least one, any shapes, one float dtype; output f32 (f64 for f64)
+//                      attr check_finite: (x0, ..., xk, found_inf) -> (norm, found_inf), found_inf
+//                      (0-dim f32, in place) set to 1 if an element of an x_i is inf or NaN, else
+//                      unchanged: unscale_check's flag, from the pass over the x_i that the norm
+//                      makes anyway (compile/passes/fuse_clip_into_optimizer.cpp)
 //
 // Fused (the compiler writes them; kernels/ops.def):
 //   column_sums (x (..., N)[, c (N)])   attr accumulate (0/1)
@@ -214,16 +218,26 @@ std::vector<TensorMeta> infer_linear_cross_entropy_with_grad(const std::vector<T
   return out;
 }
 
-std::vector<TensorMeta> infer_global_norm(const std::vector<Tensor>& in, const Attrs&) {
+std::vector<TensorMeta> infer_global_norm(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::GlobalNorm;
-  REEL_CHECK(!in.empty(), "global_norm: needs at least one input");
-  for (size_t i = 0; i < in.size(); ++i) {
+  const bool check = a.b("check_finite", false);
+  const size_t k = in.size() - (check && !in.empty() ? 1 : 0);  // the inputs normed
+  REEL_CHECK(k >= 1, "global_norm: needs at least one input", check ? " besides found_inf" : "");
+  for (size_t i = 0; i < k; ++i) {
     REEL_CHECK(in[i].defined(), "global_norm: input ", i, " is undefined");
     REEL_CHECK(in[i].dtype() == in[0].dtype(), "global_norm: input ", i, " is ", schema::desc(in[i]),
                " but input 0 is ", schema::desc(in[0]), " (all inputs must share one dtype)");
   }
   schema::expect_float(op, in[0]);
-  return {{{}, acc_dtype(in[0].dtype()), in[0].device()}};
+  std::vector<TensorMeta> out{{{}, acc_dtype(in[0].dtype()), in[0].device()}};
+  if (check) {
+    const Tensor& flag = in[k];
+    schema::expect_defined(op, flag, "found_inf");
+    REEL_CHECK(flag.dim() == 0 && flag.dtype() == DType::f32, "global_norm: found_inf must be a 0-dim f32 tensor, got ",
+               schema::desc(flag));
+    out.push_back(schema::meta_like(flag));
+  }
+  return out;
 }
 
 }  // namespace

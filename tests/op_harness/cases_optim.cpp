@@ -4,13 +4,17 @@
 // and without a found_inf flag (set: nothing may change), weight decay, momentum, Nesterov and the
 // first step; unscale_check with finite gradients and with inf/NaN; scaler_update on each branch of
 // its state machine, with f32 and i64 trackers; clamp_scalar with an infinite bound and NaN input;
-// lr_schedule across warm-up, the cosine and past its end. The collectives run in one process with
-// a world-size-1 communicator (distributed/communicator.h), where each is the identity (all_gather adds a
-// leading dim of 1).
-// Plain-loop references: every op here, the update rules written as torch.optim states them.
+// lr_schedule across warm-up, the cosine and past its end; unscale_check's scaling alone. The
+// collectives run in one process with a world-size-1 communicator (distributed/communicator.h), where
+// each is the identity (all_gather adds a leading dim of 1).
+// Plain-loop references: every op here, the update rules written as torch.optim states them; but the
+// multi-tensor updates with the clip folded in, whose reference is the CPU's scaling (unscale_check)
+// and then each tensor's own update, the ops those loops check.
 #include <cmath>
 
 #include "distributed/communicator.h"
+#include "kernels/dispatch.h"
+#include "tests/op_harness/fused_references.h"
 #include "tests/op_harness/inputs.h"
 
 namespace reel::harness {
@@ -164,6 +168,118 @@ void add_unscale_cases(std::vector<OpTestCase>& cases) {
   }
 }
 
+// unscale_check without its flag (attr check_finite false): the clip's scaling alone, inf and NaN
+// passing through scaled.
+void add_scale_only_cases(std::vector<OpTestCase>& cases) {
+  cases.push_back({
+      .op = OpKind::UnscaleCheck,
+      .name = "unscale_check_scale_only_with_inf",
+      .dtypes = kFloatTypes,
+      .make =
+          [](Device, DType t) {
+            Values g1 = host_values(randn_input({5}, t, 173));
+            g1[3] = INFINITY;
+            Tensor g0 = randn_input({2, 3}, t, 174), g1t = values_input(g1, {5}, t);
+            return OpCall{{g0, g1t, scalar_input(0.3, DType::f32)}, Attrs().set("check_finite", false), {g0, g1t}};
+          },
+      .reference =
+          [](const OpCall& c) {
+            Expected out;
+            for (size_t j = 0; j < 2; ++j) {
+              Values g = host_values(c.inputs[j]);
+              for (double& v : g) v *= double(0.3f);
+              out.push_back(g);
+            }
+            return out;
+          },
+  });
+}
+
+// ---- the clip folded into the multi-tensor updates (attrs clip, clip_writes_grad) ----
+
+const Shape kClipShapes[] = {{4, 5}, {7}, {1030}};  // 1030: a whole 1024-element chunk and a tail
+
+// Each tensor's gradient scaled as unscale_check (check_finite false) scales it, then its own
+// adamw_step / sgd_step: the update's outputs, and the scaled gradient where the call stores it.
+Expected clipped_update_reference(const OpCall& c, bool sgd) {
+  const size_t per = sgd ? 3 : 4, k = 3;
+  const bool writes = c.attrs.b("clip_writes_grad");
+  const Tensor& coef = c.inputs.back();
+  Expected e;
+  for (size_t i = 0; i < k; ++i) {
+    Tensor g = copy_of(c.inputs[per * i + 1]);
+    dispatch_out(OpKind::UnscaleCheck, {g, coef}, {g}, Attrs().set("check_finite", false));
+    std::vector<Tensor> out{copy_of(c.inputs[per * i])};
+    if (sgd) {
+      Tensor b = copy_of(c.inputs[per * i + 2]);
+      out.push_back(b);
+      dispatch_out(OpKind::SgdStep, {out[0], g, b, c.inputs[per * k], c.inputs[per * k + 1]}, out, c.attrs);
+    } else {
+      out.push_back(copy_of(c.inputs[per * i + 2]));
+      out.push_back(copy_of(c.inputs[per * i + 3]));
+      dispatch_out(OpKind::AdamWStep,
+                   {out[0], g, out[1], out[2], c.inputs[per * k], c.inputs[per * k + 1], c.inputs[per * k + 2]}, out,
+                   c.attrs);
+    }
+    for (const Tensor& t : out) e.push_back(host_values(t));
+    if (writes) e.push_back(host_values(g));
+  }
+  return e;
+}
+
+void add_clipped_update_cases(std::vector<OpTestCase>& cases) {
+  struct Clip {
+    const char* name;
+    bool sgd, writes_grad;
+    double found;  // set: no update, but the stored gradients are still scaled
+    DType coef;
+  };
+  for (const Clip& v : {Clip{"multi_tensor_adamw_clip_3_tensors", false, false, 0.0, DType::f32},
+                        Clip{"multi_tensor_adamw_clip_writes_grad_3_tensors", false, true, 0.0, DType::f64},
+                        Clip{"multi_tensor_adamw_clip_writes_grad_skipped_on_inf", false, true, 1.0, DType::f32},
+                        Clip{"multi_tensor_sgd_momentum_clip_writes_grad_3_tensors", true, true, 0.0, DType::f32}}) {
+    cases.push_back({
+        .op = v.sgd ? OpKind::MultiTensorSgd : OpKind::MultiTensorAdamW,
+        .name = v.name,
+        .dtypes = kFloatTypes,
+        .make =
+            [v](Device, DType t) {
+              Attrs a = v.sgd ? Attrs()
+                                    .set("momentum", 0.9)
+                                    .set("dampening", 0.0)
+                                    .set("nesterov", false)
+                                    .set("first_step", false)
+                              : Attrs().set("beta1", 0.9).set("beta2", 0.999).set("eps", 1e-8);
+              a.set("weight_decay", 0.01)
+                  .set("tensors", int64_t(3))
+                  .set("clip", true)
+                  .set("clip_writes_grad", v.writes_grad);
+              OpCall c{{}, a};
+              uint64_t seed = 310;
+              for (const Shape& s : kClipShapes) {
+                Tensor p = randn_input(s, t, seed++), g = randn_input(s, t, seed++, Layout::contiguous, 3.0);
+                Tensor m = randn_input(s, t, seed++, Layout::contiguous, 0.1);
+                if (v.sgd) {
+                  c.inputs.insert(c.inputs.end(), {p, g, m});
+                  c.outputs.insert(c.outputs.end(), {p, m});
+                } else {
+                  Tensor sq = uniform_input(s, t, seed++, 0.01, 0.1);
+                  c.inputs.insert(c.inputs.end(), {p, g, m, sq});
+                  c.outputs.insert(c.outputs.end(), {p, m, sq});
+                }
+                if (v.writes_grad) c.outputs.push_back(g);
+              }
+              c.inputs.push_back(scalar_input(v.found, DType::f32));
+              c.inputs.push_back(scalar_input(1e-2, DType::f64));
+              if (!v.sgd) c.inputs.push_back(scalar_input(3.0, DType::f64));
+              c.inputs.push_back(scalar_input(0.37, v.coef));
+              return c;
+            },
+        .reference = [v](const OpCall& c) { return clipped_update_reference(c, v.sgd); },
+    });
+  }
+}
+
 void add_scaler_update_cases(std::vector<OpTestCase>& cases) {
   struct Update {
     const char* name;
@@ -306,6 +422,8 @@ std::vector<OpTestCase> optim_cases() {
   add_adamw_cases(cases);
   add_sgd_cases(cases);
   add_unscale_cases(cases);
+  add_scale_only_cases(cases);
+  add_clipped_update_cases(cases);
   add_scaler_update_cases(cases);
   add_clamp_cases(cases);
   add_lr_schedule_cases(cases);

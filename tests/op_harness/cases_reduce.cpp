@@ -282,6 +282,52 @@ void add_cross_entropy_cases(std::vector<OpTestCase>& cases) {
 
 // ---- global norm ----
 
+// Attr check_finite: found_inf (the last input, updated in place) set when an element is inf or NaN,
+// and left as it was otherwise, even where the squares of finite values overflow the f32 sum (the
+// norm is then inf). The norm's reference squares each value in the accumulation type, as the kernels
+// do, so that the overflow case gives the kernels' inf.
+void add_global_norm_check_cases(std::vector<OpTestCase>& cases) {
+  struct Check {
+    const char* name;
+    double planted;  // written into element 3 of the second input (0: none)
+    double scale;    // of the randn values
+    double found;    // the flag before
+    std::initializer_list<DType> dtypes;
+  };
+  for (const Check& v :
+       {Check{"global_norm_check_finite_clean", 0, 1, 0, kFloatTypes},
+        Check{"global_norm_check_finite_keeps_a_set_flag", 0, 1, 1, kFloatTypes},
+        Check{"global_norm_check_finite_inf", INFINITY, 1, 0, kFloatTypes},
+        Check{"global_norm_check_finite_nan", NAN, 1, 0, kFloatTypes},
+        Check{"global_norm_check_finite_overflowing_squares", 0, 1e20, 0, {DType::f32, DType::bf16}}}) {
+    cases.push_back(
+        {.op = OpKind::GlobalNorm,
+         .name = v.name,
+         .dtypes = v.dtypes,
+         .make =
+             [v](Device, DType t) {
+               std::vector<double> x1 = host_values(randn_input({3000}, t, 83, Layout::contiguous, v.scale));
+               if (v.planted != 0 || std::isnan(v.planted)) x1[3] = v.planted;
+               Tensor found = scalar_input(v.found, DType::f32);
+               return OpCall{
+                   {randn_input({4, 5}, t, 82, Layout::contiguous, v.scale), values_input(x1, {3000}, t), found},
+                   Attrs().set("check_finite", true),
+                   {Tensor::empty({}, t == DType::f64 ? DType::f64 : DType::f32, Device::cpu()), found}};
+             },
+         .reference =
+             [](const OpCall& c) {
+               const bool f64 = c.inputs[0].dtype() == DType::f64;
+               double s = 0, found = host_values(c.inputs[2])[0];
+               for (size_t j = 0; j < 2; ++j)
+                 for (double x : host_values(c.inputs[j])) {
+                   s += f64 ? x * x : double(float(x) * float(x));
+                   if (!std::isfinite(x)) found = 1;
+                 }
+               return Expected{{f64 ? std::sqrt(s) : double(float(std::sqrt(s)))}, {found}};
+             }});
+  }
+}
+
 void add_global_norm_cases(std::vector<OpTestCase>& cases) {
   auto reference = [](const OpCall& c) {
     double s = 0;
@@ -303,6 +349,7 @@ void add_global_norm_cases(std::vector<OpTestCase>& cases) {
                    .dtypes = kFloatTypes,
                    .make = [](Device, DType t) { return OpCall{{scalar_input(-3.0, t), randn_input({1000}, t, 81)}}; },
                    .reference = reference});
+  add_global_norm_check_cases(cases);
 }
 
 }  // namespace
