@@ -11,9 +11,8 @@
 //     and fp16 with a GradScaler, the fp16 overflow planted inside a replayed CUDA graph, and more
 //     tensors than one launch's table holds.
 // On the GPU other fusion passes (GEMM epilogues, elementwise codegen) round differently from eager,
-// so the GPU comparisons build their plans with the optimizer fusions as the only passes: the
-// multi-tensor update and, in a clipped step, the clip folded into it (OptimizerOnlyStep); on the CPU
-// the whole pipeline is compared as well.
+// so the GPU comparisons build their plans with the optimizer fusion as the only pass
+// (OptimizerOnlyStep); on the CPU the whole pipeline is compared as well.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -122,9 +121,8 @@ compile::StepFn train_fn(Trainee& t) {
   };
 }
 
-// compile()'s lifecycle (call 0 eager, call 1 traced, then the plan) with the optimizer fusion (the
-// multi-tensor update, and a clip's scaling folded into it) as the only fusion passes (or none), so that
-// the plan runs eager's kernels everywhere else.
+// compile()'s lifecycle (call 0 eager, call 1 traced, then the plan) with the optimizer fusion as the
+// only fusion pass (or none), so that the plan runs eager's kernels everywhere else.
 class OptimizerOnlyStep {
  public:
   OptimizerOnlyStep(compile::StepFn fn, compile::Mode mode, bool fuse) : fn_(std::move(fn)), mode_(mode), fuse_(fuse) {}
@@ -144,10 +142,7 @@ class OptimizerOnlyStep {
     tracer.stop();
     compile::Graph g = tracer.finish(out);
     EXPECT_TRUE(tracer.breaks().empty());
-    if (fuse_) {
-      compile::fuse_optimizer(g, stats_);
-      compile::fuse_clip_into_optimizer(g, stats_);  // a clipped step's scaling joins the update
-    }
+    if (fuse_) compile::fuse_optimizer(g, stats_);
     plan_ = std::make_unique<compile::Plan>(std::move(g), mode_, compile::PassOptions{false});
     return out;
   }

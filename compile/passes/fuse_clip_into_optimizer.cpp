@@ -20,6 +20,11 @@
 // last of them, nothing writes coef before it, and the flag, if c checks one that is read later, can
 // move into a norm of the same gradients before c. One kernel fewer per step and a read and a write
 // of every gradient (gpt-small: 25.6 M f32, 0.2 GB a step).
+//
+// Off by default (pipeline.cpp; REEL_PASSES=+clip_into_optimizer): the CPU's kernels give the unfused
+// step's bits, but on the GPU the fused AdamW update differs from them in the last bit (nvcc pairs
+// its products into FMAs otherwise for a gradient the kernel computes than for one it loads), and an
+// H100 call timed the steps level with the pass off (bench/RESULTS.md, fourteenth step).
 #include <algorithm>
 #include <set>
 

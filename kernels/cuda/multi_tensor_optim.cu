@@ -13,17 +13,18 @@
 // The table is a __grid_constant__ kernel argument: it lives in the launch's parameter space, is
 // read without a local copy, and becomes part of the kernel node when a stream is captured.
 // Arithmetic runs in A = Acc<D> (f32 for f32/f16/bf16, f64 for f64); a kernel that sees
-// found_inf != 0 updates nothing (the GradScaler's skipped step). A whole chunk of f32 tensors with
-// 16-byte-aligned operands goes one float4 a thread (the element formula unchanged: the same bits), the
-// rest element by element. With a clip (attr clip: the step's clip_grad_norm_ folded in) each gradient
-// is first scaled as unscale_check scales it, one rounded product (__fmul_rn: no FMA contraction into
-// the update), and stored back where the call keeps the clipped gradients.
+// found_inf != 0 updates nothing (the GradScaler's skipped step). With a clip (attr clip: the step's
+// clip_grad_norm_ folded in) each gradient is first scaled as unscale_check scales it, one rounded
+// product (__fmul_rn), and stored back where the call keeps the clipped gradients. The AdamW update
+// then sees unscale_check's values, but not to the bit its rounding sequence: nvcc pairs the update's
+// products into FMAs differently for a gradient computed in the kernel than for one loaded from
+// memory (an H100 call: ULP-level differences from the unfused step; SGD's update, with one product,
+// matched to the bit), so the pass that writes attr clip is off by default. A float4 path for whole
+// f32 chunks was tried and dropped for the same reason.
 #include "kernels/cuda/multi_tensor_optim.h"
 
 #include <algorithm>
-#include <cstdint>
 #include <limits>
-#include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/multi_tensor_common.cuh"
@@ -89,19 +90,7 @@ struct Chunk {
     if (g_out) g_out[i] = scaled;
     return to_acc(scaled);
   }
-  // A whole chunk of f32 tensors whose operands are all 16-byte aligned: one float4 a thread.
-  __device__ __forceinline__ bool vectorizable(const void* p, const void* m, const void* v) const {
-    if (!std::is_same_v<D, float> || end - begin != kChunk) return false;
-    const uintptr_t bits = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g) |
-                           reinterpret_cast<uintptr_t>(g_out) | reinterpret_cast<uintptr_t>(m) |
-                           reinterpret_cast<uintptr_t>(v);
-    return (bits & 15) == 0;
-  }
 };
-
-__device__ __forceinline__ float4 load4(const float* p, int64_t i) { return *reinterpret_cast<const float4*>(p + i); }
-__device__ __forceinline__ void store4(float* p, int64_t i, float4 v) { *reinterpret_cast<float4*>(p + i) = v; }
-__device__ __forceinline__ float& lane(float4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
 // p, g, m, v of each tensor: (numel) contiguous; lr, step: 0-dim f64 (step = t, 1-based). A found_inf
 // skips the update; a clip's stored gradients are written all the same (unscale_check writes them
@@ -126,22 +115,6 @@ __global__ void adamw_step_multi_tensor_kernel(const __grid_constant__ LaunchTab
     D* p = static_cast<D*>(table.param[k]);
     D* m = static_cast<D*>(table.state0[k]);
     D* v = static_cast<D*>(table.state1[k]);
-    if constexpr (std::is_same_v<D, float>) {
-      if (c.vectorizable(p, m, v)) {  // kChunk = 4 kThreads: thread t takes elements 4t .. 4t + 3
-        const int64_t i = c.begin + 4 * int64_t(threadIdx.x);
-        float4 p4 = load4(p, i), g4 = load4(c.g, i), m4 = load4(m, i), v4 = load4(v, i);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (c.clip) lane(g4, j) = mul_rn(lane(g4, j), coef);
-          math::adamw_update(lane(p4, j), lane(g4, j), lane(m4, j), lane(v4, j), s);
-        }
-        store4(p, i, p4);
-        store4(m, i, m4);
-        store4(v, i, v4);
-        if (c.g_out) store4(static_cast<float*>(c.g_out), i, g4);
-        continue;
-      }
-    }
     for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
       A pi = to_acc(p[i]), mi = to_acc(m[i]), vi = to_acc(v[i]);
       math::adamw_update(pi, c.gradient(i), mi, vi, s);
