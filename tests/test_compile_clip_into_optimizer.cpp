@@ -96,11 +96,12 @@ TEST(ClipIntoOptimizerPass, TheStepsFollowTheStepsWithoutItWithinRoundingOnTheGp
 //   [g0 read | coef rewritten]; multi_tensor_adamw(p0 g0 m0 v0 p1 g1 m1 v1, found, lr, step)
 enum class Between { Nothing, FlagReadAfterTheNorm, GradientRead, CoefficientWritten };
 
-compile::Graph clip_graph(Between between, bool keep_flag) {
+compile::Graph clip_graph(Between between, bool keep_flag, bool keep_grads = false) {
   using compile::BufferKind;
   using testing_util::graph_buffer, testing_util::graph_floats, testing_util::graph_node, testing_util::graph_ref;
   compile::Graph g;
-  const int g0 = graph_floats(g, BufferKind::Internal, 6), g1 = graph_floats(g, BufferKind::Internal, 4);
+  const BufferKind grads = keep_grads ? BufferKind::External : BufferKind::Internal;
+  const int g0 = graph_floats(g, grads, 6), g1 = graph_floats(g, grads, 4);
   std::vector<int> state;
   for (int64_t n : {6, 6, 6, 4, 4, 4}) state.push_back(graph_floats(g, BufferKind::External, n));  // p0 m0 v0 p1 m1 v1
   const int found = graph_floats(g, keep_flag ? BufferKind::External : BufferKind::Internal, 1);
@@ -172,6 +173,21 @@ TEST(ClipIntoOptimizerPass, TheCheckedValuesReachTheUpdate) {
   EXPECT_FALSE(update.attrs.b("clip_writes_grad"));
   EXPECT_EQ(update.outputs.size(), 6u);
   EXPECT_EQ(st.fused, 1u);
+}
+
+// Gradients the step keeps (External: p.grad after the step) get the clipped values stored: each
+// tensor's gradient is one more output of the update, after its p, m, v.
+TEST(ClipIntoOptimizerPass, StoresTheClippedGradientsWhereTheyAreKept) {
+  compile::Graph g = clip_graph(Between::Nothing, false, true);
+  compile::PassStats st;
+  compile::fuse_clip_into_optimizer(g, st);
+  ASSERT_EQ(count_op(g, OpKind::UnscaleCheck), 0u);
+  const compile::Node& update = g.nodes.back();
+  EXPECT_TRUE(update.attrs.b("clip_writes_grad"));
+  ASSERT_EQ(update.outputs.size(), 8u);  // p0 m0 v0 g0 p1 m1 v1 g1
+  EXPECT_EQ(update.outputs[3].buffer, update.inputs[1]->buffer);
+  EXPECT_EQ(update.outputs[7].buffer, update.inputs[5]->buffer);
+  EXPECT_EQ(count_attr(g, OpKind::GlobalNorm, "check_finite"), 1u);  // the update reads found_inf
 }
 
 // Eager, unscaled: the clip gets no flag; a NaN gradient makes the norm NaN, whose flag skips the step.
