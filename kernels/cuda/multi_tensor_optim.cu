@@ -16,11 +16,11 @@
 // found_inf != 0 updates nothing (the GradScaler's skipped step). With a clip (attr clip: the step's
 // clip_grad_norm_ folded in) each gradient is first scaled as unscale_check scales it, one rounded
 // product (__fmul_rn), and stored back where the call keeps the clipped gradients. The AdamW update
-// then sees unscale_check's values, but not to the bit its rounding sequence: nvcc pairs the update's
-// products into FMAs differently for a gradient computed in the kernel than for one loaded from
-// memory (an H100 call: ULP-level differences from the unfused step; SGD's update, with one product,
-// matched to the bit), so the pass that writes attr clip is off by default. A float4 path for whole
-// f32 chunks was tried and dropped for the same reason.
+// then sees unscale_check's values, yet an H100 call found its results a last bit away from the
+// unfused step's (SGD's matched to the bit), so the pass that writes attr clip is off by default. The
+// PTX of both paths carries the same fused m and v sums; p's `p decay - step m / denom` stays a
+// mul.f32 and a sub.f32 that ptxas may or may not contract into one FFMA below the PTX, most likely
+// where they part. A float4 path for whole f32 chunks was tried and dropped the same way.
 #include "kernels/cuda/multi_tensor_optim.h"
 
 #include <algorithm>
