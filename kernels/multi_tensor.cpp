@@ -9,10 +9,12 @@ const MultiTensorLayout& multi_tensor_layout(OpKind op) {
   return op == OpKind::MultiTensorAdamW ? adamw : sgd;
 }
 
+bool clip_stores_grads(const Attrs& a) { return a.b("clip", false) && a.b("clip_writes_grad", false); }
+
 std::vector<OptimTensor> multi_tensor_list(const KernelCall& c) {
   const MultiTensorLayout& l = multi_tensor_layout(c.op);
   const size_t k = size_t(c.attrs.i("tensors"));
-  const bool writes_grad = c.attrs.b("clip", false) && c.attrs.b("clip_writes_grad", false);
+  const bool writes_grad = clip_stores_grads(c.attrs);
   const size_t out_per_tensor = k ? c.out.size() / k : 0;
   const size_t update_outs = out_per_tensor - (writes_grad ? 1 : 0);  // p m v, or p b?
   std::vector<OptimTensor> list(k);

@@ -39,6 +39,9 @@ struct MultiTensorLayout {
 };
 const MultiTensorLayout& multi_tensor_layout(OpKind op);
 
+// Whether a call with these attrs stores the clipped gradients (attrs clip and clip_writes_grad).
+bool clip_stores_grads(const Attrs& a);
+
 // The call's tensors, in order.
 std::vector<OptimTensor> multi_tensor_list(const KernelCall& c);
 

@@ -177,12 +177,12 @@ void multi_tensor_chunk(OpKind op, const Attrs& a, const OptimTensor& x, const T
   T* p = static_cast<T*>(x.param);
   // The gradient the update reads: element i at src[i - off]. With a clip, g * c rounded to T as
   // unscale_check stores it, written first (into g where the call stores it, else a buffer of the
-  // chunk) and read back in a second loop: so the compiler cannot contract the product into the
-  // update's FMAs, and the update sees unscale_check's bits.
+  // chunk, kept per thread for the next chunks) and read back in a second loop: so the compiler cannot
+  // contract the product into the update's FMAs, and the update sees unscale_check's bits.
   if (v.skip && !x.grad_out) return;
   const T* src = static_cast<const T*>(x.grad);
   int64_t off = 0;
-  std::vector<T> scaled;
+  thread_local std::vector<T> scaled;
   if (v.clip) {
     const A coef = A(factor_of(*v.clip));
     T* to = static_cast<T*>(x.grad_out);
@@ -211,7 +211,7 @@ void multi_tensor_chunk(OpKind op, const Attrs& a, const OptimTensor& x, const T
 void multi_tensor_kernel(const KernelCall& c) {
   const MultiTensorShared shared = multi_tensor_shared(c);
   const bool skip = flag_set(*shared.found_inf);
-  if (skip && !(shared.clip && c.attrs.b("clip_writes_grad", false))) return;
+  if (skip && !clip_stores_grads(c.attrs)) return;
   const StepValues values{skip, scalar_of(*shared.lr), shared.step ? scalar_of(*shared.step) : 0.0, shared.clip};
   const std::vector<OptimTensor> tensors = multi_tensor_list(c);
   std::vector<TensorChunk> chunks;

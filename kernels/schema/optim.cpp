@@ -54,6 +54,14 @@ void expect_flag(OpKind op, const Tensor& t, const char* what) {
              " must be a 0-dim f32 tensor, got ", schema::desc(t));
 }
 
+// A 0-dim f32 or f64 factor the gradients are multiplied by: unscale_check's inv_scale, a clip's
+// coefficient.
+void expect_factor(OpKind op, const Tensor& t, const char* what) {
+  schema::expect_defined(op, t, what);
+  REEL_CHECK(t.dim() == 0 && (t.dtype() == DType::f32 || t.dtype() == DType::f64), op_name(op), ": ", what,
+             " must be a 0-dim f32 or f64 tensor, got ", schema::desc(t));
+}
+
 // A per-step hyper-parameter held on the device: lr or a step count.
 void expect_f64_scalar(OpKind op, const Tensor& t, const char* what) {
   schema::expect_defined(op, t, what);
@@ -116,17 +124,12 @@ std::vector<TensorMeta> infer_sgd(const std::vector<Tensor>& in, const Attrs& a)
 std::vector<TensorMeta> infer_multi_tensor(OpKind op, const std::vector<Tensor>& in, const Attrs& a) {
   const MultiTensorLayout& l = multi_tensor_layout(op);
   const int64_t k = a.i("tensors");
-  const bool clip = a.b("clip", false), writes_grad = clip && a.b("clip_writes_grad", false);
+  const bool clip = a.b("clip", false), writes_grad = clip_stores_grads(a);
   REEL_CHECK(k >= 1, op_name(op), ": tensors ", k, " must be >= 1");
   const size_t shared_count = l.shared + (clip ? 1 : 0);
   REEL_ASSERT(in.size() == size_t(k) * l.per_tensor + shared_count, op_name(op), " of ", k, " tensors takes ",
               size_t(k) * l.per_tensor + shared_count, " inputs, got ", in.size());
-  if (clip) {
-    const Tensor& coef = in.back();
-    schema::expect_defined(op, coef, "clip coefficient");
-    REEL_CHECK(coef.dim() == 0 && (coef.dtype() == DType::f32 || coef.dtype() == DType::f64), op_name(op),
-               ": the clip coefficient must be a 0-dim f32 or f64 tensor, got ", schema::desc(coef));
-  }
+  if (clip) expect_factor(op, in.back(), "the clip coefficient");
   std::vector<TensorMeta> out;
   const std::vector<Tensor> shared(in.end() - long(shared_count), in.end() - long(shared_count - l.shared));
   for (int64_t i = 0; i < k; ++i) {
@@ -197,10 +200,7 @@ std::vector<TensorMeta> infer_unscale(const std::vector<Tensor>& in, const Attrs
   REEL_CHECK(in.size() >= (check ? 3u : 2u), "unscale_check: takes (g0, ..., gk, inv_scale", check ? ", found_inf" : "",
              "), got ", in.size(), " inputs");
   size_t k = in.size() - (check ? 2 : 1);
-  const Tensor& inv = in[k];
-  schema::expect_defined(op, inv, "inv_scale");
-  REEL_CHECK(inv.dim() == 0 && (inv.dtype() == DType::f32 || inv.dtype() == DType::f64),
-             "unscale_check: inv_scale must be a 0-dim f32 or f64 tensor, got ", schema::desc(inv));
+  expect_factor(op, in[k], "inv_scale");
   if (check) {
     schema::expect_defined(op, in[k + 1], "found_inf");
     expect_flag(op, in[k + 1], "found_inf");
