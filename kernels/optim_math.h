@@ -15,6 +15,14 @@
 // element into A, call the update, and store the results back once. The per-step scalars are derived
 // from the double hyper-parameters once per thread (in double, then rounded to A), exactly as the
 // per-tensor kernels always have, so every kernel sees the same A-valued coefficients.
+//
+// Roundings. Compilers contract a product and an add into one fused multiply-add where they see
+// fit: g++ does so by default, nvcc in its front end and ptxas again late, per kernel, so the same
+// formula inlined into the per-tensor and the multi-tensor kernel (or a float4 loop) could round
+// differently, and the CPU and the GPU did. Each update is therefore written with its fused
+// multiply-adds explicit (std::fma: one rounding on the host and the device) and no other product
+// feeding an add: every compiler then has one way to evaluate it, and a kernel's update is bit-identical
+// to the CPU's (sqrt and division are IEEE-rounded on both; nvcc's defaults -prec-div and -prec-sqrt).
 #pragma once
 #include <cmath>
 
@@ -53,12 +61,13 @@ REEL_HOST_DEVICE AdamWScalars<A> adamw_scalars(double beta1, double beta2, doubl
 // One element: p, m, v updated in place from gradient g.
 template <typename A>
 REEL_HOST_DEVICE void adamw_update(A& p, A g, A& m, A& v, const AdamWScalars<A>& s) {
+  using std::fma;
   using std::sqrt;
-  m = s.beta1 * m + s.one_minus_beta1 * g;
-  v = s.beta2 * v + s.one_minus_beta2 * g * g;
+  m = fma(s.beta1, m, s.one_minus_beta1 * g);      // b1 m + (1 - b1) g
+  v = fma(s.beta2, v, s.one_minus_beta2 * g * g);  // b2 v + (1 - b2) g^2
   // torch: denom = sqrt(v) / sqrt(bc2) + eps; p -= (lr / bc1) * m / denom
   const A denom = sqrt(v) / s.bc2_sqrt + s.eps;
-  p = A(p * s.decay - s.step_size * m / denom);
+  p = fma(p, s.decay, -(s.step_size * m / denom));  // p (1 - lr wd) - step m / denom
 }
 
 // SGD's coefficients for one step, in the accumulation type.
@@ -78,13 +87,14 @@ REEL_HOST_DEVICE SgdScalars<A> sgd_scalars(double lr, double momentum, double da
 // written only when the step has one (has_buf).
 template <typename A>
 REEL_HOST_DEVICE void sgd_update(A& p, A g, bool has_buf, A& buf, const SgdScalars<A>& s) {
+  using std::fma;
   A d = g;
-  if (s.decay) d = A(d + s.weight_decay * p);
+  if (s.decay) d = fma(s.weight_decay, p, d);  // g + wd p
   if (has_buf) {
-    buf = s.first_step ? d : A(s.momentum * buf + s.dampening1 * d);
-    d = s.nesterov ? A(d + s.momentum * buf) : buf;
+    buf = s.first_step ? d : fma(s.momentum, buf, s.dampening1 * d);  // momentum buf + (1 - dampening) d
+    d = s.nesterov ? fma(s.momentum, buf, d) : buf;
   }
-  p = A(p - s.lr * d);
+  p = fma(-s.lr, d, p);  // p - lr d
 }
 
 }  // namespace reel::math
