@@ -1,4 +1,5 @@
 // Built when nvcc is absent: no CUDA kernels are registered, and supports(op, CUDA) is false.
+#include "kernels/cuda/batch_norm_launch.h"
 #include "kernels/cuda/programmatic_launch.h"
 #include "kernels/library_workspaces.h"
 #include "kernels/registry.h"
@@ -9,5 +10,7 @@ std::map<std::string, size_t> library_workspaces(Device) { return {}; }
 namespace cuda {
 bool programmatic_launch() { return false; }  // no CUDA kernels to launch
 bool set_programmatic_launch(bool) { return false; }
+bool batch_norm_one_launch() { return false; }  // no CUDA kernels to launch
+bool set_batch_norm_one_launch(bool) { return false; }
 }  // namespace cuda
 }  // namespace reel

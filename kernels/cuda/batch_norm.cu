@@ -40,13 +40,19 @@
 // only operand is a channels-last x, need no staging: a warp reads 32 neighbouring channels of a
 // pixel. The statistics and the backward's sums are one launch each: the last block of a channel
 // tile to finish combines the tile's chunks (kernels/cuda/last_block.cuh), all its threads at once.
+// Where every block of the statistics' grid can be resident at once (a small plane: cnn-small's), the
+// statistics and the apply are one kernel, and the backward's sums and dx another: each block keeps
+// its chunk and finishes it once its channel tile's last block has combined the chunks
+// (batch_norm_launch.h has the switch, batch_norm_tiles.cuh the kernels). Same bits as the two launches.
 // Those kernels are in batch_norm_tiles.cuh; what both layouts share in batch_norm_common.cuh.
 // The chunks of a channel's values are then chunks of pixels, summed in another order than the
 // (N, C, S) kernels': the results agree to rounding, not to the bit, with those of the same values
 // in (N, C, S) order.
 #include "kernels/cuda/batch_norm_common.cuh"
+#include "kernels/cuda/batch_norm_launch.h"
 #include "kernels/cuda/batch_norm_tiles.cuh"
 #include "kernels/cuda/cuda_registry.h"
+#include "kernels/env_switch.h"
 
 namespace reel {
 namespace cuda {
@@ -259,6 +265,20 @@ ChannelSplit split_channels(const NCS& d) {
   return {d.C, d.S, count, parts, (count + parts - 1) / parts};
 }
 
+EnvSwitch g_one_launch("REEL_BATCH_NORM_ONE_LAUNCH", "two kernels each way", "one kernel each way");
+
+// Whether `kernel`, one of batch_norm_tiles.cuh's one-launch kernels, takes the tiled split `sp` of a
+// plane on stream s: the switch is on, every block of its grid (one a chunk) can be resident at once
+// (the blocks wait for each other: a grid larger than the GPU would wait forever), and s is not a
+// plan's side stream, where a second such kernel could run beside the first and the two hold each
+// other's multiprocessors. A channel tile takes three finish counters of the main stream's lane.
+template <typename Kernel>
+bool one_launch_fits(Kernel kernel, const ChannelSplit& sp, int64_t tiles_c, cudaStream_t s, Device dev) {
+  if (!g_one_launch.get() || is_side_stream(s, dev.index) || 3 * tiles_c > kFinishCounterLaneSlots) return false;
+  const int64_t resident = int64_t(resident_blocks_per_sm(kernel, kTile * kTileRows)) * multiprocessor_count(dev.index);
+  return tiles_c * sp.parts <= resident;
+}
+
 // Launches an elementwise (N, C, S) kernel with 32-bit indices when N*C*S fits.
 template <typename Kernel32, typename Kernel64, typename... Args>
 void launch_flat(Kernel32 k32, Kernel64 k64, int64_t total, const NCS& d, cudaStream_t s, Args... args) {
@@ -296,6 +316,18 @@ void batch_norm_fwd(const KernelCall& c) {
       const double momentum = has_running ? c.attrs.f("momentum") : 0.0;
       // Chunk sums, then chunk M2s: (2, C, parts), or (2, parts, C) for the tiles.
       Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
+      if (tiled && x.numel() > 0) {
+        const bool done = visit_copy_type<D>(y16, "batch_norm", [&]<typename Y16>() {
+          auto kernel = batch_norm_fwd_one_launch_kernel<X, D, Y16>;
+          if (!one_launch_fits(kernel, sp, channel_tiles(d), s, x.device())) return false;
+          launch_kernel(kernel, unsigned(channel_tiles(d) * sp.parts), dim3(kTile, kTileRows), 0, s, in_ptr<X>(x), sp,
+                        out_ptr<A>(part), A(eps), pm, pr, has_running, rm, rv, momentum, in_ptr<D>(w), in_ptr<D>(b),
+                        out_ptr<D>(y), relu, y16.defined() ? out_ptr<Y16>(y16) : nullptr, L16);
+          REEL_CUDA_LAUNCH_CHECK();
+          return true;
+        });
+        if (done) return;
+      }
       if (tiled) {
         launch_kernel(batch_norm_fwd_stats_tiled_kernel<X, A>, grid_for(channel_tiles(d) * sp.parts),
                       dim3(kTile, kTileRows), 0, s, in_ptr<X>(x), sp, out_ptr<A>(part), A(eps), pm, pr, has_running, rm,
@@ -357,6 +389,19 @@ void batch_norm_bwd(const KernelCall& c) {
       // Chunk sums of g, then of g xhat: (2, C, parts), or (2, parts, C) for the tiles.
       Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
       Tensor coef = Tensor::empty({2, d.C}, mean.dtype(), x.device());  // mean(g), mean(g xhat)
+      // One launch for the sums and dx where the grid fits (one_launch_fits); two otherwise.
+      const bool one_launch = tiled && x.numel() > 0 &&
+                              visit_dx_type<D>(dx.dtype(), dw.dtype(), "batch_norm_backward", [&]<typename O>() {
+                                auto kernel = batch_norm_bwd_one_launch_kernel<X, D, O, G>;
+                                if (!one_launch_fits(kernel, sp, channel_tiles(d), s, x.device())) return false;
+                                launch_kernel(kernel, unsigned(channel_tiles(d) * sp.parts), dim3(kTile, kTileRows), 0,
+                                              s, pg, go.layout, py, yo.layout, px, xo.layout, pm, pr, sp,
+                                              out_ptr<A>(part), training, param_grads_of<D>(c), out_ptr<A>(coef),
+                                              in_ptr<D>(w), out_ptr<O>(dx), Ldx);
+                                REEL_CUDA_LAUNCH_CHECK();
+                                return true;
+                              });
+      if (one_launch) return;
       if (tiled) {
         launch_kernel(batch_norm_bwd_sums_tiled_kernel<X, D, G>, grid_for(channel_tiles(d) * sp.parts),
                       dim3(kTile, kTileRows), 0, s, pg, go.layout, py, yo.layout, px, xo.layout, pm, pr, sp,
@@ -388,6 +433,10 @@ void batch_norm_bwd(const KernelCall& c) {
 }
 
 }  // namespace
+
+bool batch_norm_one_launch() { return g_one_launch.get(); }
+bool set_batch_norm_one_launch(bool on) { return g_one_launch.set(on); }
+
 }  // namespace cuda
 
 void register_batch_norm_cuda_kernels() {

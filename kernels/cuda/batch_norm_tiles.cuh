@@ -193,49 +193,73 @@ __device__ void combine_tile_stats(int64_t c0, const A* part, const ChannelSplit
                         old_mean, old_var, momentum);
 }
 
-// Training statistics, x channels-last (x[p C + c]): block (channel tile j, pixel chunk k); thread
-// (tx, ty) holds channel c0 + tx of its 8 pixels of the chunk in registers, read straight from x (a
-// warp reads 32 neighbouring channels of one pixel: coalesced, no staging needed), sums them, and
-// after the block has the chunk mean, sums their squared deviations from it (the two-pass variance
-// of the chunk, x read once). The last block of each channel tile to finish combines the tile's
-// chunks (kernels/cuda/last_block.cuh): one launch.
+// Chunk k of channel tile j of a channels-last x (x[p C + c]): thread (tx, ty) loads channel
+// j 32 + tx of its 8 pixels of the chunk into v (a warp reads 32 neighbouring channels of one pixel:
+// coalesced, no staging needed; zeros past the chunk), sums them, and after the block has the chunk
+// mean, sums their squared deviations from it (the two-pass variance of the chunk, x read once); the
+// chunk's sum and M2 go to part (2, parts, C). Synchronises.
+template <typename X, typename A>
+__device__ void chunk_stats(const X* x, const ChannelSplit& sp, int64_t j, int64_t k, A* part,
+                            A (&scratch)[kTileRows][kTile], A (&v)[pixels_per_thread<A>]) {
+  const int64_t C = sp.C, i0 = sp.begin(k), i1 = sp.end(k), c = j * kTile + threadIdx.x;
+  const bool live = c < C;
+#pragma unroll
+  for (int r = 0; r < pixels_per_thread<A>; ++r) {
+    const int64_t p = i0 + threadIdx.y + r * kTileRows;
+    v[r] = live && p < i1 ? to_acc(x[p * C + c]) : A(0);
+  }
+  A s = 0;
+#pragma unroll
+  for (int r = 0; r < pixels_per_thread<A>; ++r) s += v[r];
+  s = column_sum(s, scratch);
+  const A chunk_mean = s / A(i1 - i0);
+  A q = 0;
+#pragma unroll
+  for (int r = 0; r < pixels_per_thread<A>; ++r) {
+    const A d = v[r] - chunk_mean;
+    if (i0 + threadIdx.y + r * kTileRows < i1) q += d * d;
+  }
+  q = column_sum(q, scratch);
+  if (threadIdx.y == 0 && live) {
+    part[k * C + c] = s;
+    part[(sp.parts + k) * C + c] = q;
+  }
+}
+
+// Training statistics, x channels-last: block (channel tile j, pixel chunk k) reduces its chunk
+// (chunk_stats); the last block of each channel tile to finish combines the tile's chunks
+// (kernels/cuda/last_block.cuh): one launch.
 template <typename X, typename A>
 __global__ void __launch_bounds__(kTile * kTileRows, 2) batch_norm_fwd_stats_tiled_kernel(const X* x, ChannelSplit sp, A* part, A eps, A* mean, A* rstd,
                                                   bool update, RunningStat running_mean, RunningStat running_var,
                                                   double momentum) {
   grid_dependency_wait();
   __shared__ A scratch[kTileRows][kTile];
-  const int64_t C = sp.C, tiles_c = (C + kTile - 1) / kTile;
+  const int64_t tiles_c = (sp.C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {
-    const int64_t j = t / sp.parts, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
-    const int64_t c = j * kTile + threadIdx.x;
-    const bool live = c < C;
-    A v[pixels_per_thread<A>];  // pixels i0 + ty + 16 r of channel c; zeros past the chunk
-#pragma unroll
-    for (int r = 0; r < pixels_per_thread<A>; ++r) {
-      const int64_t p = i0 + threadIdx.y + r * kTileRows;
-      v[r] = live && p < i1 ? to_acc(x[p * C + c]) : A(0);
-    }
-    A s = 0;
-#pragma unroll
-    for (int r = 0; r < pixels_per_thread<A>; ++r) s += v[r];
-    s = column_sum(s, scratch);
-    const A chunk_mean = s / A(i1 - i0);
-    A q = 0;
-#pragma unroll
-    for (int r = 0; r < pixels_per_thread<A>; ++r) {
-      const A d = v[r] - chunk_mean;
-      if (i0 + threadIdx.y + r * kTileRows < i1) q += d * d;
-    }
-    q = column_sum(q, scratch);
-    if (threadIdx.y == 0 && live) {
-      part[k * C + c] = s;
-      part[(sp.parts + k) * C + c] = q;
-    }
+    const int64_t j = t / sp.parts, k = t % sp.parts;
+    A v[pixels_per_thread<A>];
+    chunk_stats(x, sp, j, k, part, scratch, v);
     if (arrive_last(finish_counter(j), unsigned(sp.parts)))
       combine_tile_stats(j * kTile, part, sp, scratch, eps, mean, rstd, update, running_mean, running_var, momentum);
   }
 }
+
+// y = x scale_c + shift_c (relu of it with a fused relu) for channel c: scale_c = rstd_c w_c,
+// shift_c = b_c - mean_c scale_c. One expression for every kernel that applies the statistics, its
+// multiply-adds explicit: a product feeding a subtraction is otherwise left to ptxas to contract or
+// not, per kernel, and the one-launch and two-kernel paths must give the same bits.
+template <typename A>
+struct ScaleShift {
+  A scale, shift;
+  template <typename D>
+  __device__ ScaleShift(A mu, A rs, const D* w, const D* b, int64_t c)
+      : scale(rs * (w ? to_acc(w[c]) : A(1))), shift(fma(-mu, scale, b ? to_acc(b[c]) : A(0))) {}
+  __device__ A operator()(A x, bool relu) const {
+    const A v = fma(x, scale, shift);
+    return relu ? math::unary<OpKind::Relu>(v, A(0)) : v;
+  }
+};
 
 // y = x scale_c + shift_c, tiled: x in its layout, y (N, C, S). Block (pixel tile, channel tile).
 // With a fused relu y = relu(x scale_c + shift_c), and y16 (non-null: attr cast_dtype) gets y's 16-bit
@@ -254,12 +278,11 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
     __syncthreads();
     const int64_t c = c0 + threadIdx.x;
     if (c < Lx.C) {
-      const A scale = rstd[c] * (w ? to_acc(w[c]) : A(1)), shift = (b ? to_acc(b[c]) : A(0)) - mean[c] * scale;
+      const ScaleShift<A> apply(mean[c], rstd[c], w, b, c);
 #pragma unroll
       for (int j = 0; j < pixels_per_thread<A>; ++j) {
         const int r = threadIdx.y + j * kTileRows;
-        const A v = tile[r][threadIdx.x] * scale + shift;
-        tile[r][threadIdx.x] = relu ? math::unary<OpKind::Relu>(v, A(0)) : v;
+        tile[r][threadIdx.x] = apply(tile[r][threadIdx.x], relu);
       }
     }
     __syncthreads();
@@ -297,6 +320,44 @@ __device__ void combine_tile_grads(int64_t c0, const A* part, const ChannelSplit
   if (threadIdx.y == 0 && live) store_channel_grads(c, s_g, s_gx, sp.C, sp.count, training, grads, coef);
 }
 
+// The operands of the backward's tile (pixels p0 .. P, channels c0 ..): g, x and a fused relu's mask,
+// each loaded along its own layout into shared memory (with the synchronisations around them).
+template <typename X, typename D, typename G, typename A>
+__device__ void load_grad_tiles(Tile<A>& tg, Tile<A>& tx, MaskTile<A>& mask, const G* g, PlaneLayout Lg, const D* yr,
+                                PlaneLayout Ly, const X* x, PlaneLayout Lx, int64_t P, int64_t p0, int64_t c0) {
+  __syncthreads();
+  load_tile(tg, g, Lg, P, p0, c0);
+  load_tile(tx, x, Lx, P, p0, c0);
+  if (yr) load_relu_mask<D, A>(mask, yr, Ly, P, p0, c0);
+  __syncthreads();
+}
+
+// Chunk k of channel tile j, its tiles loaded: the sums of g and g xhat over the chunk into part
+// (2, parts, C). Synchronises.
+template <typename A>
+__device__ void chunk_grad_sums(const Tile<A>& tg, const Tile<A>& tx, const MaskTile<A>& mask, bool has_mask,
+                                const A* mean, const A* rstd, const ChannelSplit& sp, int64_t j, int64_t k, A* part,
+                                A (&scratch)[kTileRows][kTile]) {
+  const int64_t C = sp.C, c = j * kTile + threadIdx.x, i0 = sp.begin(k), i1 = sp.end(k);
+  const bool live = c < C;
+  const A mu = live ? mean[c] : A(0), rs = live ? rstd[c] : A(0);
+  A s_g = 0, s_gx = 0;
+#pragma unroll
+  for (int q = 0; q < pixels_per_thread<A>; ++q) {
+    const int r = threadIdx.y + q * kTileRows;
+    if (i0 + r >= i1) break;
+    const A gv = grad_in_tile<A>(tg, mask, has_mask, r);
+    s_g += gv;
+    s_gx += gv * (tx[r][threadIdx.x] - mu) * rs;
+  }
+  s_g = column_sum(s_g, scratch);
+  s_gx = column_sum(s_gx, scratch);
+  if (threadIdx.y == 0 && live) {
+    part[k * C + c] = s_g;
+    part[(sp.parts + k) * C + c] = s_gx;
+  }
+}
+
 // Backward, stage 1, tiled: g and x each in its layout, staged through tiles; sums of g and g xhat
 // per (channel, chunk) into part (2, parts, C). The last block of each channel tile then combines the
 // tile's chunks.
@@ -309,34 +370,27 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
   __shared__ Tile<A> tg, tx;
   __shared__ MaskTile<A> mask;
   __shared__ A scratch[kTileRows][kTile];
-  const int64_t C = sp.C, tiles_c = (C + kTile - 1) / kTile;
+  const int64_t tiles_c = (sp.C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {
-    const int64_t j = t / sp.parts, c0 = j * kTile, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
-    const int64_t c = c0 + threadIdx.x;
-    const bool live = c < C;
-    const A mu = live ? mean[c] : A(0), rs = live ? rstd[c] : A(0);
-    __syncthreads();
-    load_tile(tg, g, Lg, i1, i0, c0);
-    load_tile(tx, x, Lx, i1, i0, c0);
-    if (yr) load_relu_mask<D, A>(mask, yr, Ly, i1, i0, c0);
-    __syncthreads();
-    A s_g = 0, s_gx = 0;
-#pragma unroll
-    for (int j = 0; j < pixels_per_thread<A>; ++j) {
-      const int r = threadIdx.y + j * kTileRows;
-      if (i0 + r >= i1) break;
-      const A gv = grad_in_tile<A>(tg, mask, yr != nullptr, r);
-      s_g += gv;
-      s_gx += gv * (tx[r][threadIdx.x] - mu) * rs;
-    }
-    s_g = column_sum(s_g, scratch);
-    s_gx = column_sum(s_gx, scratch);
-    if (threadIdx.y == 0 && live) {
-      part[k * C + c] = s_g;
-      part[(sp.parts + k) * C + c] = s_gx;
-    }
+    const int64_t j = t / sp.parts, k = t % sp.parts;
+    load_grad_tiles(tg, tx, mask, g, Lg, yr, Ly, x, Lx, sp.end(k), sp.begin(k), j * kTile);
+    chunk_grad_sums(tg, tx, mask, yr != nullptr, mean, rstd, sp, j, k, part, scratch);
     if (arrive_last(finish_counter(j), unsigned(sp.parts)))
-      combine_tile_grads(c0, part, sp, scratch, training, grads, coef);
+      combine_tile_grads(j * kTile, part, sp, scratch, training, grads, coef);
+  }
+}
+
+// dx = w rstd (g - mean(g) - xhat mean(g xhat)) of channel c over a loaded tile, into tg; the
+// multiply-add explicit, as in ScaleShift.
+template <typename D, typename A>
+__device__ void dx_in_tile(Tile<A>& tg, const Tile<A>& tx, const MaskTile<A>& mask, bool has_mask, const D* w, A mu,
+                           A rs, A cg, A cgx, int64_t c) {
+  const A wc = w ? to_acc(w[c]) : A(1);
+#pragma unroll
+  for (int j = 0; j < pixels_per_thread<A>; ++j) {
+    const int r = threadIdx.y + j * kTileRows;
+    const A xh = (tx[r][threadIdx.x] - mu) * rs;
+    tg[r][threadIdx.x] = wc * rs * fma(-xh, cgx, grad_in_tile<A>(tg, mask, has_mask, r) - cg);
   }
 }
 
@@ -353,24 +407,77 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
   const int64_t C = Lx.C, tiles_p = (P + tile_pixels<A> - 1) / tile_pixels<A>, tiles_c = (C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {
     const int64_t p0 = (t % tiles_p) * tile_pixels<A>, c0 = (t / tiles_p) * kTile;
-    __syncthreads();
-    load_tile(tg, g, Lg, P, p0, c0);
-    load_tile(tx, x, Lx, P, p0, c0);
-    if (yr) load_relu_mask<D, A>(mask, yr, Ly, P, p0, c0);
-    __syncthreads();
+    load_grad_tiles(tg, tx, mask, g, Lg, yr, Ly, x, Lx, P, p0, c0);
     const int64_t c = c0 + threadIdx.x;
-    if (c < C) {
-      const A rs = rstd[c], mu = mean[c], wc = w ? to_acc(w[c]) : A(1), cg = coef[c], cgx = coef[C + c];
-#pragma unroll
-      for (int j = 0; j < pixels_per_thread<A>; ++j) {
-        const int r = threadIdx.y + j * kTileRows;
-        const A xh = (tx[r][threadIdx.x] - mu) * rs;
-        tg[r][threadIdx.x] = wc * rs * (grad_in_tile<A>(tg, mask, yr != nullptr, r) - cg - xh * cgx);
-      }
-    }
+    if (c < C) dx_in_tile(tg, tx, mask, yr != nullptr, w, mean[c], rstd[c], coef[c], coef[C + c], c);
     __syncthreads();
     store_tile(tg, dx, Ldx, P, p0, c0);
   }
+}
+
+// ---- one launch each: the statistics with the apply, the backward's sums with dx
+// A small plane's grid fits on the GPU at once (cnn-small's: 128-256 blocks of one chunk each, two a
+// multiprocessor), and the apply's and dx's tiles are the chunks the statistics and sums reduce. Then
+// one kernel does both halves: each block reduces its chunk, the last block of its channel tile
+// combines the tile's chunks, and every block waits for that (last_block.cuh's wait_for_result) and
+// finishes the chunk it still holds, in registers (forward) or shared memory (backward). x, and g and
+// x, are read once instead of twice, and the second launch and the gap before it go away. The grid is
+// exactly the chunks, every block resident: the launcher (batch_norm.cu) checks the occupancy, and
+// otherwise runs the two kernels above. The values are theirs, computed by the same device functions:
+// the same bits either way. A channel tile's counters: arrivals at j (as the two-kernel path's), its
+// published flag at tiles_c + j and the blocks that have seen it at 2 tiles_c + j.
+
+template <typename X, typename D, typename Y16, typename A = Acc<D>>
+__global__ void __launch_bounds__(kTile* kTileRows, 2)
+    batch_norm_fwd_one_launch_kernel(const X* x, ChannelSplit sp, A* part, A eps, A* mean, A* rstd, bool update,
+                                     RunningStat running_mean, RunningStat running_var, double momentum, const D* w,
+                                     const D* b, D* y, bool relu, Y16* y16, PlaneLayout L16) {
+  grid_dependency_wait();
+  __shared__ A scratch[kTileRows][kTile];
+  __shared__ Tile<A> tile;
+  const int64_t tiles_c = (sp.C + kTile - 1) / kTile, j = blockIdx.x / sp.parts, k = blockIdx.x % sp.parts;
+  const int64_t c0 = j * kTile, c = c0 + threadIdx.x;
+  A v[pixels_per_thread<A>];  // x of channel c at the chunk's pixels ty + 16 r
+  chunk_stats(x, sp, j, k, part, scratch, v);
+  if (arrive_last(finish_counter(j), unsigned(sp.parts))) {
+    combine_tile_stats(c0, part, sp, scratch, eps, mean, rstd, update, running_mean, running_var, momentum);
+    publish_result(finish_counter(tiles_c + j));
+  }
+  wait_for_result(finish_counter(tiles_c + j), finish_counter(2 * tiles_c + j), unsigned(sp.parts));
+  if (c < sp.C) {
+    const ScaleShift<A> apply(load_partial(mean + c), load_partial(rstd + c), w, b, c);
+#pragma unroll
+    for (int r = 0; r < pixels_per_thread<A>; ++r) tile[threadIdx.y + r * kTileRows][threadIdx.x] = apply(v[r], relu);
+  }
+  __syncthreads();
+  store_tile(tile, y, PlaneLayout{sp.C, sp.S, false}, sp.end(k), sp.begin(k), c0);
+  if (y16) store_tile(tile, y16, L16, sp.end(k), sp.begin(k), c0);
+}
+
+template <typename X, typename D, typename O, typename G, typename A = Acc<D>>
+__global__ void __launch_bounds__(kTile* kTileRows, 2)
+    batch_norm_bwd_one_launch_kernel(const G* g, PlaneLayout Lg, const D* yr, PlaneLayout Ly, const X* x,
+                                     PlaneLayout Lx, const A* mean, const A* rstd, ChannelSplit sp, A* part,
+                                     bool training, ParamGrads<D> grads, A* coef, const D* w, O* dx,
+                                     PlaneLayout Ldx) {
+  grid_dependency_wait();
+  __shared__ Tile<A> tg, tx;
+  __shared__ MaskTile<A> mask;
+  __shared__ A scratch[kTileRows][kTile];
+  const int64_t tiles_c = (sp.C + kTile - 1) / kTile, j = blockIdx.x / sp.parts, k = blockIdx.x % sp.parts;
+  const int64_t c0 = j * kTile, c = c0 + threadIdx.x;
+  load_grad_tiles(tg, tx, mask, g, Lg, yr, Ly, x, Lx, sp.end(k), sp.begin(k), c0);
+  chunk_grad_sums(tg, tx, mask, yr != nullptr, mean, rstd, sp, j, k, part, scratch);
+  if (arrive_last(finish_counter(j), unsigned(sp.parts))) {
+    combine_tile_grads(c0, part, sp, scratch, training, grads, coef);
+    publish_result(finish_counter(tiles_c + j));
+  }
+  wait_for_result(finish_counter(tiles_c + j), finish_counter(2 * tiles_c + j), unsigned(sp.parts));
+  if (c < sp.C)
+    dx_in_tile(tg, tx, mask, yr != nullptr, w, mean[c], rstd[c], load_partial(coef + c), load_partial(coef + sp.C + c),
+               c);
+  __syncthreads();
+  store_tile(tg, dx, Ldx, sp.end(k), sp.begin(k), c0);
 }
 
 }  // namespace reel::cuda::batch_norm_detail

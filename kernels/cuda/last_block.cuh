@@ -51,6 +51,36 @@ __device__ __forceinline__ bool arrive_last(unsigned* counter, unsigned group_si
   return is_last;
 }
 
+// ---- the group's result for every block: a barrier per group
+// When every block of a group is resident at once (the launcher checks the grid against the
+// occupancy), the blocks can go on with the result the last block combined: the last block publishes
+// it (publish_result, after writing it), and every block waits for that (wait_for_result), reading the
+// result afterwards from L2 (load_partial). The flag and a count of the blocks that have seen it are two
+// more counters of the group; the last block to see the flag resets both for the next launch. A block
+// that waits holds its multiprocessor: a group whose blocks cannot all be resident would wait forever,
+// which is why only a launcher that has checked the occupancy (and runs nothing that waits on these
+// blocks beside them) may use it.
+
+// Called by every thread of the last block after it wrote the group's result.
+__device__ __forceinline__ void publish_result(unsigned* flag) {
+  __threadfence();  // this thread's writes of the result are visible device-wide before the flag
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) atomicExch(flag, 1u);
+}
+
+// Called by every thread of every block of the group: returns once the result is published.
+__device__ __forceinline__ void wait_for_result(unsigned* flag, unsigned* seen, unsigned group_size) {
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    while (*static_cast<volatile unsigned*>(flag) == 0u) __nanosleep(32);
+    __threadfence();  // the result's writes, fenced before the flag, are seen after it
+    if (atomicAdd(seen, 1u) + 1 == group_size) {  // every block has seen the flag: reset for the next launch
+      atomicExch(seen, 0u);
+      atomicExch(flag, 0u);
+    }
+  }
+  __syncthreads();
+}
+
 // A partial written by another block of the group, read from L2.
 template <typename T>
 __device__ __forceinline__ T load_partial(const T* p) {

@@ -1,8 +1,7 @@
 // Programmatic dependent launch: the switch, and launch errors (launch.cuh).
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
+#include "kernels/env_switch.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/launch_programmatic.h"
 #include "kernels/cuda/programmatic_launch.h"
@@ -11,22 +10,8 @@
 namespace reel::cuda {
 namespace {
 
-// -1: not asked yet; else 0 or 1. Read from REEL_PROGRAMMATIC_LAUNCH on first use.
-std::atomic<int> g_enabled{-1};
-
-bool enabled() {
-  int on = g_enabled.load(std::memory_order_relaxed);
-  if (on < 0) {
-    const char* env = std::getenv("REEL_PROGRAMMATIC_LAUNCH");
-    if (env != nullptr && std::strcmp(env, "0") != 0 && std::strcmp(env, "1") != 0)
-      throw Error(detail::cat("REEL_PROGRAMMATIC_LAUNCH: expected 0 (plain launches) or 1 (programmatic ",
-                              "dependent launch, the default), got '", env, "'"));
-    on = (env != nullptr && std::strcmp(env, "0") == 0) ? 0 : 1;
-    int expected = -1;
-    if (!g_enabled.compare_exchange_strong(expected, on)) on = expected;
-  }
-  return on != 0;
-}
+// Read from REEL_PROGRAMMATIC_LAUNCH on first use.
+EnvSwitch g_programmatic("REEL_PROGRAMMATIC_LAUNCH", "plain launches", "programmatic dependent launch");
 
 // Compute capability 9.0 or later, asked once per device.
 bool supports(int device) {
@@ -45,17 +30,13 @@ bool supports(int device) {
 }  // namespace
 
 bool programmatic_launch() {
-  if (!enabled()) return false;
+  if (!g_programmatic.get()) return false;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   return supports(device);
 }
 
-bool set_programmatic_launch(bool on) {
-  const bool was = enabled();  // reads the environment first if nothing has yet
-  g_enabled.store(on ? 1 : 0, std::memory_order_relaxed);
-  return was;
-}
+bool set_programmatic_launch(bool on) { return g_programmatic.set(on); }
 
 cudaError_t launch_programmatic(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                 void** args) {
