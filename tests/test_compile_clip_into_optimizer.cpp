@@ -1,5 +1,4 @@
-// The clip folded into the optimizer's update (compile/passes/fuse_clip_into_optimizer.cpp, off by
-// default): the multi-tensor AdamW reads each gradient times the clip coefficient, rounded as
+// The clip folded into the optimizer's update (compile/passes/fuse_clip_into_optimizer.cpp): the multi-tensor AdamW reads each gradient times the clip coefficient, rounded as
 // unscale_check stores it, and the GradScaler step's inf/NaN check of the clip moves into the norm.
 //   - gpt-tiny's and cnn-small's compiled steps (ACCUM 2, clip 1.0) with the pass turned on follow
 //     the steps without it to the bit on the CPU and on the GPU (kernels/optim_math.h writes AdamW's
@@ -57,12 +56,9 @@ struct StepSetup {
 };
 constexpr StepSetup kSetups[] = {{"fp32", false}, {"bf16", false}, {"fp16", false}, {"fp16", true}};
 
-// The model's compiled steps with the pass turned on (it is off by default) and as they are.
+// The model's compiled steps with every pass on and with this one off.
 testing_util::PassAB with_and_without(const char* model, Device device, const StepSetup& s) {
-  testing_util::PassAB r;
-  r.on = testing_util::compiled_steps(model, device, s.precision, {}, 0, 3, {"clip_into_optimizer"}, s.scaler);
-  r.off = testing_util::compiled_steps(model, device, s.precision, {}, 0, 3, {}, s.scaler);
-  return r;
+  return testing_util::pass_on_and_off(model, device, s.precision, "clip_into_optimizer", s.scaler);
 }
 
 TEST(ClipIntoOptimizerPass, TheStepsFollowTheStepsWithoutItToTheBitOnTheCpu) {

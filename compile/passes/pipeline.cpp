@@ -71,13 +71,9 @@ const std::vector<Pass>& pipeline() {
        "a micro-batch's 16-bit weight gradients cast into (or added to) the f32 gradients in one kernel",
        /*on_by_default=*/true, /*under_memory_limit=*/false},
       {"optimizer", S::Fusion, fuse_optimizer, "a run of per-parameter updates as one multi-tensor kernel"},
-      // After optimizer: it folds into the multi-tensor updates that pass writes. Off by default: on
-      // the GPU the fused AdamW update differs from the unfused step's in the last bit (its p update's
-      // FMA contraction, most likely; kernels/cuda/multi_tensor_optim.cu), and it bought 0.4% of
-      // gpt-small's step (bench/RESULTS.md, fourteenth step).
+      // After optimizer: it folds into the multi-tensor updates that pass writes.
       {"clip_into_optimizer", S::Fusion, fuse_clip_into_optimizer,
-       "the clip's scaling of the gradients in the optimizer's update (its inf/NaN check in the norm)",
-       /*on_by_default=*/false},
+       "the clip's scaling of the gradients in the optimizer's update (its inf/NaN check in the norm)"},
       // Last: the casts left after the other passes (the GEMM epilogues' 16-bit biases among them).
       {"weight_casts", S::Fusion, fuse_weight_casts, "the step's casts of its weights as one multi-tensor kernel",
        /*on_by_default=*/true, /*under_memory_limit=*/false},
