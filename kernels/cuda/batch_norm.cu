@@ -40,16 +40,16 @@
 // only operand is a channels-last x, need no staging: a warp reads 32 neighbouring channels of a
 // pixel. The statistics and the backward's sums are one launch each: the last block of a channel
 // tile to finish combines the tile's chunks (kernels/cuda/last_block.cuh), all its threads at once.
-// Where every block of the statistics' grid can be resident at once (a small plane: cnn-small's), the
-// statistics and the apply are one kernel, and the backward's sums and dx another: each block keeps
-// its chunk and finishes it once its channel tile's last block has combined the chunks
-// (batch_norm_launch.h has the switch, batch_norm_tiles.cuh the kernels). Same bits as the two launches.
+// Where every block of the backward's grid can be resident at once (a small plane: cnn-small's), its
+// sums and dx are one kernel: each block keeps its chunk's tiles and computes dx once its channel
+// tile's last block has combined the chunks (norm_one_launch.h has the switch, batch_norm_tiles.cuh
+// the kernel). Same bits as the two launches.
 // Those kernels are in batch_norm_tiles.cuh; what both layouts share in batch_norm_common.cuh.
 // The chunks of a channel's values are then chunks of pixels, summed in another order than the
 // (N, C, S) kernels': the results agree to rounding, not to the bit, with those of the same values
 // in (N, C, S) order.
 #include "kernels/cuda/batch_norm_common.cuh"
-#include "kernels/cuda/batch_norm_launch.h"
+#include "kernels/cuda/norm_one_launch.h"
 #include "kernels/cuda/batch_norm_tiles.cuh"
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/env_switch.h"
@@ -265,9 +265,9 @@ ChannelSplit split_channels(const NCS& d) {
   return {d.C, d.S, count, parts, (count + parts - 1) / parts};
 }
 
-EnvSwitch g_one_launch("REEL_BATCH_NORM_ONE_LAUNCH", "two kernels each way", "one kernel each way");
+EnvSwitch g_one_launch("REEL_BATCH_NORM_ONE_LAUNCH", "two kernels", "one kernel for the backward's sums and dx");
 
-// Whether `kernel`, one of batch_norm_tiles.cuh's one-launch kernels, takes the tiled split `sp` of a
+// Whether `kernel`, batch_norm_tiles.cuh's one-launch backward, takes the tiled split `sp` of a
 // plane on stream s: the switch is on, every block of its grid (one a chunk) can be resident at once
 // (the blocks wait for each other: a grid larger than the GPU would wait forever), and s is not a
 // plan's side stream, where a second such kernel could run beside the first and the two hold each
@@ -316,18 +316,6 @@ void batch_norm_fwd(const KernelCall& c) {
       const double momentum = has_running ? c.attrs.f("momentum") : 0.0;
       // Chunk sums, then chunk M2s: (2, C, parts), or (2, parts, C) for the tiles.
       Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
-      if (tiled && x.numel() > 0) {
-        const bool done = visit_copy_type<D>(y16, "batch_norm", [&]<typename Y16>() {
-          auto kernel = batch_norm_fwd_one_launch_kernel<X, D, Y16>;
-          if (!one_launch_fits(kernel, sp, channel_tiles(d), s, x.device())) return false;
-          launch_kernel(kernel, unsigned(channel_tiles(d) * sp.parts), dim3(kTile, kTileRows), 0, s, in_ptr<X>(x), sp,
-                        out_ptr<A>(part), A(eps), pm, pr, has_running, rm, rv, momentum, in_ptr<D>(w), in_ptr<D>(b),
-                        out_ptr<D>(y), relu, y16.defined() ? out_ptr<Y16>(y16) : nullptr, L16);
-          REEL_CUDA_LAUNCH_CHECK();
-          return true;
-        });
-        if (done) return;
-      }
       if (tiled) {
         launch_kernel(batch_norm_fwd_stats_tiled_kernel<X, A>, grid_for(channel_tiles(d) * sp.parts),
                       dim3(kTile, kTileRows), 0, s, in_ptr<X>(x), sp, out_ptr<A>(part), A(eps), pm, pr, has_running, rm,

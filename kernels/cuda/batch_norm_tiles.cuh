@@ -193,73 +193,49 @@ __device__ void combine_tile_stats(int64_t c0, const A* part, const ChannelSplit
                         old_mean, old_var, momentum);
 }
 
-// Chunk k of channel tile j of a channels-last x (x[p C + c]): thread (tx, ty) loads channel
-// j 32 + tx of its 8 pixels of the chunk into v (a warp reads 32 neighbouring channels of one pixel:
-// coalesced, no staging needed; zeros past the chunk), sums them, and after the block has the chunk
-// mean, sums their squared deviations from it (the two-pass variance of the chunk, x read once); the
-// chunk's sum and M2 go to part (2, parts, C). Synchronises.
-template <typename X, typename A>
-__device__ void chunk_stats(const X* x, const ChannelSplit& sp, int64_t j, int64_t k, A* part,
-                            A (&scratch)[kTileRows][kTile], A (&v)[pixels_per_thread<A>]) {
-  const int64_t C = sp.C, i0 = sp.begin(k), i1 = sp.end(k), c = j * kTile + threadIdx.x;
-  const bool live = c < C;
-#pragma unroll
-  for (int r = 0; r < pixels_per_thread<A>; ++r) {
-    const int64_t p = i0 + threadIdx.y + r * kTileRows;
-    v[r] = live && p < i1 ? to_acc(x[p * C + c]) : A(0);
-  }
-  A s = 0;
-#pragma unroll
-  for (int r = 0; r < pixels_per_thread<A>; ++r) s += v[r];
-  s = column_sum(s, scratch);
-  const A chunk_mean = s / A(i1 - i0);
-  A q = 0;
-#pragma unroll
-  for (int r = 0; r < pixels_per_thread<A>; ++r) {
-    const A d = v[r] - chunk_mean;
-    if (i0 + threadIdx.y + r * kTileRows < i1) q += d * d;
-  }
-  q = column_sum(q, scratch);
-  if (threadIdx.y == 0 && live) {
-    part[k * C + c] = s;
-    part[(sp.parts + k) * C + c] = q;
-  }
-}
-
-// Training statistics, x channels-last: block (channel tile j, pixel chunk k) reduces its chunk
-// (chunk_stats); the last block of each channel tile to finish combines the tile's chunks
-// (kernels/cuda/last_block.cuh): one launch.
+// Training statistics, x channels-last (x[p C + c]): block (channel tile j, pixel chunk k); thread
+// (tx, ty) holds channel c0 + tx of its 8 pixels of the chunk in registers, read straight from x (a
+// warp reads 32 neighbouring channels of one pixel: coalesced, no staging needed), sums them, and
+// after the block has the chunk mean, sums their squared deviations from it (the two-pass variance
+// of the chunk, x read once). The last block of each channel tile to finish combines the tile's
+// chunks (kernels/cuda/last_block.cuh): one launch.
 template <typename X, typename A>
 __global__ void __launch_bounds__(kTile * kTileRows, 2) batch_norm_fwd_stats_tiled_kernel(const X* x, ChannelSplit sp, A* part, A eps, A* mean, A* rstd,
                                                   bool update, RunningStat running_mean, RunningStat running_var,
                                                   double momentum) {
   grid_dependency_wait();
   __shared__ A scratch[kTileRows][kTile];
-  const int64_t tiles_c = (sp.C + kTile - 1) / kTile;
+  const int64_t C = sp.C, tiles_c = (C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {
-    const int64_t j = t / sp.parts, k = t % sp.parts;
-    A v[pixels_per_thread<A>];
-    chunk_stats(x, sp, j, k, part, scratch, v);
+    const int64_t j = t / sp.parts, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
+    const int64_t c = j * kTile + threadIdx.x;
+    const bool live = c < C;
+    A v[pixels_per_thread<A>];  // pixels i0 + ty + 16 r of channel c; zeros past the chunk
+#pragma unroll
+    for (int r = 0; r < pixels_per_thread<A>; ++r) {
+      const int64_t p = i0 + threadIdx.y + r * kTileRows;
+      v[r] = live && p < i1 ? to_acc(x[p * C + c]) : A(0);
+    }
+    A s = 0;
+#pragma unroll
+    for (int r = 0; r < pixels_per_thread<A>; ++r) s += v[r];
+    s = column_sum(s, scratch);
+    const A chunk_mean = s / A(i1 - i0);
+    A q = 0;
+#pragma unroll
+    for (int r = 0; r < pixels_per_thread<A>; ++r) {
+      const A d = v[r] - chunk_mean;
+      if (i0 + threadIdx.y + r * kTileRows < i1) q += d * d;
+    }
+    q = column_sum(q, scratch);
+    if (threadIdx.y == 0 && live) {
+      part[k * C + c] = s;
+      part[(sp.parts + k) * C + c] = q;
+    }
     if (arrive_last(finish_counter(j), unsigned(sp.parts)))
       combine_tile_stats(j * kTile, part, sp, scratch, eps, mean, rstd, update, running_mean, running_var, momentum);
   }
 }
-
-// y = x scale_c + shift_c (relu of it with a fused relu) for channel c: scale_c = rstd_c w_c,
-// shift_c = b_c - mean_c scale_c. One expression for every kernel that applies the statistics, its
-// multiply-adds explicit: a product feeding a subtraction is otherwise left to ptxas to contract or
-// not, per kernel, and the one-launch and two-kernel paths must give the same bits.
-template <typename A>
-struct ScaleShift {
-  A scale, shift;
-  template <typename D>
-  __device__ ScaleShift(A mu, A rs, const D* w, const D* b, int64_t c)
-      : scale(rs * (w ? to_acc(w[c]) : A(1))), shift(fma(-mu, scale, b ? to_acc(b[c]) : A(0))) {}
-  __device__ A operator()(A x, bool relu) const {
-    const A v = fma(x, scale, shift);
-    return relu ? math::unary<OpKind::Relu>(v, A(0)) : v;
-  }
-};
 
 // y = x scale_c + shift_c, tiled: x in its layout, y (N, C, S). Block (pixel tile, channel tile).
 // With a fused relu y = relu(x scale_c + shift_c), and y16 (non-null: attr cast_dtype) gets y's 16-bit
@@ -278,11 +254,12 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
     __syncthreads();
     const int64_t c = c0 + threadIdx.x;
     if (c < Lx.C) {
-      const ScaleShift<A> apply(mean[c], rstd[c], w, b, c);
+      const A scale = rstd[c] * (w ? to_acc(w[c]) : A(1)), shift = (b ? to_acc(b[c]) : A(0)) - mean[c] * scale;
 #pragma unroll
       for (int j = 0; j < pixels_per_thread<A>; ++j) {
         const int r = threadIdx.y + j * kTileRows;
-        tile[r][threadIdx.x] = apply(tile[r][threadIdx.x], relu);
+        const A v = tile[r][threadIdx.x] * scale + shift;
+        tile[r][threadIdx.x] = relu ? math::unary<OpKind::Relu>(v, A(0)) : v;
       }
     }
     __syncthreads();
@@ -380,8 +357,9 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
   }
 }
 
-// dx = w rstd (g - mean(g) - xhat mean(g xhat)) of channel c over a loaded tile, into tg; the
-// multiply-add explicit, as in ScaleShift.
+// dx = w rstd (g - mean(g) - xhat mean(g xhat)) of channel c over a loaded tile, into tg. Its
+// multiply-add is explicit: a product feeding a subtraction is otherwise left to ptxas to contract or
+// not, per kernel, and the one-launch and two-kernel paths must give the same bits.
 template <typename D, typename A>
 __device__ void dx_in_tile(Tile<A>& tg, const Tile<A>& tx, const MaskTile<A>& mask, bool has_mask, const D* w, A mu,
                            A rs, A cg, A cgx, int64_t c) {
@@ -415,44 +393,20 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
   }
 }
 
-// ---- one launch each: the statistics with the apply, the backward's sums with dx
+// ---- the backward's sums and dx in one launch
 // A small plane's grid fits on the GPU at once (cnn-small's: 128-256 blocks of one chunk each, two a
-// multiprocessor), and the apply's and dx's tiles are the chunks the statistics and sums reduce. Then
-// one kernel does both halves: each block reduces its chunk, the last block of its channel tile
-// combines the tile's chunks, and every block waits for that (last_block.cuh's wait_for_result) and
-// finishes the chunk it still holds, in registers (forward) or shared memory (backward). x, and g and
-// x, are read once instead of twice, and the second launch and the gap before it go away. The grid is
-// exactly the chunks, every block resident: the launcher (batch_norm.cu) checks the occupancy, and
-// otherwise runs the two kernels above. The values are theirs, computed by the same device functions:
-// the same bits either way. A channel tile's counters: arrivals at j (as the two-kernel path's), its
-// published flag at tiles_c + j and the blocks that have seen it at 2 tiles_c + j.
-
-template <typename X, typename D, typename Y16, typename A = Acc<D>>
-__global__ void __launch_bounds__(kTile* kTileRows, 2)
-    batch_norm_fwd_one_launch_kernel(const X* x, ChannelSplit sp, A* part, A eps, A* mean, A* rstd, bool update,
-                                     RunningStat running_mean, RunningStat running_var, double momentum, const D* w,
-                                     const D* b, D* y, bool relu, Y16* y16, PlaneLayout L16) {
-  grid_dependency_wait();
-  __shared__ A scratch[kTileRows][kTile];
-  __shared__ Tile<A> tile;
-  const int64_t tiles_c = (sp.C + kTile - 1) / kTile, j = blockIdx.x / sp.parts, k = blockIdx.x % sp.parts;
-  const int64_t c0 = j * kTile, c = c0 + threadIdx.x;
-  A v[pixels_per_thread<A>];  // x of channel c at the chunk's pixels ty + 16 r
-  chunk_stats(x, sp, j, k, part, scratch, v);
-  if (arrive_last(finish_counter(j), unsigned(sp.parts))) {
-    combine_tile_stats(c0, part, sp, scratch, eps, mean, rstd, update, running_mean, running_var, momentum);
-    publish_result(finish_counter(tiles_c + j));
-  }
-  wait_for_result(finish_counter(tiles_c + j), finish_counter(2 * tiles_c + j), unsigned(sp.parts));
-  if (c < sp.C) {
-    const ScaleShift<A> apply(load_partial(mean + c), load_partial(rstd + c), w, b, c);
-#pragma unroll
-    for (int r = 0; r < pixels_per_thread<A>; ++r) tile[threadIdx.y + r * kTileRows][threadIdx.x] = apply(v[r], relu);
-  }
-  __syncthreads();
-  store_tile(tile, y, PlaneLayout{sp.C, sp.S, false}, sp.end(k), sp.begin(k), c0);
-  if (y16) store_tile(tile, y16, L16, sp.end(k), sp.begin(k), c0);
-}
+// multiprocessor), and dx's tiles are the chunks the sums reduce. Then one kernel does both halves:
+// each block loads its chunk's g, x (and relu mask) tiles and sums them, the last block of its channel
+// tile combines the tile's chunks into dw, db and dx's coefficients, and every block waits for that
+// (last_block.cuh's wait_for_result) and computes dx from the tiles it still holds in shared memory.
+// g and x are read once instead of twice, and the second launch and the gap before it go away. The
+// grid is exactly the chunks, every block resident: the launcher (batch_norm.cu) checks the
+// occupancy, and otherwise runs the two kernels above. The values are theirs, computed by the same
+// device functions: the same bits either way. A channel tile's counters: arrivals at j (as the
+// two-kernel path's), its published flag at tiles_c + j and the blocks that have seen it at
+// 2 tiles_c + j. (The forward's statistics and apply, joined the same way with x kept in registers,
+// made cnn-small's step 0.9-1.0% slower on an H100, where this one made it 1.4-3.4% faster:
+// bench/RESULTS.md, fifteenth step. The forward stays two launches.)
 
 template <typename X, typename D, typename O, typename G, typename A = Acc<D>>
 __global__ void __launch_bounds__(kTile* kTileRows, 2)

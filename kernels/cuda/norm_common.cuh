@@ -88,7 +88,7 @@ void visit_grad_type(DType g, DType d, const char* op, Fn&& fn) {
 // Calls fn.template operator()<Y16>() with Y16 the device type of a group or batch norm's 16-bit copy
 // of y (attr cast_dtype, D = float), or D itself when there is none (the kernels get a null pointer).
 template <typename D, typename Fn>
-auto visit_copy_type(const Tensor& y16, const char* op, Fn&& fn) {
+void visit_copy_type(const Tensor& y16, const char* op, Fn&& fn) {
   if (!y16.defined()) return fn.template operator()<D>();
   if constexpr (std::is_same_v<D, float>) {
     if (y16.dtype() == DType::bf16) return fn.template operator()<__nv_bfloat16>();
