@@ -271,10 +271,11 @@ EnvSwitch g_one_launch("REEL_BATCH_NORM_ONE_LAUNCH", "two kernels", "one kernel 
 // plane on stream s: the switch is on, every block of its grid (one a chunk) can be resident at once
 // (the blocks wait for each other: a grid larger than the GPU would wait forever), and s is not a
 // plan's side stream, where a second such kernel could run beside the first and the two hold each
-// other's multiprocessors. A channel tile takes three finish counters of the main stream's lane.
+// other's multiprocessors. A channel tile takes a finish counter and a generation counter of the main
+// stream's lane.
 template <typename Kernel>
 bool one_launch_fits(Kernel kernel, const ChannelSplit& sp, int64_t tiles_c, cudaStream_t s, Device dev) {
-  if (!g_one_launch.get() || is_side_stream(s, dev.index) || 3 * tiles_c > kFinishCounterLaneSlots) return false;
+  if (!g_one_launch.get() || is_side_stream(s, dev.index) || tiles_c > kFinishCounterLaneSlots) return false;
   const int64_t resident = int64_t(resident_blocks_per_sm(kernel, kTile * kTileRows)) * multiprocessor_count(dev.index);
   return tiles_c * sp.parts <= resident;
 }

@@ -402,9 +402,8 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
 // g and x are read once instead of twice, and the second launch and the gap before it go away. The
 // grid is exactly the chunks, every block resident: the launcher (batch_norm.cu) checks the
 // occupancy, and otherwise runs the two kernels above. The values are theirs, computed by the same
-// device functions: the same bits either way. A channel tile's counters: arrivals at j (as the
-// two-kernel path's), its published flag at tiles_c + j and the blocks that have seen it at
-// 2 tiles_c + j. (The forward's statistics and apply, joined the same way with x kept in registers,
+// device functions: the same bits either way. A channel tile's counters: arrivals at finish counter j
+// (as the two-kernel path's) and its result's generation at generation counter j. (The forward's statistics and apply, joined the same way with x kept in registers,
 // made cnn-small's step 0.9-1.0% slower on an H100, where this one made it 1.4-3.4% faster:
 // bench/RESULTS.md, fifteenth step. The forward stays two launches.)
 
@@ -420,13 +419,15 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
   __shared__ A scratch[kTileRows][kTile];
   const int64_t tiles_c = (sp.C + kTile - 1) / kTile, j = blockIdx.x / sp.parts, k = blockIdx.x % sp.parts;
   const int64_t c0 = j * kTile, c = c0 + threadIdx.x;
+  unsigned* generation = result_generation_counter(j);
+  const unsigned seen = result_generation(generation);
   load_grad_tiles(tg, tx, mask, g, Lg, yr, Ly, x, Lx, sp.end(k), sp.begin(k), c0);
   chunk_grad_sums(tg, tx, mask, yr != nullptr, mean, rstd, sp, j, k, part, scratch);
   if (arrive_last(finish_counter(j), unsigned(sp.parts))) {
     combine_tile_grads(c0, part, sp, scratch, training, grads, coef);
-    publish_result(finish_counter(tiles_c + j));
+    publish_result(generation);
   }
-  wait_for_result(finish_counter(tiles_c + j), finish_counter(2 * tiles_c + j), unsigned(sp.parts));
+  wait_for_result(generation, seen);
   if (c < sp.C)
     dx_in_tile(tg, tx, mask, yr != nullptr, w, mean[c], rstd[c], load_partial(coef + c), load_partial(coef + sp.C + c),
                c);

@@ -218,10 +218,10 @@ __global__ void layer_norm_param_finish_kernel(const float* part, int64_t parts,
   finish_param_columns<kSums>(part, parts, cols, dw, db, ds, accumulate, blockIdx.x, threadIdx.x, threadIdx.y, s);
 }
 
-// The finish counters of layer_norm_bwd_vec_kernel's one launch (last_block.cuh): arrivals, the flag,
-// the blocks that have seen it; the top of the main stream's lane, apart from the generic column
-// kernels' (layer_norm.cu), which count from 0.
-constexpr int kOneLaunchSlot = kFinishCounterLaneSlots - 3;
+// The finish counter of layer_norm_bwd_vec_kernel's one launch (last_block.cuh), the top of the main
+// stream's lane, apart from the generic column kernels' (layer_norm.cu), which count from 0; its
+// result's generation is generation counter 0.
+constexpr int kOneLaunchSlot = kFinishCounterLaneSlots - 1;
 
 // dx (+ residual; its 16-bit copy dx16 when given) of layer_norm_bwd_dx_rows_kernel for f32 rows, and
 // in the same pass the block's partial dw, db: each warp sums g xhat and g of its rows per column in
@@ -241,6 +241,7 @@ __global__ void __launch_bounds__(256)
                               float* dw_out, float* db_out, float* ds_out, bool accumulate) {
   grid_dependency_wait();
   static_assert(kFinishCols * kFinishRows == 256, "the finish's block is the kernel's 256 threads");
+  const unsigned seen = kFinish ? result_generation(result_generation_counter(0)) : 0;
   static_assert(kSums == 2 || (kSums == 3 && !std::is_same_v<O, float>), "the third sum is of the 16-bit copy");
   using Row = VecRow<K>;
   __shared__ float4 block_sums[kSums][K][32];  // dw, db (and the sums of dx16) of the block, in the lanes' layout
@@ -323,8 +324,8 @@ __global__ void __launch_bounds__(256)
     *reinterpret_cast<float4*>(out + which * Row::cols + 128 * i + 4 * l) = block_sums[which][i][l];
   }
   if constexpr (kFinish) {
-    if (arrive_last(finish_counter(kOneLaunchSlot), gridDim.x)) publish_result(finish_counter(kOneLaunchSlot + 1));
-    wait_for_result(finish_counter(kOneLaunchSlot + 1), finish_counter(kOneLaunchSlot + 2), gridDim.x);
+    if (arrive_last(finish_counter(kOneLaunchSlot), gridDim.x)) publish_result(result_generation_counter(0));
+    wait_for_result(result_generation_counter(0), seen);
     __shared__ float s[kSums][kFinishRows][kFinishCols + 1];
     const int tx = threadIdx.x % kFinishCols, ty = threadIdx.x / kFinishCols;
     for (int64_t fb = blockIdx.x; fb < (Row::cols + kFinishCols - 1) / kFinishCols; fb += gridDim.x)
