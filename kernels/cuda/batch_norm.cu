@@ -42,14 +42,14 @@
 // tile to finish combines the tile's chunks (kernels/cuda/last_block.cuh), all its threads at once.
 // Where every block of the backward's grid can be resident at once (a small plane: cnn-small's), its
 // sums and dx are one kernel: each block keeps its chunk's tiles and computes dx once its channel
-// tile's last block has combined the chunks (norm_one_launch.h has the switch, batch_norm_tiles.cuh
+// tile's last block has combined the chunks (batch_norm_one_launch.h has the switch, batch_norm_tiles.cuh
 // the kernel). Same bits as the two launches.
 // Those kernels are in batch_norm_tiles.cuh; what both layouts share in batch_norm_common.cuh.
 // The chunks of a channel's values are then chunks of pixels, summed in another order than the
 // (N, C, S) kernels': the results agree to rounding, not to the bit, with those of the same values
 // in (N, C, S) order.
 #include "kernels/cuda/batch_norm_common.cuh"
-#include "kernels/cuda/norm_one_launch.h"
+#include "kernels/cuda/batch_norm_one_launch.h"
 #include "kernels/cuda/batch_norm_tiles.cuh"
 #include "kernels/cuda/cuda_registry.h"
 #include "kernels/env_switch.h"

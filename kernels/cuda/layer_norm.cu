@@ -38,16 +38,12 @@
 #include "kernels/cuda/last_block.cuh"
 #include "kernels/cuda/layer_norm_rows.cuh"
 #include "kernels/cuda/norm_common.cuh"
-#include "kernels/cuda/norm_one_launch.h"
-#include "kernels/env_switch.h"
 #include "kernels/philox_args.h"
 #include "tensor/rng.h"
 
 namespace reel {
 namespace cuda {
 namespace {
-
-EnvSwitch g_layer_norm_one_launch("REEL_LAYER_NORM_ONE_LAUNCH", "two kernels", "one kernel for dx, dw and db");
 
 using namespace norm_detail;
 
@@ -251,40 +247,29 @@ bool layer_norm_bwd_vec(const G* pg, const float* px, const float* pw, const flo
   auto run = [&]<typename O>(O* p16) {
     float* pdx = out_ptr<float>(dx);
     return visit_vec_row(cols, {g16 ? nullptr : pg, px, pw, presidual, pdx}, {p16, g16 ? pg : nullptr}, [&]<int K>() {
-      auto launch = [&]<int kSums, bool kFinish>() {
+      auto launch = [&]<int kSums>() {
         // One wave of resident blocks (as many per SM as the kernel's registers allow, a row per warp
-        // at most): every block adds one row of partials for the finish to sum. A second wave would
-        // leave the first wave's SMs idle while it runs (gpt-small's rows, 150 registers a thread: one
-        // block per SM). With kFinish the blocks then sum them themselves, which needs every block
-        // resident at once: what this grid is.
-        auto kernel = layer_norm_bwd_vec_kernel<K, O, kSums, G, kFinish>;
-        const int per_sm = resident_blocks_per_sm(kernel, 256);
+        // at most): every block adds one row of partials for the finish kernel to sum. A second wave
+        // would leave the first wave's SMs idle while it runs (gpt-small's rows, 150 registers a
+        // thread: one block per SM).
+        const int per_sm = resident_blocks_per_sm(layer_norm_bwd_vec_kernel<K, O, kSums, G>, 256);
         const int64_t blocks = std::min<int64_t>((rows + 7) / 8, int64_t(per_sm) * multiprocessor_count(dx.device().index));
         Tensor part = workspace(sizeof(float) * size_t(blocks * kSums * cols), dx.device());
         float* pp = out_ptr<float>(part);
-        float *pdw = out_ptr<float>(dw), *pdb = out_ptr<float>(db), *pds = kSums == 3 ? out_ptr<float>(sums16) : nullptr;
-        launch_kernel(kernel, unsigned(blocks), 256, 0, s, pg, px, pw, pm, pr, presidual, pdx, p16, pp, rows, drop, pdw,
-                      pdb, pds, accumulate);
+        launch_kernel(layer_norm_bwd_vec_kernel<K, O, kSums, G>, unsigned(blocks), 256, 0, s, pg, px, pw, pm, pr,
+                      presidual, pdx, p16, pp, rows, drop);
         REEL_CUDA_LAUNCH_CHECK();
-        if (kFinish) return;
         launch_kernel(layer_norm_param_finish_kernel<kSums>, unsigned((cols + kFinishCols - 1) / kFinishCols),
-                      dim3(kFinishCols, kFinishRows), 0, s, pp, blocks, cols, pdw, pdb, pds, accumulate);
+                      dim3(kFinishCols, kFinishRows), 0, s, pp, blocks, cols, out_ptr<float>(dw), out_ptr<float>(db),
+                      kSums == 3 ? out_ptr<float>(sums16) : nullptr, accumulate);
         REEL_CUDA_LAUNCH_CHECK();
-      };
-      // One launch unless switched off (norm_one_launch.h) or on a plan's side stream, where a second
-      // kernel whose blocks wait for each other could run beside it and the two hold each other's
-      // multiprocessors.
-      const bool one = layer_norm_one_launch() && !is_side_stream(s, dx.device().index);
-      auto sums = [&]<int kSums>() {
-        if (one) launch.template operator()<kSums, true>();
-        else launch.template operator()<kSums, false>();
       };
       if constexpr (std::is_same_v<O, float>)
-        sums.template operator()<2>();
+        launch.template operator()<2>();
       else if (sums16.defined())
-        sums.template operator()<3>();
+        launch.template operator()<3>();
       else
-        sums.template operator()<2>();
+        launch.template operator()<2>();
     });
   };
   if (!dx16.defined()) return run(static_cast<float*>(nullptr));
@@ -462,10 +447,6 @@ void layer_norm_backward_add_kernel(const KernelCall& c) {
 }
 
 }  // namespace
-
-bool layer_norm_one_launch() { return g_layer_norm_one_launch.get(); }
-bool set_layer_norm_one_launch(bool on) { return g_layer_norm_one_launch.set(on); }
-
 }  // namespace cuda
 
 void register_layer_norm_cuda_kernels() {

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "kernels/cuda/last_block.cuh"
 #include "kernels/cuda/norm_common.cuh"
 #include "kernels/philox_args.h"
 #include "tensor/rng.h"
@@ -172,76 +171,18 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-constexpr int kFinishRows = 32;  // threads per column of layer_norm_param_finish_kernel
-// Columns per block of it: block (kFinishCols, kFinishRows). 8, not 32, so that gpt-small's 512
-// columns take 64 blocks rather than 16 (3.37 -> 3.18 us a launch on the H200; the same sums in the
-// same order).
-constexpr int kFinishCols = 8;
-
-// dw[j] = sum over p of part[p, 0, j], db[j] = sum of part[p, 1, j] (part: (parts, kSums, cols)), and
-// with kSums 3 ds[j] = the sum of part[p, 2, j], or ds[j] += it with `accumulate` (a parameter's
-// gradient over micro-batches: the bits of the sum and then an f32 add), for the kFinishCols columns
-// of finish block fb. Thread (tx, ty) of kFinishCols x kFinishRows sums p = ty, ty + kFinishRows, ...
-// of column kFinishCols fb + tx (neighbouring lanes read adjacent columns), then the kFinishRows sums
-// are added in ty order. The partials are read from L2 (load_partial): another block of the same
-// kernel may have written them (layer_norm_bwd_vec_kernel's one launch). Synchronises.
-template <int kSums>
-__device__ void finish_param_columns(const float* part, int64_t parts, int64_t cols, float* dw, float* db, float* ds,
-                                     bool accumulate, int64_t fb, int tx, int ty,
-                                     float (&s)[kSums][kFinishRows][kFinishCols + 1]) {
-  const int64_t j = fb * kFinishCols + tx;
-  float sum[kSums] = {};
-  if (j < cols)
-    for (int64_t p = ty; p < parts; p += kFinishRows)
-#pragma unroll
-      for (int which = 0; which < kSums; ++which) sum[which] += load_partial(part + (p * kSums + which) * cols + j);
-#pragma unroll
-  for (int which = 0; which < kSums; ++which) s[which][ty][tx] = sum[which];
-  __syncthreads();
-  if (ty == 0 && j < cols) {
-    for (int k = 1; k < kFinishRows; ++k)
-#pragma unroll
-      for (int which = 0; which < kSums; ++which) sum[which] += s[which][k][tx];
-    dw[j] = sum[0], db[j] = sum[1];
-    if constexpr (kSums == 3) ds[j] = accumulate ? ds[j] + sum[2] : sum[2];
-  }
-  __syncthreads();  // s is the next finish block's
-}
-
-// The finish of layer_norm_bwd_vec_kernel's partials as a kernel of its own: block (kFinishCols,
-// kFinishRows) per kFinishCols columns.
-template <int kSums = 2>
-__global__ void layer_norm_param_finish_kernel(const float* part, int64_t parts, int64_t cols, float* dw, float* db,
-                                               float* ds = nullptr, bool accumulate = false) {
-  grid_dependency_wait();
-  __shared__ float s[kSums][kFinishRows][kFinishCols + 1];
-  finish_param_columns<kSums>(part, parts, cols, dw, db, ds, accumulate, blockIdx.x, threadIdx.x, threadIdx.y, s);
-}
-
-// The finish counter of layer_norm_bwd_vec_kernel's one launch (last_block.cuh), the top of the main
-// stream's lane, apart from the generic column kernels' (layer_norm.cu), which count from 0; its
-// result's generation is generation counter 0.
-constexpr int kOneLaunchSlot = kFinishCounterLaneSlots - 1;
-
 // dx (+ residual; its 16-bit copy dx16 when given) of layer_norm_bwd_dx_rows_kernel for f32 rows, and
 // in the same pass the block's partial dw, db: each warp sums g xhat and g of its rows per column in
 // registers, the block adds its warps' sums in warp order through shared memory and writes them to
 // part (gridDim.x, kSums, cols); layer_norm_param_finish_kernel adds the blocks' rows in a fixed order.
-// With kFinish the kernel adds them itself, in one launch: the grid is one wave of resident blocks (the
-// launcher sizes it so), so once every block has written its row (a barrier on finish counters:
-// last_block.cuh's wait_for_result) the blocks split the finish's column blocks between them and run
-// the finish kernel's code: the same sums in the same order, the same bits.
 // kSums 3 (16-bit dx16 only) also sums dx16's values per column (as f32, the 16-bit values exactly):
 // the bias gradient of the Linear whose output gradient dx16 is (compile/passes/fuse_norm_backward_add.cpp).
 // g is f32 or 16-bit (G: a GEMM's input gradient), widened as it is loaded.
-template <int K, typename O, int kSums = 2, typename G = float, bool kFinish = false>
+template <int K, typename O, int kSums = 2, typename G = float>
 __global__ void __launch_bounds__(256)
     layer_norm_bwd_vec_kernel(const G* g, const float* x, const float* w, const float* mean, const float* rstd,
-                              const float* residual, float* dx, O* dx16, float* part, int64_t rows, RowDropout drop,
-                              float* dw_out, float* db_out, float* ds_out, bool accumulate) {
+                              const float* residual, float* dx, O* dx16, float* part, int64_t rows, RowDropout drop) {
   grid_dependency_wait();
-  static_assert(kFinishCols * kFinishRows == 256, "the finish's block is the kernel's 256 threads");
-  const unsigned seen = kFinish ? result_generation(result_generation_counter(0)) : 0;
   static_assert(kSums == 2 || (kSums == 3 && !std::is_same_v<O, float>), "the third sum is of the 16-bit copy");
   using Row = VecRow<K>;
   __shared__ float4 block_sums[kSums][K][32];  // dw, db (and the sums of dx16) of the block, in the lanes' layout
@@ -323,13 +264,41 @@ __global__ void __launch_bounds__(256)
     const int which = t / (K * 32), i = t / 32 % K, l = t % 32;
     *reinterpret_cast<float4*>(out + which * Row::cols + 128 * i + 4 * l) = block_sums[which][i][l];
   }
-  if constexpr (kFinish) {
-    if (arrive_last(finish_counter(kOneLaunchSlot), gridDim.x)) publish_result(result_generation_counter(0));
-    wait_for_result(result_generation_counter(0), seen);
-    __shared__ float s[kSums][kFinishRows][kFinishCols + 1];
-    const int tx = threadIdx.x % kFinishCols, ty = threadIdx.x / kFinishCols;
-    for (int64_t fb = blockIdx.x; fb < (Row::cols + kFinishCols - 1) / kFinishCols; fb += gridDim.x)
-      finish_param_columns<kSums>(part, gridDim.x, Row::cols, dw_out, db_out, ds_out, accumulate, fb, tx, ty, s);
+}
+
+constexpr int kFinishRows = 32;  // threads per column of layer_norm_param_finish_kernel
+// Columns per block of it: block (kFinishCols, kFinishRows). 8, not 32, so that gpt-small's 512
+// columns take 64 blocks rather than 16 (3.37 -> 3.18 us a launch on the H200; the same sums in the
+// same order).
+constexpr int kFinishCols = 8;
+
+// dw[j] = sum over p of part[p, 0, j], db[j] = sum of part[p, 1, j] (part: (parts, kSums, cols)), and
+// with kSums 3 ds[j] = the sum of part[p, 2, j], or ds[j] += it with `accumulate` (a parameter's
+// gradient over micro-batches: the bits of the sum and then an f32 add). Block (kFinishCols,
+// kFinishRows) per kFinishCols columns: thread (tx, ty) sums p = ty, ty + kFinishRows, ... of column
+// kFinishCols bx + tx (neighbouring lanes read adjacent columns), then the kFinishRows sums are added
+// in ty order.
+template <int kSums = 2>
+__global__ void layer_norm_param_finish_kernel(const float* part, int64_t parts, int64_t cols, float* dw, float* db,
+                                               float* ds = nullptr, bool accumulate = false) {
+  grid_dependency_wait();
+  __shared__ float s[kSums][kFinishRows][kFinishCols + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = int64_t(blockIdx.x) * kFinishCols + tx;
+  float sum[kSums] = {};
+  if (j < cols)
+    for (int64_t p = ty; p < parts; p += kFinishRows)
+#pragma unroll
+      for (int which = 0; which < kSums; ++which) sum[which] += part[(p * kSums + which) * cols + j];
+#pragma unroll
+  for (int which = 0; which < kSums; ++which) s[which][ty][tx] = sum[which];
+  __syncthreads();
+  if (ty == 0 && j < cols) {
+    for (int k = 1; k < kFinishRows; ++k)
+#pragma unroll
+      for (int which = 0; which < kSums; ++which) sum[which] += s[which][k][tx];
+    dw[j] = sum[0], db[j] = sum[1];
+    if constexpr (kSums == 3) ds[j] = accumulate ? ds[j] + sum[2] : sum[2];
   }
 }
 

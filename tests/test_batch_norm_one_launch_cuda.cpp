@@ -1,16 +1,13 @@
-// The norms' one-launch backwards (kernels/cuda/norm_one_launch.h), each against its two-kernel path
-// (the switch off) to the bit, and by the kernels a CUDA graph of it holds: one fewer where the path
-// applies, as many where it does not. The CPU comparisons of the norms (test_norm_cuda, the op harness)
-// run the one-launch paths too, since they are the default. Skips without a GPU.
-//   - Batch norm (batch_norm_tiles.cuh: the sums and dx in one kernel, on a channels-last plane whose
-//     grid fits on the GPU at once): the forward's outputs and running statistics (which the switch
-//     leaves alone), dx (and its 16-bit form), dw and db, with and without the fused relu, affine or
-//     not, a channel tile left partial (C = 40), f64 (64-pixel tiles), x and g 16-bit, eval, and a
-//     plane too large for it.
-//   - Layer norm's row-in-registers backward (layer_norm_rows.cuh: dx and the partial sums of dw and
-//     db, then their finish, in one kernel): plain (f32) and with the fused residual add, 16-bit g and
-//     dx copy and the copy's column sums, at gpt-small's and gpt-tiny's rows, at fewer rows than the
-//     finish has column blocks (one block finishes them all), and at many rows.
+// Batch norm's one-launch backward (kernels/cuda/batch_norm_tiles.cuh, switch in
+// kernels/cuda/batch_norm_one_launch.h): on a channels-last plane whose grid fits on the GPU at once, the
+// backward's sums and dx run as one kernel. Checked against the two-kernel path (the switch off) to
+// the bit: the forward's outputs and running statistics (which the switch leaves alone), dx (and its
+// 16-bit form), dw and db, with and without the fused relu, affine or not, a channel tile left
+// partial (C = 40), f64 (64-pixel tiles), x and g 16-bit, eval; a second run gives the same bits (the
+// counters are left ready); and a CUDA graph of the forward and backward has one kernel fewer where
+// the path applies and as many where the plane is too large for it. The CPU comparisons of the norms
+// (test_norm_cuda, the op harness) run the one-launch path too, since it is the default. Skips without
+// a GPU.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -18,7 +15,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
-#include "kernels/cuda/norm_one_launch.h"
+#include "kernels/cuda/batch_norm_one_launch.h"
 #include "kernels/dispatch.h"
 #include "reel.h"
 #include "tensor/cuda.h"
@@ -104,15 +101,12 @@ size_t captured_nodes(const Inputs& in) {
   return graph.num_nodes();
 }
 
-// Sets a switch for a scope.
-template <bool (*kSet)(bool)>
-struct Switch {
-  explicit Switch(bool on) : previous(kSet(on)) {}
-  ~Switch() { kSet(previous); }
+// Sets the switch for a scope.
+struct OneLaunch {
+  explicit OneLaunch(bool on) : previous(cuda::set_batch_norm_one_launch(on)) {}
+  ~OneLaunch() { cuda::set_batch_norm_one_launch(previous); }
   bool previous;
 };
-using OneLaunch = Switch<cuda::set_batch_norm_one_launch>;
-using LayerNormOneLaunch = Switch<cuda::set_layer_norm_one_launch>;
 
 }  // namespace
 
@@ -168,89 +162,12 @@ TEST(BatchNormOneLaunchCuda, TakesOneKernelFewerWhereThePlaneFits) {
   }
 }
 
-TEST(NormOneLaunchCuda, TheSwitchesSayWhatWasSet) {
+TEST(BatchNormOneLaunchCuda, TheSwitchSaysWhatWasSet) {
   REEL_REQUIRE_GPU();
-  const bool bn = cuda::batch_norm_one_launch(), ln = cuda::layer_norm_one_launch();
+  const bool before = cuda::batch_norm_one_launch();
   {
     OneLaunch off(false);
-    LayerNormOneLaunch ln_off(false);
     EXPECT_FALSE(cuda::batch_norm_one_launch());
-    EXPECT_FALSE(cuda::layer_norm_one_launch());
   }
-  EXPECT_EQ(cuda::batch_norm_one_launch(), bn);
-  EXPECT_EQ(cuda::layer_norm_one_launch(), ln);
-}
-
-namespace {
-
-struct RowsCase {
-  int64_t rows, cols;
-  bool fused;  // layer_norm_backward_add: residual, 16-bit g and dx copy, the copy's column sums
-};
-
-// The backward's outputs of one call, on the GPU.
-std::vector<Tensor> layer_norm_backward(const RowsCase& c) {
-  const Device gpu = Device::cuda(0);
-  Generator gen(uint64_t(c.rows * 131 + c.cols));
-  Tensor x = (randn({c.rows, c.cols}, {}, &gen) * 2.0 + 0.5).to(gpu),
-         w = (randn({c.cols}, {}, &gen) * 0.5 + 1.0).to(gpu);
-  std::vector<Tensor> f =
-      dispatch(OpKind::LayerNorm, {x, w, Tensor()}, Attrs().set("eps", 1e-5).set("normalized_ndim", int64_t(1)));
-  Tensor g = randn({c.rows, c.cols}, {}, &gen).to(gpu);
-  if (!c.fused) return dispatch(OpKind::LayerNormBackward, {g, x, w, f[1], f[2]});
-  Tensor residual = randn({c.rows, c.cols}, {}, &gen).to(gpu);
-  return dispatch(OpKind::LayerNormBackwardAdd, {g.to(DType::bf16), x, w, f[1], f[2], residual},
-                  Attrs().set("dtype", DType::bf16).set("column_sums", true).set("accumulate", false));
-}
-
-size_t captured_layer_norm_nodes(const RowsCase& c) {
-  cuda::Graph graph(0);
-  graph.capture_begin();
-  layer_norm_backward(c);
-  graph.capture_end();
-  return graph.num_nodes();
-}
-
-const RowsCase kRowsCases[] = {{4096, 512, true}, {4096, 512, false}, {2048, 256, true},
-                               {7, 384, false},   {7, 384, true},     {40000, 128, false}};
-
-}  // namespace
-
-TEST(LayerNormOneLaunchCuda, GivesTheTwoKernelPathsBits) {
-  REEL_REQUIRE_GPU();
-  for (const RowsCase& c : kRowsCases) {
-    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + (c.fused ? ", fused" : ", plain"));
-    std::vector<Tensor> two, one, again;
-    {
-      LayerNormOneLaunch off(false);
-      two = layer_norm_backward(c);
-    }
-    {
-      LayerNormOneLaunch on(true);
-      one = layer_norm_backward(c);
-      again = layer_norm_backward(c);  // the counters and flags were left ready for the next launch
-    }
-    ASSERT_EQ(one.size(), two.size());
-    for (size_t i = 0; i < one.size(); ++i) {
-      EXPECT_TRUE(same_bits(one[i], two[i])) << "output " << i;
-      EXPECT_TRUE(same_bits(again[i], one[i])) << "output " << i << " on the second run";
-    }
-  }
-}
-
-TEST(LayerNormOneLaunchCuda, TakesOneKernelFewer) {
-  REEL_REQUIRE_GPU();
-  for (const RowsCase& c : kRowsCases) {
-    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + (c.fused ? ", fused" : ", plain"));
-    size_t two = 0, one = 0;
-    {
-      LayerNormOneLaunch off(false);
-      two = captured_layer_norm_nodes(c);
-    }
-    {
-      LayerNormOneLaunch on(true);
-      one = captured_layer_norm_nodes(c);
-    }
-    EXPECT_EQ(one + 1, two) << "kernels with the one-launch path " << one << ", without " << two;
-  }
+  EXPECT_EQ(cuda::batch_norm_one_launch(), before);
 }
