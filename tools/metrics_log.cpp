@@ -1,6 +1,8 @@
 // `reel train --log` (see metrics_log.h).
 #include "tools/metrics_log.h"
 
+#include <signal.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +14,23 @@
 namespace reel::tools {
 
 namespace {
+
+// SIGPIPE ignored for a scope (and its previous disposition put back on any exit).
+class IgnoredSigpipe {
+ public:
+  IgnoredSigpipe() {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, &previous_);
+  }
+  ~IgnoredSigpipe() { sigaction(SIGPIPE, &previous_, nullptr); }
+  IgnoredSigpipe(const IgnoredSigpipe&) = delete;
+  IgnoredSigpipe& operator=(const IgnoredSigpipe&) = delete;
+
+ private:
+  struct sigaction previous_ {};
+};
 
 // The picture's path: FILE.jsonl -> FILE.png (any other name: FILE.png appended).
 std::string png_path(const std::string& log) {
@@ -118,15 +137,19 @@ std::string MetricsLog::plot(const std::string& title) {
     }
   }
   script += "plot " + plots + "\n";
+  // Where gnuplot is missing (or stops early) the shell exits before reading the script, and writing
+  // into a pipe nobody reads raises SIGPIPE, which would end the run here, after its training: the
+  // signal is ignored while the pipe is open, so the write fails instead and the run says so.
+  const IgnoredSigpipe ignored;
   std::FILE* gp = popen("gnuplot 2>&1", "w");
   if (!gp) {
     std::fprintf(stderr, "train: --log: gnuplot could not be started; the picture is not drawn (%s has the data)\n",
                  dat.string().c_str());
     return "";
   }
-  std::fwrite(script.data(), 1, script.size(), gp);
+  const bool written = std::fwrite(script.data(), 1, script.size(), gp) == script.size();
   std::error_code ec;
-  if (pclose(gp) != 0 || !std::filesystem::exists(tmp) || (std::filesystem::rename(tmp, png, ec), ec)) {
+  if (pclose(gp) != 0 || !written || !std::filesystem::exists(tmp) || (std::filesystem::rename(tmp, png, ec), ec)) {
     std::filesystem::remove(tmp, ec);
     std::fprintf(stderr, "train: --log: gnuplot failed; the picture is not drawn (%s has the data)\n",
                  dat.string().c_str());
