@@ -7,6 +7,10 @@
 // bit on the device is not glibc's. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+#include <vector>
+
 #include "optim/optim.h"
 #include "reel.h"
 #include "tensor/cuda.h"
@@ -37,6 +41,24 @@ void expect_same_bits(const Tensor& gpu, const Tensor& cpu, const std::string& w
 
 const std::vector<int64_t> kSizes = {7, 1030, 70001};
 
+// `steps` updates of the same parameters on the CPU and the GPU from the same gradients; after each,
+// check(i, at) compares tensor i (`at` names the step and the tensor).
+void step_side_by_side(optim::Optimizer& on_cpu, optim::Optimizer& on_gpu, std::vector<Tensor>& cpu,
+                       std::vector<Tensor>& gpu, int steps,
+                       const std::function<void(size_t, const std::string&)>& check) {
+  for (int t = 1; t <= steps; ++t) {
+    set_grads(cpu, t);
+    set_grads(gpu, t);
+    on_cpu.step();
+    on_gpu.step();
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      const std::string at = "step " + std::to_string(t) + ", tensor of " + std::to_string(kSizes[i]);
+      expect_same_bits(gpu[i], cpu[i], "param, " + at);
+      check(i, at);
+    }
+  }
+}
+
 }  // namespace
 
 TEST(OptimBitsCuda, AdamWOnTheGpuGivesTheCpusBits) {
@@ -46,18 +68,10 @@ TEST(OptimBitsCuda, AdamWOnTheGpuGivesTheCpusBits) {
     std::vector<Tensor> cpu = make_params(kSizes, dt, Device::cpu()), gpu = make_params(kSizes, dt, Device::cuda(0));
     const AdamWOptions o = AdamWOptions(3e-3).betas(0.85, 0.99).eps(1e-7).weight_decay(0.05);
     AdamW on_cpu(cpu, o), on_gpu(gpu, o);
-    for (int t = 1; t <= 4; ++t) {
-      set_grads(cpu, t);
-      set_grads(gpu, t);
-      on_cpu.step();
-      on_gpu.step();
-      for (size_t i = 0; i < cpu.size(); ++i) {
-        const std::string at = "step " + std::to_string(t) + ", tensor of " + std::to_string(kSizes[i]);
-        expect_same_bits(gpu[i], cpu[i], "param, " + at);
-        expect_same_bits(on_gpu.exp_avg(i), on_cpu.exp_avg(i), "exp_avg, " + at);
-        expect_same_bits(on_gpu.exp_avg_sq(i), on_cpu.exp_avg_sq(i), "exp_avg_sq, " + at);
-      }
-    }
+    step_side_by_side(on_cpu, on_gpu, cpu, gpu, 4, [&](size_t i, const std::string& at) {
+      expect_same_bits(on_gpu.exp_avg(i), on_cpu.exp_avg(i), "exp_avg, " + at);
+      expect_same_bits(on_gpu.exp_avg_sq(i), on_cpu.exp_avg_sq(i), "exp_avg_sq, " + at);
+    });
   }
 }
 
@@ -79,17 +93,9 @@ TEST(OptimBitsCuda, SgdOnTheGpuGivesTheCpusBitsWithEachOption) {
                                .weight_decay(c.weight_decay)
                                .nesterov(c.nesterov);
       SGD on_cpu(cpu, o), on_gpu(gpu, o);
-      for (int t = 1; t <= 3; ++t) {
-        set_grads(cpu, t);
-        set_grads(gpu, t);
-        on_cpu.step();
-        on_gpu.step();
-        for (size_t i = 0; i < cpu.size(); ++i) {
-          const std::string at = "step " + std::to_string(t) + ", tensor of " + std::to_string(kSizes[i]);
-          expect_same_bits(gpu[i], cpu[i], "param, " + at);
-          if (c.momentum != 0) expect_same_bits(on_gpu.momentum_buffer(i), on_cpu.momentum_buffer(i), "buffer, " + at);
-        }
-      }
+      step_side_by_side(on_cpu, on_gpu, cpu, gpu, 3, [&](size_t i, const std::string& at) {
+        if (c.momentum != 0) expect_same_bits(on_gpu.momentum_buffer(i), on_cpu.momentum_buffer(i), "buffer, " + at);
+      });
     }
   }
 }
