@@ -15,12 +15,9 @@
 // Arithmetic runs in A = Acc<D> (f32 for f32/f16/bf16, f64 for f64); a kernel that sees
 // found_inf != 0 updates nothing (the GradScaler's skipped step). With a clip (attr clip: the step's
 // clip_grad_norm_ folded in) each gradient is first scaled as unscale_check scales it, one rounded
-// product (__fmul_rn), and stored back where the call keeps the clipped gradients. The AdamW update
-// then sees unscale_check's values, yet an H100 call found its results a last bit away from the
-// unfused step's (SGD's matched to the bit), so the pass that writes attr clip is off by default. The
-// PTX of both paths carries the same fused m and v sums; p's `p decay - step m / denom` stays a
-// mul.f32 and a sub.f32 that ptxas may or may not contract into one FFMA below the PTX, most likely
-// where they part. A float4 path for whole f32 chunks was tried and dropped the same way.
+// product (__fmul_rn), and stored back where the call keeps the clipped gradients: the update sees
+// unscale_check's values, and since kernels/optim_math.h writes its multiply-adds explicitly it
+// rounds as the per-tensor kernels do, so the fused step gives the unfused step's bits.
 #include "kernels/cuda/multi_tensor_optim.h"
 
 #include <algorithm>

@@ -49,11 +49,6 @@ void require_attrs(const Attrs& a, std::initializer_list<const char*> names) {
   for (const char* n : names) REEL_ASSERT(a.has(n), "attr '", n, "' missing");
 }
 
-void expect_flag(OpKind op, const Tensor& t, const char* what) {
-  REEL_CHECK(t.numel() == 1 && t.dim() == 0 && t.dtype() == DType::f32, op_name(op), ": ", what,
-             " must be a 0-dim f32 tensor, got ", schema::desc(t));
-}
-
 // A 0-dim f32 or f64 factor the gradients are multiplied by: unscale_check's inv_scale, a clip's
 // coefficient.
 void expect_factor(OpKind op, const Tensor& t, const char* what) {
@@ -91,7 +86,7 @@ std::vector<TensorMeta> infer_adamw(const std::vector<Tensor>& in, const Attrs& 
   expect_like_param(op, in[1], in[0], "grad");
   expect_like_param(op, in[2], in[0], "exp_avg");
   expect_like_param(op, in[3], in[0], "exp_avg_sq");
-  if (in[4].defined()) expect_flag(op, in[4], "found_inf");
+  if (in[4].defined()) schema::expect_flag(op, in[4], "found_inf");
   expect_f64_scalar(op, in[5], "lr");
   expect_f64_scalar(op, in[6], "step");
   double b1 = a.f("beta1"), b2 = a.f("beta2");
@@ -107,7 +102,7 @@ std::vector<TensorMeta> infer_sgd(const std::vector<Tensor>& in, const Attrs& a)
   expect_param(op, in[0]);
   expect_like_param(op, in[1], in[0], "grad");
   if (in[2].defined()) expect_like_param(op, in[2], in[0], "momentum_buf");
-  if (in[3].defined()) expect_flag(op, in[3], "found_inf");
+  if (in[3].defined()) schema::expect_flag(op, in[3], "found_inf");
   expect_f64_scalar(op, in[4], "lr");
   double momentum = a.f("momentum");
   REEL_CHECK(in[2].defined() || momentum == 0, "sgd_step: momentum ", momentum, " needs a momentum_buf");
@@ -203,7 +198,7 @@ std::vector<TensorMeta> infer_unscale(const std::vector<Tensor>& in, const Attrs
   expect_factor(op, in[k], "inv_scale");
   if (check) {
     schema::expect_defined(op, in[k + 1], "found_inf");
-    expect_flag(op, in[k + 1], "found_inf");
+    schema::expect_flag(op, in[k + 1], "found_inf");
   }
   std::vector<TensorMeta> out;
   for (size_t i = 0; i < k; ++i) {
@@ -221,11 +216,11 @@ std::vector<TensorMeta> infer_scaler_update(const std::vector<Tensor>& in, const
   constexpr OpKind op = OpKind::ScalerUpdate;
   schema::expect_inputs(op, in, 3);
   for (const Tensor& t : in) schema::expect_defined(op, t, "input");
-  expect_flag(op, in[0], "scale");
+  schema::expect_flag(op, in[0], "scale");
   const Tensor& tr = in[1];
   REEL_CHECK(tr.dim() == 0 && (tr.dtype() == DType::f32 || tr.dtype() == DType::i64),
              "scaler_update: growth_tracker must be a 0-dim f32 or i64 tensor, got ", schema::desc(tr));
-  expect_flag(op, in[2], "found_inf");
+  schema::expect_flag(op, in[2], "found_inf");
   REEL_CHECK(a.i("growth_interval") >= 1, "scaler_update: growth_interval must be >= 1, got ",
              a.i("growth_interval"));
   require_attrs(a, {"growth_factor", "backoff_factor"});

@@ -233,8 +233,7 @@ std::vector<TensorMeta> infer_global_norm(const std::vector<Tensor>& in, const A
   if (check) {
     const Tensor& flag = in[k];
     schema::expect_defined(op, flag, "found_inf");
-    REEL_CHECK(flag.dim() == 0 && flag.dtype() == DType::f32, "global_norm: found_inf must be a 0-dim f32 tensor, got ",
-               schema::desc(flag));
+    schema::expect_flag(op, flag, "found_inf");
     out.push_back(schema::meta_like(flag));
   }
   return out;

@@ -37,6 +37,12 @@ inline void expect_ndim(OpKind op, const Tensor& t, int64_t ndim, const char* wh
              shape_str(t.shape()));
 }
 
+// A 0-dim f32 flag or scalar (found_inf, a GradScaler's scale).
+inline void expect_flag(OpKind op, const Tensor& t, const char* what) {
+  REEL_CHECK(t.numel() == 1 && t.dim() == 0 && t.dtype() == DType::f32, op_name(op), ": ", what,
+             " must be a 0-dim f32 tensor, got ", desc(t));
+}
+
 inline TensorMeta meta_like(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
 
 // Reads a device stored in attrs "device_type"/"device_index" (creation ops have no input to take it from).
