@@ -53,36 +53,42 @@ class StreamGuard {
   int device_;
 };
 
-// A second stream beside the current one: the kernels a compiled plan runs concurrently with its main
-// stream (compile/passes/side_stream.h). begin_side() makes this thread's side stream on the device wait
-// for everything enqueued on the current (main) stream so far, and makes it current; end_side() records
-// how far the side stream has got (a mark) and makes the main stream current again; join(mark) makes
-// the current stream wait for that mark. Inside a capture the waits become the graph's edges, so the
-// replayed graph runs the side kernels on a branch of their own. The side stream is one per thread and
-// device, like a capture's stream; its kernels that count blocks in finish counters use a lane of
-// counters of their own (is_side_stream, kernels/cuda/last_block.cuh), so the two streams' kernels never
-// share one: on the side stream, the column sums and the stem convolution's weight gradient. cuBLAS's
-// GEMMs there use the second half of the thread's workspace (kernels/cuda/cuda_common.cuh).
+// Side streams beside the current one: the kernels a compiled plan runs concurrently with its main
+// stream (compile/passes/side_stream.h). Lane 1 takes a backward's weight gradients and sums; lane 2 a
+// later micro-batch's first forward kernels, under the backward before it
+// (compile/passes/overlap_micro_batches.h). begin_side(lane) makes this thread's stream of that lane on
+// the device wait for everything enqueued on the current (main) stream so far, and makes it current;
+// end_side() records how far the side stream has got (a mark) and makes the main stream current again;
+// join(mark) makes the current stream wait for that mark. Inside a capture the waits become the graph's
+// edges, so the replayed graph runs the side kernels on branches of their own. The side streams are one
+// per lane, thread and device, like a capture's stream; kernels that count blocks in finish counters
+// take the slots of their stream's lane (side_lane, kernels/cuda/last_block.cuh), so kernels of two
+// lanes never share one, and cuBLAS's GEMMs use the lane's own workspace (kernels/cuda/cuda_common.cuh).
+constexpr int kSideLanes = 2;  // lanes 1 and 2; lane 0 is the main stream
 class StreamFork {
  public:
   explicit StreamFork(int device = 0);
   ~StreamFork();
   StreamFork(const StreamFork&) = delete;
   StreamFork& operator=(const StreamFork&) = delete;
-  void begin_side();
+  void begin_side(int lane = 1);
   int end_side();
   void join(int mark);
   void clear() { used_ = 0; }  // forgets the marks; their events are reused
 
  private:
   int device_;
+  int lane_ = 0;                // begin_side()'s lane until end_side()
   void* main_ = nullptr;        // the stream begin_side() found current
   void* fork_event_ = nullptr;  // cudaEvent_t
   std::vector<void*> marks_;    // cudaEvent_t, reused across clear()
   size_t used_ = 0;
 };
-// Whether `stream` is this thread's side stream on `device` (false before StreamFork made one).
-bool is_side_stream(StreamHandle stream, int device = 0);
+// The lane of `stream` on `device`: 1..kSideLanes for this thread's side streams (once StreamFork made
+// them), 0 for any other stream.
+int side_lane(StreamHandle stream, int device = 0);
+// Whether `stream` is one of this thread's side streams on `device`.
+inline bool is_side_stream(StreamHandle stream, int device = 0) { return side_lane(stream, device) != 0; }
 
 struct MemoryStats {
   size_t allocated_bytes = 0;       // in live tensors now (rounded block sizes)

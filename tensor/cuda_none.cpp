@@ -19,10 +19,10 @@ StreamGuard::StreamGuard(StreamHandle, int device) : prev_(nullptr), device_(dev
 StreamGuard::~StreamGuard() = default;
 StreamFork::StreamFork(int device) : device_(device) { throw Error("cuda: reel was built without the CUDA backend"); }
 StreamFork::~StreamFork() = default;
-void StreamFork::begin_side() {}
+void StreamFork::begin_side(int) {}
 int StreamFork::end_side() { return 0; }
 void StreamFork::join(int) {}
-bool is_side_stream(StreamHandle, int) { return false; }
+int side_lane(StreamHandle, int) { return 0; }
 MemoryStats memory_stats(int) { return {}; }
 void reset_peak_memory_stats(int) {}
 void empty_cache() {}

@@ -320,15 +320,16 @@ StreamGuard::StreamGuard(StreamHandle stream, int device) : prev_(current_stream
 StreamGuard::~StreamGuard() { set_current_stream(prev_, device_); }
 
 namespace {
-// This thread's side stream per device (StreamFork), made on first use and kept for the thread's
-// lifetime, as capture_stream's: the caching allocator keys blocks by stream, so a workspace a side
-// kernel frees is only ever reused by the side stream's later kernels, which run after it.
-thread_local cudaStream_t side_streams[kMaxDevices] = {};
-// The calling thread's side stream on `device` (the current device), made if this thread has none yet:
-// a plan built on one thread may run on another.
-cudaStream_t side_stream_of_thread(int device) {
-  if (!side_streams[device]) REEL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_streams[device], cudaStreamNonBlocking));
-  return side_streams[device];
+// This thread's side streams per device and lane (StreamFork), made on first use and kept for the
+// thread's lifetime, as capture_stream's: the caching allocator keys blocks by stream, so a workspace
+// a side kernel frees is only ever reused by its own stream's later kernels, which run after it.
+thread_local cudaStream_t side_streams[kMaxDevices][kSideLanes] = {};
+// The calling thread's side stream of `lane` on `device` (the current device), made if this thread has
+// none yet: a plan built on one thread may run on another.
+cudaStream_t side_stream_of_thread(int device, int lane) {
+  cudaStream_t& s = side_streams[device][lane - 1];
+  if (!s) REEL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
 }
 cudaEvent_t new_event() {
   cudaEvent_t e;
@@ -340,21 +341,24 @@ cudaEvent_t new_event() {
 StreamFork::StreamFork(int device) : device_(device) {
   REEL_CHECK(device >= 0 && device < kMaxDevices, "cuda: device index ", device, " out of range");
   DeviceScope scope(device);
-  side_stream_of_thread(device);  // outside any capture, where the plan is built
+  for (int lane = 1; lane <= kSideLanes; ++lane) side_stream_of_thread(device, lane);  // outside any capture
   fork_event_ = new_event();
 }
 StreamFork::~StreamFork() {
   if (fork_event_) cudaEventDestroy(static_cast<cudaEvent_t>(fork_event_));
   for (void* e : marks_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
 }
-void StreamFork::begin_side() {
+void StreamFork::begin_side(int lane) {
   REEL_CHECK(main_ == nullptr, "cuda::StreamFork: begin_side twice without end_side");
+  REEL_CHECK(lane >= 1 && lane <= kSideLanes, "cuda::StreamFork: no side lane ", lane, " (lanes 1..", kSideLanes,
+             ")");
   DeviceScope scope(device_);
   main_ = current_stream(device_);
-  cudaStream_t side = side_stream_of_thread(device_);
+  cudaStream_t side = side_stream_of_thread(device_, lane);
   REEL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(fork_event_), static_cast<cudaStream_t>(main_)));
   REEL_CUDA_CHECK(cudaStreamWaitEvent(side, static_cast<cudaEvent_t>(fork_event_), 0));
   set_current_stream(side, device_);
+  lane_ = lane;
 }
 int StreamFork::end_side() {
   REEL_CHECK(main_ != nullptr, "cuda::StreamFork: end_side without begin_side");
@@ -362,7 +366,7 @@ int StreamFork::end_side() {
   set_current_stream(main_, device_);
   main_ = nullptr;
   if (used_ == marks_.size()) marks_.push_back(new_event());
-  REEL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(marks_[used_]), side_streams[device_]));
+  REEL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(marks_[used_]), side_streams[device_][lane_ - 1]));
   return int(used_++);
 }
 void StreamFork::join(int mark) {
@@ -371,8 +375,11 @@ void StreamFork::join(int mark) {
   REEL_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(current_stream(device_)),
                                       static_cast<cudaEvent_t>(marks_[size_t(mark)]), 0));
 }
-bool is_side_stream(StreamHandle stream, int device) {
-  return device >= 0 && device < kMaxDevices && side_streams[device] && stream == side_streams[device];
+int side_lane(StreamHandle stream, int device) {
+  if (device < 0 || device >= kMaxDevices || stream == nullptr) return 0;
+  for (int lane = 1; lane <= kSideLanes; ++lane)
+    if (stream == side_streams[device][lane - 1]) return lane;
+  return 0;
 }
 
 MemoryStats memory_stats(int device) { return caching_allocator().stats(device); }

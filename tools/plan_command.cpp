@@ -74,6 +74,10 @@ int plan_command(int argc, char** argv) {
   std::printf("\n");
   if (m != compile::Mode::Default) std::printf("CUDA graphs: %zu\n", plan->graphs());
   if (st.beside > 0) std::printf("side stream: %zu kernels beside the main stream (compile/passes/side_stream.h)\n", st.beside);
+  if (st.ahead > 0)
+    std::printf("side stream 2: %zu forward kernels run ahead, under the backward before them "
+                "(compile/passes/overlap_micro_batches.h)\n",
+                st.ahead);
   std::printf("%s\n", compile::memory_summary(*plan).c_str());
   if (const std::string r = compile::recompute_summary(*plan, memory_limit); !r.empty()) std::printf("%s\n", r.c_str());
   for (const compile::GraphBreak& b : step.graph_breaks())

@@ -62,8 +62,9 @@ struct Node {
   // The part of the step it was traced in ("micro-batch 0", "optimizer": kernels/phase.h), for traces
   // of a plan's run; "" outside any. A node a pass builds anew gets it from the nodes it replaced (Plan).
   std::string phase = "";
-  // The stream that runs it: 0 the plan's main stream, 1 a second stream beside it, which the main
-  // stream waits for only where it must (compile/passes/side_stream.h).
+  // The stream that runs it: 0 the plan's main stream; 1 a second stream beside it, which the main
+  // stream waits for only where it must (compile/passes/side_stream.h); 2 a third, for a micro-batch's
+  // first forward kernels run under the backward before it (compile/passes/overlap_micro_batches.h).
   int stream = 0;
   // On the side stream: main-stream nodes after its inputs' last reader that it may still run beside
   // (its inputs held that much longer), where the pass found the step's planned peak unchanged by it.

@@ -164,4 +164,10 @@ MemoryPlan plan_memory(const Graph& g) {
   return plan;
 }
 
+size_t planned_peak(const Graph& g) {
+  size_t bytes = 0;
+  for (const Arena& a : plan_memory(g).arenas) bytes += a.bytes;
+  return bytes;
+}
+
 }  // namespace reel::compile

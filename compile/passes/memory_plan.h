@@ -42,6 +42,9 @@ constexpr size_t kArenaAlignment = 256;
 std::vector<Placement> buffer_lifetimes(const Graph& g);
 
 MemoryPlan plan_memory(const Graph& g);
+// The planned peak of the step's own memory: the arenas' bytes, summed over devices. The scheduling
+// passes keep it where it was when they move nodes.
+size_t planned_peak(const Graph& g);
 
 // The node at which an arena's buffers hold the most bytes at once, and which buffers those are
 // (indices into arena.placements). The arena is at least `bytes` big; the difference is fragmentation.

@@ -21,6 +21,7 @@ struct PassStats {
   size_t fused = 0;         // nodes merged into fused ops (a chain of k nodes counts k - 1)
   size_t kernels = 0;       // nodes left: kernels per replay
   size_t beside = 0;        // nodes run on a second stream (side_stream.h)
+  size_t ahead = 0;         // forward nodes run on a third stream, under the backward before them (overlap_micro_batches.h)
   // Each pass that ran, in pipeline order, and the nodes it left (`reel plan` prints them).
   std::vector<std::pair<std::string, size_t>> after;
   // Recomputation for a memory limit (recompute.cpp): the ops cloned, in the order chosen, the FLOPs

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "compile/passes/overlap_micro_batches.h"
 #include "compile/passes/side_stream.h"
 #include "tensor/log.h"
 
@@ -87,6 +88,10 @@ const std::vector<Pass>& pipeline() {
        /*on_by_default=*/true, /*under_memory_limit=*/false},
       {"side_stream_late", S::Schedule, run_side_nodes_late,
        "side-stream nodes moved to just before their inputs' last reader (the weight-gradient GEMM)",
+       /*on_by_default=*/true, /*under_memory_limit=*/false},
+      // After the side-stream passes: the nodes it passes keep the places those chose.
+      {"overlap_micro_batches", S::Schedule, overlap_micro_batches,
+       "a micro-batch's first forward kernels on a third stream, under the backward before it",
        /*on_by_default=*/true, /*under_memory_limit=*/false},
   };
   return passes;

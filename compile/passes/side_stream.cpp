@@ -48,9 +48,10 @@ void stays(const Graph& g, size_t i, const char* reason) {
              detail::cat(kPass, ": ", op_name(g.nodes[i].op), " k", i, " stays on the main stream: ", reason));
 }
 
-// What the main stream does after node i with node i's buffers: the first node that touches one of
-// its outputs or writes one of its inputs (nodes.size() when none), and the last node before that
-// which reads one of its inputs (i when none).
+// What the other streams do after side node i with node i's buffers: the first node of another
+// stream (the main one or the other side lane) that touches one of its outputs or writes one of its
+// inputs (nodes.size() when none), and the last main-stream node before that which reads one of its
+// inputs (i when none). A node of its own lane runs after it anyway.
 struct Reach {
   int conflict, last_reader;
 };
@@ -59,7 +60,7 @@ Reach reach_of(const Graph& g, size_t i) {
   Reach r{int(g.nodes.size()), int(i)};
   for (size_t k = i + 1; k < g.nodes.size(); ++k) {
     const Node& n = g.nodes[k];
-    if (n.stream != 0) continue;
+    if (n.stream == side.stream) continue;
     bool conflict = writes_an_input_of(n, side), reads = false;
     for (const TensorRef& out : side.outputs) conflict = conflict || refers_to(n, out.buffer);
     for (const auto& in : side.inputs) reads = reads || (in && refers_to(n, in->buffer));
@@ -67,7 +68,7 @@ Reach reach_of(const Graph& g, size_t i) {
       r.conflict = int(k);
       return r;
     }
-    if (reads) r.last_reader = int(k);
+    if (reads && n.stream == 0) r.last_reader = int(k);
   }
   return r;
 }
@@ -91,10 +92,13 @@ bool reads_step_memory_only(const Graph& g, const Node& n) {
 // last reader of its inputs (so that they live no longer than they would on one stream: a gradient's
 // sum is otherwise read by nothing until the optimizer, and holding the gradient till then would hold
 // the step's memory); the first conflict alone when it reads a graph output or only the step's own
-// memory (which live to the end anyway).
+// memory (which live to the end anyway), and for a forward kernel run ahead on lane 2
+// (overlap_micro_batches.h), whose inputs are its micro-batch's activations, which the main stream's
+// next forward kernels read after it anyway.
 int join_of(const Graph& g, size_t i) {
   const Reach r = reach_of(g, i);
-  if (reads_a_graph_output(g, g.nodes[i]) || reads_step_memory_only(g, g.nodes[i])) return r.conflict;
+  if (g.nodes[i].stream == 2 || reads_a_graph_output(g, g.nodes[i]) || reads_step_memory_only(g, g.nodes[i]))
+    return r.conflict;
   // Past the last reader, `hold` more main-stream nodes run beside it.
   int join = r.last_reader + 1;
   for (int held = 0; held < g.nodes[i].hold && join < r.conflict; ++join) held += g.nodes[join].stream == 0;
@@ -123,18 +127,19 @@ bool runs_beside(const Node& n) {
   }
 }
 
-size_t planned_peak(const Graph& g) {
-  size_t bytes = 0;
-  for (const Arena& a : plan_memory(g).arenas) bytes += a.bytes;
-  return bytes;
-}
-
 }  // namespace
 
 std::vector<int> side_joins(const Graph& g) {
   std::vector<int> joins(g.nodes.size(), -1);
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (g.nodes[i].stream != 0) joins[i] = join_of(g, i);
+  // A lane runs its nodes in graph order: a lane-2 node is done once a later node of its lane is, so
+  // the main stream has waited for it at the earliest of their joins, and its buffers are free from
+  // there (a forward's first kernels: one whose result only the next one on the lane reads would
+  // otherwise hold it to the end of the step). Lane 1 keeps each node's own join.
+  int later = int(g.nodes.size());
+  for (size_t i = g.nodes.size(); i-- > 0;)
+    if (g.nodes[i].stream == 2) joins[i] = later = std::min(later, joins[i]);
   return joins;
 }
 

@@ -103,7 +103,8 @@ std::string plan_listing(const Plan& p, size_t max_kernels) {
     os << "  k" << i << " " << op_name(n.op);
     if (!n.fused.empty()) os << " [fused: " << fused_str(n.fused, " ") << "]";
     if (n.recomputed) os << " (recomputed)";
-    if (n.stream != 0) os << " (side stream)";
+    if (n.stream == 1) os << " (side stream)";
+    if (n.stream == 2) os << " (side stream 2: run ahead)";
     os << "  in:";
     for (const auto& r : n.inputs) {
       if (!r) continue;

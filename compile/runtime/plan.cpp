@@ -138,6 +138,7 @@ void Plan::build_steps() {
     // on a GPU; its fork (a stream and events) is made here, outside any capture.
     if (joins[i] >= 0 && s.on_gpu) {
       s.join = joins[i];
+      s.lane = n.stream;
       if (!forks_.count(s.device)) forks_[s.device] = std::make_unique<cuda::StreamFork>(s.device);
     }
     steps_.push_back(std::move(s));
@@ -199,7 +200,7 @@ void Plan::run_steps(size_t begin, size_t end) {
       continue;
     }
     cuda::StreamFork& fork = *forks_.at(s.device);
-    fork.begin_side();
+    fork.begin_side(s.lane);
     try {
       run_kernel(s.op, s.in, s.out, *s.attrs);
     } catch (...) {

@@ -90,7 +90,8 @@ class Plan : private ArenaPool::User {
     const Attrs* attrs;
     std::vector<Tensor> in, out;
     bool on_gpu;    // every tensor it touches is on a GPU: it can be captured
-    int join = -1;  // on the side stream: the step before which the main stream waits for it (side_stream.h)
+    int join = -1;  // on a side stream: the step before which the main stream waits for it (side_stream.h)
+    int lane = 0;   // its stream: 0 the main one, 1 or 2 a side lane (Node::stream)
     int device = 0;
   };
   struct Segment {

@@ -237,7 +237,7 @@ int64_t channel_tiles(const NCS& d) { return (d.C + kTile - 1) / kTile; }
 // Whether the tiled kernels take v where it lies: channels-last only, with few enough channel tiles for
 // their finish counters (one per channel tile, last_block.cuh).
 bool tiles_channels_last(const Tensor& v, const NCS& d) {
-  return channel_tiles(d) <= kFinishCounterSlots && is_channels_last_only(v);
+  return channel_tiles(d) <= kFinishCounterLaneSlots && is_channels_last_only(v);
 }
 
 // An operand read in place when tiles_channels_last, else (N, C, S)-contiguous: itself or a copy.
@@ -313,7 +313,8 @@ void batch_norm_fwd(const KernelCall& c) {
     using A = Acc<D>;
     A *pm = out_ptr<A>(mean), *pr = out_ptr<A>(rstd);
     if (training) {
-      const ChannelSplit sp = tiled ? split_pixels(d, tile_pixels<A>) : split_channels(d);
+      ChannelSplit sp = tiled ? split_pixels(d, tile_pixels<A>) : split_channels(d);
+      sp.counters = finish_counter_base(s, x.device());
       const double momentum = has_running ? c.attrs.f("momentum") : 0.0;
       // Chunk sums, then chunk M2s: (2, C, parts), or (2, parts, C) for the tiles.
       Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
@@ -374,7 +375,8 @@ void batch_norm_bwd(const KernelCall& c) {
       const D* py = relu ? in_ptr<D>(yo.t) : nullptr;
       const X* px = in_ptr<X>(x);
       const A *pm = in_ptr<A>(mean), *pr = in_ptr<A>(rstd);
-      const ChannelSplit sp = tiled ? split_pixels(d, tile_pixels<A>) : split_channels(d);
+      ChannelSplit sp = tiled ? split_pixels(d, tile_pixels<A>) : split_channels(d);
+      sp.counters = finish_counter_base(s, x.device());
       // Chunk sums of g, then of g xhat: (2, C, parts), or (2, parts, C) for the tiles.
       Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
       Tensor coef = Tensor::empty({2, d.C}, mean.dtype(), x.device());  // mean(g), mean(g xhat)

@@ -46,6 +46,9 @@ inline RunningStat running_stat(const Tensor& t) {
 // still fills the GPU. Tile t of the grid is (channel t / parts, chunk t % parts).
 struct ChannelSplit {
   int64_t C, S, count, parts, chunk;  // count = N*S values per channel, chunk = ceil(count / parts)
+  // The tiled kernels' first finish counter: channel tile j counts in slot counters + j, of the lane
+  // of the launch's stream (last_block.cuh's finish_counter_base).
+  int64_t counters = 0;
   __device__ int64_t begin(int64_t k) const { return min(count, k * chunk); }
   __device__ int64_t end(int64_t k) const { return min(count, (k + 1) * chunk); }
 };

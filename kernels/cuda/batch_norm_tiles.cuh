@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kTile * kTileRows, 2) batch_norm_fwd_stats_til
       part[k * C + c] = s;
       part[(sp.parts + k) * C + c] = q;
     }
-    if (arrive_last(finish_counter(j), unsigned(sp.parts)))
+    if (arrive_last(finish_counter(sp.counters + j), unsigned(sp.parts)))
       combine_tile_stats(j * kTile, part, sp, scratch, eps, mean, rstd, update, running_mean, running_var, momentum);
   }
 }
@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
     const int64_t j = t / sp.parts, k = t % sp.parts;
     load_grad_tiles(tg, tx, mask, g, Lg, yr, Ly, x, Lx, sp.end(k), sp.begin(k), j * kTile);
     chunk_grad_sums(tg, tx, mask, yr != nullptr, mean, rstd, sp, j, k, part, scratch);
-    if (arrive_last(finish_counter(j), unsigned(sp.parts)))
+    if (arrive_last(finish_counter(sp.counters + j), unsigned(sp.parts)))
       combine_tile_grads(j * kTile, part, sp, scratch, training, grads, coef);
   }
 }
@@ -419,11 +419,11 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
   __shared__ A scratch[kTileRows][kTile];
   const int64_t tiles_c = (sp.C + kTile - 1) / kTile, j = blockIdx.x / sp.parts, k = blockIdx.x % sp.parts;
   const int64_t c0 = j * kTile, c = c0 + threadIdx.x;
-  unsigned* generation = result_generation_counter(j);
+  unsigned* generation = result_generation_counter(sp.counters + j);
   const unsigned seen = result_generation(generation);
   load_grad_tiles(tg, tx, mask, g, Lg, yr, Ly, x, Lx, sp.end(k), sp.begin(k), c0);
   chunk_grad_sums(tg, tx, mask, yr != nullptr, mean, rstd, sp, j, k, part, scratch);
-  if (arrive_last(finish_counter(j), unsigned(sp.parts))) {
+  if (arrive_last(finish_counter(sp.counters + j), unsigned(sp.parts))) {
     combine_tile_grads(c0, part, sp, scratch, training, grads, coef);
     publish_result(generation);
   }

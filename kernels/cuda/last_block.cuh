@@ -10,9 +10,10 @@
 // A launch uses slots [0, groups); two launches never share a slot while running because reel runs a
 // device's kernels on one stream, one after another (a captured CUDA graph replays them in the same
 // order). Ops of one device run concurrently on two streams would share slots: tensor/cuda.h says so
-// beside StreamGuard. The exception is a compiled plan's side stream (cuda::StreamFork), whose kernels
-// run beside the main stream's: a launcher that may run there takes its slots from the second lane,
-// [kFinishCounterLaneSlots, 2 kFinishCounterLaneSlots), through finish_counter_base. Partials are read back from L2, never from a possibly stale L1 line: floats and
+// beside StreamGuard. The exception is a compiled plan's side streams (cuda::StreamFork), whose kernels
+// run beside the main stream's: the slots come in lanes of kFinishCounterLaneSlots, one per stream
+// (lane 0 the main stream's, lanes 1 and 2 the side streams'), and a launcher that may run on a side
+// stream takes its slots from its stream's lane through finish_counter_base. Partials are read back from L2, never from a possibly stale L1 line: floats and
 // doubles with ld.global.cg (cached in L2 only), which the compiler may issue several at a time before
 // the first returns, so a loop over many partials pays the L2 latency once per batch rather than once
 // per partial; other types with volatile loads.
@@ -24,14 +25,14 @@
 
 namespace reel::cuda {
 
-constexpr int kFinishCounterSlots = 4096;
-constexpr int kFinishCounterLaneSlots = kFinishCounterSlots / 2;  // a lane: the main or the side stream's
+constexpr int kFinishCounterLaneSlots = 2048;  // the slots of one stream's lane: a launch uses at most these
+constexpr int kFinishCounterSlots = kFinishCounterLaneSlots * (1 + kSideLanes);
 static __device__ unsigned g_finish_counters[kFinishCounterSlots];
 
-// The first finish counter of a launch on `st`: the second lane on a plan's side stream, which runs
-// beside the main stream's kernels (tensor/cuda.h's StreamFork).
+// The first finish counter of a launch on `st`: its lane's (tensor/cuda.h's side_lane: 0 on the main
+// stream, 1 or 2 on a plan's side streams, which run beside it).
 inline int64_t finish_counter_base(cudaStream_t st, Device dev) {
-  return is_side_stream(st, dev.index) ? kFinishCounterLaneSlots : 0;
+  return int64_t(side_lane(st, dev.index)) * kFinishCounterLaneSlots;
 }
 
 // The counter of group `group` (< kFinishCounterSlots).

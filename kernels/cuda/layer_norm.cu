@@ -329,7 +329,7 @@ void layer_norm_bwd_into(const Tensor& g_in, const Tensor& x_in, const Tensor& w
       else launch_dx(out_ptr<__half>(dx16));
     }
     // Past the finish counters (over 131072 columns) every column tile takes all rows in one block.
-    const int64_t chunks = (cols + kColTile - 1) / kColTile > kFinishCounterSlots ? 1 : param_chunks(rows, cols);
+    const int64_t chunks = (cols + kColTile - 1) / kColTile > kFinishCounterLaneSlots ? 1 : param_chunks(rows, cols);
     const int64_t rows_per_chunk = std::max<int64_t>(1, (rows + chunks - 1) / chunks);
     // part: (2, chunks, cols) = dw partials, then db partials.
     Tensor part = Tensor::empty({2, chunks, cols}, mean.dtype(), x.device());

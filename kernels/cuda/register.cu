@@ -37,11 +37,16 @@ void set_device(Device device) {
 }  // namespace
 
 void* blas_workspace(Device device) {
-  thread_local Tensor workspaces[kMaxDevices];
+  thread_local Tensor workspaces[kMaxDevices], lane2[kMaxDevices];
+  const int lane = side_lane(stream_of(device), device.index);
+  if (lane == 2) {
+    Tensor& ws = lane2[device.index];
+    if (!ws.defined()) ws = persistent_workspace("cublas lane 2", kBlasGemmWorkspaceBytes, device);
+    return ws.data_ptr();
+  }
   Tensor& ws = workspaces[device.index];
   if (!ws.defined()) ws = persistent_workspace("cublas", kBlasWorkspaceBytes, device);
-  const bool side = is_side_stream(stream_of(device), device.index);
-  return static_cast<char*>(ws.data_ptr()) + (side ? kBlasGemmWorkspaceBytes : 0);
+  return static_cast<char*>(ws.data_ptr()) + (lane == 1 ? kBlasGemmWorkspaceBytes : 0);
 }
 
 // cuBLAS gets a workspace of ours: its own default pool allocates lazily, which would break a CUDA
