@@ -60,7 +60,8 @@ struct Node {
   std::vector<std::string> fused;  // the traced ops a pass merged into this node (for `reel plan`)
   bool recomputed = false;         // a clone placed in the backward for a memory limit (passes/recompute.cpp)
   // The part of the step it was traced in ("micro-batch 0", "optimizer": kernels/phase.h), for traces
-  // of a plan's run; "" outside any. A node a pass builds anew gets it from the nodes it replaced (Plan).
+  // of a plan's run; "" outside any. A node a fusion pass builds anew gets it from the nodes it replaced
+  // (optimize_graph, before the schedule stage, whose passes read it).
   std::string phase = "";
   // The stream that runs it: 0 the plan's main stream; 1 a second stream beside it, which the main
   // stream waits for only where it must (compile/passes/side_stream.h); 2 a third, for a micro-batch's

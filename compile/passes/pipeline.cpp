@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <set>
 #include <sstream>
 
 #include "compile/passes/overlap_micro_batches.h"
@@ -129,6 +130,44 @@ std::vector<std::string> passes_in_env(char sign) {
   return out;
 }
 
+// The phases (Node::phase) of the traced nodes, by the buffers they write: what carry_phases reads.
+std::vector<std::set<std::string>> phases_by_buffer(const Graph& traced) {
+  std::vector<std::set<std::string>> written_in(traced.buffers.size());
+  for (const Node& n : traced.nodes)
+    for (const TensorRef& r : n.outputs)
+      if (!n.phase.empty()) written_in[size_t(r.buffer)].insert(n.phase);
+  return written_in;
+}
+
+// A phase for each node a pass built anew (a fused node, a cast it inserted), which the fusion passes
+// do not carry over: the phase the traced nodes that wrote its outputs share; where they do not share
+// one (a gradient accumulated by every micro-batch) or none wrote them (a buffer a pass made), the phase
+// of the nearest node before it that has one (after it, at the start). The fusion passes keep the
+// traced order, so a fused node sits among the nodes it replaced. Run before the schedule stage, whose
+// passes read the phases (overlap_micro_batches), and at the end for the nodes built after it.
+void carry_phases(Graph& g, const std::vector<std::set<std::string>>& written_in) {
+  std::vector<bool> had(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) had[i] = !g.nodes[i].phase.empty();
+  auto neighbour = [&](size_t i, int step) -> std::string {
+    for (long j = long(i) + step; j >= 0 && j < long(g.nodes.size()); j += step)
+      if (had[size_t(j)]) return g.nodes[size_t(j)].phase;
+    return "";
+  };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node& n = g.nodes[i];
+    if (had[i]) continue;
+    std::set<std::string> writers;
+    for (const TensorRef& r : n.outputs)
+      if (size_t(r.buffer) < written_in.size()) writers.insert(written_in[r.buffer].begin(), written_in[r.buffer].end());
+    if (writers.size() == 1) {
+      n.phase = *writers.begin();
+    } else {
+      const std::string before = neighbour(i, -1);
+      n.phase = before.empty() ? neighbour(i, +1) : before;
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> passes_disabled_by_env() { return passes_in_env('-'); }
@@ -146,7 +185,13 @@ Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats) {
   auto named = [](const std::vector<std::string>& names, const char* name) {
     return std::find(names.begin(), names.end(), name) != names.end();
   };
+  const std::vector<std::set<std::string>> written_in = phases_by_buffer(g);
+  bool phases_carried = false;
   for (const Pass& p : pipeline()) {
+    if (p.stage == PassStage::Schedule && !phases_carried) {
+      carry_phases(g, written_in);
+      phases_carried = true;
+    }
     if (p.stage != PassStage::Cleanup && !options.fuse) continue;
     if (options.memory_limit > 0 && !p.under_memory_limit) {
       log_line("passes", std::string(p.name) + ": off under a memory limit");
@@ -167,6 +212,7 @@ Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats) {
     stats.after.emplace_back("recompute", g.nodes.size());
     log_line("passes", detail::cat("recompute: ", before, " -> ", g.nodes.size(), " nodes"));
   }
+  carry_phases(g, written_in);
   stats.kernels = g.nodes.size();
   return g;
 }

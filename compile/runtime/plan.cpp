@@ -29,46 +29,8 @@ Mode parse_mode(const std::string& name) {
   throw Error("compile: unknown mode '" + name + "' (expected default, reduce-overhead or max-autotune)");
 }
 
-namespace {
-
-// The passes on a traced graph, then a phase (Node::phase) for each node a pass built anew (a fused
-// node, a cast it inserted), which passes do not carry over: the phase the traced nodes that wrote
-// its outputs share; where they do not share one (a gradient accumulated by every micro-batch) or
-// none wrote them (a buffer a pass made), the phase of the nearest traced node before it (after it, at
-// the start). Nodes keep the traced order, so a fused node sits among the nodes it replaced.
-Graph optimize_keeping_phases(Graph traced, const PassOptions& passes, PassStats& stats) {
-  std::vector<std::set<std::string>> written_in(traced.buffers.size());
-  for (const Node& n : traced.nodes)
-    for (const TensorRef& r : n.outputs)
-      if (!n.phase.empty()) written_in[size_t(r.buffer)].insert(n.phase);
-  Graph g = optimize_graph(std::move(traced), passes, stats);
-  std::vector<bool> traced_phase(g.nodes.size());
-  for (size_t i = 0; i < g.nodes.size(); ++i) traced_phase[i] = !g.nodes[i].phase.empty();
-  auto neighbour = [&](size_t i, int step) -> std::string {
-    for (long j = long(i) + step; j >= 0 && j < long(g.nodes.size()); j += step)
-      if (traced_phase[size_t(j)]) return g.nodes[size_t(j)].phase;
-    return "";
-  };
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    Node& n = g.nodes[i];
-    if (traced_phase[i]) continue;
-    std::set<std::string> writers;
-    for (const TensorRef& r : n.outputs)
-      if (size_t(r.buffer) < written_in.size()) writers.insert(written_in[r.buffer].begin(), written_in[r.buffer].end());
-    if (writers.size() == 1) {
-      n.phase = *writers.begin();
-    } else {
-      const std::string before = neighbour(i, -1);
-      n.phase = before.empty() ? neighbour(i, +1) : before;
-    }
-  }
-  return g;
-}
-
-}  // namespace
-
 Plan::Plan(Graph graph, Mode mode, PassOptions passes, std::shared_ptr<ArenaPool> pool)
-    : graph_(optimize_keeping_phases(std::move(graph), passes, stats_)),
+    : graph_(optimize_graph(std::move(graph), passes, stats_)),
       mode_(mode),
       memory_(plan_memory(graph_)),
       pool_(std::move(pool)) {
