@@ -63,7 +63,8 @@ class StreamGuard {
 // edges, so the replayed graph runs the side kernels on branches of their own. The side streams are one
 // per lane, thread and device, like a capture's stream; kernels that count blocks in finish counters
 // take the slots of their stream's lane (side_lane, kernels/cuda/last_block.cuh), so kernels of two
-// lanes never share one, and cuBLAS's GEMMs use the lane's own workspace (kernels/cuda/cuda_common.cuh).
+// lanes never share one; cuBLAS's GEMMs on the main stream and lane 1 have a workspace each, and lane 2's
+// take their algorithm's bytes per call (kernels/cuda/cuda_common.cuh).
 constexpr int kSideLanes = 2;  // lanes 1 and 2; lane 0 is the main stream
 class StreamFork {
  public:

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,12 +15,12 @@
 #include <optional>
 #include <sstream>
 
+#include "cli_run.h"
 #include "compile/runtime/chrome_trace.h"
 #include "compile/runtime/train_step.h"
 #include "compile_test_util.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
-#include "cli_run.h"
 #include "test_util.h"
 
 using namespace reel;
@@ -99,22 +100,31 @@ std::vector<Span> parse_spans(const std::string& text, std::map<std::pair<int, i
 }
 
 // Every event of `cat` on (pid, tid) with a phase lies within a span of that phase on the same row,
-// and the row holds exactly one span per phase, `phases` of them in all.
-void expect_nested_in_phases(const std::vector<Span>& spans, const std::string& cat, int pid, int tid,
-                             size_t phases) {
+// and the row holds spans of `phases` phases in all: exactly one each with `one_span_each`, else at
+// least one (a compiled step's host launches a micro-batch's first forward kernels, which run ahead
+// on a side stream, among the kernels of the micro-batch before it).
+void expect_nested_in_phases(const std::vector<Span>& spans, const std::string& cat, int pid, int tid, size_t phases,
+                             bool one_span_each = true) {
   std::map<std::string, std::vector<const Span*>> by_phase;
   for (const Span& s : spans)
     if (s.cat == "phase" && s.pid == pid && s.tid == tid) by_phase[s.name].push_back(&s);
   EXPECT_EQ(by_phase.size(), phases);
-  for (int i = 0; i < kAccum; ++i) EXPECT_EQ(by_phase["micro-batch " + std::to_string(i)].size(), 1u) << i;
+  for (int i = 0; i < kAccum; ++i) {
+    const size_t n = by_phase["micro-batch " + std::to_string(i)].size();
+    if (one_span_each)
+      EXPECT_EQ(n, 1u) << i;
+    else
+      EXPECT_GE(n, 1u) << i;
+  }
   EXPECT_EQ(by_phase["optimizer"].size(), 1u);
   size_t inside = 0;
   for (const Span& s : spans) {
     if (s.cat != cat || s.pid != pid || s.tid != tid || s.phase.empty()) continue;
-    ASSERT_EQ(by_phase[s.phase].size(), 1u) << s.name << " in phase " << s.phase;
-    const Span& p = *by_phase[s.phase][0];
-    EXPECT_GE(s.begin, p.begin - 1e-3) << s.name << " starts before " << s.phase;
-    EXPECT_LE(s.end, p.end + 1e-3) << s.name << " ends after " << s.phase;
+    if (one_span_each) ASSERT_EQ(by_phase[s.phase].size(), 1u) << s.name << " in phase " << s.phase;
+    const bool within = std::any_of(by_phase[s.phase].begin(), by_phase[s.phase].end(), [&](const Span* p) {
+      return s.begin >= p->begin - 1e-3 && s.end <= p->end + 1e-3;
+    });
+    EXPECT_TRUE(within) << s.name << " lies outside every span of " << s.phase;
     ++inside;
   }
   EXPECT_GT(inside, 0u);
@@ -334,15 +344,28 @@ TEST(ChromeTraceCuda, CompiledStepOnTheGpu) {
   const std::vector<Span> spans = parse_spans(compile::trace_plan_call(plan, t.flat).json(), &rows);
   const auto [hp, ht] = row_named(rows, "host/host");
   const auto [dp, dt] = row_named(rows, "cuda:0/stream");
-  EXPECT_EQ(count(spans, "kernel", dp, dt), plan.kernels());
+  // The main stream's kernels on its row, each side lane's on a row of its own.
+  size_t on_side = 0;
+  for (const compile::Node& n : plan.graph().nodes) on_side += n.stream != 0;
+  EXPECT_EQ(count(spans, "kernel", dp, dt), plan.kernels() - on_side);
+  size_t side_kernels = 0;
+  for (const char* lane : {"cuda:0/side stream 1", "cuda:0/side stream 2"})
+    for (const auto& [row, name] : rows)
+      if (name == lane) side_kernels += count(spans, "kernel", row.first, row.second);
+  EXPECT_EQ(side_kernels, on_side);
   EXPECT_EQ(count(spans, "launch", hp, ht), plan.kernels());
-  // Each kernel runs after its launch began, and the stream runs them one after another.
+  // Each kernel runs after its launch began, and the plan's trace runs them one after another (each
+  // kernel, side-stream ones too, is waited for before the next is launched), whatever their rows.
   std::map<std::string, const Span*> launch;
-  for (const Span& s : spans)
-    if (s.cat == "launch") launch[s.args.value("node", "")] = &s;
-  double end = 0;
+  std::vector<const Span*> kernels;
   for (const Span& s : spans) {
-    if (s.cat != "kernel") continue;
+    if (s.cat == "launch") launch[s.args.value("node", "")] = &s;
+    if (s.cat == "kernel") kernels.push_back(&s);
+  }
+  std::sort(kernels.begin(), kernels.end(), [](const Span* a, const Span* b) { return a->begin < b->begin; });
+  double end = 0;
+  for (const Span* k : kernels) {
+    const Span& s = *k;
     const Span* l = launch[s.args.value("node", "")];
     ASSERT_NE(l, nullptr) << s.name;
     EXPECT_GE(s.begin, l->begin - 1.0) << s.name << " ran before its launch";
@@ -350,7 +373,7 @@ TEST(ChromeTraceCuda, CompiledStepOnTheGpu) {
     end = s.end;
   }
   expect_nested_in_phases(spans, "kernel", dp, dt, kAccum + 1);
-  expect_nested_in_phases(spans, "launch", hp, ht, kAccum + 1);
+  expect_nested_in_phases(spans, "launch", hp, ht, kAccum + 1, /*one_span_each=*/false);
 }
 
 TEST(ChromeTraceCuda, EagerStepOnTheGpu) {

@@ -21,7 +21,7 @@ constexpr int kAheadLane = 2;
 // How many of a forward's first main-stream kernels run ahead, and under how many of the backward's
 // last main-stream kernels they start.
 struct Overlap {
-  int ahead = 8, under = 8;
+  int ahead = 8, under = 16;
 };
 
 Overlap overlap_of_env() {
@@ -42,9 +42,11 @@ std::string micro_batch(int k) { return "micro-batch " + std::to_string(k); }
 
 // Forward ops whose CUDA kernels may run beside any other stream's: they share no device memory with
 // other kernels but their operands and their stream's own workspaces (the caching allocator's blocks
-// are a stream's own; cuBLAS's workspace a lane's), and the ones that count blocks (batch norm's
-// statistics) take their lane's finish counters. Not the losses (cross-entropy counts in the main
-// stream's lane) nor anything of a backward or the optimizer.
+// are a stream's own), and the ones that count blocks (batch norm's statistics) take their lane's
+// finish counters. GEMMs with an epilogue only: they run on cuBLASLt with their algorithm's workspace
+// from the allocator, where a plain matmul's cuBLAS handle would want a workspace lane 2 does not have
+// (kernels/cuda/cuda_common.cuh). Not the losses (cross-entropy counts in the main stream's lane) nor
+// anything of a backward or the optimizer.
 bool runs_ahead(OpKind op) {
   switch (op) {
     case OpKind::Copy:
@@ -53,8 +55,6 @@ bool runs_ahead(OpKind op) {
     case OpKind::LayerNormCast:
     case OpKind::GroupNorm:
     case OpKind::BatchNorm:
-    case OpKind::Matmul:
-    case OpKind::MatmulInto:
     case OpKind::GemmEpilogue:
     case OpKind::Conv2d:
     case OpKind::Attention:

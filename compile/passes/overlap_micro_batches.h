@@ -18,15 +18,15 @@
 //     nothing they read or write): the same values, in any order the streams run them;
 //   - its op's kernels may run beside any other stream's (runs_ahead: forward ops that share no
 //     device memory with other kernels but their operands; the ones that count blocks use their
-//     lane's finish counters, kernels/cuda/last_block.cuh; cuBLAS GEMMs there use a workspace of
-//     their own, kernels/cuda/cuda_common.cuh);
+//     lane's finish counters, kernels/cuda/last_block.cuh; its GEMMs are cuBLASLt's with an
+//     epilogue, whose workspace comes from the lane's own allocator blocks, kernels/cuda/cuda_common.cuh);
 //   - the step's planned peak stays where it was (memory_plan.h: a moved node's buffers live until
 //     its join); where it would grow, half as many nodes are tried, down to one.
 // Lane 2 runs the moved nodes in graph order after a fork from the main stream at their new place;
 // the main stream waits for one (side_stream.h's side_joins) before the first node of another stream
 // that touches its outputs or writes its inputs: forward k+1's first kernel left on the main stream.
 // Off on a CPU (one kernel at a time) and under a memory limit. `ahead` and `under` come from
-// REEL_OVERLAP_KERNELS ("ahead,under"; measured defaults below in overlap_micro_batches.cpp).
+// REEL_OVERLAP_KERNELS ("ahead,under"; default 8,16, measured in overlap_micro_batches.cpp).
 #pragma once
 #include "compile/ir/graph.h"
 #include "compile/passes/passes.h"

@@ -177,23 +177,32 @@ ChromeTrace trace_plan_call(Plan& plan, const std::vector<Tensor>& inputs) {
   std::vector<Device> devices;
   for (const Plan::KernelSpan& k : spans)
     if (std::find(devices.begin(), devices.end(), k.device) == devices.end()) devices.push_back(k.device);
-  for (const Device& d : devices) {
-    const ChromeTrace::Row row = d.is_cuda() ? t.row(d.str(), "stream") : t.row("host", "kernels");
-    std::vector<ChromeTrace::Timed> items;
-    for (const Plan::KernelSpan& k : spans) {
-      if (k.device != d) continue;
-      const Node& n = plan.graph().nodes[k.node];
-      ChromeTrace::Args args{{"phase", n.phase}, {"node", "k" + std::to_string(k.node)}};
-      if (!n.fused.empty()) args.push_back({"ops", fused_str(n.fused)});
-      args.push_back({"inputs", shapes_of(n)});
-      const double b = d.is_cuda() ? k.device_begin_us : k.host_begin_us;
-      const double e = d.is_cuda() ? k.device_end_us : k.host_end_us;
-      if (d.is_cuda()) t.span(host, k.label, "launch", k.host_begin_us, k.host_end_us, {args[0], args[1]});
-      t.span(row, k.label, "kernel", b, e, std::move(args));
-      items.push_back({n.phase, b, e});
+  // A GPU's kernels on a row per stream of the plan (Node::stream: the main one, side lanes 1 and 2), so
+  // that a phase's kernels on the main stream stay one span where another phase's run on a side lane
+  // among them (a micro-batch's first forward kernels under the backward before it).
+  static const char* kStreamRows[] = {"stream", "side stream 1", "side stream 2"};
+  for (const Device& d : devices)
+    for (int lane = 0; lane < 3; ++lane) {
+      auto on_row = [&](const Plan::KernelSpan& k) {
+        return k.device == d && (d.is_cuda() ? plan.graph().nodes[k.node].stream == lane : lane == 0);
+      };
+      if (std::none_of(spans.begin(), spans.end(), on_row)) continue;
+      const ChromeTrace::Row row = d.is_cuda() ? t.row(d.str(), kStreamRows[lane]) : t.row("host", "kernels");
+      std::vector<ChromeTrace::Timed> items;
+      for (const Plan::KernelSpan& k : spans) {
+        if (!on_row(k)) continue;
+        const Node& n = plan.graph().nodes[k.node];
+        ChromeTrace::Args args{{"phase", n.phase}, {"node", "k" + std::to_string(k.node)}};
+        if (!n.fused.empty()) args.push_back({"ops", fused_str(n.fused)});
+        args.push_back({"inputs", shapes_of(n)});
+        const double b = d.is_cuda() ? k.device_begin_us : k.host_begin_us;
+        const double e = d.is_cuda() ? k.device_end_us : k.host_end_us;
+        if (d.is_cuda()) t.span(host, k.label, "launch", k.host_begin_us, k.host_end_us, {args[0], args[1]});
+        t.span(row, k.label, "kernel", b, e, std::move(args));
+        items.push_back({n.phase, b, e});
+      }
+      t.phase_spans(row, items);
     }
-    t.phase_spans(row, items);
-  }
   return t;
 }
 

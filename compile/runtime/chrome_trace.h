@@ -12,7 +12,8 @@
 //   host / host         what the launching thread did: the phases of the step ("micro-batch 0", ...,
 //                       "optimizer": kernels/phase.h) and, for a GPU, each kernel's launch;
 //   cuda:N / stream     a GPU's kernels as they ran on the stream (CUDA events), inside the phases'
-//                       spans on the device;
+//                       spans on the device; the kernels a plan runs on a side stream (Node::stream)
+//                       on rows of their own, "side stream 1" and "side stream 2";
 //   host / kernels      a compiled step's CPU kernels, which run on the host: timed by the host clock.
 // A phase's span on a row runs from the first to the last of its kernels (or ops) there; consecutive
 // kernels of one phase make one span, so spans on a row never overlap.

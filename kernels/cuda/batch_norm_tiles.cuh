@@ -3,6 +3,7 @@
 // kernels/cuda/batch_norm.cu, which includes this file and launches these kernels).
 #pragma once
 #include "kernels/cuda/batch_norm_common.cuh"
+#include "kernels/cuda/group_barrier.cuh"
 #include "kernels/cuda/last_block.cuh"
 
 namespace reel::cuda::batch_norm_detail {

@@ -62,17 +62,18 @@ cudnnHandle_t cudnn_handle(Device device);
 Tensor workspace(size_t bytes, Device device);
 // A workspace kept for the life of the process, recorded by name (kernels/library_workspaces.h).
 Tensor persistent_workspace(const char* name, size_t bytes, Device device);
-// The workspace of cuBLAS and cuBLASLt on `device` (this thread's), kBlasGemmWorkspaceBytes per stream
-// lane (tensor/cuda.h's side_lane): the main stream's and lane 1's are the two halves of one block of
-// kBlasWorkspaceBytes, made once and kept ("cublas"); lane 2's, which only a plan that runs a micro-
-// batch's forward beside the backward before it uses, is a block of its own made on its first GEMM
-// ("cublas lane 2"). Two GEMMs running at once never share workspace. The GEMMs of one stream run one
-// after another, so the handle's GEMMs, the epilogue GEMMs and autotuning share a lane's workspace
-// instead of holding one each. Every GEMM, eager or compiled, on any stream, is given the same size,
-// so that one problem gets the same algorithm (the same bits) wherever it runs.
+// The workspace of cuBLAS and cuBLASLt on `device` (this thread's): kBlasWorkspaceBytes, made once and
+// kept ("cublas"), in two halves of kBlasGemmWorkspaceBytes: GEMMs on the main stream use the first,
+// GEMMs on a compiled plan's side lane 1 (tensor/cuda.h's StreamFork) the second, so that two GEMMs
+// running at once never share workspace. The GEMMs of one stream run one after another, so the
+// handle's GEMMs, the epilogue GEMMs and autotuning share a half instead of holding one each. Every
+// GEMM, eager or compiled, on either stream, is given a half's size, so that one problem gets the
+// same algorithm (the same bits) wherever it runs. Side lane 2 has none: the epilogue GEMMs that run
+// there (the only GEMMs a plan puts there) take what their algorithm needs from the caching allocator
+// per call (kernels/cuda/gemm_epilogue.cu); asking for it there is an error.
 constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
 constexpr size_t kBlasGemmWorkspaceBytes = kBlasWorkspaceBytes / 2;
-// The current stream's lane's workspace (made on first use).
+// The current stream's half (made on first use).
 void* blas_workspace(Device device);
 
 // Whether p is 16-byte aligned: what vector loads (float4, cp.async) and library kernels ask of an operand.

@@ -55,6 +55,7 @@ struct LtPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ly = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;  // what the algorithm needs of the kBlasGemmWorkspaceBytes it was chosen with
   bool found = false;
   ~LtPlan() {
     if (la) cublasLtMatrixLayoutDestroy(la);
@@ -146,7 +147,7 @@ const LtPlan& lt_plan(Epilogue e, const Operands& o) {
                                                      pref, 1, &result, &n);
   cublasLtMatmulPreferenceDestroy(pref);
   p->found = st == CUBLAS_STATUS_SUCCESS && n > 0;
-  if (p->found) p->algo = result.algo;
+  if (p->found) p->algo = result.algo, p->workspace = result.workspaceSize;
   slot = std::move(p);
   return *slot;
 }
@@ -180,9 +181,22 @@ void run(Epilogue e, const Operands& o) {
     set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, o.aux->data_ptr());
   }
   const float one = 1.0f, zero = 0.0f;
-  REEL_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(o.y.device()), p.desc, &one, o.b.data_ptr(), p.la, o.a.data_ptr(),
-                                   p.lb, &zero, o.y.data_ptr(), p.ly, o.y.data_ptr(), p.ly, &p.algo,
-                                   blas_workspace(o.y.device()), kBlasGemmWorkspaceBytes, stream_of(o.y)));
+  // On side lane 2 (a micro-batch's first forward kernels run ahead: tensor/cuda.h), which has no
+  // cuBLAS workspace of its own, the same algorithm gets the bytes it needs from the caching allocator
+  // for the call (the lane's own blocks), so the lane adds no 16 MiB to the step's memory.
+  const Device dev = o.y.device();
+  Tensor call_ws;
+  void* ws = nullptr;
+  size_t ws_bytes = kBlasGemmWorkspaceBytes;
+  if (side_lane(stream_of(o.y), dev.index) == 2) {
+    ws_bytes = p.workspace;
+    if (ws_bytes > 0) call_ws = workspace(ws_bytes, dev), ws = call_ws.data_ptr();
+  } else {
+    ws = blas_workspace(dev);
+  }
+  REEL_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(dev), p.desc, &one, o.b.data_ptr(), p.la, o.a.data_ptr(), p.lb,
+                                   &zero, o.y.data_ptr(), p.ly, o.y.data_ptr(), p.ly, &p.algo, ws, ws_bytes,
+                                   stream_of(o.y)));
 }
 
 }  // namespace

@@ -37,13 +37,10 @@ void set_device(Device device) {
 }  // namespace
 
 void* blas_workspace(Device device) {
-  thread_local Tensor workspaces[kMaxDevices], lane2[kMaxDevices];
+  thread_local Tensor workspaces[kMaxDevices];
   const int lane = side_lane(stream_of(device), device.index);
-  if (lane == 2) {
-    Tensor& ws = lane2[device.index];
-    if (!ws.defined()) ws = persistent_workspace("cublas lane 2", kBlasGemmWorkspaceBytes, device);
-    return ws.data_ptr();
-  }
+  REEL_CHECK(lane < 2, "cuBLAS on ", device.str(), ": no workspace on side lane 2, where only GEMMs with an epilogue "
+             "(cuBLASLt, with their algorithm's own bytes) run ahead; a plan put another GEMM there");
   Tensor& ws = workspaces[device.index];
   if (!ws.defined()) ws = persistent_workspace("cublas", kBlasWorkspaceBytes, device);
   return static_cast<char*>(ws.data_ptr()) + (lane == 1 ? kBlasGemmWorkspaceBytes : 0);
