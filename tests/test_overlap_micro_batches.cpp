@@ -152,6 +152,18 @@ TEST(OverlapMicroBatchesPass, StaysWhereItCannotRunBeside) {
     EXPECT_EQ(streams(g), (std::vector<int>{0, 2, 0, 0, 0, 0})) << g.str();
   }
   {
+    // A kernel that fills the GPU by itself (an input of more than 4 MiB; here a weight, which the
+    // planned peak does not count) stays, and so does everything after it.
+    Graph g = boundary(64, 64);
+    const int big = graph_floats(g, BufferKind::External, 6 << 18);  // 6 MiB
+    g.buffers[size_t(big)].device = Device::cuda(0);
+    g.nodes[3].inputs.push_back(graph_ref(big, {6 << 18}));
+    compile::PassStats stats;
+    compile::overlap_micro_batches(g, stats, 2, 2);
+    EXPECT_EQ(stats.ahead, 0u);
+    EXPECT_EQ(streams(g), std::vector<int>(6, 0));
+  }
+  {
     Graph g = boundary(64, 64);  // no phase labels: one piece, nothing to overlap
     for (compile::Node& n : g.nodes) n.phase = "";
     compile::PassStats stats;

@@ -35,12 +35,6 @@ constexpr size_t kMaxBesideBytes = size_t(4) << 20;
 // slower: its GEMMs on the main stream fill the GPU by themselves.
 constexpr double kMaxBesideFlops = 1.5e9;
 
-bool small_enough(const Node& n) {
-  for (const auto& in : n.inputs)
-    if (in && in->nbytes() > kMaxBesideBytes) return false;
-  return node_flops(n) <= kMaxBesideFlops;
-}
-
 // Under REEL_LOG=fusion, why node i stays on the main stream.
 void stays(const Graph& g, size_t i, const char* reason) {
   if (log_enabled("fusion"))
@@ -129,6 +123,12 @@ bool runs_beside(const Node& n) {
 
 }  // namespace
 
+bool small_enough_to_run_beside(const Node& n) {
+  for (const auto& in : n.inputs)
+    if (in && in->nbytes() > kMaxBesideBytes) return false;
+  return node_flops(n) <= kMaxBesideFlops;
+}
+
 std::vector<int> side_joins(const Graph& g) {
   std::vector<int> joins(g.nodes.size(), -1);
   for (size_t i = 0; i < g.nodes.size(); ++i)
@@ -151,7 +151,7 @@ const char* try_beside(Graph& g, size_t i, size_t& peak) {
   Node& n = g.nodes[i];
   if (!g.buffers[size_t(n.outputs[0].buffer)].device.is_cuda())
     return "it is not on a GPU (a CPU plan runs one kernel at a time)";
-  if (!small_enough(n))
+  if (!small_enough_to_run_beside(n))
     return "an input of more than 4 MiB or more than 1.5 GFLOP of work: the kernels beside it would fill the GPU on "
            "their own";
   n.stream = 1;

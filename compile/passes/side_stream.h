@@ -55,6 +55,9 @@ namespace reel::compile {
 
 // For each node: its join (see above) if it runs on the side stream, -1 if it does not.
 std::vector<int> side_joins(const Graph& g);
+// Whether node n is small enough that the kernels beside it leave room for it: inputs of at most 4 MiB
+// each and at most 1.5 GFLOP of work (larger ones fill the GPU by themselves; measured in side_stream.cpp).
+bool small_enough_to_run_beside(const Node& n);
 
 void assign_side_stream(Graph& g, PassStats& stats);      // side_stream
 void run_side_nodes_late(Graph& g, PassStats& stats);     // side_stream_late
