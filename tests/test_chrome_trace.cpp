@@ -111,16 +111,19 @@ void expect_nested_in_phases(const std::vector<Span>& spans, const std::string& 
   EXPECT_EQ(by_phase.size(), phases);
   for (int i = 0; i < kAccum; ++i) {
     const size_t n = by_phase["micro-batch " + std::to_string(i)].size();
-    if (one_span_each)
+    if (one_span_each) {
       EXPECT_EQ(n, 1u) << i;
-    else
+    } else {
       EXPECT_GE(n, 1u) << i;
+    }
   }
   EXPECT_EQ(by_phase["optimizer"].size(), 1u);
   size_t inside = 0;
   for (const Span& s : spans) {
     if (s.cat != cat || s.pid != pid || s.tid != tid || s.phase.empty()) continue;
-    if (one_span_each) ASSERT_EQ(by_phase[s.phase].size(), 1u) << s.name << " in phase " << s.phase;
+    if (one_span_each) {
+      ASSERT_EQ(by_phase[s.phase].size(), 1u) << s.name << " in phase " << s.phase;
+    }
     const bool within = std::any_of(by_phase[s.phase].begin(), by_phase[s.phase].end(), [&](const Span* p) {
       return s.begin >= p->begin - 1e-3 && s.end <= p->end + 1e-3;
     });
