@@ -133,11 +133,10 @@ inline bool same_bits(const std::vector<double>& a, const std::vector<double>& b
   return true;
 }
 
-// `steps` compiled training steps of small_training(model, device) under `precision` (reduce-overhead
-// on a GPU, the default mode on the CPU) with `disabled_passes` off (and passes off by default in
-// `enabled_passes` on): the losses, the state after, and
-// the compiled function, whose last_plan() is the graph the passes left. What a pass's test runs with
-// the pass on and off.
+// `steps` compiled training steps of small_training(model, device) under `precision` (in `mode`, by
+// default reduce-overhead on a GPU and the default mode on the CPU) with `disabled_passes` off (and passes off by
+// default in `enabled_passes` on): the losses, the state after, and the compiled function, whose last_plan() is the
+// graph the passes left. What a pass's test runs with the pass on and off.
 struct CompiledSteps {
   std::vector<double> losses;
   std::vector<std::vector<double>> state;
@@ -147,10 +146,11 @@ struct CompiledSteps {
 
 inline CompiledSteps compiled_steps(const std::string& model, Device device, const char* precision,
                                     std::vector<std::string> disabled_passes, size_t memory_limit = 0, int steps = 3,
-                                    std::vector<std::string> enabled_passes = {}, bool grad_scaler = false) {
+                                    std::vector<std::string> enabled_passes = {}, bool grad_scaler = false,
+                                    std::optional<compile::Mode> mode = std::nullopt) {
   AutocastGuard amp(PrecisionPolicy::parse(precision));
   SmallTraining t = small_training(model, device, 2, 2, grad_scaler);
-  compile::CompileOptions o(device.is_cuda() ? compile::Mode::ReduceOverhead : compile::Mode::Default);
+  compile::CompileOptions o(mode ? *mode : device.is_cuda() ? compile::Mode::ReduceOverhead : compile::Mode::Default);
   o.disabled_passes = std::move(disabled_passes);
   o.enabled_passes = std::move(enabled_passes);
   o.memory_limit = memory_limit;

@@ -115,61 +115,61 @@ TEST(OverlapMicroBatchesPass, NothingMovesWhereThePlannedPeakWouldGrow) {
   EXPECT_EQ(compile::planned_peak(g), before);
 }
 
+// The pass (2 ahead under 2) on g: how many nodes ran ahead, and every node's stream after it.
+struct Ran {
+  size_t ahead;
+  std::vector<int> streams;
+  std::string listing;
+};
+Ran run_pass(Graph g) {
+  compile::PassStats stats;
+  compile::overlap_micro_batches(g, stats, 2, 2);
+  return {stats.ahead, streams(g), g.str()};
+}
+
 TEST(OverlapMicroBatchesPass, StaysWhereItCannotRunBeside) {
-  {
-    Graph g = boundary(64, 64);
-    for (compile::Buffer& b : g.buffers) b.device = Device::cpu();  // a CPU plan runs one kernel at a time
-    compile::PassStats stats;
-    compile::overlap_micro_batches(g, stats, 2, 2);
-    EXPECT_EQ(stats.ahead, 0u);
-    EXPECT_EQ(streams(g), std::vector<int>(6, 0));
-  }
-  {
-    // A loss's kernel counts blocks in the main stream's finish counters: not ahead, nor anything after it.
-    Graph g = boundary(64, 64);
-    g.nodes[3].op = OpKind::CrossEntropyWithGrad;
-    compile::PassStats stats;
-    compile::overlap_micro_batches(g, stats, 2, 2);
-    EXPECT_EQ(stats.ahead, 0u);
-    EXPECT_EQ(streams(g), std::vector<int>(6, 0));
-  }
-  {
-    // A plain GEMM would want a cuBLAS workspace, which lane 2 does not have: the node before it runs ahead alone.
-    Graph g = boundary(64, 64);
-    g.nodes[4].op = OpKind::Matmul;
-    compile::PassStats stats;
-    compile::overlap_micro_batches(g, stats, 2, 2);
-    EXPECT_EQ(stats.ahead, 1u);
-    EXPECT_EQ(streams(g), (std::vector<int>{0, 2, 0, 0, 0, 0})) << g.str();
-  }
-  {
-    // Only the second may not: the elementwise node before it runs ahead alone.
-    Graph g = boundary(64, 64);
-    g.nodes[4].op = OpKind::LinearCrossEntropyWithGrad;
-    compile::PassStats stats;
-    compile::overlap_micro_batches(g, stats, 2, 2);
-    EXPECT_EQ(stats.ahead, 1u);
-    EXPECT_EQ(streams(g), (std::vector<int>{0, 2, 0, 0, 0, 0})) << g.str();
-  }
-  {
-    // A kernel that fills the GPU by itself (an input of more than 4 MiB; here a weight, which the
-    // planned peak does not count) stays, and so does everything after it.
-    Graph g = boundary(64, 64);
-    const int big = graph_floats(g, BufferKind::External, 6 << 18);  // 6 MiB
-    g.buffers[size_t(big)].device = Device::cuda(0);
-    g.nodes[3].inputs.push_back(graph_ref(big, {6 << 18}));
-    compile::PassStats stats;
-    compile::overlap_micro_batches(g, stats, 2, 2);
-    EXPECT_EQ(stats.ahead, 0u);
-    EXPECT_EQ(streams(g), std::vector<int>(6, 0));
-  }
-  {
-    Graph g = boundary(64, 64);  // no phase labels: one piece, nothing to overlap
-    for (compile::Node& n : g.nodes) n.phase = "";
-    compile::PassStats stats;
-    compile::overlap_micro_batches(g, stats, 2, 2);
-    EXPECT_EQ(stats.ahead, 0u);
-  }
+  const std::vector<int> none(6, 0), first_alone{0, 2, 0, 0, 0, 0};
+  Graph g = boundary(64, 64);
+  for (compile::Buffer& b : g.buffers) b.device = Device::cpu();  // a CPU plan runs one kernel at a time
+  Ran r = run_pass(g);
+  EXPECT_EQ(r.ahead, 0u);
+  EXPECT_EQ(r.streams, none);
+
+  // A loss's kernel counts blocks in the main stream's finish counters: not ahead, nor anything after it.
+  g = boundary(64, 64);
+  g.nodes[3].op = OpKind::CrossEntropyWithGrad;
+  r = run_pass(g);
+  EXPECT_EQ(r.ahead, 0u);
+  EXPECT_EQ(r.streams, none);
+
+  // A plain GEMM would want a cuBLAS workspace, which lane 2 does not have: the node before it runs ahead alone.
+  g = boundary(64, 64);
+  g.nodes[4].op = OpKind::Matmul;
+  r = run_pass(g);
+  EXPECT_EQ(r.ahead, 1u);
+  EXPECT_EQ(r.streams, first_alone) << r.listing;
+
+  // Nor a loss there.
+  g = boundary(64, 64);
+  g.nodes[4].op = OpKind::LinearCrossEntropyWithGrad;
+  r = run_pass(g);
+  EXPECT_EQ(r.ahead, 1u);
+  EXPECT_EQ(r.streams, first_alone) << r.listing;
+
+  // A kernel that fills the GPU by itself (an input of more than 4 MiB; here a weight, which the
+  // planned peak does not count) stays, and so does everything after it.
+  g = boundary(64, 64);
+  const int big = graph_floats(g, BufferKind::External, 6 << 18);  // 6 MiB
+  g.buffers[size_t(big)].device = Device::cuda(0);
+  g.nodes[3].inputs.push_back(graph_ref(big, {6 << 18}));
+  r = run_pass(g);
+  EXPECT_EQ(r.ahead, 0u);
+  EXPECT_EQ(r.streams, none);
+
+  // No phase labels: one piece, nothing to overlap.
+  g = boundary(64, 64);
+  for (compile::Node& n : g.nodes) n.phase = "";
+  EXPECT_EQ(run_pass(g).ahead, 0u);
 }
 
 // REEL_OVERLAP_KERNELS for a scope.
@@ -340,39 +340,21 @@ TEST(OverlapMicroBatchesPass, WholeStepsKeepEveryDependencyAndThePlannedPeak) {
 
 // ---- on a GPU ----
 
-struct StepRun {
-  std::vector<double> losses;
-  std::vector<std::vector<double>> state;
-  size_t ahead = 0;
-};
-
-StepRun run_steps(const std::string& model, const char* precision, compile::Mode mode, bool overlap) {
-  AutocastGuard amp(PrecisionPolicy::parse(precision));
-  testing_util::SmallTraining t = testing_util::small_training(model, Device::cuda(0));
-  compile::CompileOptions options(mode);
-  if (!overlap) options.disabled_passes = {"overlap_micro_batches"};
-  compile::CompiledFunction step = compile::compile_train_step(*t.opt, t.loss, options);
-  StepRun r;
-  r.losses = testing_util::step_losses(*t.opt, t.loss, t.micro, 3, &step);
-  r.state = t.state();
-  if (step.last_plan()) r.ahead = step.last_plan()->stats().ahead;
-  return r;
-}
-
 TEST(OverlapMicroBatchesCuda, TrainingStepsComputeTheSameBitsWithTheForwardAheadOrNot) {
   REEL_REQUIRE_GPU();
   for (const char* model : {"gpt-tiny", "cnn-small"})
     for (compile::Mode mode : {compile::Mode::ReduceOverhead, compile::Mode::Default})
       for (const char* precision : {"fp32", "bf16", "fp16"}) {
         SCOPED_TRACE(std::string(model) + " " + precision + " " + compile::mode_name(mode));
-        const StepRun off = run_steps(model, precision, mode, false);
-        const StepRun on = run_steps(model, precision, mode, true);
-        EXPECT_EQ(off.ahead, 0u);
-        EXPECT_GT(on.ahead, 0u) << "no node ran ahead";
-        EXPECT_TRUE(testing_util::same_bits(on.losses, off.losses));
-        ASSERT_EQ(on.state.size(), off.state.size());
-        for (size_t i = 0; i < off.state.size(); ++i)
-          EXPECT_TRUE(testing_util::same_bits(on.state[i], off.state[i])) << "tensor " << i;
+        const testing_util::CompiledSteps off = testing_util::compiled_steps(
+            model, Device::cuda(0), precision, {"overlap_micro_batches"}, 0, 3, {}, false, mode);
+        const testing_util::CompiledSteps on =
+            testing_util::compiled_steps(model, Device::cuda(0), precision, {}, 0, 3, {}, false, mode);
+        ASSERT_NE(off.plan(), nullptr);
+        ASSERT_NE(on.plan(), nullptr);
+        EXPECT_EQ(off.plan()->stats().ahead, 0u);
+        EXPECT_GT(on.plan()->stats().ahead, 0u) << "no node ran ahead";
+        EXPECT_TRUE(testing_util::same_training(on, off));
       }
 }
 

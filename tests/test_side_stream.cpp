@@ -327,39 +327,22 @@ TEST(SideStreamPass, AStepInputsCastStaysWhereStartingItEarlierRaisesThePeak) {
   EXPECT_EQ(cpu.nodes[3].stream, 0);
 }
 
-struct StepRun {
-  std::vector<double> losses;
-  std::vector<std::vector<double>> state;
-  size_t beside = 0;
-};
-
-StepRun run_steps(const std::string& model, const char* precision, compile::Mode mode, bool side_stream) {
-  AutocastGuard amp(PrecisionPolicy::parse(precision));
-  testing_util::SmallTraining t = testing_util::small_training(model, Device::cuda(0));
-  compile::CompileOptions options(mode);
-  if (!side_stream) options.disabled_passes = {"side_stream", "input_casts_early", "overlap_micro_batches"};
-  compile::CompiledFunction step = compile::compile_train_step(*t.opt, t.loss, options);
-  StepRun r;
-  r.losses = testing_util::step_losses(*t.opt, t.loss, t.micro, 3, &step);
-  r.state = t.state();
-  if (step.last_plan()) r.beside = step.last_plan()->stats().beside;
-  return r;
-}
-
 TEST(SideStreamCuda, TrainingStepsComputeTheSameBitsOnOneStreamAndTwo) {
   REEL_REQUIRE_GPU();
   for (const char* model : {"gpt-tiny", "cnn-small"})
     for (compile::Mode mode : {compile::Mode::ReduceOverhead, compile::Mode::Default})
       for (const char* precision : {"fp32", "bf16", "fp16"}) {
         SCOPED_TRACE(std::string(model) + " " + precision + " " + compile::mode_name(mode));
-        const StepRun one = run_steps(model, precision, mode, false);
-        const StepRun two = run_steps(model, precision, mode, true);
-        EXPECT_EQ(one.beside, 0u);
-        EXPECT_GT(two.beside, 0u) << "no node went to the side stream";
-        EXPECT_TRUE(testing_util::same_bits(two.losses, one.losses));
-        ASSERT_EQ(two.state.size(), one.state.size());
-        for (size_t i = 0; i < one.state.size(); ++i)
-          EXPECT_TRUE(testing_util::same_bits(two.state[i], one.state[i])) << "tensor " << i;
+        const testing_util::CompiledSteps one = testing_util::compiled_steps(
+            model, Device::cuda(0), precision, {"side_stream", "input_casts_early", "overlap_micro_batches"}, 0, 3, {},
+            false, mode);
+        const testing_util::CompiledSteps two = testing_util::compiled_steps(
+            model, Device::cuda(0), precision, {"overlap_micro_batches"}, 0, 3, {}, false, mode);
+        ASSERT_NE(one.plan(), nullptr);
+        ASSERT_NE(two.plan(), nullptr);
+        EXPECT_EQ(one.plan()->stats().beside, 0u);
+        EXPECT_GT(two.plan()->stats().beside, 0u) << "no node went to the side stream";
+        EXPECT_TRUE(testing_util::same_training(two, one));
       }
 }
 
