@@ -1,6 +1,7 @@
 // Helpers shared by the compiler's test files: reproducible token micro-batches, bit-exact comparison
 // that counts NaN equal to NaN, a scoped kernel-cache directory, and the pieces of hand-made graphs.
 #pragma once
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -177,6 +178,19 @@ inline PassAB pass_on_and_off(const std::string& model, Device device, const cha
   r.off = compiled_steps(model, device, precision, {pass}, 0, 3, {}, grad_scaler);
   r.on = compiled_steps(model, device, precision, {}, 0, 3, {}, grad_scaler);
   return r;
+}
+
+// The configurations of the streams' same-bits GPU tests (compile/passes/side_stream.h,
+// overlap_micro_batches.h): gpt-tiny and cnn-small, captured in a CUDA graph and launched one by one,
+// fp32, bf16 and fp16; fn(model, mode, precision) under a SCOPED_TRACE that names them.
+template <typename Fn>
+void for_each_stream_test_config(Fn&& fn) {
+  for (const char* model : {"gpt-tiny", "cnn-small"})
+    for (compile::Mode mode : {compile::Mode::ReduceOverhead, compile::Mode::Default})
+      for (const char* precision : {"fp32", "bf16", "fp16"}) {
+        SCOPED_TRACE(std::string(model) + " " + precision + " " + compile::mode_name(mode));
+        fn(model, mode, precision);
+      }
 }
 
 // Whether two runs trained to the same bits: every loss, and every tensor of the state after.

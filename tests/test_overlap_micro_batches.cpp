@@ -342,20 +342,17 @@ TEST(OverlapMicroBatchesPass, WholeStepsKeepEveryDependencyAndThePlannedPeak) {
 
 TEST(OverlapMicroBatchesCuda, TrainingStepsComputeTheSameBitsWithTheForwardAheadOrNot) {
   REEL_REQUIRE_GPU();
-  for (const char* model : {"gpt-tiny", "cnn-small"})
-    for (compile::Mode mode : {compile::Mode::ReduceOverhead, compile::Mode::Default})
-      for (const char* precision : {"fp32", "bf16", "fp16"}) {
-        SCOPED_TRACE(std::string(model) + " " + precision + " " + compile::mode_name(mode));
-        const testing_util::CompiledSteps off = testing_util::compiled_steps(
-            model, Device::cuda(0), precision, {"overlap_micro_batches"}, 0, 3, {}, false, mode);
-        const testing_util::CompiledSteps on =
-            testing_util::compiled_steps(model, Device::cuda(0), precision, {}, 0, 3, {}, false, mode);
-        ASSERT_NE(off.plan(), nullptr);
-        ASSERT_NE(on.plan(), nullptr);
-        EXPECT_EQ(off.plan()->stats().ahead, 0u);
-        EXPECT_GT(on.plan()->stats().ahead, 0u) << "no node ran ahead";
-        EXPECT_TRUE(testing_util::same_training(on, off));
-      }
+  testing_util::for_each_stream_test_config([](const char* model, compile::Mode mode, const char* precision) {
+    const testing_util::CompiledSteps off = testing_util::compiled_steps(
+        model, Device::cuda(0), precision, {"overlap_micro_batches"}, 0, 3, {}, false, mode);
+    const testing_util::CompiledSteps on =
+        testing_util::compiled_steps(model, Device::cuda(0), precision, {}, 0, 3, {}, false, mode);
+    ASSERT_NE(off.plan(), nullptr);
+    ASSERT_NE(on.plan(), nullptr);
+    EXPECT_EQ(off.plan()->stats().ahead, 0u);
+    EXPECT_GT(on.plan()->stats().ahead, 0u) << "no node ran ahead";
+    EXPECT_TRUE(testing_util::same_training(on, off));
+  });
 }
 
 }  // namespace

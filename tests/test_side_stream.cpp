@@ -329,21 +329,18 @@ TEST(SideStreamPass, AStepInputsCastStaysWhereStartingItEarlierRaisesThePeak) {
 
 TEST(SideStreamCuda, TrainingStepsComputeTheSameBitsOnOneStreamAndTwo) {
   REEL_REQUIRE_GPU();
-  for (const char* model : {"gpt-tiny", "cnn-small"})
-    for (compile::Mode mode : {compile::Mode::ReduceOverhead, compile::Mode::Default})
-      for (const char* precision : {"fp32", "bf16", "fp16"}) {
-        SCOPED_TRACE(std::string(model) + " " + precision + " " + compile::mode_name(mode));
-        const testing_util::CompiledSteps one = testing_util::compiled_steps(
-            model, Device::cuda(0), precision, {"side_stream", "input_casts_early", "overlap_micro_batches"}, 0, 3, {},
-            false, mode);
-        const testing_util::CompiledSteps two = testing_util::compiled_steps(
-            model, Device::cuda(0), precision, {"overlap_micro_batches"}, 0, 3, {}, false, mode);
-        ASSERT_NE(one.plan(), nullptr);
-        ASSERT_NE(two.plan(), nullptr);
-        EXPECT_EQ(one.plan()->stats().beside, 0u);
-        EXPECT_GT(two.plan()->stats().beside, 0u) << "no node went to the side stream";
-        EXPECT_TRUE(testing_util::same_training(two, one));
-      }
+  testing_util::for_each_stream_test_config([](const char* model, compile::Mode mode, const char* precision) {
+    const testing_util::CompiledSteps one = testing_util::compiled_steps(
+        model, Device::cuda(0), precision, {"side_stream", "input_casts_early", "overlap_micro_batches"}, 0, 3, {},
+        false, mode);
+    const testing_util::CompiledSteps two = testing_util::compiled_steps(
+        model, Device::cuda(0), precision, {"overlap_micro_batches"}, 0, 3, {}, false, mode);
+    ASSERT_NE(one.plan(), nullptr);
+    ASSERT_NE(two.plan(), nullptr);
+    EXPECT_EQ(one.plan()->stats().beside, 0u);
+    EXPECT_GT(two.plan()->stats().beside, 0u) << "no node went to the side stream";
+    EXPECT_TRUE(testing_util::same_training(two, one));
+  });
 }
 
 }  // namespace
