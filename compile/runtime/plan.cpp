@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
-#include <set>
 
 #include "compile/runtime/describe.h"
 #include "compile/passes/passes.h"
