@@ -57,7 +57,9 @@ struct PassOptions {
 };
 
 // The passes of `options` (and REEL_PASSES) on g, in order; `stats` gets the node counts before and
-// after. Under REEL_LOG=passes each pass logs the nodes it left.
+// after. Under REEL_LOG=passes each pass logs the nodes it left. Before the schedule stage (and again
+// at the end) every node a pass built without a phase (Node::phase) gets one from the traced nodes
+// whose outputs it writes, or from its neighbours: the schedule passes read them.
 Graph optimize_graph(Graph g, const PassOptions& options, PassStats& stats);
 
 // The names REEL_PASSES turns off ("-elementwise,-optimizer" -> {"elementwise", "optimizer"}) and
