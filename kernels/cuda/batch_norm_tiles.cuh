@@ -399,12 +399,13 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
 // multiprocessor), and dx's tiles are the chunks the sums reduce. Then one kernel does both halves:
 // each block loads its chunk's g, x (and relu mask) tiles and sums them, the last block of its channel
 // tile combines the tile's chunks into dw, db and dx's coefficients, and every block waits for that
-// (last_block.cuh's wait_for_result) and computes dx from the tiles it still holds in shared memory.
+// (group_barrier.cuh's wait_for_result) and computes dx from the tiles it still holds in shared memory.
 // g and x are read once instead of twice, and the second launch and the gap before it go away. The
 // grid is exactly the chunks, every block resident: the launcher (batch_norm.cu) checks the
 // occupancy, and otherwise runs the two kernels above. The values are theirs, computed by the same
-// device functions: the same bits either way. A channel tile's counters: arrivals at finish counter j
-// (as the two-kernel path's) and its result's generation at generation counter j. (The forward's statistics and apply, joined the same way with x kept in registers,
+// device functions: the same bits either way. A channel tile's counters: arrivals at finish counter
+// sp.counters + j (as the two-kernel path's) and its result's generation at generation counter
+// sp.counters + j. (The forward's statistics and apply, joined the same way with x kept in registers,
 // made cnn-small's step 0.9-1.0% slower on an H100, where this one made it 1.4-3.4% faster:
 // bench/RESULTS.md, fifteenth step. The forward stays two launches.)
 
@@ -418,7 +419,7 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
   __shared__ Tile<A> tg, tx;
   __shared__ MaskTile<A> mask;
   __shared__ A scratch[kTileRows][kTile];
-  const int64_t tiles_c = (sp.C + kTile - 1) / kTile, j = blockIdx.x / sp.parts, k = blockIdx.x % sp.parts;
+  const int64_t j = blockIdx.x / sp.parts, k = blockIdx.x % sp.parts;
   const int64_t c0 = j * kTile, c = c0 + threadIdx.x;
   unsigned* generation = result_generation_counter(sp.counters + j);
   const unsigned seen = result_generation(generation);

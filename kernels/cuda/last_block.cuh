@@ -13,10 +13,11 @@
 // beside StreamGuard. The exception is a compiled plan's side streams (cuda::StreamFork), whose kernels
 // run beside the main stream's: the slots come in lanes of kFinishCounterLaneSlots, one per stream
 // (lane 0 the main stream's, lanes 1 and 2 the side streams'), and a launcher that may run on a side
-// stream takes its slots from its stream's lane through finish_counter_base. Partials are read back from L2, never from a possibly stale L1 line: floats and
-// doubles with ld.global.cg (cached in L2 only), which the compiler may issue several at a time before
-// the first returns, so a loop over many partials pays the L2 latency once per batch rather than once
-// per partial; other types with volatile loads.
+// stream takes its slots from its stream's lane through finish_counter_base. Partials are read back
+// from L2, never from a possibly stale L1 line: floats and doubles with ld.global.cg (cached in L2
+// only), which the compiler may issue several at a time before the first returns, so a loop over many
+// partials pays the L2 latency once per batch rather than once per partial; other types with volatile
+// loads.
 #pragma once
 #include <type_traits>
 
