@@ -53,7 +53,11 @@ std::string Graph::str() const {
   std::ostringstream os;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
-    os << i << ": " << op_name(n.op) << (n.in_place ? " (in place)" : "") << (n.stream == 1 ? " (side stream)" : n.stream == 2 ? " (side stream 2)" : "") << " (";
+    os << i << ": " << op_name(n.op) << (n.in_place ? " (in place)" : "")
+       << (n.stream == 1              ? " (side stream)"
+           : n.stream == kAheadStream ? " (side stream 2)"
+                                      : "")
+       << " (";
     for (size_t k = 0; k < n.inputs.size(); ++k) os << (k ? ", " : "") << (n.inputs[k] ? ref_str(*n.inputs[k]) : "-");
     os << ") -> (";
     for (size_t k = 0; k < n.outputs.size(); ++k) os << (k ? ", " : "") << ref_str(n.outputs[k]);

@@ -51,6 +51,10 @@ struct TensorRef {
   size_t nbytes() const { return size_t(numel_of(shape)) * dtype_size(dtype); }
 };
 
+// Node::stream of the third stream, where a micro-batch's first forward kernels run ahead
+// (compile/passes/overlap_micro_batches.h); 0 is the main stream, 1 the side stream.
+constexpr int kAheadStream = 2;
+
 struct Node {
   OpKind op;
   Attrs attrs;

@@ -17,7 +17,6 @@ namespace reel::compile {
 namespace {
 
 constexpr const char* kPass = "overlap_micro_batches";
-constexpr int kAheadLane = 2;
 
 // How many of a forward's first main-stream kernels run ahead, and under how many of the backward's
 // last main-stream kernels they start. Swept on gpt-tiny (two H100 calls, bench/RESULTS.md, sixteenth
@@ -108,7 +107,7 @@ void note(const std::string& line) {
 bool try_move(Graph& g, size_t to, size_t a, size_t n, size_t peak) {
   const auto first = g.nodes.begin() + long(to), mid = g.nodes.begin() + long(a), last = mid + long(n);
   std::rotate(first, mid, last);
-  for (auto it = first; it != first + long(n); ++it) it->stream = kAheadLane;
+  for (auto it = first; it != first + long(n); ++it) it->stream = kAheadStream;
   if (planned_peak(g) <= peak) return true;
   for (auto it = first; it != first + long(n); ++it) it->stream = 0;
   std::rotate(first, first + long(n), last);
@@ -123,8 +122,7 @@ void overlap_micro_batches(Graph& g, PassStats& stats) {
 }
 
 void overlap_micro_batches(Graph& g, PassStats& stats, int ahead, int under) {
-  const Overlap o{ahead, under};
-  if (o.ahead <= 0 || o.under <= 0) return;
+  if (ahead <= 0 || under <= 0) return;
   size_t peak = 0;  // the planned peak before the pass, once a move needs it
   for (int k = 1;; ++k) {
     const std::string label = micro_batch(k), before = micro_batch(k - 1);
@@ -134,7 +132,7 @@ void overlap_micro_batches(Graph& g, PassStats& stats, int ahead, int under) {
     if (a == g.nodes.size()) break;
     size_t e = a;
     const char* why = nullptr;
-    while (e < g.nodes.size() && e - a < size_t(o.ahead)) {
+    while (e < g.nodes.size() && e - a < size_t(ahead)) {
       const Node& n = g.nodes[e];
       if (n.stream != 0 || n.phase != label) break;
       if ((why = why_not_ahead(g, n)) != nullptr) break;
@@ -148,7 +146,7 @@ void overlap_micro_batches(Graph& g, PassStats& stats, int ahead, int under) {
     // there, micro-batch k's early input casts among them), and no further up than the last node one
     // of [a, e) depends on.
     size_t p = a;
-    for (int passed = 0; p > 0 && passed < o.under; --p) {
+    for (int passed = 0; p > 0 && passed < under; --p) {
       const Node& n = g.nodes[p - 1];
       if (!(n.phase == before || (n.phase == label && n.stream != 0))) break;
       passed += n.stream == 0;
@@ -173,8 +171,8 @@ void overlap_micro_batches(Graph& g, PassStats& stats, int ahead, int under) {
       moved = try_move(g, p, a, n, peak);
       if (moved) {
         stats.ahead += n;
-        note(detail::cat(label, ": its first ", n, " kernels (k", a, "..k", a + n - 1, ") moved to k", p,
-                         " on stream ", kAheadLane, ", under ", before, "'s last ", a - p, " nodes"));
+        note(detail::cat(label, ": its first ", n, " kernels (k", a, "..k", a + n - 1, ") moved to k", p, " on stream ",
+                         kAheadStream, ", under ", before, "'s last ", a - p, " nodes"));
       }
     }
     if (!moved) note(detail::cat(label, ": its first kernels stay: running them ahead would raise the planned peak"));

@@ -91,7 +91,7 @@ bool reads_step_memory_only(const Graph& g, const Node& n) {
 // next forward kernels read after it anyway.
 int join_of(const Graph& g, size_t i) {
   const Reach r = reach_of(g, i);
-  if (g.nodes[i].stream == 2 || reads_a_graph_output(g, g.nodes[i]) || reads_step_memory_only(g, g.nodes[i]))
+  if (g.nodes[i].stream == kAheadStream || reads_a_graph_output(g, g.nodes[i]) || reads_step_memory_only(g, g.nodes[i]))
     return r.conflict;
   // Past the last reader, `hold` more main-stream nodes run beside it.
   int join = r.last_reader + 1;
@@ -139,7 +139,7 @@ std::vector<int> side_joins(const Graph& g) {
   // otherwise hold it to the end of the step). Lane 1 keeps each node's own join.
   int later = int(g.nodes.size());
   for (size_t i = g.nodes.size(); i-- > 0;)
-    if (g.nodes[i].stream == 2) joins[i] = later = std::min(later, joins[i]);
+    if (g.nodes[i].stream == kAheadStream) joins[i] = later = std::min(later, joins[i]);
   return joins;
 }
 

@@ -104,7 +104,7 @@ std::string plan_listing(const Plan& p, size_t max_kernels) {
     if (!n.fused.empty()) os << " [fused: " << fused_str(n.fused, " ") << "]";
     if (n.recomputed) os << " (recomputed)";
     if (n.stream == 1) os << " (side stream)";
-    if (n.stream == 2) os << " (side stream 2: run ahead)";
+    if (n.stream == kAheadStream) os << " (side stream 2: run ahead)";
     os << "  in:";
     for (const auto& r : n.inputs) {
       if (!r) continue;
