@@ -16,6 +16,7 @@ struct OpEntry {
   KernelFn kernels[2] = {nullptr, nullptr};  // indexed by DeviceType
   SupportsFn supports[2] = {nullptr, nullptr};
   PrepareFn prepare[2] = {nullptr, nullptr};
+  PartsFn parts[2] = {nullptr, nullptr};
 };
 
 OpEntry& entry(OpKind op) {
@@ -125,6 +126,7 @@ void register_supports(DeviceType device, OpKind op, SupportsFn fn) {
 }
 
 void register_prepare(DeviceType device, OpKind op, PrepareFn fn) { entry(op).prepare[static_cast<int>(device)] = fn; }
+void register_parts(DeviceType device, OpKind op, PartsFn fn) { entry(op).parts[static_cast<int>(device)] = fn; }
 
 bool supports(OpKind op, DeviceType device) {
   ensure_registered();
@@ -162,6 +164,23 @@ void prepare_kernel(OpKind op, const std::vector<Tensor>& inputs, const std::vec
   const Device in_device = common_device(op, inputs);
   const Device device = kernel_device(op, in_device, outputs.empty() ? in_device : outputs[0].device());
   if (PrepareFn p = e.prepare[static_cast<int>(device.type)]) p(KernelCall{op, inputs, outputs, attrs});
+}
+
+int64_t kernel_parts(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs) {
+  const OpEntry& e = checked_entry(op);
+  Device device;
+  try {
+    device = common_device(op, inputs);
+  } catch (const Error&) {
+    return 0;
+  }
+  const PartsFn fn = e.parts[static_cast<int>(device.type)];
+  if (!fn) return 0;
+  try {
+    return fn(inputs, attrs);
+  } catch (const Error&) {
+    return 0;
+  }
 }
 
 bool is_view_op(OpKind op) { return checked_entry(op).view != nullptr; }

@@ -26,6 +26,9 @@
 //   - a PrepareFn: work it can do before its first run (compiling a generated kernel); a Plan calls
 //     prepare_kernel() for each of its nodes when it is built, so nothing compiles inside a replay
 //     or a CUDA-graph capture. A kernel still works unprepared (eager dispatch): it prepares itself.
+//   - a PartsFn, for a kernel that leaves per-block partial sums for another node to add up
+//     (layer_norm_backward_partials): how many blocks it runs for a call, its GPU's resident blocks,
+//     so that a pass can size the partials' buffer before anything runs (kernel_parts()).
 #pragma once
 #include <vector>
 
@@ -54,12 +57,16 @@ using ViewFn = Tensor (*)(const Tensor& in, const Attrs& attrs);
 using KernelFn = void (*)(const KernelCall& call);
 using SupportsFn = bool (*)(const KernelCall& call);
 using PrepareFn = void (*)(const KernelCall& call);
+// The blocks (partial-sum rows) the device's kernel would run for inputs and attrs (real or meta
+// tensors); 0 where it does not take the call.
+using PartsFn = int64_t (*)(const std::vector<Tensor>& inputs, const Attrs& attrs);
 
 // Schema registration (kernels/schema/*.cpp) and kernel registration (kernels/<device>/*.cpp).
 void register_schema(OpKind op, InferFn infer, ViewFn view = nullptr);
 void register_kernel(DeviceType device, OpKind op, KernelFn kernel);
 void register_supports(DeviceType device, OpKind op, SupportsFn fn);
 void register_prepare(DeviceType device, OpKind op, PrepareFn fn);
+void register_parts(DeviceType device, OpKind op, PartsFn fn);
 bool supports(OpKind op, DeviceType device);
 // Whether op can run on these tensors (real or meta: only shapes, strides, dtypes and devices are
 // looked at): the device of the outputs has a kernel, the schema accepts the inputs and attrs and
@@ -70,6 +77,9 @@ bool supports_call(OpKind op, const std::vector<Tensor>& inputs, const std::vect
 // The kernel's PrepareFn on these (bound) tensors, if it registered one; nothing otherwise.
 void prepare_kernel(OpKind op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                     const Attrs& attrs);
+// The device's PartsFn for op on these inputs (their common device) and attrs; 0 when the device
+// registered none or its kernel does not take the call. Never throws for a call it refuses.
+int64_t kernel_parts(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs);
 bool is_view_op(OpKind op);
 
 std::vector<Tensor> dispatch(OpKind op, const std::vector<Tensor>& inputs, const Attrs& attrs = {});

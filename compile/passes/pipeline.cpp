@@ -8,6 +8,7 @@
 
 #include "compile/passes/overlap_micro_batches.h"
 #include "compile/passes/side_stream.h"
+#include "compile/passes/split_norm_param_sums.h"
 #include "tensor/log.h"
 
 namespace reel::compile {
@@ -78,6 +79,10 @@ const std::vector<Pass>& pipeline() {
        "the clip's scaling of the gradients in the optimizer's update (its inf/NaN check in the norm)"},
       // Last: the casts left after the other passes (the GEMM epilogues' 16-bit biases among them).
       {"weight_casts", S::Fusion, fuse_weight_casts, "the step's casts of its weights as one multi-tensor kernel",
+       /*on_by_default=*/true, /*under_memory_limit=*/false},
+      // Before side_stream, which takes the sums node it makes.
+      {"split_norm_param_sums", S::Schedule, split_norm_param_sums,
+       "a layer-norm backward's parameter sums in a node of their own, which the second stream runs",
        /*on_by_default=*/true, /*under_memory_limit=*/false},
       // After every rewrite: it picks nodes by what runs after them.
       {"side_stream", S::Schedule, assign_side_stream,

@@ -33,6 +33,7 @@
 //     column in order. No float atomics, so results do not change from run to run.
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 
 #include "kernels/cuda/column_sums.h"
 #include "kernels/cuda/last_block.cuh"
@@ -232,6 +233,65 @@ int64_t param_chunks(int64_t rows, int64_t cols) {
   return std::max<int64_t>(1, std::min(want, (rows + 31) / 32));
 }
 
+// The operands of the row-in-registers backward (layer_norm_rows.cuh), as raw pointers: null for an
+// absent one, and for every one of a call the compiler plans without memory (meta tensors, whose
+// blocks the plan's arena aligns to 256 bytes).
+struct VecBackwardOperands {
+  const void* g;  // f32, or 16-bit (g16: a GEMM's input gradient, widened as it is loaded)
+  bool g16;
+  const float *x, *w, *residual;
+  float* dx;
+  void* dx16;                      // the 16-bit copy
+  std::optional<DType> dtype16;    // its dtype, none without a copy
+  bool sums16;                     // also dx16's column sums (the bias gradient of the Linear before)
+};
+
+// Calls fn.template operator()<K, O, kSums, G>() for the row-in-registers backward kernel that takes
+// these operands (O the copy's type, float without one; kSums 3 with the copy's sums), when it
+// applies (visit_vec_row: f32 rows of 128 K columns, aligned operands); false, calling nothing,
+// otherwise.
+template <typename G, typename Fn>
+bool visit_vec_backward(const VecBackwardOperands& o, int64_t cols, Fn&& fn) {
+  auto run = [&]<typename O>() {
+    const O* p16 = static_cast<const O*>(o.dx16);
+    return visit_vec_row(cols, {o.g16 ? nullptr : o.g, o.x, o.w, o.residual, o.dx}, {p16, o.g16 ? o.g : nullptr},
+                         [&]<int K>() {
+                           if constexpr (std::is_same_v<O, float>) fn.template operator()<K, O, 2, G>();
+                           else if (o.sums16) fn.template operator()<K, O, 3, G>();
+                           else fn.template operator()<K, O, 2, G>();
+                         });
+  };
+  if (!o.dtype16) return run.template operator()<float>();
+  return *o.dtype16 == DType::bf16 ? run.template operator()<__nv_bfloat16>() : run.template operator()<__half>();
+}
+
+// Its grid: one wave of resident blocks (as many per SM as the kernel's registers allow, a row per
+// warp at most), each block adding one row of partial sums. A second wave would leave the first
+// wave's SMs idle while it runs (gpt-small's rows, 150 registers a thread: one block per SM).
+template <int K, typename O, int kSums, typename G>
+int64_t vec_backward_blocks(int64_t rows, int device) {
+  const int per_sm = resident_blocks_per_sm(layer_norm_bwd_vec_kernel<K, O, kSums, G>, 256);
+  return std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, int64_t(per_sm) * multiprocessor_count(device)));
+}
+
+template <int K, typename O, int kSums, typename G>
+void launch_vec_backward(const VecBackwardOperands& o, const float* pm, const float* pr, float* part, int64_t blocks,
+                         int64_t rows, cudaStream_t s, RowDropout drop) {
+  launch_kernel(layer_norm_bwd_vec_kernel<K, O, kSums, G>, unsigned(blocks), 256, 0, s, static_cast<const G*>(o.g),
+                o.x, o.w, pm, pr, o.residual, o.dx, static_cast<O*>(o.dx16), part, rows, drop);
+  REEL_CUDA_LAUNCH_CHECK();
+}
+
+// dw[j], db[j] (and sums16[j], added to it with `accumulate`) from `parts` rows of partial sums
+// part (parts, kSums, cols).
+template <int kSums>
+void launch_param_finish(const float* part, int64_t parts, int64_t cols, float* dw, float* db, float* sums16,
+                         bool accumulate, cudaStream_t s) {
+  launch_kernel(layer_norm_param_finish_kernel<kSums>, unsigned((cols + kFinishCols - 1) / kFinishCols),
+                dim3(kFinishCols, kFinishRows), 0, s, part, parts, cols, dw, db, sums16, accumulate);
+  REEL_CUDA_LAUNCH_CHECK();
+}
+
 // dx (+ residual) and dw, db of f32 rows in one pass, with the row-in-registers kernel
 // (layer_norm_rows.cuh) and the finish kernel that adds its blocks' partials; false, with nothing
 // launched, where those kernels do not apply (see visit_vec_row). With sums16 (cols, f32; dx16 given)
@@ -243,37 +303,23 @@ bool layer_norm_bwd_vec(const G* pg, const float* px, const float* pw, const flo
                         const Tensor& db, const Tensor& sums16, bool accumulate, int64_t rows, int64_t cols,
                         cudaStream_t s, RowDropout drop) {
   if (rows == 0) return false;
-  constexpr bool g16 = !std::is_same_v<G, float>;
-  auto run = [&]<typename O>(O* p16) {
-    float* pdx = out_ptr<float>(dx);
-    return visit_vec_row(cols, {g16 ? nullptr : pg, px, pw, presidual, pdx}, {p16, g16 ? pg : nullptr}, [&]<int K>() {
-      auto launch = [&]<int kSums>() {
-        // One wave of resident blocks (as many per SM as the kernel's registers allow, a row per warp
-        // at most): every block adds one row of partials for the finish kernel to sum. A second wave
-        // would leave the first wave's SMs idle while it runs (gpt-small's rows, 150 registers a
-        // thread: one block per SM).
-        const int per_sm = resident_blocks_per_sm(layer_norm_bwd_vec_kernel<K, O, kSums, G>, 256);
-        const int64_t blocks = std::min<int64_t>((rows + 7) / 8, int64_t(per_sm) * multiprocessor_count(dx.device().index));
-        Tensor part = workspace(sizeof(float) * size_t(blocks * kSums * cols), dx.device());
-        float* pp = out_ptr<float>(part);
-        launch_kernel(layer_norm_bwd_vec_kernel<K, O, kSums, G>, unsigned(blocks), 256, 0, s, pg, px, pw, pm, pr,
-                      presidual, pdx, p16, pp, rows, drop);
-        REEL_CUDA_LAUNCH_CHECK();
-        launch_kernel(layer_norm_param_finish_kernel<kSums>, unsigned((cols + kFinishCols - 1) / kFinishCols),
-                      dim3(kFinishCols, kFinishRows), 0, s, pp, blocks, cols, out_ptr<float>(dw), out_ptr<float>(db),
-                      kSums == 3 ? out_ptr<float>(sums16) : nullptr, accumulate);
-        REEL_CUDA_LAUNCH_CHECK();
-      };
-      if constexpr (std::is_same_v<O, float>)
-        launch.template operator()<2>();
-      else if (sums16.defined())
-        launch.template operator()<3>();
-      else
-        launch.template operator()<2>();
-    });
-  };
-  if (!dx16.defined()) return run(static_cast<float*>(nullptr));
-  return dx16.dtype() == DType::bf16 ? run(out_ptr<__nv_bfloat16>(dx16)) : run(out_ptr<__half>(dx16));
+  const VecBackwardOperands o{pg,
+                              !std::is_same_v<G, float>,
+                              px,
+                              pw,
+                              presidual,
+                              out_ptr<float>(dx),
+                              dx16.defined() ? dx16.data_ptr() : nullptr,
+                              dx16.defined() ? std::optional<DType>(dx16.dtype()) : std::nullopt,
+                              sums16.defined()};
+  return visit_vec_backward<G>(o, cols, [&]<int K, typename O, int kSums, typename>() {
+    const int64_t blocks = vec_backward_blocks<K, O, kSums, G>(rows, dx.device().index);
+    Tensor part = workspace(sizeof(float) * size_t(blocks * kSums * cols), dx.device());
+    float* pp = out_ptr<float>(part);
+    launch_vec_backward<K, O, kSums, G>(o, pm, pr, pp, blocks, rows, s, drop);
+    launch_param_finish<kSums>(pp, blocks, cols, out_ptr<float>(dw), out_ptr<float>(db),
+                               kSums == 3 ? out_ptr<float>(sums16) : nullptr, accumulate, s);
+  });
 }
 
 // A 16-bit tensor's exact f32 widening, in a new contiguous tensor on its device.
@@ -446,6 +492,103 @@ void layer_norm_backward_add_kernel(const KernelCall& c) {
                      row_dropout_of(c));
 }
 
+// ---------------------------------------------------------------- the backward's sums in a node of their own
+// layer_norm_backward_partials and layer_norm_param_sums (schema/norm.cpp): the row-in-registers
+// backward alone, its blocks' partial sums left in part (parts, S, cols), and the finish kernel that
+// adds them up, as two nodes (compile/passes/split_norm_param_sums.h puts the second on the side
+// stream). parts is the backward's grid, which the compiler sized by layer_norm_backward_parts (one
+// wave of resident blocks on this GPU): the same kernels, blocks and order of sums as
+// layer_norm_backward_add's one node, so the same bits.
+
+// Calls fn.template operator()<K, O, kSums, G>(operands) when the row-in-registers backward takes a
+// layer_norm_backward_partials call of these inputs (g, x, w?, mean, rstd, residual?) and attrs:
+// contiguous operands, x f32, rows of 128 to 1024 columns (a multiple of 128). Without outputs (a call
+// being planned: no memory yet) the pointers are null and the views' offsets stand for their
+// alignment, the plan's arena aligning every block to 256 bytes; with them, their addresses.
+template <typename Fn>
+bool visit_partials(const std::vector<Tensor>& in, const Attrs& a, const Tensor* out, const Tensor* out16, Fn&& fn) {
+  if (in.size() < 6 || !in[0].defined() || !in[1].defined() || in[1].dtype() != DType::f32 || in[1].dim() < 1)
+    return false;
+  const Tensor &g = in[0], &x = in[1], &w = in[2], &mean = in[3], &rstd = in[4], &residual = in[5];
+  for (const Tensor* t : {&g, &x, &w, &mean, &rstd, &residual})
+    if (t->defined() && (!t->is_contiguous() || t->offset() * int64_t(dtype_size(t->dtype())) % 16 != 0)) return false;
+  if ((w.defined() && w.dtype() != DType::f32) || (residual.defined() && residual.dtype() != DType::f32)) return false;
+  const bool real = out != nullptr;
+  auto ptr = [&](const Tensor& t) -> const void* { return real && t.defined() ? t.data_ptr() : nullptr; };
+  const VecBackwardOperands o{ptr(g),
+                              g.dtype() != DType::f32,
+                              static_cast<const float*>(ptr(x)),
+                              static_cast<const float*>(ptr(w)),
+                              static_cast<const float*>(ptr(residual)),
+                              real ? out_ptr<float>(*out) : nullptr,
+                              real && out16 ? out16->data_ptr() : nullptr,
+                              a.has("dtype") ? std::optional<DType>(a.dtype("dtype")) : std::nullopt,
+                              a.b("column_sums", false)};
+  auto visit = [&]<typename G>() {
+    return visit_vec_backward<G>(o, x.shape().back(),
+                                 [&]<int K, typename O, int kSums, typename>() { fn.template operator()<K, O, kSums, G>(o); });
+  };
+  switch (g.dtype()) {
+    case DType::f32: return visit.template operator()<float>();
+    case DType::bf16: return visit.template operator()<__nv_bfloat16>();
+    case DType::f16: return visit.template operator()<__half>();
+    default: return false;
+  }
+}
+
+// The blocks layer_norm_backward_partials runs (its parts) for a call: the row-in-registers backward's
+// one wave on this GPU; 0 where that kernel does not take the call.
+int64_t layer_norm_backward_parts(const std::vector<Tensor>& in, const Attrs& a) {
+  int64_t blocks = 0;
+  const bool ok = visit_partials(in, a, nullptr, nullptr, [&]<int K, typename O, int kSums, typename G>(const VecBackwardOperands&) {
+    const int64_t cols = in[1].shape().back(), rows = cols ? in[1].numel() / cols : 0;
+    blocks = vec_backward_blocks<K, O, kSums, G>(rows, in[1].device().index);
+  });
+  return ok ? blocks : 0;
+}
+
+bool layer_norm_backward_partials_supported(const KernelCall& c) {
+  for (const Tensor& o : c.out)
+    if (!o.is_contiguous()) return false;
+  return visit_partials(c.in, c.attrs, nullptr, nullptr, [&]<int, typename, int, typename>(const VecBackwardOperands&) {});
+}
+
+void layer_norm_backward_partials_kernel(const KernelCall& c) {
+  const Tensor &x = c.in[1], &part = c.out[1];
+  const Tensor* out16 = c.attrs.has("dtype") ? &c.out[2] : nullptr;
+  const int64_t parts = part.shape()[0], cols = part.shape()[2], rows = cols ? x.numel() / cols : 0;
+  const bool contiguous = c.out[0].is_contiguous() && part.is_contiguous() && (!out16 || out16->is_contiguous());
+  const bool ok =
+      contiguous && visit_partials(c.in, c.attrs, &c.out[0], out16, [&]<int K, typename O, int kSums, typename G>(
+                                                                      const VecBackwardOperands& o) {
+        launch_vec_backward<K, O, kSums, G>(o, in_ptr<float>(c.in[3]), in_ptr<float>(c.in[4]), out_ptr<float>(part),
+                                            parts, rows, stream_of(x), row_dropout_of(c));
+      });
+  REEL_CHECK(ok, "layer_norm_backward_partials: x ", shape_str(x.shape()), " ", x.dtype(), ", g ",
+             shape_str(c.in[0].shape()), " ", c.in[0].dtype(),
+             ": the kernel takes f32 rows of 128 to 1024 columns (a multiple of 128), every operand and result "
+             "contiguous and 16-byte aligned (f32) or 8-byte aligned (16-bit)");
+}
+
+void layer_norm_param_sums_kernel(const KernelCall& c) {
+  const Tensor part = contiguous_on_device(c.in[0]);
+  const int64_t parts = part.shape()[0], sums = part.shape()[1], cols = part.shape()[2];
+  const bool accumulate = c.attrs.b("accumulate", false);
+  for (const Tensor& o : c.out)
+    REEL_CHECK(o.is_contiguous(), "layer_norm_param_sums: its results (", cols, ") must be contiguous, got strides ",
+               shape_str(o.strides()));
+  if (cols == 0) return;
+  // Added to sums_in: the output is that tensor itself in a plan; a distinct one starts as its copy.
+  if (accumulate && c.in[1].data_ptr() != c.out[2].data_ptr()) copy_on_device(c.out[2], c.in[1]);
+  const float* pp = in_ptr<float>(part);
+  cudaStream_t s = stream_of(c.out[0]);
+  if (sums == 3)
+    launch_param_finish<3>(pp, parts, cols, out_ptr<float>(c.out[0]), out_ptr<float>(c.out[1]),
+                           out_ptr<float>(c.out[2]), accumulate, s);
+  else
+    launch_param_finish<2>(pp, parts, cols, out_ptr<float>(c.out[0]), out_ptr<float>(c.out[1]), nullptr, false, s);
+}
+
 }  // namespace
 }  // namespace cuda
 
@@ -457,6 +600,10 @@ void register_layer_norm_cuda_kernels() {
                   [](const KernelCall& c) { run_into_contiguous(c, cuda::layer_norm_bwd); });
   register_kernel(gpu, OpKind::LayerNormCast, cuda::layer_norm_cast_kernel);
   register_kernel(gpu, OpKind::LayerNormBackwardAdd, cuda::layer_norm_backward_add_kernel);
+  register_kernel(gpu, OpKind::LayerNormBackwardPartials, cuda::layer_norm_backward_partials_kernel);
+  register_supports(gpu, OpKind::LayerNormBackwardPartials, cuda::layer_norm_backward_partials_supported);
+  register_parts(gpu, OpKind::LayerNormBackwardPartials, cuda::layer_norm_backward_parts);
+  register_kernel(gpu, OpKind::LayerNormParamSums, cuda::layer_norm_param_sums_kernel);
 }
 
 }  // namespace reel

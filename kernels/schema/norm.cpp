@@ -64,6 +64,19 @@
 //          norm, whose 16-bit copy and column sums still join it), dw, db[, out16 = (out [* mask]).to(dtype)]
 //          [, sums = column sums of out16 (+ sums_in with accumulate)]; the dropout mask (over x's
 //          shape) applies to the 16-bit copy alone, so it needs dtype.
+//   layer_norm_backward_partials (g, x, w?, mean, rstd, residual?[, state])
+//       attrs parts (>= 1)[, dtype[, column_sums]][, dropout_*]
+//       layer_norm_backward_add (without accumulate) whose sums are left in parts rows: x f32;
+//       -> out, part (parts, S, cols) f32[, out16], S = 2 (3 with column_sums): part[p, 0] sums g xhat,
+//          part[p, 1] g and part[p, 2] out16 (as f32) over the rows of part p, and the rows are dealt to
+//          the parts eight at a time, row r to part (r / 8) % parts: the blocks of the GPU's
+//          row-in-registers kernel, warp r % 8 of block (r / 8) % parts (kernels/cuda/layer_norm.cu).
+//          cols = numel(w's shape) = x's last dim (normalized_ndim 1).
+//   layer_norm_param_sums (part[, sums_in])        attrs [accumulate]
+//       -> dw, db[, sums] (cols) f32: part's rows added up, dw[j] = sum over p of part[p, 0, j], db of
+//          part[p, 1], sums of part[p, 2] (+ sums_in with accumulate: the output is sums_in itself);
+//          the order of the adds is the CUDA finish kernel's: 32 running sums, p = t, t + 32, ... in
+//          the t-th, then those 32 in order.
 //   dropout_mask ([state])                 attrs shape, dtype, device_*, p, seed, offset
 //       -> mask: dropout's mask alone, drawn by the same rule: the mask a dropout of x of this shape
 //          and dtype with the same p, seed and offset makes (what a compiled plan draws again
@@ -294,6 +307,43 @@ std::vector<TensorMeta> infer_layer_norm_backward_add(const std::vector<Tensor>&
   return out;
 }
 
+std::vector<TensorMeta> infer_layer_norm_backward_partials(const std::vector<Tensor>& in, const Attrs& a) {
+  const int64_t parts = a.i("parts");
+  REEL_CHECK(parts >= 1, "layer_norm_backward_partials: parts must be >= 1, got ", parts);
+  REEL_CHECK(!a.b("accumulate", false),
+             "layer_norm_backward_partials: accumulate belongs to layer_norm_param_sums, which adds the column sums up");
+  REEL_CHECK(in.size() >= 2 && in[1].defined() && in[1].dtype() == DType::f32, "layer_norm_backward_partials: x ",
+             in.size() >= 2 ? schema::desc(in[1]) : std::string("(none)"), " must be f32 (its partial sums are f32)");
+  std::vector<TensorMeta> full = infer_layer_norm_backward_add(in, a);
+  REEL_CHECK(full[1].shape.size() == 1, "layer_norm_backward_partials: the normalised shape ",
+             shape_str(full[1].shape), " must be one dim (x's last)");
+  const int64_t cols = full[1].shape[0], sums = a.b("column_sums", false) ? 3 : 2;
+  std::vector<TensorMeta> out{full[0], {{parts, sums, cols}, DType::f32, full[0].device}};
+  if (a.has("dtype")) out.push_back(full[3]);
+  return out;
+}
+
+std::vector<TensorMeta> infer_layer_norm_param_sums(const std::vector<Tensor>& in, const Attrs& a) {
+  constexpr OpKind op = OpKind::LayerNormParamSums;
+  const bool accumulate = a.b("accumulate", false);
+  schema::expect_inputs(op, in, accumulate ? 2 : 1);
+  const Tensor& part = in[0];
+  REEL_CHECK(part.defined() && part.dim() == 3 && part.dtype() == DType::f32 && part.shape()[0] >= 1 &&
+                 (part.shape()[1] == 2 || part.shape()[1] == 3),
+             "layer_norm_param_sums: partials ", part.defined() ? schema::desc(part) : std::string("(none)"),
+             " must be f32 (parts, 2 or 3, cols) with parts >= 1");
+  const int64_t cols = part.shape()[2];
+  const bool sums = part.shape()[1] == 3;
+  REEL_CHECK(!accumulate || sums, "layer_norm_param_sums: accumulate adds to the column sums, and partials ",
+             schema::desc(part), " have none (2 rows a part)");
+  if (accumulate)
+    REEL_CHECK(in[1].defined() && in[1].shape() == Shape{cols} && in[1].dtype() == DType::f32,
+               "layer_norm_param_sums: the sums to add to ", in[1].defined() ? schema::desc(in[1]) : "(undefined)",
+               " must be f32 of shape ", shape_str({cols}));
+  std::vector<TensorMeta> out(sums ? 3 : 2, TensorMeta{{cols}, DType::f32, part.device()});
+  return out;
+}
+
 int64_t checked_groups(OpKind op, const Tensor& x, const Attrs& a) {
   int64_t groups = a.i("groups"), C = x.shape()[1];
   REEL_CHECK(groups >= 1, op_name(op), ": groups must be >= 1, got ", groups);
@@ -459,6 +509,8 @@ void register_norm_schemas() {
   register_schema(OpKind::DropoutMask, infer_dropout_mask);
   register_schema(OpKind::LayerNormCast, infer_layer_norm_cast);
   register_schema(OpKind::LayerNormBackwardAdd, infer_layer_norm_backward_add);
+  register_schema(OpKind::LayerNormBackwardPartials, infer_layer_norm_backward_partials);
+  register_schema(OpKind::LayerNormParamSums, infer_layer_norm_param_sums);
 }
 
 }  // namespace reel

@@ -217,6 +217,104 @@ void add_layer_norm_dropout_cases(std::vector<OpTestCase>& cases) {
   }
 }
 
+// ---- layer norm's backward with its sums left as partials, and the node that adds them up ----
+// (compile/passes/split_norm_param_sums.h). Rows of 128 columns take the GPU's row-in-registers
+// kernel, the only one that leaves partials; 43 rows in 3 parts deal six 8-row groups (and three rows)
+// as the kernel's blocks take them: parts 0, 1, 2, 0, 1, 2.
+
+// part (parts, S, cols) as the schema states it, in plain loops: part p sums g xhat, g (and out16)
+// over the rows r with (r / 8) % parts == p.
+std::vector<double> reference_partials(const std::vector<double>& g, const std::vector<double>& x,
+                                       const std::vector<double>& mean, const std::vector<double>& rstd,
+                                       const std::vector<double>* out16, int64_t parts, int64_t cols) {
+  const int64_t rows = int64_t(mean.size()), S = out16 ? 3 : 2;
+  std::vector<double> part(size_t(parts * S * cols), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) {
+      const size_t at = size_t((r / 8) % parts * S * cols + j), e = size_t(r * cols + j);
+      part[at] += g[e] * (x[e] - mean[size_t(r)]) * rstd[size_t(r)];
+      part[at + size_t(cols)] += g[e];
+      if (out16) part[at + size_t(2 * cols)] += (*out16)[e];
+    }
+  return part;
+}
+
+void add_layer_norm_partials_cases(std::vector<OpTestCase>& cases) {
+  constexpr int64_t kRows = 43, kCols = 128, kParts = 3;
+  struct Variant {
+    const char* name;
+    bool copy, sums, residual, g16;
+  };
+  for (Variant v : {Variant{"", false, false, true, false}, Variant{"copy_column_sums_", true, true, true, true},
+                    Variant{"no_residual_copy_", true, false, false, false}}) {
+    cases.push_back(
+        {.op = OpKind::LayerNormBackwardPartials,
+         .name = std::string("layer_norm_backward_partials_") + v.name + "43x128",
+         .dtypes = v.copy ? std::vector<DType>(k16Bit) : std::vector<DType>{DType::f32},
+         .make =
+             [v](Device, DType t) {
+               Tensor x = randn_input({kRows, kCols}, DType::f32, 241),
+                      w = randn_input({kCols}, DType::f32, 242, Layout::contiguous, 0.5, 1.0);
+               std::vector<Tensor> f = dispatch(OpKind::LayerNorm, {x, w, Tensor()},
+                                                Attrs().set("eps", kEps).set("normalized_ndim", int64_t(1)));
+               Inputs in{randn_input({kRows, kCols}, v.g16 ? t : DType::f32, 243),
+                         x,
+                         w,
+                         f[1],
+                         f[2],
+                         v.residual ? randn_input({kRows, kCols}, DType::f32, 244) : Tensor()};
+               Attrs a = Attrs().set("parts", kParts);
+               if (v.copy) a.set("dtype", t);
+               if (v.sums) a.set("column_sums", true);
+               return OpCall{in, a};
+             },
+         .reference =
+             [v](const OpCall& c) {
+               const Tensor g = cast(c.inputs[0], DType::f32);
+               std::vector<Tensor> b =
+                   dispatch(OpKind::LayerNormBackward, {g, c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4]});
+               Tensor out = v.residual ? run1(OpKind::Add, {b[0], c.inputs[5]}) : b[0];
+               Tensor out16 = v.copy ? cast(out, c.attrs.dtype("dtype")) : Tensor();
+               const std::vector<double> y16 = v.copy ? host_values(out16) : std::vector<double>();
+               Expected e{host_values(out),
+                          reference_partials(host_values(g), host_values(c.inputs[1]), host_values(c.inputs[3]),
+                                             host_values(c.inputs[4]), v.sums ? &y16 : nullptr, kParts, kCols)};
+               if (v.copy) e.push_back(y16);
+               return e;
+             }});
+  }
+  // The sums: 2 or 3 rows a part, over 70 parts (more than the finish kernel's 32 running sums).
+  for (bool sums : {false, true})
+    for (bool accumulate : {false, true}) {
+      if (accumulate && !sums) continue;
+      const int64_t S = sums ? 3 : 2, parts = 70, cols = 40;
+      cases.push_back(
+          {.op = OpKind::LayerNormParamSums,
+           .name = std::string("layer_norm_param_sums_") + (sums ? "column_sums_" : "") +
+                   (accumulate ? "accumulate_" : "") + "70x" + std::to_string(S) + "x40",
+           .dtypes = {DType::f32},
+           .make =
+               [=](Device, DType) {
+                 Inputs in{randn_input({parts, S, cols}, DType::f32, 251)};
+                 const Attrs a = Attrs().set("accumulate", accumulate);
+                 if (!accumulate) return OpCall{in, a};
+                 Tensor into = randn_input({cols}, DType::f32, 252);
+                 in.push_back(into);
+                 return adding_into_sums(in, a, into, OpKind::LayerNormParamSums);
+               },
+           .reference =
+               [=](const OpCall& c) {
+                 const std::vector<double> part = host_values(c.inputs[0]);
+                 Expected e(size_t(S), std::vector<double>(size_t(cols), 0.0));
+                 if (accumulate) e[2] = host_values(c.inputs[1]);
+                 for (int64_t p = 0; p < parts; ++p)
+                   for (int64_t k = 0; k < S; ++k)
+                     for (int64_t j = 0; j < cols; ++j) e[size_t(k)][size_t(j)] += part[size_t((p * S + k) * cols + j)];
+                 return e;
+               }});
+    }
+}
+
 // ---- GEMMs: into a given result (f32, transposed, added to) and with the bias (+ GELU) epilogue ----
 
 void add_gemm_cases(std::vector<OpTestCase>& cases) {
@@ -625,6 +723,7 @@ std::vector<OpTestCase> fused_cases() {
   std::vector<OpTestCase> cases;
   add_layer_norm_cases(cases);
   add_layer_norm_dropout_cases(cases);
+  add_layer_norm_partials_cases(cases);
   add_gemm_cases(cases);
   add_multi_tensor_cast_cases(cases);
   add_fused_attention_cases(cases);
