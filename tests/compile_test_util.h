@@ -168,6 +168,13 @@ inline size_t count_op(const compile::Graph& g, OpKind op) {
 }
 inline size_t count_op(const compile::Plan& p, OpKind op) { return count_op(p.graph(), op); }
 
+// A layer norm's fused backward node: layer_norm_backward_add, or on a GPU the
+// layer_norm_backward_partials that split_norm_param_sums.h makes of it (its sums then in a
+// layer_norm_param_sums node after it). Both keep the fused op list and the inputs but the sums' own.
+inline bool is_norm_backward_node(const compile::Node& n) {
+  return n.op == OpKind::LayerNormBackwardAdd || n.op == OpKind::LayerNormBackwardPartials;
+}
+
 // A pass's A/B on a model's compiled steps: every pass on, and `pass` off.
 struct PassAB {
   CompiledSteps on, off;

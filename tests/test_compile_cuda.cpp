@@ -223,7 +223,7 @@ TEST(CompileCuda, FusedPlansMatchEagerWithinTolerance) {
         // summed by a layer-norm backward's pass over the rows (compile/passes/fuse_norm_backward_add.cpp):
         // fused as layer_norm_backward[, add], copy, sum, then copy or add into the gradient
         const size_t k = n.fused.size();
-        const bool norm = n.op == OpKind::LayerNormBackwardAdd && k >= 4 && n.fused[k - 2] == "sum";
+        const bool norm = testing_util::is_norm_backward_node(n) && k >= 4 && n.fused[k - 2] == "sum";
         in_norm += norm && (n.fused[k - 1] == "copy" || n.fused[k - 1] == "add");
         added += norm && n.fused[k - 1] == "add";
       }

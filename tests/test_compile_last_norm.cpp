@@ -14,6 +14,7 @@
 #include "autograd/ops.h"
 #include "compile/runtime/compile.h"
 #include "kernels/dispatch.h"
+#include "compile_test_util.h"
 #include "test_util.h"
 
 namespace reel {
@@ -45,7 +46,7 @@ void expect_last_norm_fused(Device device) {
     const compile::Plan& p = *f.last_plan();
     size_t fused = 0, casts = 0, sums = 0;
     for (const compile::Node& n : p.graph().nodes) {
-      fused += n.op == OpKind::LayerNormBackwardAdd &&
+      fused += testing_util::is_norm_backward_node(n) &&
                n.fused == std::vector<std::string>{"layer_norm_backward", "copy", "sum"} && !n.inputs[5];
       casts += n.op == OpKind::Copy;
       sums += n.op == OpKind::ColumnSums || n.op == OpKind::Sum;

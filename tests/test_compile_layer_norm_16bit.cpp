@@ -65,7 +65,7 @@ void expect_backward_reads_the_gemm_in_16bits(Device device) {
     ASSERT_NE(f.last_plan(), nullptr);
     size_t norms_16bit_g = 0, matmul_casts = 0;
     for (const compile::Node& n : f.last_plan()->graph().nodes) {
-      norms_16bit_g += n.op == OpKind::LayerNormBackwardAdd && is_16bit(n.inputs[0]->dtype);
+      norms_16bit_g += testing_util::is_norm_backward_node(n) && is_16bit(n.inputs[0]->dtype);
       matmul_casts += n.op == OpKind::MatmulInto;
     }
     EXPECT_EQ(norms_16bit_g, on ? 1u : 0u) << f.last_plan()->graph().str();
@@ -155,7 +155,7 @@ Census census(const compile::Plan& p) {
       c.norms_with_addend += 1;
       c.addends_16bit += is_16bit(n.inputs[3]->dtype);
     }
-    if (n.op == OpKind::LayerNormBackwardAdd && from_gemm(*n.inputs[0])) {
+    if (testing_util::is_norm_backward_node(n) && from_gemm(*n.inputs[0])) {
       c.norm_grads_from_gemm += 1;
       c.grads_16bit += is_16bit(n.inputs[0]->dtype);
     }

@@ -204,7 +204,7 @@ TEST(CompileRandom, DropoutMasksAreDrawnWhereTheyAreReadNotStored) {
     for (const compile::Node& n : g.nodes) {
       dropouts += n.op == OpKind::Dropout ? 1 : 0;
       masks += n.op == OpKind::DropoutMask ? 1 : 0;
-      in_norms += (n.op == OpKind::LayerNormCast || n.op == OpKind::LayerNormBackwardAdd) && has_fused_dropout(n.attrs);
+      in_norms += (n.op == OpKind::LayerNormCast || testing_util::is_norm_backward_node(n)) && has_fused_dropout(n.attrs);
     }
     EXPECT_EQ(dropouts, 0);
     EXPECT_EQ(masks, 0) << "a mask drawn by a kernel of its own";

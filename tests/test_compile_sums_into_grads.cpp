@@ -85,7 +85,9 @@ TEST(SumsIntoGrads, ALeadingDimsSumWritesTheGradientItself) {
     // x (2, 3, 4) as 2 rows of 12 columns, the gradient as its 12 columns.
     EXPECT_TRUE(compile::same_ref(*n.inputs[0], TensorRef{t.x, {2, 12}, {12, 1}, 0, DType::f32})) << t.g.str();
     EXPECT_TRUE(compile::same_ref(n.outputs[0], TensorRef{t.grad, {12}, {1}, 0, DType::f32})) << t.g.str();
-    if (add) EXPECT_TRUE(compile::same_ref(*n.inputs[1], n.outputs[0]));
+    if (add) {
+      EXPECT_TRUE(compile::same_ref(*n.inputs[1], n.outputs[0]));
+    }
   }
   // Dims 0 and 1: 6 rows of 4 (a bias's sum in f32).
   SumGraph t = sum_graph({0, 1}, {1, 1, 4}, true);
@@ -121,7 +123,9 @@ TEST(SumsIntoGrads, AnEmbeddingBackwardWritesTheTablesGradientItself) {
     EXPECT_EQ(n.in_place, add);
     EXPECT_TRUE(compile::same_ref(n.outputs[0], graph_ref(grad, {5, 4}))) << g.str();
     ASSERT_EQ(n.inputs.size(), add ? 3u : 2u);
-    if (add) EXPECT_TRUE(compile::same_ref(*n.inputs[2], graph_ref(grad, {5, 4})));
+    if (add) {
+      EXPECT_TRUE(compile::same_ref(*n.inputs[2], graph_ref(grad, {5, 4})));
+    }
   }
 }
 

@@ -84,11 +84,38 @@ std::optional<std::pair<Node, Node>> split(Graph& g, const Node& n, const NormPa
   return std::make_pair(std::move(backward), std::move(finish));
 }
 
+// Whether node n reads or writes a buffer that sums node s reads (but its partials) or writes.
+bool touches_sums_of(const Node& n, const Node& s) {
+  for (const TensorRef& o : s.outputs)
+    if (refers_to(n, o.buffer)) return true;
+  return s.inputs.size() > 1 && s.inputs[1] && refers_to(n, s.inputs[1]->buffer);
+}
+
+// Sums node s folded into the norm backward `into` (layer_norm_backward_partials, no finish yet): its
+// inputs before the state, its outputs after the norm's, attrs finish and finish_accumulate.
+Node with_sums_of(const Node& into, const Node& s) {
+  Node n = into;
+  n.inputs.insert(n.inputs.begin() + long(kNormInputs), s.inputs.begin(), s.inputs.end());  // the state stays last
+  n.outputs.insert(n.outputs.end(), s.outputs.begin(), s.outputs.end());
+  n.attrs.set("finish", s.inputs[0]->shape[1]).set("finish_accumulate", s.attrs.b("accumulate", false));
+  n.in_place = n.in_place || s.in_place;
+  n.fused.insert(n.fused.end(), s.fused.begin(), s.fused.end());
+  return n;
+}
+
 void split_each(Graph& g, PassStats& stats, const NormPartsFn& parts, bool check_calls) {
   std::vector<Node> nodes;
-  nodes.reserve(g.nodes.size());
+  nodes.reserve(g.nodes.size() + g.nodes.size() / 8);
+  // The last split's sums node, not placed yet: the next norm backward of its micro-batch adds them up
+  // at its start, or it is placed (on its own) before the first node that touches what it writes.
+  std::optional<Node> pending;
+  auto place_pending = [&] {
+    if (pending) nodes.push_back(std::move(*pending));
+    pending.reset();
+  };
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node& n = g.nodes[i];
+    if (pending && (n.phase != pending->phase || touches_sums_of(n, *pending))) place_pending();
     Why why;
     std::optional<std::pair<Node, Node>> two;
     if (n.op == OpKind::LayerNormBackwardAdd) {
@@ -99,9 +126,21 @@ void split_each(Graph& g, PassStats& stats, const NormPartsFn& parts, bool check
       nodes.push_back(std::move(n));
       continue;
     }
-    nodes.push_back(std::move(two->first));
-    nodes.push_back(std::move(two->second));
+    Node& backward = two->first;
+    if (pending) {
+      Node folded = with_sums_of(backward, *pending);
+      if (!check_calls || call_supported(g, folded)) {
+        backward = std::move(folded);
+        pending.reset();
+      } else {
+        why_not(kPass, g, i, "the sums of the norm backward before it", "the device's kernel does not take the call");
+        place_pending();
+      }
+    }
+    nodes.push_back(std::move(backward));
+    pending = std::move(two->second);
   }
+  place_pending();
   stats.fused -= std::min(stats.fused, nodes.size() - g.nodes.size());
   g.nodes = std::move(nodes);
 }
