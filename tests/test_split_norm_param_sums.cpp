@@ -85,9 +85,11 @@ TEST(SplitNormParamSumsPass, EveryNormBackwardOfAGptStepSplitsAndTheNextAddsItsS
     compile::PassStats stats;
     stats.fused = 1000;
     compile::split_norm_param_sums(g, stats, [](const Graph&, const Node&) { return int64_t(5); });
-    // A sums node of its own for each micro-batch's last norm backward; the others' sums in the next.
+    // A sums node of its own for each micro-batch's last norm backward (and where the partials held
+    // until the next would raise the planned peak); the others' sums in the next norm backward.
     const size_t sums_nodes = testing_util::count_op(g, OpKind::LayerNormParamSums);
-    EXPECT_EQ(sums_nodes, phases.size());
+    EXPECT_GE(sums_nodes, phases.size());
+    EXPECT_LT(sums_nodes, before.size());
     EXPECT_EQ(g.nodes.size(), nodes + sums_nodes);
     EXPECT_EQ(stats.fused, 1000 - sums_nodes) << "each node of its own takes one back from the fused count";
     EXPECT_EQ(testing_util::count_op(g, OpKind::LayerNormBackwardAdd), 0u);

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "compile/passes/memory_plan.h"
 #include "kernels/dispatch.h"
 
 namespace reel::compile {
@@ -103,19 +104,12 @@ Node with_sums_of(const Node& into, const Node& s) {
   return n;
 }
 
+// Each layer_norm_backward_add the device leaves partials for, as its two nodes, the sums right after.
 void split_each(Graph& g, PassStats& stats, const NormPartsFn& parts, bool check_calls) {
   std::vector<Node> nodes;
   nodes.reserve(g.nodes.size() + g.nodes.size() / 8);
-  // The last split's sums node, not placed yet: the next norm backward of its micro-batch adds them up
-  // at its start, or it is placed (on its own) before the first node that touches what it writes.
-  std::optional<Node> pending;
-  auto place_pending = [&] {
-    if (pending) nodes.push_back(std::move(*pending));
-    pending.reset();
-  };
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node& n = g.nodes[i];
-    if (pending && (n.phase != pending->phase || touches_sums_of(n, *pending))) place_pending();
     Why why;
     std::optional<std::pair<Node, Node>> two;
     if (n.op == OpKind::LayerNormBackwardAdd) {
@@ -126,29 +120,71 @@ void split_each(Graph& g, PassStats& stats, const NormPartsFn& parts, bool check
       nodes.push_back(std::move(n));
       continue;
     }
-    Node& backward = two->first;
-    if (pending) {
-      Node folded = with_sums_of(backward, *pending);
-      if (!check_calls || call_supported(g, folded)) {
-        backward = std::move(folded);
-        pending.reset();
-      } else {
-        why_not(kPass, g, i, "the sums of the norm backward before it", "the device's kernel does not take the call");
-        place_pending();
-      }
-    }
-    nodes.push_back(std::move(backward));
-    pending = std::move(two->second);
+    nodes.push_back(std::move(two->first));
+    nodes.push_back(std::move(two->second));
+    stats.fused -= std::min<size_t>(stats.fused, 1);
   }
-  place_pending();
-  stats.fused -= std::min(stats.fused, nodes.size() - g.nodes.size());
   g.nodes = std::move(nodes);
+}
+
+// The next norm backward after sums node s (at i) that may add its partials up: in s's micro-batch,
+// with none yet, and no node between them touching what s writes or adds to; -1 if none.
+int next_to_fold_into(const Graph& g, size_t i) {
+  const Node& s = g.nodes[i];
+  for (size_t j = i + 1; j < g.nodes.size(); ++j) {
+    const Node& n = g.nodes[j];
+    if (n.phase != s.phase) return -1;
+    if (n.op == OpKind::LayerNormBackwardPartials && !n.attrs.has("finish") && !touches_sums_of(n, s)) return int(j);
+    if (touches_sums_of(n, s)) return -1;
+  }
+  return -1;
+}
+
+// Each sums node folded into the next norm backward that may add its partials up, where the planned
+// peak stays where it was (the partials then live until that node) and the device takes the call.
+void fold_each(Graph& g, PassStats& stats, bool check_calls) {
+  size_t peak = 0;
+  for (size_t i = 0; i < g.nodes.size();) {
+    if (g.nodes[i].op != OpKind::LayerNormParamSums) {
+      ++i;
+      continue;
+    }
+    const int j = next_to_fold_into(g, i);
+    if (j < 0) {
+      why_not(kPass, g, i, "the next norm backward of its micro-batch", "none may add its partials up");
+      ++i;
+      continue;
+    }
+    Node folded = with_sums_of(g.nodes[size_t(j)], g.nodes[i]);
+    if (check_calls && !call_supported(g, folded)) {
+      why_not(kPass, g, i, "the next norm backward", "the device's kernel does not take the call");
+      ++i;
+      continue;
+    }
+    if (peak == 0) peak = planned_peak(g);
+    Graph trial = g;
+    trial.nodes[size_t(j)] = std::move(folded);
+    trial.nodes.erase(trial.nodes.begin() + long(i));
+    if (planned_peak(trial) > peak) {
+      why_not(kPass, g, i, "the next norm backward", "its partials held until there would raise the planned peak");
+      ++i;
+      continue;
+    }
+    g.nodes = std::move(trial.nodes);
+    stats.fused += 1;  // i now holds the node after the folded one
+  }
 }
 
 }  // namespace
 
-void split_norm_param_sums(Graph& g, PassStats& stats) { split_each(g, stats, device_parts, true); }
+void split_norm_param_sums(Graph& g, PassStats& stats) {
+  split_each(g, stats, device_parts, true);
+  fold_each(g, stats, true);
+}
 
-void split_norm_param_sums(Graph& g, PassStats& stats, const NormPartsFn& parts) { split_each(g, stats, parts, false); }
+void split_norm_param_sums(Graph& g, PassStats& stats, const NormPartsFn& parts) {
+  split_each(g, stats, parts, false);
+  fold_each(g, stats, false);
+}
 
 }  // namespace reel::compile

@@ -191,8 +191,20 @@ __device__ inline void add_up_prev_sums(const PrevSums& prev) {
   for (int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; o < prev.S * prev.cols; o += warps) {
     const int which = int(o / prev.cols);
     const int64_t j = o % prev.cols;
+    // Eight parts' loads in flight at a time, then added in part order (the running sum's order).
+    constexpr int kInFlight = 8;
     float sum = 0.0f;
-    for (int64_t p = lane; p < prev.parts; p += 32) sum += prev.part[(p * prev.S + which) * prev.cols + j];
+    for (int64_t base = lane; base < prev.parts; base += 32 * kInFlight) {
+      float v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int64_t p = base + 32 * u;
+        v[u] = p < prev.parts ? prev.part[(p * prev.S + which) * prev.cols + j] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u)
+        if (base + 32 * u < prev.parts) sum += v[u];
+    }
     float total = sum;
     for (int k = 1; k < 32; ++k) {
       const float v = __shfl_sync(0xffffffffu, sum, k);
