@@ -5,7 +5,6 @@
 #include <utility>
 #include <vector>
 
-#include "compile/passes/memory_plan.h"
 #include "kernels/dispatch.h"
 
 namespace reel::compile {
@@ -85,29 +84,9 @@ std::optional<std::pair<Node, Node>> split(Graph& g, const Node& n, const NormPa
   return std::make_pair(std::move(backward), std::move(finish));
 }
 
-// Whether node n reads or writes a buffer that sums node s reads (but its partials) or writes.
-bool touches_sums_of(const Node& n, const Node& s) {
-  for (const TensorRef& o : s.outputs)
-    if (refers_to(n, o.buffer)) return true;
-  return s.inputs.size() > 1 && s.inputs[1] && refers_to(n, s.inputs[1]->buffer);
-}
-
-// Sums node s folded into the norm backward `into` (layer_norm_backward_partials, no finish yet): its
-// inputs before the state, its outputs after the norm's, attrs finish and finish_accumulate.
-Node with_sums_of(const Node& into, const Node& s) {
-  Node n = into;
-  n.inputs.insert(n.inputs.begin() + long(kNormInputs), s.inputs.begin(), s.inputs.end());  // the state stays last
-  n.outputs.insert(n.outputs.end(), s.outputs.begin(), s.outputs.end());
-  n.attrs.set("finish", s.inputs[0]->shape[1]).set("finish_accumulate", s.attrs.b("accumulate", false));
-  n.in_place = n.in_place || s.in_place;
-  n.fused.insert(n.fused.end(), s.fused.begin(), s.fused.end());
-  return n;
-}
-
-// Each layer_norm_backward_add the device leaves partials for, as its two nodes, the sums right after.
 void split_each(Graph& g, PassStats& stats, const NormPartsFn& parts, bool check_calls) {
   std::vector<Node> nodes;
-  nodes.reserve(g.nodes.size() + g.nodes.size() / 8);
+  nodes.reserve(g.nodes.size());
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node& n = g.nodes[i];
     Why why;
@@ -122,69 +101,15 @@ void split_each(Graph& g, PassStats& stats, const NormPartsFn& parts, bool check
     }
     nodes.push_back(std::move(two->first));
     nodes.push_back(std::move(two->second));
-    stats.fused -= std::min<size_t>(stats.fused, 1);
   }
+  stats.fused -= std::min(stats.fused, nodes.size() - g.nodes.size());
   g.nodes = std::move(nodes);
-}
-
-// The next norm backward after sums node s (at i) that may add its partials up: in s's micro-batch,
-// with none yet, and no node between them touching what s writes or adds to; -1 if none.
-int next_to_fold_into(const Graph& g, size_t i) {
-  const Node& s = g.nodes[i];
-  for (size_t j = i + 1; j < g.nodes.size(); ++j) {
-    const Node& n = g.nodes[j];
-    if (n.phase != s.phase) return -1;
-    if (n.op == OpKind::LayerNormBackwardPartials && !n.attrs.has("finish") && !touches_sums_of(n, s)) return int(j);
-    if (touches_sums_of(n, s)) return -1;
-  }
-  return -1;
-}
-
-// Each sums node folded into the next norm backward that may add its partials up, where the planned
-// peak stays where it was (the partials then live until that node) and the device takes the call.
-void fold_each(Graph& g, PassStats& stats, bool check_calls) {
-  size_t peak = 0;
-  for (size_t i = 0; i < g.nodes.size();) {
-    if (g.nodes[i].op != OpKind::LayerNormParamSums) {
-      ++i;
-      continue;
-    }
-    const int j = next_to_fold_into(g, i);
-    if (j < 0) {
-      why_not(kPass, g, i, "the next norm backward of its micro-batch", "none may add its partials up");
-      ++i;
-      continue;
-    }
-    Node folded = with_sums_of(g.nodes[size_t(j)], g.nodes[i]);
-    if (check_calls && !call_supported(g, folded)) {
-      why_not(kPass, g, i, "the next norm backward", "the device's kernel does not take the call");
-      ++i;
-      continue;
-    }
-    if (peak == 0) peak = planned_peak(g);
-    Graph trial = g;
-    trial.nodes[size_t(j)] = std::move(folded);
-    trial.nodes.erase(trial.nodes.begin() + long(i));
-    if (planned_peak(trial) > peak) {
-      why_not(kPass, g, i, "the next norm backward", "its partials held until there would raise the planned peak");
-      ++i;
-      continue;
-    }
-    g.nodes = std::move(trial.nodes);
-    stats.fused += 1;  // i now holds the node after the folded one
-  }
 }
 
 }  // namespace
 
-void split_norm_param_sums(Graph& g, PassStats& stats) {
-  split_each(g, stats, device_parts, true);
-  fold_each(g, stats, true);
-}
+void split_norm_param_sums(Graph& g, PassStats& stats) { split_each(g, stats, device_parts, true); }
 
-void split_norm_param_sums(Graph& g, PassStats& stats, const NormPartsFn& parts) {
-  split_each(g, stats, parts, false);
-  fold_each(g, stats, false);
-}
+void split_norm_param_sums(Graph& g, PassStats& stats, const NormPartsFn& parts) { split_each(g, stats, parts, false); }
 
 }  // namespace reel::compile

@@ -1,17 +1,20 @@
-// A layer norm backward's parameter sums taken off the main stream's path between kernels.
+// A layer norm backward's parameter sums as a node of their own, which the side stream can run.
 //
 // On a GPU, layer_norm_backward_add runs two kernels: the row-in-registers backward, whose blocks
 // each leave one row of partial sums of dw, db (and of the 16-bit copy's columns: the bias gradient of
 // the Linear before), and a finish kernel that adds those rows up. Nothing reads dw, db or the bias
 // gradient until the micro-batch's end (where they are added into the step's gradients) or the
-// optimizer, yet the finish runs between the backward and the GEMMs that read its dx: a small grid
-// that waits for the backward's last block, and whose end the next GEMM (cuBLAS's, launched without
-// programmatic dependence) waits for. Measured (bench/RESULTS.md, seventeenth step) by leaving the
-// finish out: gpt-tiny's step 7.9% and gpt-small's 4.5% shorter.
+// optimizer, yet on one node the finish runs between the backward and the GEMMs that read its dx: a
+// small grid that waits for the backward's last block, and whose end the next GEMM (cuBLAS's, launched
+// without programmatic dependence) waits for. Measured side by side on an H100 (bench/RESULTS.md,
+// seventeenth step): gpt-tiny's step 2.1% shorter with the sums beside, gpt-small's within noise (its
+// GEMMs fill the GPU, so the sums' blocks only move). Tried and dropped: the sums added up by the next
+// norm backward's warps before their rows (no node of their own): gpt-tiny -3.2% and -0.5% in two
+// calls, gpt-small 0.5% and 1.0% slower, its peak 2 MiB higher (the partials held until that node).
 //
-//   before:  LN backward [backward; finish] ── dX GEMM ── ... ── LN backward [backward; finish] ── ...
-//   after:   LN partials ── dX GEMM ── ... ── LN partials + the previous one's sums ── ...
-//            (the micro-batch's last sums: a layer_norm_param_sums node, which the side stream runs)
+//   before:  ... ── layer_norm_backward_add [backward; finish] ── dX GEMM ── ...
+//   after:   ... ── layer_norm_backward_partials ── dX GEMM ── ...
+//                               └─ fork ─ side: layer_norm_param_sums ─┘ join (a few nodes later)
 //
 // The pass (split_norm_param_sums, the schedule stage's first) rewrites each layer_norm_backward_add
 // whose device says how many blocks its backward runs (kernel_parts: the kernel's one wave of resident
@@ -19,13 +22,10 @@
 //   layer_norm_backward_partials (its inputs but the sums to add to; attrs + parts)
 //       -> out, part (parts, S, cols) f32 [, out16]           (part: a new Internal buffer)
 //   layer_norm_param_sums (part [, sums_in]; attr accumulate) -> dw, db [, sums]
-// and folds each sums node into the next norm backward of its micro-batch (attr finish: that kernel's
-// warps add the partials up before their rows, in the finish kernel's order), where no node between
-// them touches what the sums write or add to; the others stay nodes of their own, placed before the
-// first node that does (or the next micro-batch's first), where side_stream takes them.
-// The same kernels' arithmetic with the same grids and the same order of sums as the one node: the
-// same bits. The partials live from their backward to the node that adds them up (parts x S x cols
-// floats, under a MiB at gpt-small's size).
+// The same kernels with the same grids and the same order of sums as the one node: the same bits.
+// side_stream then takes layer_norm_param_sums, its partials (parts x S x cols floats, under a MiB at
+// gpt-small's size) held past the next main-stream nodes where the planned peak grows by no more than
+// their bytes: what the one node's kernel took from the caching allocator for them at that point.
 // Off under a memory limit (with the side stream) and on a CPU (no kernel answers kernel_parts).
 #pragma once
 #include <cstdint>

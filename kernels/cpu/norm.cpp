@@ -587,61 +587,20 @@ void layer_norm_backward_add_kernel(const KernelCall& c) {
   cpu::run_op(OpKind::ColumnSums, in, {c.out[4]}, Attrs().set("accumulate", accumulate));
 }
 
-// dw, db[, sums] from layer_norm_backward_partials' part (parts, S, cols), in the CUDA finish kernel's
-// order: 32 running sums (the t-th adds parts t, t + 32, ...), then those 32 in order.
-void layer_norm_param_sums_kernel(const KernelCall& c) {
-  const Tensor part = dense(c.in[0]);
-  const int64_t parts = part.shape()[0], S = part.shape()[1], cols = part.shape()[2];
-  const bool accumulate = c.attrs.b("accumulate", false);
-  const float* pp = part.data<float>();
-  constexpr int64_t kRunning = 32;
-  for (int64_t which = 0; which < S; ++which) {
-    const Tensor& o = c.out[size_t(which)];
-    std::vector<float> v(static_cast<size_t>(cols));
-    for (int64_t j = 0; j < cols; ++j) {
-      float running[kRunning] = {};
-      for (int64_t p = 0; p < parts; ++p) running[p % kRunning] += pp[(p * S + which) * cols + j];
-      float sum = running[0];
-      for (int64_t t = 1; t < kRunning; ++t) sum += running[t];
-      v[size_t(j)] = sum;
-    }
-    float* po = static_cast<float*>(o.data_ptr());
-    const int64_t stride = o.strides()[0];
-    // Added to the sums as the finish kernel adds: one f32 add (the output is sums_in itself in a plan).
-    const Tensor& into = accumulate && which == 2 ? c.in[1] : o;
-    const float* pi = static_cast<const float*>(into.data_ptr());
-    const int64_t istride = into.strides()[0];
-    for (int64_t j = 0; j < cols; ++j)
-      po[j * stride] = accumulate && which == 2 ? pi[j * istride] + v[size_t(j)] : v[size_t(j)];
-  }
-}
-
 // layer_norm_backward_add's out (and out16) with its sums left in `parts` partial rows (schema/norm.cpp):
 // out, part (parts, S, cols), [out16]. The sums are made as the CUDA kernel makes them: row r goes to
 // part (r / 8) % parts and lane r % 8 of it, each lane sums its rows in order (g xhat as one fused
 // multiply-add), and a part's lanes are added in lane order.
-// With attr finish, the previous norm's sums from its partials first, as layer_norm_param_sums makes them.
 void layer_norm_backward_partials_kernel(const KernelCall& c) {
   const Tensor &x_in = c.in[1], &part = c.out[1];
   const bool copy16 = c.attrs.has("dtype"), sums16 = c.attrs.b("column_sums", false);
-  const int64_t finish = c.attrs.i("finish", 0);
-  const bool finish_accumulate = c.attrs.b("finish_accumulate", false);
-  if (finish) {
-    std::vector<Tensor> in{c.in[6]}, out(c.out.begin() + 2 + copy16, c.out.end());
-    if (finish_accumulate) in.push_back(c.in[7]);
-    layer_norm_param_sums_kernel(
-        KernelCall{OpKind::LayerNormParamSums, in, out, Attrs().set("accumulate", finish_accumulate)});
-  }
-  // The norm's own inputs: g, x, w?, mean, rstd, residual?[, state].
-  std::vector<Tensor> own(c.in.begin(), c.in.begin() + 6);
-  if (c.attrs.b("dropout_state", false)) own.push_back(c.in.back());
   const int64_t parts = part.shape()[0], S = part.shape()[1], cols = part.shape()[2];
   // out and out16 by layer_norm_backward_add's kernel, dw, db and its own column sums into scratch.
   Tensor dw = cpu::scratch({cols}, DType::f32), db = cpu::scratch({cols}, DType::f32);
   std::vector<Tensor> full{c.out[0], dw, db};
   if (copy16) full.push_back(c.out[2]);
   if (sums16) full.push_back(cpu::scratch({cols}, DType::f32));
-  layer_norm_backward_add_kernel(KernelCall{OpKind::LayerNormBackwardAdd, own, full, c.attrs});
+  layer_norm_backward_add_kernel(KernelCall{OpKind::LayerNormBackwardAdd, c.in, full, c.attrs});
   const Tensor g = dense(widened(c.in[0])), x = dense(x_in), mean = dense(c.in[3]), rstd = dense(c.in[4]);
   const Tensor y16 = sums16 ? dense(widened(c.out[2])) : Tensor();
   const int64_t rows = cols ? x.numel() / cols : 0;
@@ -667,6 +626,32 @@ void layer_norm_backward_partials_kernel(const KernelCall& c) {
       out[p * S * cols + k] = v;
     }
   if (dense_part.data_ptr() != part.data_ptr()) cpu::copy_strided(part, dense_part);
+}
+
+// dw, db[, sums] from layer_norm_backward_partials' part (parts, S, cols), in the CUDA finish kernel's
+// order: 32 running sums (the t-th adds parts t, t + 32, ...), then those 32 in order.
+void layer_norm_param_sums_kernel(const KernelCall& c) {
+  const Tensor part = dense(c.in[0]);
+  const int64_t parts = part.shape()[0], S = part.shape()[1], cols = part.shape()[2];
+  const bool accumulate = c.attrs.b("accumulate", false);
+  const float* pp = part.data<float>();
+  constexpr int64_t kRunning = 32;
+  for (int64_t which = 0; which < S; ++which) {
+    const Tensor& o = c.out[size_t(which)];
+    std::vector<float> v(static_cast<size_t>(cols));
+    for (int64_t j = 0; j < cols; ++j) {
+      float running[kRunning] = {};
+      for (int64_t p = 0; p < parts; ++p) running[p % kRunning] += pp[(p * S + which) * cols + j];
+      float sum = running[0];
+      for (int64_t t = 1; t < kRunning; ++t) sum += running[t];
+      v[size_t(j)] = sum;
+    }
+    float* po = static_cast<float*>(o.data_ptr());
+    const int64_t stride = o.strides()[0];
+    // Added to the sums (the output is sums_in itself) as the finish kernel adds: one f32 add.
+    for (int64_t j = 0; j < cols; ++j)
+      po[j * stride] = accumulate && which == 2 ? po[j * stride] + v[size_t(j)] : v[size_t(j)];
+  }
 }
 
 }  // namespace

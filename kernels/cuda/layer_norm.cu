@@ -276,9 +276,9 @@ int64_t vec_backward_blocks(int64_t rows, int device) {
 
 template <int K, typename O, int kSums, typename G>
 void launch_vec_backward(const VecBackwardOperands& o, const float* pm, const float* pr, float* part, int64_t blocks,
-                         int64_t rows, cudaStream_t s, RowDropout drop, const PrevSums& prev = {}) {
+                         int64_t rows, cudaStream_t s, RowDropout drop) {
   launch_kernel(layer_norm_bwd_vec_kernel<K, O, kSums, G>, unsigned(blocks), 256, 0, s, static_cast<const G*>(o.g),
-                o.x, o.w, pm, pr, o.residual, o.dx, static_cast<O*>(o.dx16), part, rows, drop, prev);
+                o.x, o.w, pm, pr, o.residual, o.dx, static_cast<O*>(o.dx16), part, rows, drop);
   REEL_CUDA_LAUNCH_CHECK();
 }
 
@@ -553,39 +553,16 @@ bool layer_norm_backward_partials_supported(const KernelCall& c) {
   return visit_partials(c.in, c.attrs, nullptr, nullptr, [&]<int, typename, int, typename>(const VecBackwardOperands&) {});
 }
 
-// The previous norm's partials and sums of a call with attr finish (inputs part_prev[, sums_prev] after
-// the norm's six; outputs dw', db'[, sums'] after its own), or none.
-PrevSums prev_sums_of(const KernelCall& c) {
-  PrevSums p;
-  const int64_t finish = c.attrs.i("finish", 0);
-  if (!finish) return p;
-  const bool accumulate = c.attrs.b("finish_accumulate", false);
-  const size_t first = 2 + (c.attrs.has("dtype") ? 1 : 0);
-  const Tensor part = contiguous_on_device(c.in[6]);
-  for (size_t k = first; k < c.out.size(); ++k)
-    REEL_CHECK(c.out[k].is_contiguous(), "layer_norm_backward_partials: the previous norm's sums (",
-               shape_str(c.out[k].shape()), ") must be contiguous, got strides ", shape_str(c.out[k].strides()));
-  // Added to sums_prev: the output is that tensor itself in a plan; a distinct one starts as its copy.
-  if (accumulate && c.in[7].data_ptr() != c.out[first + 2].data_ptr()) copy_on_device(c.out[first + 2], c.in[7]);
-  p.part = in_ptr<float>(part);
-  p.parts = part.shape()[0], p.cols = part.shape()[2], p.S = int(finish);
-  p.dw = out_ptr<float>(c.out[first]), p.db = out_ptr<float>(c.out[first + 1]);
-  p.sums = finish == 3 ? out_ptr<float>(c.out[first + 2]) : nullptr;
-  p.accumulate = accumulate;
-  return p;
-}
-
 void layer_norm_backward_partials_kernel(const KernelCall& c) {
   const Tensor &x = c.in[1], &part = c.out[1];
   const Tensor* out16 = c.attrs.has("dtype") ? &c.out[2] : nullptr;
   const int64_t parts = part.shape()[0], cols = part.shape()[2], rows = cols ? x.numel() / cols : 0;
-  const PrevSums prev = prev_sums_of(c);
   const bool contiguous = c.out[0].is_contiguous() && part.is_contiguous() && (!out16 || out16->is_contiguous());
   const bool ok =
       contiguous && visit_partials(c.in, c.attrs, &c.out[0], out16, [&]<int K, typename O, int kSums, typename G>(
                                                                       const VecBackwardOperands& o) {
         launch_vec_backward<K, O, kSums, G>(o, in_ptr<float>(c.in[3]), in_ptr<float>(c.in[4]), out_ptr<float>(part),
-                                            parts, rows, stream_of(x), row_dropout_of(c), prev);
+                                            parts, rows, stream_of(x), row_dropout_of(c));
       });
   REEL_CHECK(ok, "layer_norm_backward_partials: x ", shape_str(x.shape()), " ", x.dtype(), ", g ",
              shape_str(c.in[0].shape()), " ", c.in[0].dtype(),

@@ -171,52 +171,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// A previous layer norm backward's sums, left as partials (layer_norm_backward_partials with attr
-// finish: compile/passes/split_norm_param_sums.h), added up by this kernel's warps before their rows:
-// what layer_norm_param_finish_kernel (below) would do in a launch of its own, in its order.
-struct PrevSums {
-  const float* part = nullptr;  // (parts, S, cols); null: none to add up
-  int64_t parts = 0, cols = 0;
-  int S = 0;
-  float *dw = nullptr, *db = nullptr, *sums = nullptr;  // (cols) each; sums with S 3
-  bool accumulate = false;                              // sums += rather than =
-};
-
-// Warp w of the grid takes outputs o = w, w + warps, ... of (S, cols): its lane l sums part[p, o] for
-// p = l, l + 32, ... and lane 0 adds the 32 lanes' sums in lane order, as the finish kernel's 32
-// running sums and their ordered total: the same bits.
-__device__ inline void add_up_prev_sums(const PrevSums& prev) {
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  for (int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; o < prev.S * prev.cols; o += warps) {
-    const int which = int(o / prev.cols);
-    const int64_t j = o % prev.cols;
-    // Eight parts' loads in flight at a time, then added in part order (the running sum's order).
-    constexpr int kInFlight = 8;
-    float sum = 0.0f;
-    for (int64_t base = lane; base < prev.parts; base += 32 * kInFlight) {
-      float v[kInFlight];
-#pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const int64_t p = base + 32 * u;
-        v[u] = p < prev.parts ? prev.part[(p * prev.S + which) * prev.cols + j] : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kInFlight; ++u)
-        if (base + 32 * u < prev.parts) sum += v[u];
-    }
-    float total = sum;
-    for (int k = 1; k < 32; ++k) {
-      const float v = __shfl_sync(0xffffffffu, sum, k);
-      if (lane == 0) total += v;
-    }
-    if (lane == 0) {
-      float* out = which == 0 ? prev.dw : which == 1 ? prev.db : prev.sums;
-      out[j] = which == 2 && prev.accumulate ? out[j] + total : total;
-    }
-  }
-}
-
 // dx (+ residual; its 16-bit copy dx16 when given) of layer_norm_bwd_dx_rows_kernel for f32 rows, and
 // in the same pass the block's partial dw, db: each warp sums g xhat and g of its rows per column in
 // registers, the block adds its warps' sums in warp order through shared memory and writes them to
@@ -227,8 +181,7 @@ __device__ inline void add_up_prev_sums(const PrevSums& prev) {
 template <int K, typename O, int kSums = 2, typename G = float>
 __global__ void __launch_bounds__(256)
     layer_norm_bwd_vec_kernel(const G* g, const float* x, const float* w, const float* mean, const float* rstd,
-                              const float* residual, float* dx, O* dx16, float* part, int64_t rows, RowDropout drop,
-                              PrevSums prev) {
+                              const float* residual, float* dx, O* dx16, float* part, int64_t rows, RowDropout drop) {
   grid_dependency_wait();
   static_assert(kSums == 2 || (kSums == 3 && !std::is_same_v<O, float>), "the third sum is of the 16-bit copy");
   using Row = VecRow<K>;
@@ -255,7 +208,6 @@ __global__ void __launch_bounds__(256)
   const int64_t step = RowTeam<true>::row_step();
   RowIn cur, next;
   if (kPrefetch && RowTeam<true>::first_row() < rows) load_row(RowTeam<true>::first_row(), cur);
-  if (prev.part) add_up_prev_sums(prev);  // while the first row's loads are in flight
   for (int64_t r = RowTeam<true>::first_row(); r < rows; r += step) {
     if constexpr (kPrefetch) {
       if (r + step < rows) load_row(r + step, next);

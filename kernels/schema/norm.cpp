@@ -67,14 +67,11 @@
 //   layer_norm_backward_partials (g, x, w?, mean, rstd, residual?[, state])
 //       attrs parts (>= 1)[, dtype[, column_sums]][, dropout_*]
 //       layer_norm_backward_add (without accumulate) whose sums are left in parts rows: x f32;
-//       [, finish (2 | 3)[, finish_accumulate]]: inputs part_prev[, sums_prev] before the state
 //       -> out, part (parts, S, cols) f32[, out16], S = 2 (3 with column_sums): part[p, 0] sums g xhat,
 //          part[p, 1] g and part[p, 2] out16 (as f32) over the rows of part p, and the rows are dealt to
 //          the parts eight at a time, row r to part (r / 8) % parts: the blocks of the GPU's
 //          row-in-registers kernel, warp r % 8 of block (r / 8) % parts (kernels/cuda/layer_norm.cu).
-//          cols = numel(w's shape) = x's last dim (normalized_ndim 1). With finish, also the previous
-//          norm's sums from its partials part_prev (parts', finish, cols'): [, dw', db'[, sums']] as
-//          layer_norm_param_sums (part_prev[, sums_prev]) with accumulate = finish_accumulate makes them.
+//          cols = numel(w's shape) = x's last dim (normalized_ndim 1).
 //   layer_norm_param_sums (part[, sums_in])        attrs [accumulate]
 //       -> dw, db[, sums] (cols) f32: part's rows added up, dw[j] = sum over p of part[p, 0, j], db of
 //          part[p, 1], sums of part[p, 2] (+ sums_in with accumulate: the output is sums_in itself);
@@ -310,6 +307,22 @@ std::vector<TensorMeta> infer_layer_norm_backward_add(const std::vector<Tensor>&
   return out;
 }
 
+std::vector<TensorMeta> infer_layer_norm_backward_partials(const std::vector<Tensor>& in, const Attrs& a) {
+  const int64_t parts = a.i("parts");
+  REEL_CHECK(parts >= 1, "layer_norm_backward_partials: parts must be >= 1, got ", parts);
+  REEL_CHECK(!a.b("accumulate", false),
+             "layer_norm_backward_partials: accumulate belongs to layer_norm_param_sums, which adds the column sums up");
+  REEL_CHECK(in.size() >= 2 && in[1].defined() && in[1].dtype() == DType::f32, "layer_norm_backward_partials: x ",
+             in.size() >= 2 ? schema::desc(in[1]) : std::string("(none)"), " must be f32 (its partial sums are f32)");
+  std::vector<TensorMeta> full = infer_layer_norm_backward_add(in, a);
+  REEL_CHECK(full[1].shape.size() == 1, "layer_norm_backward_partials: the normalised shape ",
+             shape_str(full[1].shape), " must be one dim (x's last)");
+  const int64_t cols = full[1].shape[0], sums = a.b("column_sums", false) ? 3 : 2;
+  std::vector<TensorMeta> out{full[0], {{parts, sums, cols}, DType::f32, full[0].device}};
+  if (a.has("dtype")) out.push_back(full[3]);
+  return out;
+}
+
 std::vector<TensorMeta> infer_layer_norm_param_sums(const std::vector<Tensor>& in, const Attrs& a) {
   constexpr OpKind op = OpKind::LayerNormParamSums;
   const bool accumulate = a.b("accumulate", false);
@@ -328,42 +341,6 @@ std::vector<TensorMeta> infer_layer_norm_param_sums(const std::vector<Tensor>& i
                "layer_norm_param_sums: the sums to add to ", in[1].defined() ? schema::desc(in[1]) : "(undefined)",
                " must be f32 of shape ", shape_str({cols}));
   std::vector<TensorMeta> out(sums ? 3 : 2, TensorMeta{{cols}, DType::f32, part.device()});
-  return out;
-}
-
-std::vector<TensorMeta> infer_layer_norm_backward_partials(const std::vector<Tensor>& in, const Attrs& a) {
-  const int64_t parts = a.i("parts"), finish = a.i("finish", 0);
-  const bool finish_accumulate = a.b("finish_accumulate", false);
-  REEL_CHECK(parts >= 1, "layer_norm_backward_partials: parts must be >= 1, got ", parts);
-  REEL_CHECK(!a.b("accumulate", false),
-             "layer_norm_backward_partials: accumulate belongs to layer_norm_param_sums, which adds the column sums up");
-  REEL_CHECK(finish == 0 || finish == 2 || finish == 3, "layer_norm_backward_partials: finish must be 0 (none), 2 or 3 (",
-             "the rows a part of the previous norm's partials), got ", finish);
-  REEL_CHECK(!finish_accumulate || finish == 3, "layer_norm_backward_partials: finish_accumulate adds to the previous "
-             "norm's column sums, which its partials have only with finish 3, got finish ", finish);
-  const size_t prev = finish ? (finish_accumulate ? 2 : 1) : 0, state = a.b("dropout_state", false) ? 1 : 0;
-  REEL_CHECK(in.size() == 6 + prev + state, "layer_norm_backward_partials takes ", 6 + prev + state,
-             " inputs (g, x, w?, mean, rstd, residual?", prev ? ", the previous norm's partials" : "",
-             prev == 2 ? " and the sums to add to" : "", state ? ", the dropout state" : "", "), got ", in.size());
-  std::vector<Tensor> own(in.begin(), in.begin() + 6);
-  if (state) own.push_back(in.back());
-  REEL_CHECK(own[1].defined() && own[1].dtype() == DType::f32, "layer_norm_backward_partials: x ",
-             own[1].defined() ? schema::desc(own[1]) : std::string("(none)"), " must be f32 (its partial sums are f32)");
-  std::vector<TensorMeta> full = infer_layer_norm_backward_add(own, a);
-  REEL_CHECK(full[1].shape.size() == 1, "layer_norm_backward_partials: the normalised shape ",
-             shape_str(full[1].shape), " must be one dim (x's last)");
-  const int64_t cols = full[1].shape[0], sums = a.b("column_sums", false) ? 3 : 2;
-  std::vector<TensorMeta> out{full[0], {{parts, sums, cols}, DType::f32, full[0].device}};
-  if (a.has("dtype")) out.push_back(full[3]);
-  if (finish) {
-    std::vector<Tensor> before(in.begin() + 6, in.begin() + 6 + long(prev));
-    REEL_CHECK(before[0].defined() && before[0].dim() == 3 && before[0].shape()[1] == finish,
-               "layer_norm_backward_partials: the previous norm's partials ",
-               before[0].defined() ? schema::desc(before[0]) : std::string("(none)"), " must have ", finish,
-               " rows a part (attr finish)");
-    for (const TensorMeta& m : infer_layer_norm_param_sums(before, Attrs().set("accumulate", finish_accumulate)))
-      out.push_back(m);
-  }
   return out;
 }
 

@@ -283,49 +283,6 @@ void add_layer_norm_partials_cases(std::vector<OpTestCase>& cases) {
                return e;
              }});
   }
-  // With a previous norm's partials to add up first (attr finish): 70 parts of 3 rows (more than the
-  // 32 running sums), added to its column sums; its columns (40) other than the norm's.
-  cases.push_back(
-      {.op = OpKind::LayerNormBackwardPartials,
-       .name = "layer_norm_backward_partials_copy_column_sums_finish_accumulate_43x128",
-       .dtypes = k16Bit,
-       .make =
-           [](Device, DType t) {
-             Tensor x = randn_input({kRows, kCols}, DType::f32, 245),
-                    w = randn_input({kCols}, DType::f32, 246, Layout::contiguous, 0.5, 1.0);
-             std::vector<Tensor> f = dispatch(OpKind::LayerNorm, {x, w, Tensor()},
-                                              Attrs().set("eps", kEps).set("normalized_ndim", int64_t(1)));
-             Tensor sums = randn_input({40}, DType::f32, 249);
-             Inputs in{randn_input({kRows, kCols}, t, 247), x, w, f[1], f[2], randn_input({kRows, kCols}, DType::f32, 248),
-                       randn_input({70, 3, 40}, DType::f32, 250), sums};
-             const Attrs a = Attrs()
-                                 .set("parts", kParts)
-                                 .set("dtype", t)
-                                 .set("column_sums", true)
-                                 .set("finish", int64_t(3))
-                                 .set("finish_accumulate", true);
-             return adding_into_sums(in, a, sums, OpKind::LayerNormBackwardPartials);
-           },
-       .reference =
-           [](const OpCall& c) {
-             const Tensor g = cast(c.inputs[0], DType::f32);
-             std::vector<Tensor> b =
-                 dispatch(OpKind::LayerNormBackward, {g, c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4]});
-             Tensor out = run1(OpKind::Add, {b[0], c.inputs[5]});
-             const std::vector<double> y16 = host_values(cast(out, c.attrs.dtype("dtype")));
-             Expected e{host_values(out),
-                        reference_partials(host_values(g), host_values(c.inputs[1]), host_values(c.inputs[3]),
-                                           host_values(c.inputs[4]), &y16, kParts, kCols),
-                        y16};
-             const std::vector<double> prev = host_values(c.inputs[6]);
-             Expected sums(3, std::vector<double>(40, 0.0));
-             sums[2] = host_values(c.inputs[7]);
-             for (int64_t p = 0; p < 70; ++p)
-               for (int64_t k = 0; k < 3; ++k)
-                 for (int64_t j = 0; j < 40; ++j) sums[size_t(k)][size_t(j)] += prev[size_t((p * 3 + k) * 40 + j)];
-             e.insert(e.end(), sums.begin(), sums.end());
-             return e;
-           }});
   // The sums: 2 or 3 rows a part, over 70 parts (more than the finish kernel's 32 running sums).
   for (bool sums : {false, true})
     for (bool accumulate : {false, true}) {
