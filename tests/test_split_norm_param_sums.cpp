@@ -6,7 +6,8 @@
 //   - where no kernel answers (a CPU plan, rows the GPU's kernel does not take) nothing splits, and the
 //     two ops refuse bad calls with errors that name them;
 //   - on a GPU: the parts the kernel answers (its one wave), and training steps that compute the same
-//     bits with the pass on and off, captured in a CUDA graph and launched one by one.
+//     bits with the pass on (asked for: it is off by default) and off, captured in a CUDA graph and
+//     launched one by one.
 // The two ops' values, on every backend against plain loops and the CPU, are op-harness cases
 // (tests/op_harness/cases_fused.cpp).
 #include <gtest/gtest.h>
@@ -175,10 +176,11 @@ TEST(SplitNormParamSumsCuda, PartsAreTheBackwardKernelsOneWave) {
 TEST(SplitNormParamSumsCuda, TrainingStepsComputeTheSameBitsSplitOrNot) {
   REEL_REQUIRE_GPU();
   testing_util::for_each_stream_test_config([](const char* model, compile::Mode mode, const char* precision) {
-    const testing_util::CompiledSteps off = testing_util::compiled_steps(
-        model, Device::cuda(0), precision, {"split_norm_param_sums"}, 0, 3, {}, false, mode);
-    const testing_util::CompiledSteps on =
+    // The pass is off by default (pipeline.cpp): on is asking for it.
+    const testing_util::CompiledSteps off =
         testing_util::compiled_steps(model, Device::cuda(0), precision, {}, 0, 3, {}, false, mode);
+    const testing_util::CompiledSteps on = testing_util::compiled_steps(
+        model, Device::cuda(0), precision, {}, 0, 3, {"split_norm_param_sums"}, false, mode);
     ASSERT_NE(off.plan(), nullptr);
     ASSERT_NE(on.plan(), nullptr);
     const size_t norms = testing_util::count_op(*off.plan(), OpKind::LayerNormBackwardAdd);

@@ -6,11 +6,15 @@
 // gradient until the micro-batch's end (where they are added into the step's gradients) or the
 // optimizer, yet on one node the finish runs between the backward and the GEMMs that read its dx: a
 // small grid that waits for the backward's last block, and whose end the next GEMM (cuBLAS's, launched
-// without programmatic dependence) waits for. Measured side by side on an H100 (bench/RESULTS.md,
-// seventeenth step): gpt-tiny's step 2.1% shorter with the sums beside, gpt-small's within noise (its
-// GEMMs fill the GPU, so the sums' blocks only move). Tried and dropped: the sums added up by the next
-// norm backward's warps before their rows (no node of their own): gpt-tiny -3.2% and -0.5% in two
-// calls, gpt-small 0.5% and 1.0% slower, its peak 2 MiB higher (the partials held until that node).
+// without programmatic dependence) waits for.
+//
+// Off by default (REEL_PASSES=+split_norm_param_sums turns it on): measured side by side on H100s
+// (bench/RESULTS.md, seventeenth step) in two calls, the sums beside made gpt-tiny's step 2.1% and
+// 0.1% shorter and gpt-small's 0.1% and 0.9%, within the spread between machines, and gpt-small's
+// measured peak was 2 MiB higher in the second. (Leaving the finish out altogether, wrong values and
+// all, had measured 7.9% and 4.5%: the kernel's launch and its wait are not all that went.) Tried and
+// dropped: the sums added up by the next norm backward's warps before their rows (no node of their
+// own): gpt-tiny -3.2% and -0.5% in two calls, gpt-small 0.5% and 1.0% slower, its peak 2 MiB higher.
 //
 //   before:  ... ── layer_norm_backward_add [backward; finish] ── dX GEMM ── ...
 //   after:   ... ── layer_norm_backward_partials ── dX GEMM ── ...
@@ -27,6 +31,8 @@
 // gpt-small's size) held past the next main-stream nodes where the planned peak grows by no more than
 // their bytes: what the one node's kernel took from the caching allocator for them at that point.
 // Off under a memory limit (with the side stream) and on a CPU (no kernel answers kernel_parts).
+// What it keeps for the next step: the two ops, with every backend's kernels and harness cases, and
+// kernel_parts (kernels/dispatch.h), the way for a pass to size a buffer by a kernel's grid.
 #pragma once
 #include <cstdint>
 #include <functional>
