@@ -130,6 +130,16 @@ Tensor traced(const Graph& g, const TensorRef& r) {
   return view_of(std::make_shared<Storage>(Storage::Meta{}, b.nbytes, b.device), 0, r);
 }
 
+TensorRef new_internal_buffer(Graph& g, const Shape& shape, DType dtype, const Device& device) {
+  Buffer b;
+  b.id = int(g.buffers.size());
+  b.kind = BufferKind::Internal;
+  b.nbytes = size_t(numel_of(shape)) * dtype_size(dtype);
+  b.device = device;
+  g.buffers.push_back(std::move(b));
+  return TensorRef{int(g.buffers.size()) - 1, shape, contiguous_strides(shape), 0, dtype};
+}
+
 int later_16bit_cast(const Graph& g, const BufferUses& u, const TensorRef& out) {
   for (int k : u.readers[out.buffer])
     if (is_plain_cast_of(g, u, k, out) && is_16bit(g.nodes[size_t(k)].outputs[0].dtype) &&

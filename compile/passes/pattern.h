@@ -70,6 +70,10 @@ std::optional<TensorRef> as_matrix(const TensorRef& r);
 // the buffer: what a pass hands a kernel's support query, which looks at shapes, layouts and
 // alignment only, never at values.
 Tensor traced(const Graph& g, const TensorRef& r);
+
+// A fresh Internal buffer of `shape` and `dtype` on `device`, appended to g's buffers, and the
+// contiguous view of all of it: what a pass writes a value no traced buffer holds into.
+TensorRef new_internal_buffer(Graph& g, const Shape& shape, DType dtype, const Device& device);
 // A later cast of `out` to 16 bits (autocast's cast for a GEMM), with out's own geometry, into a
 // contiguous Internal buffer that nothing touches before it: the cast's node index, or -1. The fusion
 // passes fold such a cast into the kernel that produces `out`.

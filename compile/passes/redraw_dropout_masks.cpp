@@ -45,17 +45,6 @@ Node mask_node(const Node& d, const TensorRef& out, const Device& device) {
   return n;
 }
 
-// A fresh contiguous Internal buffer for a copy of `like`.
-TensorRef new_buffer(Graph& g, const TensorRef& like, const Device& device) {
-  Buffer b;
-  b.id = int(g.buffers.size());
-  b.kind = BufferKind::Internal;
-  b.nbytes = like.nbytes();
-  b.device = device;
-  g.buffers.push_back(std::move(b));
-  return TensorRef{int(g.buffers.size()) - 1, like.shape, contiguous_strides(like.shape), 0, like.dtype};
-}
-
 bool matches(const Graph& g, const BufferUses& u, const Node& d, Why& why) {
   const TensorRef &y = d.outputs[0], &mask = d.outputs[1];
   const Device device = g.buffers[mask.buffer].device;
@@ -91,7 +80,7 @@ void redraw_dropout_masks(Graph& g, PassStats& stats) {
     for (int k : u.readers[mask.buffer]) {
       if (k <= int(i) || k >= int(g.nodes.size())) continue;
       Node& r = g.nodes[size_t(k)];
-      const TensorRef fresh = new_buffer(g, mask, device);
+      const TensorRef fresh = new_internal_buffer(g, mask.shape, mask.dtype, device);
       int after = -1;  // the last writer, before r, of r's other inputs
       for (auto& in : r.inputs) {
         if (!in) continue;

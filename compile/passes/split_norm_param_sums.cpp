@@ -31,17 +31,6 @@ int64_t device_parts(const Graph& g, const Node& n) {
   return kernel_parts(OpKind::LayerNormBackwardPartials, in, partials_attrs(n, 1));
 }
 
-// A fresh contiguous f32 Internal buffer of `shape` on `device`.
-TensorRef new_f32_buffer(Graph& g, const Shape& shape, const Device& device) {
-  Buffer b;
-  b.id = int(g.buffers.size());
-  b.kind = BufferKind::Internal;
-  b.nbytes = size_t(numel_of(shape)) * sizeof(float);
-  b.device = device;
-  g.buffers.push_back(std::move(b));
-  return TensorRef{int(g.buffers.size()) - 1, shape, contiguous_strides(shape), 0, DType::f32};
-}
-
 // The two nodes that stand for layer_norm_backward_add node n, or none with the reason in `why`; with
 // `check_calls`, only where the device's kernels take both calls.
 std::optional<std::pair<Node, Node>> split(Graph& g, const Node& n, const NormPartsFn& parts_of, bool check_calls,
@@ -57,7 +46,7 @@ std::optional<std::pair<Node, Node>> split(Graph& g, const Node& n, const NormPa
     return std::nullopt;
   const int64_t cols = n.outputs[1].shape[0];
   const Device device = g.buffers[size_t(n.outputs[0].buffer)].device;
-  const TensorRef part = new_f32_buffer(g, {parts, sums ? 3 : 2, cols}, device);
+  const TensorRef part = new_internal_buffer(g, {parts, sums ? 3 : 2, cols}, DType::f32, device);
 
   Node backward = n;
   backward.op = OpKind::LayerNormBackwardPartials;

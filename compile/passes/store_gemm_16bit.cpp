@@ -29,13 +29,7 @@ bool is_16bit_gemm_bias_to_f32(const Node& n) {
 }
 
 TensorRef Gemm16bitResults::cast_before(size_t i, const TensorRef& src, DType dtype) {
-  Buffer t;
-  t.id = int(g_.buffers.size());
-  t.kind = BufferKind::Internal;
-  t.nbytes = size_t(numel_of(src.shape)) * dtype_size(dtype);
-  t.device = g_.buffers[src.buffer].device;
-  TensorRef dst{t.id, src.shape, contiguous_strides(src.shape), 0, dtype};
-  g_.buffers.push_back(std::move(t));
+  const TensorRef dst = new_internal_buffer(g_, src.shape, dtype, g_.buffers[src.buffer].device);
   casts_before_[i].push_back(Node{OpKind::Copy, Attrs(), {src}, {dst}, false, {}});
   return dst;
 }
