@@ -153,6 +153,17 @@ TEST(SplitNormParamSumsOps, BadCallsAreErrorsThatNameTheOp) {
                       Attrs().set("accumulate", true));
       },
       {"layer_norm_param_sums", "accumulate adds to the column sums", "(4, 2, 8) f32"});
+  std::vector<Tensor> wrong_g = in;
+  wrong_g[0] = randn({16, 64});
+  testing_util::expect_error(
+      [&] { infer_outputs(OpKind::LayerNormBackwardPartials, wrong_g, Attrs().set("parts", int64_t(2))); },
+      {"layer_norm_backward_partials", "(16, 64)", "(16, 128)"});
+  testing_util::expect_error(
+      [&] {
+        infer_outputs(OpKind::LayerNormBackwardPartials, std::vector<Tensor>(in.begin(), in.begin() + 5),
+                      Attrs().set("parts", int64_t(2)));
+      },
+      {"layer_norm_backward_partials takes 6 inputs", "got 5"});
   EXPECT_EQ(kernel_parts(OpKind::LayerNormBackwardPartials, in, Attrs()), 0) << "the CPU leaves no partials";
 }
 

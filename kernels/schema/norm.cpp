@@ -312,9 +312,18 @@ std::vector<TensorMeta> infer_layer_norm_backward_partials(const std::vector<Ten
   REEL_CHECK(parts >= 1, "layer_norm_backward_partials: parts must be >= 1, got ", parts);
   REEL_CHECK(!a.b("accumulate", false),
              "layer_norm_backward_partials: accumulate belongs to layer_norm_param_sums, which adds the column sums up");
-  REEL_CHECK(in.size() >= 2 && in[1].defined() && in[1].dtype() == DType::f32, "layer_norm_backward_partials: x ",
-             in.size() >= 2 ? schema::desc(in[1]) : std::string("(none)"), " must be f32 (its partial sums are f32)");
-  std::vector<TensorMeta> full = infer_layer_norm_backward_add(in, a);
+  const size_t inputs = 6 + (a.b("dropout_state", false) ? 1 : 0);
+  REEL_CHECK(in.size() == inputs, "layer_norm_backward_partials takes ", inputs,
+             " inputs (g, x, w?, mean, rstd, residual?[, dropout state]), got ", in.size());
+  REEL_CHECK(in[1].defined() && in[1].dtype() == DType::f32, "layer_norm_backward_partials: x ",
+             in[1].defined() ? schema::desc(in[1]) : std::string("(none)"), " must be f32 (its partial sums are f32)");
+  // The norm's own checks are layer_norm_backward_add's: its messages, named as this op's.
+  std::vector<TensorMeta> full;
+  try {
+    full = infer_layer_norm_backward_add(in, a);
+  } catch (const Error& e) {
+    throw Error(detail::cat("layer_norm_backward_partials (as layer_norm_backward_add): ", e.what()));
+  }
   REEL_CHECK(full[1].shape.size() == 1, "layer_norm_backward_partials: the normalised shape ",
              shape_str(full[1].shape), " must be one dim (x's last)");
   const int64_t cols = full[1].shape[0], sums = a.b("column_sums", false) ? 3 : 2;
