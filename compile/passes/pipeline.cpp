@@ -80,9 +80,9 @@ const std::vector<Pass>& pipeline() {
       // Last: the casts left after the other passes (the GEMM epilogues' 16-bit biases among them).
       {"weight_casts", S::Fusion, fuse_weight_casts, "the step's casts of its weights as one multi-tensor kernel",
        /*on_by_default=*/true, /*under_memory_limit=*/false},
-      // Before side_stream, which takes the sums node it makes. Off by default: on an H100 it measured
-      // gpt-tiny -2.1% and -0.1%, gpt-small -0.1% and -0.9% in two calls (within the machines' spread),
-      // gpt-small's peak once 2 MiB higher (bench/RESULTS.md, seventeenth step).
+      // Before side_stream, which takes the sums node it makes. Off by default: on H100s it measured
+      // gpt-tiny -2.1%, -0.1%, +0.0% and gpt-small -0.1%, -0.9%, -0.8% in three calls (within the
+      // machines' spread), gpt-small's peak 2 MiB higher in two (bench/RESULTS.md, seventeenth step).
       {"split_norm_param_sums", S::Schedule, split_norm_param_sums,
        "a layer-norm backward's parameter sums in a node of their own, which the second stream runs",
        /*on_by_default=*/false, /*under_memory_limit=*/false},

@@ -9,9 +9,9 @@
 // without programmatic dependence) waits for.
 //
 // Off by default (REEL_PASSES=+split_norm_param_sums turns it on): measured side by side on H100s
-// (bench/RESULTS.md, seventeenth step) in two calls, the sums beside made gpt-tiny's step 2.1% and
-// 0.1% shorter and gpt-small's 0.1% and 0.9%, within the spread between machines, and gpt-small's
-// measured peak was 2 MiB higher in the second. (Leaving the finish out altogether, wrong values and
+// (bench/RESULTS.md, seventeenth step) in three calls, the sums beside made gpt-tiny's step 2.1%, 0.1%
+// and 0.0% shorter and gpt-small's 0.1%, 0.9% and 0.8%, within the spread between machines, and
+// gpt-small's measured peak was 2 MiB higher in the last two. (Leaving the finish out altogether, wrong values and
 // all, had measured 7.9% and 4.5%: the kernel's launch and its wait are not all that went.) Tried and
 // dropped: the sums added up by the next norm backward's warps before their rows (no node of their
 // own): gpt-tiny -3.2% and -0.5% in two calls, gpt-small 0.5% and 1.0% slower, its peak 2 MiB higher.
