@@ -1,9 +1,12 @@
 // Plan (see plan.h).
 #include "compile/runtime/plan.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
+#include <string>
 
 #include "compile/runtime/describe.h"
 #include "compile/passes/passes.h"
@@ -28,6 +31,22 @@ Mode parse_mode(const std::string& name) {
   throw Error("compile: unknown mode '" + name + "' (expected default, reduce-overhead or max-autotune)");
 }
 
+namespace {
+
+// REEL_ARENA_OFFSET's bytes (see Plan::arena_offset), 0 when unset.
+size_t arena_offset_from_env() {
+  const char* env = std::getenv("REEL_ARENA_OFFSET");
+  if (!env || !*env) return 0;
+  const std::string v = env;
+  const bool digits = v.size() <= 15 && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const size_t bytes = digits ? size_t(std::stoull(v)) : 1;
+  REEL_CHECK(digits && bytes % 256 == 0, "REEL_ARENA_OFFSET: expected a count of bytes, a multiple of 256 (the "
+             "alignment the arena gives every buffer), such as 34603008 (33 MiB); got '", v, "'");
+  return bytes;
+}
+
+}  // namespace
+
 Plan::Plan(Graph graph, Mode mode, PassOptions passes, std::shared_ptr<ArenaPool> pool)
     : graph_(optimize_graph(std::move(graph), passes, stats_)),
       mode_(mode),
@@ -36,8 +55,9 @@ Plan::Plan(Graph graph, Mode mode, PassOptions passes, std::shared_ptr<ArenaPool
   const size_t nb = graph_.buffers.size();
   storage_.resize(nb);
   byte_offset_.assign(nb, 0);
+  arena_offset_ = arena_offset_from_env();
   for (const Arena& a : memory_.arenas)
-    for (const Placement& p : a.placements) byte_offset_[p.buffer] = p.offset;
+    for (const Placement& p : a.placements) byte_offset_[p.buffer] = arena_offset_ + p.offset;
   for (Buffer& b : graph_.buffers) {
     if (b.kind == BufferKind::External) storage_[b.id] = b.storage;
     if (b.kind == BufferKind::Input) storage_[b.id] = std::make_shared<Storage>(std::max<size_t>(b.nbytes, 1), b.device);
@@ -52,8 +72,9 @@ Plan::~Plan() {
 
 void Plan::bind_arenas() {
   for (const Arena& a : memory_.arenas) {
-    std::shared_ptr<Storage> block = pool_ ? pool_->acquire(a.device, a.bytes, this)
-                                           : std::make_shared<Storage>(std::max<size_t>(a.bytes, 1), a.device);
+    const size_t bytes = arena_offset_ + a.bytes;
+    std::shared_ptr<Storage> block = pool_ ? pool_->acquire(a.device, bytes, this)
+                                           : std::make_shared<Storage>(std::max<size_t>(bytes, 1), a.device);
     for (const Placement& p : a.placements) storage_[p.buffer] = block;
   }
 }

@@ -81,6 +81,11 @@ class Plan : private ArenaPool::User {
   const PassStats& stats() const { return stats_; }
   Mode mode() const { return mode_; }
   size_t kernels() const { return graph_.nodes.size(); }
+  // REEL_ARENA_OFFSET (bytes, a multiple of 256; default 0), read when the plan is built: every
+  // arena's buffers placed that far into a block as much larger. The same plan at other device
+  // addresses, for studying how where memory lands moves a step's time (bench/RESULTS.md, seventeenth
+  // step); the step's memory grows by it. A bad value is a reel::Error naming the variable.
+  size_t arena_offset() const { return arena_offset_; }
   size_t graphs() const;                 // CUDA graphs captured so far
   std::vector<GraphBreak> host_nodes() const;  // nodes that run outside the graphs (ReduceOverhead)
 
@@ -123,6 +128,7 @@ class Plan : private ArenaPool::User {
   MemoryPlan memory_;
   std::vector<std::shared_ptr<Storage>> storage_;  // per buffer: where it lives now
   std::vector<size_t> byte_offset_;                // per buffer: its start in that storage
+  size_t arena_offset_ = 0;                        // REEL_ARENA_OFFSET: see arena_offset()
   std::vector<Tensor> input_views_;                // per input: its static copy, in the traced geometry
   std::vector<Step> steps_;
   std::map<int, std::unique_ptr<cuda::StreamFork>> forks_;  // per device with side-stream steps
