@@ -1,8 +1,8 @@
 // A layer norm backward's parameter sums as a node of their own (compile/passes/split_norm_param_sums.h):
 //   - whole GPT steps traced on the CPU and split as a GPU's plan would be (a fixed count of parts):
 //     every layer_norm_backward_add becomes layer_norm_backward_partials and layer_norm_param_sums
-//     over the same buffers; the side stream then takes every sums node, and the schedule keeps every
-//     dependency;
+//     over the same buffers; the side stream then takes sums nodes (where their partials held past the
+//     next nodes leave the planned peak within their bytes), and the schedule keeps every dependency;
 //   - where no kernel answers (a CPU plan, rows the GPU's kernel does not take) nothing splits, and the
 //     two ops refuse bad calls with errors that name them;
 //   - on a GPU: the parts the kernel answers (its one wave), and training steps that compute the same
