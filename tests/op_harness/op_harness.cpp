@@ -28,6 +28,7 @@ using FamilyCases = std::vector<OpTestCase> (*)();
 constexpr FamilyCases kFamilies[] = {
     memory_cases, views_cases,   elementwise_cases, reduce_cases, linalg_cases, pool_cases,
     norm_cases,   dropout_cases, attention_cases,   optim_cases,  fused_cases,  fused_reduce_cases,
+    fused_norm_cases,
 };
 
 }  // namespace

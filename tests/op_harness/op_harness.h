@@ -76,6 +76,7 @@ std::vector<OpTestCase> attention_cases();
 std::vector<OpTestCase> optim_cases();
 std::vector<OpTestCase> fused_cases();         // the fused ops of the other families (cases_fused.cpp)
 std::vector<OpTestCase> fused_reduce_cases();  // the reduce family's fused ops (cases_fused_reduce.cpp)
+std::vector<OpTestCase> fused_norm_cases();    // the layer norm's fused ops (cases_fused_norm.cpp)
 
 // Every family's cases, built once.
 const std::vector<OpTestCase>& all_cases();
