@@ -38,8 +38,10 @@
 // contiguous dim (pixels for (N, C, S), channels for channels-last), so every global access is
 // coalesced whatever the mix of layouts, and the tile is then read across. The statistics, whose
 // only operand is a channels-last x, need no staging: a warp reads 32 neighbouring channels of a
-// pixel. The statistics and the backward's sums are one launch each: the last block of a channel
-// tile to finish combines the tile's chunks (kernels/cuda/last_block.cuh), all its threads at once.
+// pixel. The statistics write their chunks' partials and the apply kernel's blocks each combine their
+// channel tile's (a small plane: stats_split below), or, for a large plane, the last block of a channel
+// tile to finish combines the tile's chunks (kernels/cuda/last_block.cuh), all its threads at once; the
+// backward's sums are combined that way too.
 // Where every block of the backward's grid can be resident at once (a small plane: cnn-small's), its
 // sums and dx are one kernel: each block keeps its chunk's tiles and computes dx once its channel
 // tile's last block has combined the chunks (batch_norm_one_launch.h has the switch, batch_norm_tiles.cuh
@@ -258,6 +260,31 @@ ChannelSplit split_pixels(const NCS& d, int64_t pixels) {
   return {d.C, d.S, count, parts, pixels};
 }
 
+// The tiled statistics' chunks: T tiles of `pixels` each (T = 1, 2 or 4), and whether the apply kernel
+// combines them. The last block of a channel tile that combines its chunks is the statistics kernel's
+// tail, a few microseconds during which one multiprocessor works and the rest wait (on cnn-small's planes
+// it took as long as the rest of the kernel, measured by Nsight Compute on an H100). Where a channel tile
+// has at most kApplyCombineParts chunks, every block of the apply kernel combines its tile's chunks
+// instead, beside the others (a few kilobytes of partials each, from L2), and the statistics kernel
+// only writes them. T is the fewest tiles a chunk that get there; planes too large for it keep the last
+// block's combination, over chunks of four tiles.
+constexpr int64_t kApplyCombineParts = 64;
+
+struct StatsSplit {
+  int tiles;            // T
+  bool in_apply;        // the apply kernel combines the chunks
+  ChannelSplit sp;
+};
+
+StatsSplit stats_split(const NCS& d, int64_t pixels) {
+  const int64_t count = d.N * d.S;
+  for (int t : {1, 2, 4}) {
+    const ChannelSplit sp = split_pixels(d, pixels * t);
+    if (sp.parts <= kApplyCombineParts || t == 4) return {t, count > 0 && sp.parts <= kApplyCombineParts, sp};
+  }
+  return {};  // not reached
+}
+
 // Chunks per channel: about 1024 tiles in all, each at least 4096 values (8 per thread).
 ChannelSplit split_channels(const NCS& d) {
   const int64_t count = d.N * d.S;
@@ -312,16 +339,23 @@ void batch_norm_fwd(const KernelCall& c) {
   visit_norm_input(x.dtype(), y.dtype(), "batch_norm", [&]<typename X, typename D>() {
     using A = Acc<D>;
     A *pm = out_ptr<A>(mean), *pr = out_ptr<A>(rstd);
+    Tensor part;                 // the statistics' chunk partials
+    ApplyStats<A> apply_stats{};  // part null: the statistics are combined before the apply
     if (training) {
-      ChannelSplit sp = tiled ? split_pixels(d, tile_pixels<A>) : split_channels(d);
+      const StatsSplit ss = tiled ? stats_split(d, tile_pixels<A>) : StatsSplit{1, false, split_channels(d)};
+      ChannelSplit sp = ss.sp;
       sp.counters = finish_counter_base(s, x.device());
       const double momentum = has_running ? c.attrs.f("momentum") : 0.0;
       // Chunk sums, then chunk M2s: (2, C, parts), or (2, parts, C) for the tiles.
-      Tensor part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
+      part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
       if (tiled) {
-        launch_kernel(batch_norm_fwd_stats_tiled_kernel<X, A>, grid_for(channel_tiles(d) * sp.parts),
-                      dim3(kTile, kTileRows), 0, s, in_ptr<X>(x), sp, out_ptr<A>(part), A(eps), pm, pr, has_running, rm,
-                      rv, momentum);
+        const StatsOut<A> out{A(eps), pm, pr, has_running, rm, rv, momentum};
+        if (ss.in_apply) apply_stats = {in_ptr<A>(part), sp, out};
+        const auto kernel = ss.tiles == 4   ? batch_norm_fwd_stats_tiled_kernel<X, A, 4>
+                            : ss.tiles == 2 ? batch_norm_fwd_stats_tiled_kernel<X, A, 2>
+                                            : batch_norm_fwd_stats_tiled_kernel<X, A, 1>;
+        launch_kernel(kernel, grid_for(channel_tiles(d) * sp.parts), dim3(kTile, kTileRows), 0, s, in_ptr<X>(x), sp,
+                      out_ptr<A>(part), !ss.in_apply, out);
       } else {
         launch_kernel(batch_norm_fwd_partial_kernel<X, A>, grid_for(d.C * sp.parts), kChannelThreads, 0, s,
                       in_ptr<X>(x), sp, out_ptr<A>(part));
@@ -341,7 +375,7 @@ void batch_norm_fwd(const KernelCall& c) {
         const int64_t P = d.N * d.S, tiles = (P + tile_pixels<A> - 1) / tile_pixels<A> * channel_tiles(d);
         launch_kernel(batch_norm_fwd_apply_tiled_kernel<X, D, Y16>, grid_for(tiles), dim3(kTile, kTileRows), 0, s,
                       in_ptr<X>(x), xo.layout, in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd),
-                      out_ptr<D>(y), P, relu, p16, L16);
+                      out_ptr<D>(y), P, relu, p16, L16, apply_stats);
         REEL_CUDA_LAUNCH_CHECK();
         return;
       }

@@ -150,22 +150,23 @@ __device__ A column_sum(A v, A (&scratch)[kTileRows][kTile]) {
 // (Chan et al.) but in one pass over the partials: with K the first chunk's mean (an estimate of mu,
 // so nothing cancels badly), sum_k n_k (mean_k - mu)^2 = sum_k n_k (mean_k - K)^2 - n (mu - K)^2.
 // A thread row loads kCombineBatch chunks' partials at once (one L2 latency per batch); the results
-// agree with the two-pass combination to rounding. Then stored as finalize_channel_stats stores them.
+// agree with the two-pass combination to rounding. Every thread gets its channel's mean and biased
+// variance.
 constexpr int kCombineBatch = 16;
 
 template <typename A>
-__device__ void combine_tile_stats(int64_t c0, const A* part, const ChannelSplit& sp, A (&scratch)[kTileRows][kTile],
-                                   A eps, A* mean, A* rstd, bool update, RunningStat running_mean,
-                                   RunningStat running_var, double momentum) {
+struct Moments {
+  A mean, var;
+};
+
+template <typename A>
+__device__ Moments<A> combine_chunk_moments(int64_t c0, const A* part, const ChannelSplit& sp,
+                                            A (&scratch)[kTileRows][kTile]) {
   const int64_t c = c0 + threadIdx.x;
   const bool live = c < sp.C;
   const A* sums = part + c;                   // chunk k's sum at sums[k C]
   const A* m2s = part + sp.parts * sp.C + c;  // chunk k's M2 at m2s[k C]
   A s = 0, m2 = 0, K = 0;
-  // Loaded now, not after the combination: their latency overlaps the partials'.
-  const bool store_running = update && live && threadIdx.y == 0;
-  const double old_mean = store_running ? running_mean.load(c) : 0.0;
-  const double old_var = store_running ? running_var.load(c) : 0.0;
   if (live) {
     K = load_partial(sums) / A(sp.end(0));
     for (int64_t k0 = threadIdx.y; k0 < sp.parts; k0 += kCombineBatch * kTileRows) {
@@ -189,21 +190,48 @@ __device__ void combine_tile_stats(int64_t c0, const A* part, const ChannelSplit
   s = column_sum(s, scratch);
   m2 = column_sum(m2, scratch);
   const A n = A(sp.count), mu = s / n, dk = mu - K;  // count == 0 gives NaN, as on the CPU
-  if (threadIdx.y == 0 && live)
-    store_channel_stats(c, mu, (m2 - n * dk * dk) / n, sp.count, eps, mean, rstd, update, running_mean, running_var,
-                        old_mean, old_var, momentum);
+  return {mu, (m2 - n * dk * dk) / n};
 }
 
-// Training statistics, x channels-last (x[p C + c]): block (channel tile j, pixel chunk k); thread
-// (tx, ty) holds channel c0 + tx of its 8 pixels of the chunk in registers, read straight from x (a
-// warp reads 32 neighbouring channels of one pixel: coalesced, no staging needed), sums them, and
-// after the block has the chunk mean, sums their squared deviations from it (the two-pass variance
-// of the chunk, x read once). The last block of each channel tile to finish combines the tile's
-// chunks (kernels/cuda/last_block.cuh): one launch.
-template <typename X, typename A>
-__global__ void __launch_bounds__(kTile * kTileRows, 2) batch_norm_fwd_stats_tiled_kernel(const X* x, ChannelSplit sp, A* part, A eps, A* mean, A* rstd,
-                                                  bool update, RunningStat running_mean, RunningStat running_var,
-                                                  double momentum) {
+// Where the training statistics go once combined (batch_norm_common.cuh's store_channel_stats).
+template <typename A>
+struct StatsOut {
+  A eps;
+  A *mean, *rstd;  // (C)
+  bool update;     // the running statistics too
+  RunningStat running_mean, running_var;
+  double momentum;
+};
+
+// Channel tile c0's statistics from its chunks' partials (combine_chunk_moments); with `store`, thread
+// row 0 stores them as finalize_channel_stats does. Returns channel c0 + tx's moments to every thread.
+template <typename A>
+__device__ Moments<A> combine_tile_stats(int64_t c0, const A* part, const ChannelSplit& sp,
+                                         A (&scratch)[kTileRows][kTile], const StatsOut<A>& out, bool store) {
+  const int64_t c = c0 + threadIdx.x;
+  const bool live = c < sp.C;
+  // Loaded now, not after the combination: their latency overlaps the partials'.
+  const bool store_running = store && out.update && live && threadIdx.y == 0;
+  const double old_mean = store_running ? out.running_mean.load(c) : 0.0;
+  const double old_var = store_running ? out.running_var.load(c) : 0.0;
+  const Moments<A> m = combine_chunk_moments(c0, part, sp, scratch);
+  if (store && threadIdx.y == 0 && live)
+    store_channel_stats(c, m.mean, m.var, sp.count, out.eps, out.mean, out.rstd, out.update, out.running_mean,
+                        out.running_var, old_mean, old_var, out.momentum);
+  return m;
+}
+
+// Training statistics, x channels-last (x[p C + c]): block (channel tile j, pixel chunk k of T tiles);
+// thread (tx, ty) holds channel c0 + tx of its 8 T pixels of the chunk in registers, read straight from
+// x (a warp reads 32 neighbouring channels of one pixel: coalesced, no staging needed), sums them, and
+// after the block has the chunk mean, sums their squared deviations from it (the two-pass variance of
+// the chunk, x read once), into part. With `combine`, the last block of each channel tile to finish
+// combines the tile's chunks (kernels/cuda/last_block.cuh): one launch. Without, the apply kernel
+// below combines them (batch_norm.cu's stats_in_apply says when).
+template <typename X, typename A, int T>
+__global__ void __launch_bounds__(kTile* kTileRows, 2)
+    batch_norm_fwd_stats_tiled_kernel(const X* x, ChannelSplit sp, A* part, bool combine, StatsOut<A> out) {
+  constexpr int R = pixels_per_thread<A> * T;
   grid_dependency_wait();
   __shared__ A scratch[kTileRows][kTile];
   const int64_t C = sp.C, tiles_c = (C + kTile - 1) / kTile;
@@ -211,20 +239,20 @@ __global__ void __launch_bounds__(kTile * kTileRows, 2) batch_norm_fwd_stats_til
     const int64_t j = t / sp.parts, k = t % sp.parts, i0 = sp.begin(k), i1 = sp.end(k);
     const int64_t c = j * kTile + threadIdx.x;
     const bool live = c < C;
-    A v[pixels_per_thread<A>];  // pixels i0 + ty + 16 r of channel c; zeros past the chunk
+    A v[R];  // pixels i0 + ty + 16 r of channel c; zeros past the chunk
 #pragma unroll
-    for (int r = 0; r < pixels_per_thread<A>; ++r) {
+    for (int r = 0; r < R; ++r) {
       const int64_t p = i0 + threadIdx.y + r * kTileRows;
       v[r] = live && p < i1 ? to_acc(x[p * C + c]) : A(0);
     }
     A s = 0;
 #pragma unroll
-    for (int r = 0; r < pixels_per_thread<A>; ++r) s += v[r];
+    for (int r = 0; r < R; ++r) s += v[r];
     s = column_sum(s, scratch);
     const A chunk_mean = s / A(i1 - i0);
     A q = 0;
 #pragma unroll
-    for (int r = 0; r < pixels_per_thread<A>; ++r) {
+    for (int r = 0; r < R; ++r) {
       const A d = v[r] - chunk_mean;
       if (i0 + threadIdx.y + r * kTileRows < i1) q += d * d;
     }
@@ -233,10 +261,19 @@ __global__ void __launch_bounds__(kTile * kTileRows, 2) batch_norm_fwd_stats_til
       part[k * C + c] = s;
       part[(sp.parts + k) * C + c] = q;
     }
-    if (arrive_last(finish_counter(sp.counters + j), unsigned(sp.parts)))
-      combine_tile_stats(j * kTile, part, sp, scratch, eps, mean, rstd, update, running_mean, running_var, momentum);
+    if (combine && arrive_last(finish_counter(sp.counters + j), unsigned(sp.parts)))
+      combine_tile_stats(j * kTile, part, sp, scratch, out, true);
   }
 }
+
+// The statistics the apply kernel combines itself: the chunks' partials of the statistics kernel
+// (part null: mean and rstd are stored already).
+template <typename A>
+struct ApplyStats {
+  const A* part;
+  ChannelSplit sp;
+  StatsOut<A> out;
+};
 
 // y = x scale_c + shift_c, tiled: x in its layout, y (N, C, S). Block (pixel tile, channel tile).
 // With a fused relu y = relu(x scale_c + shift_c), and y16 (non-null: attr cast_dtype) gets y's 16-bit
@@ -244,9 +281,10 @@ __global__ void __launch_bounds__(kTile * kTileRows, 2) batch_norm_fwd_stats_til
 template <typename X, typename D, typename Y16, typename A = Acc<D>>
 __global__ void __launch_bounds__(kTile* kTileRows, 2)
     batch_norm_fwd_apply_tiled_kernel(const X* x, PlaneLayout Lx, const D* w, const D* b, const A* mean, const A* rstd,
-                                      D* y, int64_t P, bool relu, Y16* y16, PlaneLayout L16) {
+                                      D* y, int64_t P, bool relu, Y16* y16, PlaneLayout L16, ApplyStats<A> st) {
   grid_dependency_wait();
   __shared__ Tile<A> tile;
+  __shared__ A scratch[kTileRows][kTile];
   const int64_t tiles_p = (P + tile_pixels<A> - 1) / tile_pixels<A>, tiles_c = (Lx.C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {
     const int64_t p0 = (t % tiles_p) * tile_pixels<A>, c0 = (t / tiles_p) * kTile;
@@ -254,8 +292,19 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
     load_tile(tile, x, Lx, P, p0, c0);
     __syncthreads();
     const int64_t c = c0 + threadIdx.x;
+    A mu = 0, rs = 0;
+    if (st.part) {
+      // Every block of the channel tile combines the same partials in the same order (the same
+      // values); the one of its first pixel tile stores them.
+      const Moments<A> m = combine_tile_stats(c0, st.part, st.sp, scratch, st.out, p0 == 0);
+      mu = m.mean;
+      rs = inv_std(m.var, st.out.eps);
+    } else if (c < Lx.C) {
+      mu = mean[c];
+      rs = rstd[c];
+    }
     if (c < Lx.C) {
-      const A scale = rstd[c] * (w ? to_acc(w[c]) : A(1)), shift = (b ? to_acc(b[c]) : A(0)) - mean[c] * scale;
+      const A scale = rs * (w ? to_acc(w[c]) : A(1)), shift = (b ? to_acc(b[c]) : A(0)) - mu * scale;
 #pragma unroll
       for (int j = 0; j < pixels_per_thread<A>; ++j) {
         const int r = threadIdx.y + j * kTileRows;
