@@ -231,8 +231,8 @@ __device__ Moments<A> combine_tile_stats(int64_t c0, const A* part, const Channe
 template <typename X, typename A, int T>
 __global__ void __launch_bounds__(kTile* kTileRows, 2)
     batch_norm_fwd_stats_tiled_kernel(const X* x, ChannelSplit sp, A* part, bool combine, StatsOut<A> out) {
-  constexpr int R = pixels_per_thread<A> * T;
   grid_dependency_wait();
+  constexpr int R = pixels_per_thread<A> * T;  // pixels a thread holds
   __shared__ A scratch[kTileRows][kTile];
   const int64_t C = sp.C, tiles_c = (C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {
