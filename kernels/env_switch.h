@@ -1,7 +1,8 @@
 // An on/off switch of the kernels, set by an environment variable read once (0 or 1; anything else
 // is an error naming the variable) and by code, which the tests use to run both sides of it.
-// Programmatic dependent launch (kernels/cuda/programmatic_launch.h) and batch norm's one-launch
-// backward (kernels/cuda/batch_norm_one_launch.h) are such switches. Thread-safe.
+// Programmatic dependent launch (kernels/cuda/programmatic_launch.h), batch norm's one-launch
+// backward (kernels/cuda/batch_norm_one_launch.h) and where its statistics are combined
+// (kernels/cuda/batch_norm_stats_switch.h) are such switches. Thread-safe.
 #pragma once
 #include <atomic>
 
