@@ -275,8 +275,8 @@ ChannelSplit split_pixels(const NCS& d, int64_t pixels) {
 constexpr int64_t kApplyCombineParts = 64;
 
 struct StatsSplit {
-  int tiles;            // T
-  bool in_apply;        // the apply kernel combines the chunks
+  int tiles;      // T
+  bool in_apply;  // the apply kernel combines the chunks
   ChannelSplit sp;
 };
 
@@ -347,7 +347,7 @@ void batch_norm_fwd(const KernelCall& c) {
   visit_norm_input(x.dtype(), y.dtype(), "batch_norm", [&]<typename X, typename D>() {
     using A = Acc<D>;
     A *pm = out_ptr<A>(mean), *pr = out_ptr<A>(rstd);
-    Tensor part;                 // the statistics' chunk partials
+    Tensor part;                  // the statistics' chunk partials
     ApplyStats<A> apply_stats{};  // part null: the statistics are combined before the apply
     if (training) {
       const StatsSplit ss = tiled ? stats_split(d, tile_pixels<A>) : StatsSplit{1, false, split_channels(d)};

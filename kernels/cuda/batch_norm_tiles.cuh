@@ -227,7 +227,7 @@ __device__ Moments<A> combine_tile_stats(int64_t c0, const A* part, const Channe
 // after the block has the chunk mean, sums their squared deviations from it (the two-pass variance of
 // the chunk, x read once), into part. With `combine`, the last block of each channel tile to finish
 // combines the tile's chunks (kernels/cuda/last_block.cuh): one launch. Without, the apply kernel
-// below combines them (batch_norm.cu's stats_in_apply says when).
+// below combines them (batch_norm.cu's stats_split says which).
 template <typename X, typename A, int T>
 __global__ void __launch_bounds__(kTile* kTileRows, 2)
     batch_norm_fwd_stats_tiled_kernel(const X* x, ChannelSplit sp, A* part, bool combine, StatsOut<A> out) {
@@ -277,7 +277,8 @@ struct ApplyStats {
 
 // y = x scale_c + shift_c, tiled: x in its layout, y (N, C, S). Block (pixel tile, channel tile).
 // With a fused relu y = relu(x scale_c + shift_c), and y16 (non-null: attr cast_dtype) gets y's 16-bit
-// copy in its layout L16, both from the tile.
+// copy in its layout L16, both from the tile. With st.part, each block first combines its channel
+// tile's statistics from the chunks' partials, and the blocks of the first pixel tile store them.
 template <typename X, typename D, typename Y16, typename A = Acc<D>>
 __global__ void __launch_bounds__(kTile* kTileRows, 2)
     batch_norm_fwd_apply_tiled_kernel(const X* x, PlaneLayout Lx, const D* w, const D* b, const A* mean, const A* rstd,
