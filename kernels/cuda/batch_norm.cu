@@ -348,7 +348,7 @@ void batch_norm_fwd(const KernelCall& c) {
     using A = Acc<D>;
     A *pm = out_ptr<A>(mean), *pr = out_ptr<A>(rstd);
     Tensor part;                  // the statistics' chunk partials
-    ApplyStats<A> apply_stats{};  // part null: the statistics are combined before the apply
+    ApplyStats<A> apply_stats{};  // part null: the statistics are combined before the apply, which reads them
     if (training) {
       const StatsSplit ss = tiled ? stats_split(d, tile_pixels<A>) : StatsSplit{1, false, split_channels(d)};
       ChannelSplit sp = ss.sp;
@@ -381,7 +381,9 @@ void batch_norm_fwd(const KernelCall& c) {
       Y16* p16 = y16.defined() ? out_ptr<Y16>(y16) : nullptr;
       if (tiled) {
         const int64_t P = d.N * d.S, tiles = (P + tile_pixels<A> - 1) / tile_pixels<A> * channel_tiles(d);
-        launch_kernel(batch_norm_fwd_apply_tiled_kernel<X, D, Y16>, grid_for(tiles), dim3(kTile, kTileRows), 0, s,
+        const auto kernel = apply_stats.part ? batch_norm_fwd_apply_tiled_kernel<X, D, Y16, true>
+                                             : batch_norm_fwd_apply_tiled_kernel<X, D, Y16, false>;
+        launch_kernel(kernel, grid_for(tiles), dim3(kTile, kTileRows), 0, s,
                       in_ptr<X>(x), xo.layout, in_ptr<D>(w), in_ptr<D>(b), in_ptr<A>(mean), in_ptr<A>(rstd),
                       out_ptr<D>(y), P, relu, p16, L16, apply_stats);
         REEL_CUDA_LAUNCH_CHECK();

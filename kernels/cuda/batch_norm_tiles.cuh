@@ -266,8 +266,8 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
   }
 }
 
-// The statistics the apply kernel combines itself: the chunks' partials of the statistics kernel
-// (part null: mean and rstd are stored already).
+// The statistics the apply kernel combines itself (its Combine instantiation): the chunks' partials of
+// the statistics kernel, their split, and where the combined statistics go.
 template <typename A>
 struct ApplyStats {
   const A* part;
@@ -277,15 +277,16 @@ struct ApplyStats {
 
 // y = x scale_c + shift_c, tiled: x in its layout, y (N, C, S). Block (pixel tile, channel tile).
 // With a fused relu y = relu(x scale_c + shift_c), and y16 (non-null: attr cast_dtype) gets y's 16-bit
-// copy in its layout L16, both from the tile. With st.part, each block first combines its channel
-// tile's statistics from the chunks' partials, and the blocks of the first pixel tile store them.
-template <typename X, typename D, typename Y16, typename A = Acc<D>>
+// copy in its layout L16, both from the tile. With Combine, each block first combines its channel
+// tile's statistics from st's chunk partials, and the blocks of the first pixel tile store them;
+// without, mean and rstd are read (a separate instantiation: the kernel of the last block's path is
+// the code it was before the option).
+template <typename X, typename D, typename Y16, bool Combine, typename A = Acc<D>>
 __global__ void __launch_bounds__(kTile* kTileRows, 2)
     batch_norm_fwd_apply_tiled_kernel(const X* x, PlaneLayout Lx, const D* w, const D* b, const A* mean, const A* rstd,
                                       D* y, int64_t P, bool relu, Y16* y16, PlaneLayout L16, ApplyStats<A> st) {
   grid_dependency_wait();
   __shared__ Tile<A> tile;
-  __shared__ A scratch[kTileRows][kTile];
   const int64_t tiles_p = (P + tile_pixels<A> - 1) / tile_pixels<A>, tiles_c = (Lx.C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_p * tiles_c; t += gridDim.x) {
     const int64_t p0 = (t % tiles_p) * tile_pixels<A>, c0 = (t / tiles_p) * kTile;
@@ -294,9 +295,10 @@ __global__ void __launch_bounds__(kTile* kTileRows, 2)
     __syncthreads();
     const int64_t c = c0 + threadIdx.x;
     A mu = 0, rs = 0;
-    if (st.part) {
+    if constexpr (Combine) {
       // Every block of the channel tile combines the same partials in the same order (the same
       // values); the one of its first pixel tile stores them.
+      __shared__ A scratch[kTileRows][kTile];
       const Moments<A> m = combine_tile_stats(c0, st.part, st.sp, scratch, st.out, p0 == 0);
       mu = m.mean;
       rs = inv_std(m.var, st.out.eps);
