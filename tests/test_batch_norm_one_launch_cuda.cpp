@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "batch_norm_cuda_call.h"
 #include "kernels/cuda/batch_norm_one_launch.h"
 #include "kernels/dispatch.h"
 #include "reel.h"
@@ -25,72 +26,30 @@ using namespace reel;
 
 namespace {
 
+using testing_util::BatchNormCall;
+using Inputs = testing_util::BatchNormInputs;
+using Outputs = testing_util::BatchNormOutputs;
+constexpr auto run = testing_util::run_batch_norm;
+constexpr auto same_bits = testing_util::same_tensor_bits;
+
 struct Case {
   const char* name;
-  Shape x;
-  DType x_dtype;  // f32/f64 as is; bf16 read as f32 (attr dtype), the compiled step's mixed call
-  bool relu, affine, training;
-  bool copies16;  // cast_dtype bf16 (y's copy) and dx_dtype bf16
-  bool fits;      // whether the one-launch path takes it
+  BatchNormCall call;
+  bool fits;  // whether the one-launch path takes it
 };
 
 std::vector<Case> cases() {
   return {
-      {"cnn-small's first norm", {32, 32, 32, 32}, DType::bf16, true, true, true, true, true},
-      {"cnn-small's second norm", {32, 64, 16, 16}, DType::bf16, true, true, true, true, true},
-      {"a partial channel tile", {6, 40, 7, 9}, DType::f32, false, false, true, false, true},
-      {"f64", {4, 8, 5, 5}, DType::f64, true, true, true, false, true},
-      {"eval", {8, 16, 6, 6}, DType::f32, false, true, false, false, true},
-      {"too large to be resident at once", {64, 32, 64, 64}, DType::f32, true, true, true, false, false},
+      {"cnn-small's first norm", {{32, 32, 32, 32}, DType::bf16, true, true, true, true}, true},
+      {"cnn-small's second norm", {{32, 64, 16, 16}, DType::bf16, true, true, true, true}, true},
+      {"a partial channel tile", {{6, 40, 7, 9}, DType::f32, false, false, true, false}, true},
+      {"f64", {{4, 8, 5, 5}, DType::f64, true, true, true, false}, true},
+      {"eval", {{8, 16, 6, 6}, DType::f32, false, true, false, false}, true},
+      {"too large to be resident at once", {{64, 32, 64, 64}, DType::f32, true, true, true, false}, false},
   };
 }
 
-struct Inputs {
-  Tensor x, w, b, running_mean, running_var, g;
-  Attrs forward, backward;
-};
-
-Inputs make_inputs(const Case& c) {
-  const Device gpu = Device::cuda(0);
-  const DType d = c.x_dtype == DType::f64 ? DType::f64 : DType::f32;
-  Generator gen(91);
-  Inputs in;
-  const Shape channels{c.x[1]};
-  in.x = to_dtype((randn(c.x, {}, &gen) * 1.5 + 0.25).to(gpu), c.x_dtype, MemoryFormat::ChannelsLast);
-  in.g = to_dtype(randn(c.x, {}, &gen).to(gpu), c.copies16 ? DType::bf16 : d, MemoryFormat::ChannelsLast);
-  if (c.affine)
-    in.w = (randn(channels, {}, &gen) * 0.5 + 1.0).to(d).to(gpu),
-    in.b = (randn(channels, {}, &gen) * 0.5).to(d).to(gpu);
-  in.running_mean = (randn(channels, {}, &gen) * 0.5).to(d).to(gpu);
-  in.running_var = (rand(channels, {}, &gen) + 0.5).to(d).to(gpu);
-  in.forward = Attrs().set("eps", 1e-5).set("training", c.training).set("momentum", 0.1).set("relu", c.relu);
-  in.backward = Attrs().set("training", c.training).set("relu", c.relu);
-  if (c.x_dtype == DType::bf16) in.forward.set("dtype", DType::f32), in.backward.set("dtype", DType::f32);
-  if (c.copies16) in.forward.set("cast_dtype", DType::bf16), in.backward.set("dx_dtype", DType::bf16);
-  return in;
-}
-
-struct Outputs {
-  std::vector<Tensor> forward, backward, running;
-};
-
-Outputs run(const Inputs& in) {
-  Outputs o;
-  o.running = {clone(in.running_mean), clone(in.running_var)};
-  o.forward = dispatch(OpKind::BatchNorm, {in.x, in.w, in.b, o.running[0], o.running[1]}, in.forward);
-  std::vector<Tensor> bwd_in = {in.g, in.x, in.w, o.forward[1], o.forward[2]};
-  if (in.backward.b("relu", false)) bwd_in.push_back(o.forward[0]);
-  o.backward = dispatch(OpKind::BatchNormBackward, bwd_in, in.backward);
-  return o;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.defined() != b.defined()) return false;
-  if (!a.defined()) return true;
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  Tensor x = a.to(Device::cpu()).contiguous(), y = b.to(Device::cpu()).contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
-}
+Inputs make_inputs(const Case& c) { return testing_util::make_batch_norm_inputs(c.call, 91); }
 
 // Kernels (graph nodes) of one forward and backward, captured.
 size_t captured_nodes(const Inputs& in) {
