@@ -2,7 +2,6 @@
 // channels-last, a bf16 x read as f32, the relu and 16-bit copies fused): what the tests of batch
 // norm's kernel switches share (test_batch_norm_one_launch_cuda.cpp, test_batch_norm_stats_switch_cuda.cpp).
 #pragma once
-#include <cstring>
 #include <vector>
 
 #include "autograd/ops.h"
@@ -56,15 +55,6 @@ inline BatchNormOutputs run_batch_norm(const BatchNormInputs& in) {
   if (in.backward.b("relu", false)) bwd_in.push_back(o.forward[0]);
   o.backward = dispatch(OpKind::BatchNormBackward, bwd_in, in.backward);
   return o;
-}
-
-// Both undefined, or the same shape, dtype and bytes.
-inline bool same_tensor_bits(const Tensor& a, const Tensor& b) {
-  if (a.defined() != b.defined()) return false;
-  if (!a.defined()) return true;
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  Tensor x = a.to(Device::cpu()).contiguous(), y = b.to(Device::cpu()).contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
 }  // namespace reel::testing_util

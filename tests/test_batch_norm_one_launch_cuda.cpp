@@ -10,7 +10,6 @@
 // a GPU.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 

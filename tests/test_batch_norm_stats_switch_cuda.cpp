@@ -53,15 +53,9 @@ Outputs run(const Inputs& in, bool last_block) {
   return o;
 }
 
-std::vector<double> host_values(const Tensor& t) {
-  const Tensor h = t.to(Device::cpu()).to(DType::f64).contiguous();
-  const double* p = static_cast<const double*>(h.data_ptr());
-  return std::vector<double>(p, p + h.numel());
-}
-
 // Largest |a - b| / (atol + rtol |b|) over the elements: at most 1 is within tolerance.
 double worst(const Tensor& a, const Tensor& b, double atol, double rtol) {
-  const std::vector<double> x = host_values(a), y = host_values(b);
+  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
   EXPECT_EQ(x.size(), y.size());
   double w = 0;
   for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
@@ -76,7 +70,7 @@ double worst(const Tensor& a, const Tensor& b, double atol, double rtol) {
 void reference_stats(const Tensor& x, std::vector<double>& mean, std::vector<double>& rstd) {
   const Shape s = x.shape();
   const int64_t N = s[0], C = s[1], S = s[2] * s[3];
-  const std::vector<double> v = host_values(x.contiguous());  // (N, C, S) order
+  const std::vector<double> v = x.to_vector<double>();  // (N, C, S) order
   mean.assign(size_t(C), 0.0);
   rstd.assign(size_t(C), 0.0);
   for (int64_t c = 0; c < C; ++c) {
@@ -105,7 +99,7 @@ TEST(BatchNormStatsSwitchCuda, TheApplyKernelsStatisticsMatchPlainLoopsAndTheLas
     reference_stats(in.x, mean, rstd);
     const double tol = c.call.x_dtype == DType::f64 ? 1e-12 : 1e-5;
     for (const Outputs* o : {&last, &apply}) {
-      const std::vector<double> m = host_values(o->forward[1]), r = host_values(o->forward[2]);
+      const std::vector<double> m = o->forward[1].to_vector<double>(), r = o->forward[2].to_vector<double>();
       for (size_t k = 0; k < mean.size(); ++k) {
         EXPECT_NEAR(m[k], mean[k], tol * (1 + std::fabs(mean[k]))) << "mean of channel " << k;
         EXPECT_NEAR(r[k], rstd[k], tol * rstd[k]) << "rstd of channel " << k;
@@ -133,10 +127,10 @@ TEST(BatchNormStatsSwitchCuda, TheApplyKernelsStatisticsMatchPlainLoopsAndTheLas
       for (size_t i = 0; i < 2; ++i) EXPECT_LE(worst(apply.running[i], last.running[i], 1e-6, 1e-6), 1.0);
     }
     // The apply kernel's y from its own mean and rstd: y = x rstd w + (b - mean rstd w) (relu'd).
-    const std::vector<double> x = host_values(in.x.contiguous()), y = host_values(apply.forward[0].contiguous());
-    const std::vector<double> m = host_values(apply.forward[1]), r = host_values(apply.forward[2]);
-    const std::vector<double> w = c.call.affine ? host_values(in.w) : std::vector<double>(m.size(), 1.0);
-    const std::vector<double> b = c.call.affine ? host_values(in.b) : std::vector<double>(m.size(), 0.0);
+    const std::vector<double> x = in.x.to_vector<double>(), y = apply.forward[0].to_vector<double>();
+    const std::vector<double> m = apply.forward[1].to_vector<double>(), r = apply.forward[2].to_vector<double>();
+    const std::vector<double> w = c.call.affine ? in.w.to_vector<double>() : std::vector<double>(m.size(), 1.0);
+    const std::vector<double> b = c.call.affine ? in.b.to_vector<double>() : std::vector<double>(m.size(), 0.0);
     const int64_t C = c.call.x[1], S = c.call.x[2] * c.call.x[3];
     double off = 0;
     for (size_t e = 0; e < x.size(); ++e) {

@@ -7,7 +7,6 @@
 // schema's answers and errors for the calls that are not this case.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -89,11 +88,7 @@ Results run(const Case& c, const Call& k, const Tensor& x) {
   return r;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  Tensor x = a.to(Device::cpu()).contiguous(), y = b.to(Device::cpu()).contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
-}
+constexpr auto same_bits = testing_util::same_tensor_bits;
 
 // The mixed call against x.to(f32) through the f32 op, on `device`: every output and the running
 // statistics, to the bit.

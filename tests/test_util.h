@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
@@ -51,6 +52,15 @@ inline int64_t broadcast_flat(const std::vector<int64_t>& out_idx, const Shape& 
   int64_t flat = 0;
   for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + (shape[d] == 1 ? 0 : out_idx[lead + d]);
   return flat;
+}
+
+// Both undefined, or the same shape, dtype and bytes.
+inline bool same_tensor_bits(const Tensor& a, const Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  Tensor x = a.to(Device::cpu()).contiguous(), y = b.to(Device::cpu()).contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
 inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
