@@ -12,8 +12,9 @@ bool EnvSwitch::get() const {
   if (on < 0) {
     const char* env = std::getenv(variable_);
     if (env != nullptr && std::strcmp(env, "0") != 0 && std::strcmp(env, "1") != 0)
-      throw Error(detail::cat(variable_, ": expected 0 (", off_, ") or 1 (", on_, ", the default), got '", env, "'"));
-    on = (env != nullptr && std::strcmp(env, "0") == 0) ? 0 : 1;
+      throw Error(detail::cat(variable_, ": expected 0 (", off_, default_on_ ? "" : ", the default", ") or 1 (", on_,
+                              default_on_ ? ", the default" : "", "), got '", env, "'"));
+    on = env == nullptr ? (default_on_ ? 1 : 0) : (std::strcmp(env, "1") == 0 ? 1 : 0);
     int expected = -1;
     if (!state_.compare_exchange_strong(expected, on)) on = expected;
   }
