@@ -13,7 +13,7 @@ bool programmatic_launch() { return false; }  // no CUDA kernels to launch
 bool set_programmatic_launch(bool) { return false; }
 bool batch_norm_one_launch() { return false; }  // no CUDA kernels to launch
 bool set_batch_norm_one_launch(bool) { return false; }
-bool batch_norm_stats_last_block() { return true; }  // no CUDA kernels to launch
-bool set_batch_norm_stats_last_block(bool) { return true; }
+bool batch_norm_stats_last_block() { return false; }  // no CUDA kernels to launch
+bool set_batch_norm_stats_last_block(bool) { return false; }
 }  // namespace cuda
 }  // namespace reel

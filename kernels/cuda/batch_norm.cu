@@ -39,9 +39,9 @@
 // coalesced whatever the mix of layouts, and the tile is then read across. The statistics, whose
 // only operand is a channels-last x, need no staging: a warp reads 32 neighbouring channels of a
 // pixel. The statistics and the backward's sums are one launch each: the last block of a channel tile
-// to finish combines the tile's chunks (kernels/cuda/last_block.cuh), all its threads at once. With
-// the switch of batch_norm_stats_switch.h off, the statistics of a small plane are instead combined by
-// every block of the apply kernel (stats_split below).
+// to finish combines the tile's chunks (kernels/cuda/last_block.cuh), all its threads at once; the
+// statistics of a small plane (at most 64 chunks) are instead combined by every block of the apply
+// kernel (stats_in_apply below; the switch of batch_norm_stats_switch.h turns that off).
 // Where every block of the backward's grid can be resident at once (a small plane: cnn-small's), its
 // sums and dx are one kernel: each block keeps its chunk's tiles and computes dx once its channel
 // tile's last block has combined the chunks (batch_norm_one_launch.h has the switch, batch_norm_tiles.cuh
@@ -261,36 +261,27 @@ ChannelSplit split_pixels(const NCS& d, int64_t pixels) {
   return {d.C, d.S, count, parts, pixels};
 }
 
-// The tiled statistics' chunks: T tiles of `pixels` each (T = 1, 2 or 4), and whether the apply kernel
-// combines them. The last block of a channel tile that combines the chunks is the statistics kernel's
-// tail, during which one multiprocessor works and the rest wait: on cnn-small's planes (256 and 64
-// chunks of one tile) Nsight Compute on an H100 timed the kernel at 11.4 / 8.3 us with it and 7.2 / 5.6
-// without it (a trial binary that left it out), and leaving out the finish counter too took 5.4 / 4.0.
-// With the switch of batch_norm_stats_switch.h off, where a channel tile has at most
-// kApplyCombineParts chunks every block of the apply kernel combines its tile's chunks instead, beside
-// the others (a few kilobytes of partials each, from L2), and the statistics kernel only writes them
-// (no counter); T is the fewest tiles a chunk that get there, and planes too large for it keep the
-// last block's combination over chunks of four tiles. On (the default): chunks of one tile, the last
-// block.
+// Who combines the tiled statistics' one-tile chunks. The last block of a channel tile that combines
+// them is the statistics kernel's tail, during which one multiprocessor works and the rest wait: on
+// cnn-small's planes (256 and 64 chunks) Nsight Compute on an H100 timed the kernel at 11.4 / 8.3 us
+// with it and 7.2 / 5.6 without it (a trial binary that left it out), and leaving out the finish
+// counter too took 5.4 / 4.0. So where a channel tile has at most kApplyCombineParts chunks, every
+// block of the apply kernel combines its tile's chunks itself, beside the others (a few kilobytes of
+// partials each, from L2), and the statistics kernel only writes them (no counter); the same partials
+// and the same device function, so the same bits as the last block. Larger planes keep the last
+// block: combining 256 chunks in every apply block, or chunks of two or four tiles (a half or a
+// quarter of the blocks, each with more pixels), measured slower on resnet18-cifar (+1-2%) than the
+// last block (bench/RESULTS.md, nineteenth step); 64 one-tile chunks in the apply kernel made
+// yolov8n-cls's step 2.1% faster and cnn-small's 0.7%. The switch of batch_norm_stats_switch.h puts
+// every plane back on the last block.
 constexpr int64_t kApplyCombineParts = 64;
 
-struct StatsSplit {
-  int tiles;      // T
-  bool in_apply;  // the apply kernel combines the chunks
-  ChannelSplit sp;
-};
-
 EnvSwitch g_stats_last_block("REEL_BATCH_NORM_STATS_LAST_BLOCK", "the apply kernel's blocks combine the statistics",
-                             "the statistics kernel's last block combines them");
+                             "the statistics kernel's last block combines them", /*default_on=*/false);
 
-StatsSplit stats_split(const NCS& d, int64_t pixels) {
-  if (g_stats_last_block.get()) return {1, false, split_pixels(d, pixels)};
-  const int64_t count = d.N * d.S;
-  for (int t : {1, 2, 4}) {
-    const ChannelSplit sp = split_pixels(d, pixels * t);
-    if (sp.parts <= kApplyCombineParts || t == 4) return {t, count > 0 && sp.parts <= kApplyCombineParts, sp};
-  }
-  return {};  // not reached
+// Whether the apply kernel combines the tiled statistics' chunks of split sp.
+bool stats_in_apply(const ChannelSplit& sp) {
+  return !g_stats_last_block.get() && sp.count > 0 && sp.parts <= kApplyCombineParts;
 }
 
 // Chunks per channel: about 1024 tiles in all, each at least 4096 values (8 per thread).
@@ -350,20 +341,17 @@ void batch_norm_fwd(const KernelCall& c) {
     Tensor part;                  // the statistics' chunk partials
     ApplyStats<A> apply_stats{};  // part null: the statistics are combined before the apply, which reads them
     if (training) {
-      const StatsSplit ss = tiled ? stats_split(d, tile_pixels<A>) : StatsSplit{1, false, split_channels(d)};
-      ChannelSplit sp = ss.sp;
+      ChannelSplit sp = tiled ? split_pixels(d, tile_pixels<A>) : split_channels(d);
       sp.counters = finish_counter_base(s, x.device());
       const double momentum = has_running ? c.attrs.f("momentum") : 0.0;
       // Chunk sums, then chunk M2s: (2, C, parts), or (2, parts, C) for the tiles.
       part = Tensor::empty({2, d.C, sp.parts}, mean.dtype(), x.device());
       if (tiled) {
         const StatsOut<A> out{A(eps), pm, pr, has_running, rm, rv, momentum};
-        if (ss.in_apply) apply_stats = {in_ptr<A>(part), sp, out};
-        const auto kernel = ss.tiles == 4   ? batch_norm_fwd_stats_tiled_kernel<X, A, 4>
-                            : ss.tiles == 2 ? batch_norm_fwd_stats_tiled_kernel<X, A, 2>
-                                            : batch_norm_fwd_stats_tiled_kernel<X, A, 1>;
-        launch_kernel(kernel, grid_for(channel_tiles(d) * sp.parts), dim3(kTile, kTileRows), 0, s, in_ptr<X>(x), sp,
-                      out_ptr<A>(part), !ss.in_apply, out);
+        const bool in_apply = stats_in_apply(sp);
+        if (in_apply) apply_stats = {in_ptr<A>(part), sp, out};
+        launch_kernel(batch_norm_fwd_stats_tiled_kernel<X, A>, grid_for(channel_tiles(d) * sp.parts),
+                      dim3(kTile, kTileRows), 0, s, in_ptr<X>(x), sp, out_ptr<A>(part), !in_apply, out);
       } else {
         launch_kernel(batch_norm_fwd_partial_kernel<X, A>, grid_for(d.C * sp.parts), kChannelThreads, 0, s,
                       in_ptr<X>(x), sp, out_ptr<A>(part));

@@ -221,18 +221,18 @@ __device__ Moments<A> combine_tile_stats(int64_t c0, const A* part, const Channe
   return m;
 }
 
-// Training statistics, x channels-last (x[p C + c]): block (channel tile j, pixel chunk k of T tiles);
-// thread (tx, ty) holds channel c0 + tx of its 8 T pixels of the chunk in registers, read straight from
+// Training statistics, x channels-last (x[p C + c]): block (channel tile j, pixel chunk k: one tile);
+// thread (tx, ty) holds channel c0 + tx of its 8 pixels of the chunk in registers, read straight from
 // x (a warp reads 32 neighbouring channels of one pixel: coalesced, no staging needed), sums them, and
 // after the block has the chunk mean, sums their squared deviations from it (the two-pass variance of
 // the chunk, x read once), into part. With `combine`, the last block of each channel tile to finish
 // combines the tile's chunks (kernels/cuda/last_block.cuh): one launch. Without, the apply kernel
-// below combines them (batch_norm.cu's stats_split says which).
-template <typename X, typename A, int T>
+// below combines them (batch_norm.cu's stats_in_apply says which).
+template <typename X, typename A>
 __global__ void __launch_bounds__(kTile* kTileRows, 2)
     batch_norm_fwd_stats_tiled_kernel(const X* x, ChannelSplit sp, A* part, bool combine, StatsOut<A> out) {
   grid_dependency_wait();
-  constexpr int R = pixels_per_thread<A> * T;  // pixels a thread holds
+  constexpr int R = pixels_per_thread<A>;  // pixels a thread holds
   __shared__ A scratch[kTileRows][kTile];
   const int64_t C = sp.C, tiles_c = (C + kTile - 1) / kTile;
   for (int64_t t = blockIdx.x; t < tiles_c * sp.parts; t += gridDim.x) {

@@ -270,8 +270,8 @@ void add_batch_norm_cases(std::vector<OpTestCase>& cases) {
                          // deals the chunks to when it combines them.
                          Batch{"train_channels_last_8x36x16x20", {8, 36, 16, 20}, L::channels_last, true, true, true, false, false},
                          Batch{"eval_channels_last_2x40x9x11", {2, 40, 9, 11}, L::channels_last, false, true, true, false, false},
-                         // Planes whose statistics' chunks are 2 and 4 tiles (f32: 9216 and 18432 pixels), and one
-                         // too large for the apply kernel to combine them (39168: the last block does).
+                         // Planes of more chunks than the apply kernel combines (f32 tiles of 128 pixels: 72, 144
+                         // and 306 chunks): the statistics kernel's last block does.
                          Batch{"train_channels_last_4x8x48x48", {4, 8, 48, 48}, L::channels_last, true, true, true, false, false},
                          Batch{"train_channels_last_8x4x48x48", {8, 4, 48, 48}, L::channels_last, true, true, true, false, false},
                          Batch{"train_channels_last_17x3x48x48", {17, 3, 48, 48}, L::channels_last, true, true, true, false, false}}) {
