@@ -2,11 +2,14 @@
 // channels-last, a bf16 x read as f32, the relu and 16-bit copies fused): what the tests of batch
 // norm's kernel switches share (test_batch_norm_one_launch_cuda.cpp, test_batch_norm_stats_switch_cuda.cpp).
 #pragma once
+#include <gtest/gtest.h>
+
 #include <vector>
 
 #include "autograd/ops.h"
 #include "kernels/dispatch.h"
 #include "reel.h"
+#include "test_util.h"
 
 namespace reel::testing_util {
 
@@ -55,6 +58,22 @@ inline BatchNormOutputs run_batch_norm(const BatchNormInputs& in) {
   if (in.backward.b("relu", false)) bwd_in.push_back(o.forward[0]);
   o.backward = dispatch(OpKind::BatchNormBackward, bwd_in, in.backward);
   return o;
+}
+
+// Every output of a to the bit of b's: y, mean, rstd[, y16]; dx, dw, db; the running statistics. A
+// failure names the output and `what` (which run a is).
+inline void expect_same_batch_norm_bits(const BatchNormOutputs& a, const BatchNormOutputs& b, const char* what) {
+  const char* forward_names[] = {"y", "mean", "rstd", "y16"};
+  const char* backward_names[] = {"dx", "dw", "db"};
+  const char* running_names[] = {"running_mean", "running_var"};
+  ASSERT_EQ(a.forward.size(), b.forward.size()) << what;
+  ASSERT_EQ(a.backward.size(), b.backward.size()) << what;
+  for (size_t i = 0; i < a.forward.size(); ++i)
+    EXPECT_TRUE(same_tensor_bits(a.forward[i], b.forward[i])) << forward_names[i] << ", " << what;
+  for (size_t i = 0; i < a.backward.size(); ++i)
+    EXPECT_TRUE(same_tensor_bits(a.backward[i], b.backward[i])) << backward_names[i] << ", " << what;
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_TRUE(same_tensor_bits(a.running[i], b.running[i])) << running_names[i] << ", " << what;
 }
 
 }  // namespace reel::testing_util

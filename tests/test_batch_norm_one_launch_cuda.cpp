@@ -29,7 +29,6 @@ using testing_util::BatchNormCall;
 using Inputs = testing_util::BatchNormInputs;
 using Outputs = testing_util::BatchNormOutputs;
 constexpr auto run = testing_util::run_batch_norm;
-constexpr auto same_bits = testing_util::same_tensor_bits;
 
 struct Case {
   const char* name;
@@ -70,8 +69,6 @@ struct OneLaunch {
 
 TEST(BatchNormOneLaunchCuda, GivesTheTwoKernelPathsBits) {
   REEL_REQUIRE_GPU();
-  const char* forward_names[] = {"y", "mean", "rstd", "y16"};
-  const char* backward_names[] = {"dx", "dw", "db"};
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
     const Inputs in = make_inputs(c);
@@ -84,20 +81,10 @@ TEST(BatchNormOneLaunchCuda, GivesTheTwoKernelPathsBits) {
       OneLaunch on(true);
       one = run(in);
     }
-    ASSERT_EQ(one.forward.size(), two.forward.size());
-    for (size_t i = 0; i < one.forward.size(); ++i)
-      EXPECT_TRUE(same_bits(one.forward[i], two.forward[i])) << forward_names[i];
-    for (size_t i = 0; i < one.backward.size(); ++i)
-      EXPECT_TRUE(same_bits(one.backward[i], two.backward[i])) << backward_names[i];
-    EXPECT_TRUE(same_bits(one.running[0], two.running[0])) << "running_mean";
-    EXPECT_TRUE(same_bits(one.running[1], two.running[1])) << "running_var";
+    testing_util::expect_same_batch_norm_bits(one, two, "one launch against two");
     // A second run: the counters and flags were left ready for the next launch.
     OneLaunch on(true);
-    const Outputs again = run(in);
-    for (size_t i = 0; i < one.forward.size(); ++i)
-      EXPECT_TRUE(same_bits(again.forward[i], one.forward[i])) << forward_names[i] << " on the second run";
-    for (size_t i = 0; i < one.backward.size(); ++i)
-      EXPECT_TRUE(same_bits(again.backward[i], one.backward[i])) << backward_names[i] << " on the second run";
+    testing_util::expect_same_batch_norm_bits(run(in), one, "one launch, the second run");
   }
 }
 

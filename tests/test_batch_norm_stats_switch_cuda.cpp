@@ -27,7 +27,6 @@ constexpr double kEps = 1e-5;  // batch_norm_cuda_call.h's
 using testing_util::BatchNormCall;
 using Inputs = testing_util::BatchNormInputs;
 using Outputs = testing_util::BatchNormOutputs;
-constexpr auto same_bits = testing_util::same_tensor_bits;
 
 struct Case {
   const char* name;
@@ -75,8 +74,6 @@ void reference_stats(const Tensor& x, std::vector<double>& mean, std::vector<dou
 
 TEST(BatchNormStatsSwitchCuda, TheApplyKernelsStatisticsMatchPlainLoopsAndTheLastBlocks) {
   REEL_REQUIRE_GPU();
-  const char* forward_names[] = {"y", "mean", "rstd", "y16"};
-  const char* backward_names[] = {"dx", "dw", "db"};
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
     const Inputs in = testing_util::make_batch_norm_inputs(c.call, 73);
@@ -91,12 +88,7 @@ TEST(BatchNormStatsSwitchCuda, TheApplyKernelsStatisticsMatchPlainLoopsAndTheLas
         EXPECT_NEAR(r[k], rstd[k], tol * rstd[k]) << "rstd of channel " << k;
       }
     }
-    ASSERT_EQ(apply.forward.size(), last.forward.size());
-    for (size_t i = 0; i < apply.forward.size(); ++i)
-      EXPECT_TRUE(same_bits(apply.forward[i], last.forward[i])) << forward_names[i];
-    for (size_t i = 0; i < apply.backward.size(); ++i)
-      EXPECT_TRUE(same_bits(apply.backward[i], last.backward[i])) << backward_names[i];
-    for (size_t i = 0; i < 2; ++i) EXPECT_TRUE(same_bits(apply.running[i], last.running[i])) << "running " << i;
+    testing_util::expect_same_batch_norm_bits(apply, last, "the apply kernel's statistics against the last block's");
     // The apply kernel's y from its own mean and rstd: y = x rstd w + (b - mean rstd w) (relu'd).
     const std::vector<double> x = in.x.to_vector<double>(), y = apply.forward[0].to_vector<double>();
     const std::vector<double> m = apply.forward[1].to_vector<double>(), r = apply.forward[2].to_vector<double>();
@@ -112,10 +104,7 @@ TEST(BatchNormStatsSwitchCuda, TheApplyKernelsStatisticsMatchPlainLoopsAndTheLas
     }
     EXPECT_LE(off, 1.0) << "y against its formula";
     // Again: no counters or flags are involved, and the sums are in a fixed order.
-    const Outputs again = run(in, false);
-    for (size_t i = 0; i < apply.forward.size(); ++i)
-      EXPECT_TRUE(same_bits(again.forward[i], apply.forward[i])) << forward_names[i] << " on the second run";
-    for (size_t i = 0; i < 2; ++i) EXPECT_TRUE(same_bits(again.running[i], apply.running[i])) << "running " << i;
+    testing_util::expect_same_batch_norm_bits(run(in, false), apply, "the apply kernel's statistics, the second run");
   }
 }
 
